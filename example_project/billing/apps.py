@@ -1,0 +1,8 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class BillingConfig(AppConfig):
+    name = "example_project.billing"
+    label = "billing"

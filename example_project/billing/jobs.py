@@ -1,0 +1,51 @@
+"""Jobs of the billing app, discovered by kumiko_jobs at start-up."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from kumiko_jobs import Unrecoverable, job
+
+from .models import ActivityLog, Invoice
+
+
+@job(
+    retries=3,
+    backoff={"type": "exponential", "delay": 1},
+    tenant_visible_run=["invoice_id"],
+    tenant_visible_failure={"message_key": "billing.sync_failed", "subject_fields": ["invoice_id"]},
+    manual=True,
+)
+def sync_invoice(ctx, *, invoice_id: int, fail_times: int = 0) -> None:
+    """Send an invoice to the (pretend) accounting provider.
+
+    ``fail_times`` makes the provider fail on the first attempts, to show retries.
+    """
+    invoice = Invoice.objects.get(pk=invoice_id)
+    invoice.sync_attempts += 1
+    invoice.save(update_fields=["sync_attempts"])
+    if ctx.attempt <= fail_times:
+        ctx.log.warning("provider timed out", invoice=invoice.number, attempt=ctx.attempt)
+        raise ConnectionError("accounting provider timed out")
+    invoice.synced_at = timezone.now()
+    invoice.save(update_fields=["synced_at"])
+    ctx.log.info("synced", invoice=invoice.number)
+
+
+@job(
+    tenant_visible_run=["invoice_id"],
+    tenant_visible_failure={"message_key": "billing.invoice_rejected",
+                            "subject_fields": ["invoice_id"]},
+)
+def validate_invoice(ctx, *, invoice_id: int) -> None:
+    """Check an invoice; negative amounts are rejected for good."""
+    invoice = Invoice.objects.get(pk=invoice_id)
+    if invoice.amount < 0:
+        raise Unrecoverable(f"invoice {invoice.number} has a negative amount")
+    ActivityLog.objects.create(job=ctx.job_name, message=f"validated {invoice.number}")
+
+
+@job
+def record_activity(ctx, *, message: str) -> None:
+    """Write one line into the tenant's activity log."""
+    ActivityLog.objects.create(job=ctx.job_name, message=message)

@@ -1,0 +1,130 @@
+"""Settings of the example project: a real django-tenants SaaS using kumiko_jobs.
+
+Services come from the environment with defaults that work on a developer machine:
+``DATABASE_URL`` (PostgreSQL) and ``REDIS_URL``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DATABASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/kumiko_demo")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _database(url: str) -> dict[str, object]:
+    parts = urlparse(url)
+    return {
+        "ENGINE": "django_tenants.postgresql_backend",
+        "NAME": unquote(parts.path.lstrip("/")) or "kumiko_demo",
+        "USER": unquote(parts.username or "postgres"),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "127.0.0.1",
+        "PORT": str(parts.port or 5432),
+        "CONN_MAX_AGE": 0,
+        "TEST": {"NAME": os.environ.get("KUMIKO_TEST_DATABASE", "test_kumiko")},
+    }
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret-kumiko-jobs")
+SECRET_KEY_FALLBACKS: list[str] = []
+DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+ALLOWED_HOSTS = ["*"]
+
+SHARED_APPS = [
+    "django_tenants",
+    "example_project.customers",
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.admin",
+    "django_rq",
+    "kumiko_jobs",
+    "example_project.catalog",
+]
+TENANT_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.admin",
+    "example_project.billing",
+]
+INSTALLED_APPS = list(SHARED_APPS) + [a for a in TENANT_APPS if a not in SHARED_APPS]
+
+TENANT_MODEL = "customers.Client"
+TENANT_DOMAIN_MODEL = "customers.Domain"
+PUBLIC_SCHEMA_URLCONF = "example_project.urls_public"
+ROOT_URLCONF = "example_project.urls_tenant"
+SHOW_PUBLIC_IF_NO_TENANT_FOUND = True
+
+DATABASES = {"default": _database(DATABASE_URL)}
+DATABASE_ROUTERS = ("django_tenants.routers.TenantSyncRouter",)
+
+MIDDLEWARE = [
+    "django_tenants.middleware.main.TenantMainMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "kumiko_jobs.origin.KumikoJobsMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+RQ_QUEUES = {
+    "default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600},
+    "low": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 1800},
+}
+RQ = {
+    # kumiko's SimpleWorker-based worker: JSON messages, per-run hygiene.
+    "WORKER_CLASS": "kumiko_jobs.worker.Worker",
+    # rq-scheduler that reads kumiko's JSON messages (deferrals, retries, cron).
+    "SCHEDULER_CLASS": "kumiko_jobs.transport.Scheduler",
+}
+
+KUMIKO_JOBS = {
+    "DB_GUARD": "enforce",
+    "DEFAULT_RETRIES": 0,
+}
+
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("de", "Deutsch")]
+LOCALE_PATHS = [BASE_DIR / "example_project" / "locale"]
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "/static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        "kumiko_jobs": {"handlers": ["console"], "level": os.environ.get("KUMIKO_LOG", "WARNING")},
+        "rq.worker": {"handlers": ["console"], "level": os.environ.get("RQ_LOG", "WARNING")},
+    },
+}

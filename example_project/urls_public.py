@@ -1,0 +1,11 @@
+"""URLs of the public schema (operators): the operator admin."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("django-rq/", include("django_rq.urls")),
+]

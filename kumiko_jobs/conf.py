@@ -1,0 +1,171 @@
+"""The one reader of Django settings for kumiko_jobs.
+
+Everything the library needs from ``settings`` goes through this module, so that option
+names, defaults and validation live in one place and tests can override settings with
+Django's ``override_settings`` (the cache is cleared on ``setting_changed``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Literal
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+GuardMode = Literal["enforce", "log", "off"]
+InactiveTenantPolicy = Literal["skip", "defer"]
+
+DEFAULT_SENSITIVE_KEYS = ("password", "passwd", "secret", "token", "api_key", "apikey",
+                          "authorization", "cookie", "session", "credit_card", "iban")
+
+
+@dataclass(frozen=True, slots=True)
+class KumikoSettings:
+    """``settings.KUMIKO_JOBS``, validated. Every key is documented in docs/settings.md."""
+
+    DB_GUARD: GuardMode = "enforce"
+    DEFAULT_QUEUE: str = "default"
+    DEFAULT_RETRIES: int = 0
+    DEFAULT_TIMEOUT: int = 600
+    MAX_DEFERS: int = 20
+    RETENTION_DAYS: int = 30
+    RESULT_TTL: int = 0
+    FAILURE_TTL: int = 7 * 24 * 3600
+    TENANT_ACTIVE_FIELD: str | None = None
+    INACTIVE_TENANT: InactiveTenantPolicy = "skip"
+    INACTIVE_TENANT_DEFER_SECONDS: int = 300
+    EXTRA_SHARED_TABLES: tuple[str, ...] = ()
+    SENSITIVE_KEYS: tuple[str, ...] = DEFAULT_SENSITIVE_KEYS
+    MAX_ENVELOPE_BYTES: int = 512 * 1024
+    ESCAPE_HATCH_DEDUPE_SECONDS: int = 60
+    TENANT_CONCURRENCY: int | None = None
+    RUNNING_TIMEOUT_GRACE: int = 60
+    LOG_LINES_PER_ATTEMPT: int = 200
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "DB_GUARD": ("enforce", "log", "off"),
+    "INACTIVE_TENANT": ("skip", "defer"),
+}
+_POSITIVE_INTS = ("DEFAULT_TIMEOUT", "MAX_ENVELOPE_BYTES", "LOG_LINES_PER_ATTEMPT")
+_NON_NEGATIVE_INTS = ("DEFAULT_RETRIES", "MAX_DEFERS", "RETENTION_DAYS", "RESULT_TTL",
+                      "FAILURE_TTL", "INACTIVE_TENANT_DEFER_SECONDS",
+                      "ESCAPE_HATCH_DEDUPE_SECONDS", "RUNNING_TIMEOUT_GRACE")
+
+
+def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured("settings.KUMIKO_JOBS must be a dict.")
+    known = {f.name for f in dataclasses.fields(KumikoSettings)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            hint = difflib.get_close_matches(str(key), sorted(known), n=1)
+            suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS has an unknown key {key!r}.{suggestion} "
+                f"Known keys: {', '.join(sorted(known))}."
+            )
+        values[key] = value
+    for key, allowed in _CHOICES.items():
+        if key in values and values[key] not in allowed:
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS[{key!r}] is {values[key]!r}; use one of {allowed}."
+            )
+    for key in (*_POSITIVE_INTS, *_NON_NEGATIVE_INTS):
+        if key not in values:
+            continue
+        value = values[key]
+        minimum = 1 if key in _POSITIVE_INTS else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS[{key!r}] must be an integer >= {minimum}, got {value!r}."
+            )
+    for key in ("DEFAULT_QUEUE",):
+        if key in values and (not isinstance(values[key], str) or not values[key]):
+            raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be a queue name.")
+    if "TENANT_ACTIVE_FIELD" in values and values["TENANT_ACTIVE_FIELD"] is not None:
+        if not isinstance(values["TENANT_ACTIVE_FIELD"], str):
+            raise ImproperlyConfigured(
+                "settings.KUMIKO_JOBS['TENANT_ACTIVE_FIELD'] must be a field name or None."
+            )
+    tc = values.get("TENANT_CONCURRENCY")
+    if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or tc < 1):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_CONCURRENCY'] must be None or an integer >= 1."
+        )
+    for key in ("EXTRA_SHARED_TABLES", "SENSITIVE_KEYS"):
+        if key in values:
+            seq = values[key]
+            if isinstance(seq, str) or not all(isinstance(v, str) for v in seq):
+                raise ImproperlyConfigured(
+                    f"settings.KUMIKO_JOBS[{key!r}] must be a list of strings."
+                )
+            values[key] = tuple(v.lower() for v in seq)
+    return KumikoSettings(**values)
+
+
+@cache
+def get() -> KumikoSettings:
+    """The validated ``KUMIKO_JOBS`` settings (raises ``ImproperlyConfigured`` when invalid)."""
+    return _validate(getattr(settings, "KUMIKO_JOBS", {}))
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **_: object) -> None:
+    if setting in {"KUMIKO_JOBS", "RQ_QUEUES", "RQ", "TENANT_APPS", "SHARED_APPS"}:
+        get.cache_clear()
+        shared_apps.cache_clear()
+
+
+# --- other projects' settings that the library needs to read ------------------------------
+
+
+def rq_queue_names() -> tuple[str, ...]:
+    return tuple(getattr(settings, "RQ_QUEUES", {}) or {})
+
+
+def rq_queue_config(name: str) -> Mapping[str, Any]:
+    return dict((getattr(settings, "RQ_QUEUES", {}) or {}).get(name, {}))
+
+
+def rq_option(name: str, default: Any = None) -> Any:
+    return (getattr(settings, "RQ", {}) or {}).get(name, default)
+
+
+def installed_apps() -> tuple[str, ...]:
+    return tuple(settings.INSTALLED_APPS)
+
+
+@cache
+def shared_apps() -> tuple[frozenset[str], frozenset[str]]:
+    """(SHARED_APPS, TENANT_APPS) as sets of dotted names."""
+    return (frozenset(getattr(settings, "SHARED_APPS", ()) or ()),
+            frozenset(getattr(settings, "TENANT_APPS", ()) or ()))
+
+
+def has_tenant_settings() -> bool:
+    return hasattr(settings, "TENANT_MODEL") and hasattr(settings, "SHARED_APPS")
+
+
+def database_engines() -> dict[str, str]:
+    return {alias: cfg.get("ENGINE", "") for alias, cfg in settings.DATABASES.items()}
+
+
+def tenant_model_label() -> str:
+    return str(getattr(settings, "TENANT_MODEL", ""))
+
+
+def public_schema_name() -> str:
+    return str(getattr(settings, "PUBLIC_SCHEMA_NAME", "public"))
+
+
+def limit_set_calls() -> bool:
+    return bool(getattr(settings, "TENANT_LIMIT_SET_CALLS", False))

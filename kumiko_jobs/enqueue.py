@@ -1,0 +1,248 @@
+"""enqueue / enqueue_in / enqueue_at: validate now, write the run, push on commit.
+
+Everything that can be wrong with a call (unknown job, wrong arguments, values JSON cannot
+carry, a missing tenant) raises here, in the caller's code, never later in a worker. The run
+row is written in the caller's transaction; the push to Redis happens on commit, so a
+rolled-back request leaves neither a row nor a message.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from . import conf, origin, signals, transport
+from .context import RunState, current_run
+from .envelope import Envelope, encode
+from .exceptions import InvalidJob
+from .models import JobRun, RunStatus
+from .registry import JobDefinition, registry
+from .subject import build_subject
+
+if TYPE_CHECKING:
+    from .models import JobRun as JobRunModel
+
+logger = logging.getLogger("kumiko_jobs.enqueue")
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandle:
+    """What an enqueue returns: the run's id and where it will run."""
+
+    run_id: str
+    job_name: str
+    schema_name: str | None
+    status: str = RunStatus.QUEUED
+    scheduled_for: datetime | None = None
+
+    @property
+    def skipped(self) -> bool:
+        return self.status == "skipped"
+
+    def refresh(self) -> JobRunModel:
+        """The run's current history row."""
+        return JobRun.objects.get(pk=self.run_id)
+
+
+def resolve(job: JobDefinition | str) -> JobDefinition:
+    if isinstance(job, JobDefinition):
+        return job
+    if isinstance(job, str):
+        return registry.get(job)
+    raise InvalidJob(f"enqueue() takes a job or a job name, got {job!r}.")
+
+
+def enqueue(job: JobDefinition | str, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+    """Run ``job`` as soon as the current transaction commits (at once outside one)."""
+    return submit(resolve(job), tenant, kwargs, delay=0.0)
+
+
+def enqueue_in(job: JobDefinition | str, delay: timedelta | float, *, tenant: Any = None,
+               **kwargs: Any) -> RunHandle:
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        raise InvalidJob(f"enqueue_in() needs a delay >= 0 (seconds or timedelta), got {delay!r}.")
+    return submit(resolve(job), tenant, kwargs, delay=float(seconds))
+
+
+def enqueue_at(job: JobDefinition | str, when: datetime, *, tenant: Any = None,
+               **kwargs: Any) -> RunHandle:
+    if not isinstance(when, datetime) or timezone.is_naive(when):
+        raise InvalidJob(f"enqueue_at() needs a timezone-aware datetime, got {when!r}.")
+    return submit(resolve(job), tenant, kwargs,
+                  delay=max(0.0, (when - timezone.now()).total_seconds()))
+
+
+def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
+    """Arguments travel as JSON: refuse anything that would not come back equal."""
+
+    def walk(value: Any, path: str) -> None:
+        if value is None or isinstance(value, bool | int | str):
+            return
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidJob(f"Job {job_name!r}: argument {path} is {value}, which JSON cannot carry.")
+            return
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]")
+            return
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise InvalidJob(f"Job {job_name!r}: argument {path} has a non-string key {key!r}.")
+                walk(item, f"{path}[{key!r}]")
+            return
+        hint = ""
+        if hasattr(value, "_meta") and hasattr(value, "pk"):
+            hint = " Pass its primary key and load it in the job."
+        elif isinstance(value, tuple):
+            hint = " Pass a list."
+        elif isinstance(value, datetime):
+            hint = " Pass value.isoformat()."
+        raise InvalidJob(
+            f"Job {job_name!r}: argument {path} is a {type(value).__name__}, which is not JSON."
+            + hint
+        )
+
+    for name, value in kwargs.items():
+        walk(value, repr(name))
+
+
+def _resolve_schema(definition: JobDefinition, tenant: Any) -> str | None:
+    public = conf.public_schema_name()
+    if definition.system:
+        if tenant is not None:
+            raise InvalidJob(f"Job {definition.name!r} is a system job; it takes no tenant=.")
+        return None
+    if tenant is None:
+        schema = getattr(connection, "schema_name", public)
+        if schema == public:
+            raise InvalidJob(
+                f"Job {definition.name!r} was enqueued from the public schema without tenant=. "
+                "Pass tenant=<Tenant or schema name>, or enqueue inside the tenant's request."
+            )
+        return str(schema)
+    schema = tenant if isinstance(tenant, str) else getattr(tenant, "schema_name", None)
+    if not isinstance(schema, str) or not schema:
+        raise InvalidJob(f"tenant= must be a tenant or a schema name, got {tenant!r}.")
+    if schema == public:
+        raise InvalidJob(f"Job {definition.name!r} cannot run for the public schema.")
+    if isinstance(tenant, str):
+        from django_tenants.utils import get_tenant_model
+
+        if not get_tenant_model().objects.filter(schema_name=schema).exists():
+            raise InvalidJob(f"No tenant has the schema {schema!r}.")
+    return schema
+
+
+def queue_of(definition: JobDefinition) -> str:
+    return definition.queue or conf.get().DEFAULT_QUEUE
+
+
+def timeout_of(definition: JobDefinition) -> int:
+    return definition.timeout or conf.get().DEFAULT_TIMEOUT
+
+
+def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> transport.Message:
+    return transport.Message(body=encode(envelope), queue=queue_of(definition),
+                             job_id=envelope.rq_job_id, timeout=timeout_of(definition), delay=delay)
+
+
+def _validated(definition: JobDefinition, kwargs: dict[str, Any]) -> str:
+    definition.bind_arguments(kwargs)
+    check_json(kwargs, definition.name)
+    return build_subject(definition, kwargs)
+
+
+def _row(definition: JobDefinition, env: Envelope, subject: str, delay: float) -> JobRun:
+    now = timezone.now()
+    return JobRun(
+        run_id=uuid.UUID(env.run_id), job_name=definition.name, schema_name=env.schema or "",
+        subject=subject, status=RunStatus.QUEUED, queue=queue_of(definition),
+        max_attempts=1 + (conf.get().DEFAULT_RETRIES if definition.retries is None
+                          else definition.retries),
+        queued_at=now, scheduled_for=now + timedelta(seconds=delay) if delay else None,
+        triggered_by=env.triggered_by or "", trigger=env.trigger or "",
+        correlation_id=env.correlation_id, trace_id=env.trace.get("traceparent", "")[3:35],
+        parent_run_id=uuid.UUID(env.parent_run_id) if env.parent_run_id else None,
+        payload=env.kwargs, rq_job_id=env.rq_job_id,
+    )
+
+
+def submit(definition: JobDefinition, tenant: Any, kwargs: dict[str, Any], *, delay: float,
+           trigger: str | None = None) -> RunHandle:
+    state = current_run.get()
+    if state is not None:
+        # Inside a run the guard forbids writes to shared tables: follow-ups are recorded and
+        # pushed by the runner once the attempt has succeeded.
+        return prepare_followup(state, definition, kwargs, delay=delay, tenant=tenant)
+    subject = _validated(definition, kwargs)
+    schema = _resolve_schema(definition, tenant)
+    env = Envelope(
+        job=definition.name, schema=schema, kwargs=kwargs, run_id=uuid.uuid4().hex,
+        correlation_id=origin.correlation_id(), triggered_by=origin.triggered_by(),
+        trigger=trigger, origin=origin.request_origin(),
+    )
+    message = message_for(definition, env, delay)
+    _check_size(definition, message)
+    row = _row(definition, env, subject, delay)
+    row.save(force_insert=True)
+    transaction.on_commit(lambda: _push(message, row), robust=True)
+    return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema,
+                     scheduled_for=row.scheduled_for)
+
+
+def _check_size(definition: JobDefinition, message: transport.Message) -> None:
+    limit = conf.get().MAX_ENVELOPE_BYTES
+    if len(message.body) > limit:
+        raise InvalidJob(
+            f"Job {definition.name!r}: arguments make a {len(message.body)}-byte message, over "
+            f"MAX_ENVELOPE_BYTES={limit}. Pass ids and load the data in the job."
+        )
+
+
+def _push(message: transport.Message, row: JobRun) -> None:
+    transport.push(message)
+    signals.send(signals.job_queued, run_id=str(row.run_id), job_name=row.job_name,
+                 schema_name=row.schema_name or None, attempt=1, outcome="queued", error=None)
+
+
+def prepare_followup(state: RunState, job: JobDefinition | str, kwargs: dict[str, Any], *,
+                     delay: float = 0.0, tenant: Any = None) -> RunHandle:
+    """A job enqueued from inside a run: same tenant, same correlation, sent on success."""
+    definition = resolve(job)
+    subject = _validated(definition, kwargs)
+    parent = state.envelope
+    if definition.system:
+        schema = None
+    elif tenant is None:
+        schema = parent.schema
+    else:
+        schema = tenant if isinstance(tenant, str) else getattr(tenant, "schema_name", None)
+        if schema != parent.schema:
+            raise InvalidJob(
+                f"Job {parent.job!r} enqueued {definition.name!r} for another tenant; follow-ups "
+                "stay in the run's tenant."
+            )
+    if schema is None and not definition.system:
+        raise InvalidJob(f"System job {parent.job!r} must pass tenant= to enqueue {definition.name!r}.")
+    env = Envelope(
+        job=definition.name, schema=schema, kwargs=kwargs, run_id=uuid.uuid4().hex,
+        correlation_id=parent.correlation_id, triggered_by=parent.triggered_by,
+        trigger=f"followup:{parent.job}", trace=parent.trace, origin=parent.origin,
+        parent_run_id=parent.run_id,
+    )
+    message = message_for(definition, env, delay)
+    _check_size(definition, message)
+    state.followups.append((message, _row(definition, env, subject, delay)))
+    return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema)
+

@@ -1,0 +1,142 @@
+"""Run history, kept in the public schema (the app belongs in SHARED_APPS).
+
+Rows carry the tenant's schema name rather than a foreign key: history must outlive a
+deleted tenant, and a reusable app cannot depend on the project's tenant model migrations.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", _("queued")
+    RUNNING = "running", _("running")
+    DEFERRED = "deferred", _("waiting")
+    SUCCEEDED = "succeeded", _("done")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+FINISHED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+WAITING_STATUSES = (RunStatus.QUEUED, RunStatus.DEFERRED)
+
+
+class JobRun(models.Model):
+    """One logical execution of a job for one tenant, across attempts and deferrals."""
+
+    run_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    job_name = models.CharField(_("job"), max_length=200)
+    schema_name = models.CharField(_("tenant"), max_length=63, blank=True,
+                                   help_text=_("Empty for system runs."))
+    subject = models.CharField(_("subject"), max_length=255, blank=True)
+    status = models.CharField(_("status"), max_length=16, choices=RunStatus.choices,
+                              default=RunStatus.QUEUED)
+    queue = models.CharField(max_length=100)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    max_attempts = models.PositiveIntegerField(default=1)
+    defer_count = models.PositiveIntegerField(default=0)
+    gate_defer_count = models.PositiveIntegerField(default=0)
+    queued_at = models.DateTimeField(_("queued"))
+    scheduled_for = models.DateTimeField(_("scheduled for"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+    duration_ms = models.FloatField(_("duration (ms)"), null=True, blank=True)
+    triggered_by = models.CharField(max_length=64, blank=True)
+    trigger = models.CharField(max_length=200, blank=True)
+    correlation_id = models.CharField(max_length=64, blank=True)
+    trace_id = models.CharField(max_length=32, blank=True)
+    parent_run_id = models.UUIDField(null=True, blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    error_type = models.CharField(max_length=200, blank=True)
+    error_message = models.TextField(blank=True)
+    rq_job_id = models.CharField(max_length=128, blank=True)
+
+    class Meta:
+        ordering = ("-queued_at",)
+        verbose_name = _("job run")
+        verbose_name_plural = _("job runs")
+        indexes = (
+            models.Index(fields=("schema_name", "-queued_at"), name="kj_run_tenant_recent"),
+            models.Index(fields=("status", "started_at"), name="kj_run_status_started"),
+            models.Index(fields=("job_name", "schema_name", "status"), name="kj_run_job_tenant"),
+            models.Index(fields=("finished_at",), name="kj_run_finished"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.job_name} [{self.schema_name or 'system'}] {self.status}"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED_STATUSES
+
+
+class JobAttempt(models.Model):
+    """One execution of a run (an attempt, or a resumption after a deferral). Operators only."""
+
+    class Outcome(models.TextChoices):
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        RETRYING = "retrying"
+        DEFERRED = "deferred"
+        DROPPED = "dropped"
+
+    run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="attempt_set")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField()
+    duration_ms = models.FloatField()
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    error_type = models.CharField(max_length=200, blank=True)
+    error_message = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    log = models.JSONField(default=list, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ("run", "started_at")
+        verbose_name = _("attempt")
+
+    def __str__(self) -> str:
+        return f"attempt {self.number}: {self.outcome}"
+
+
+class JobFailure(models.Model):
+    """What a tenant may know about a failure: a message key, never error text."""
+
+    schema_name = models.CharField(_("tenant"), max_length=63)
+    job_name = models.CharField(_("job"), max_length=200)
+    subject = models.CharField(_("subject"), max_length=255, blank=True)
+    message_key = models.CharField(max_length=200)
+    failed_at = models.DateTimeField(_("failed at"))
+    run_id = models.UUIDField()
+
+    class Meta:
+        ordering = ("-failed_at",)
+        verbose_name = _("failure")
+        constraints = (
+            models.UniqueConstraint(fields=("schema_name", "job_name", "subject"),
+                                    name="kj_failure_one_per_subject"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.job_name} {self.subject}: {self.message_key}"
+
+
+class RejectedMessage(models.Model):
+    """A queue message that failed closed before any tenant was entered (poison message)."""
+
+    received_at = models.DateTimeField(auto_now_add=True)
+    rq_job_id = models.CharField(max_length=128, blank=True)
+    queue = models.CharField(max_length=100, blank=True)
+    reason = models.CharField(max_length=500)
+    excerpt = models.TextField(blank=True, help_text="The first bytes of the message, as received.")
+
+    class Meta:
+        ordering = ("-received_at",)
+
+    def __str__(self) -> str:
+        return f"{self.received_at:%Y-%m-%d %H:%M:%S} {self.reason}"

@@ -1,0 +1,34 @@
+"""The runner pipeline: steps composed once, outermost first.
+
+A step is ``step(state, call_next)``: it may act before and after ``call_next(state)``, or not
+call it at all (a gate that refuses). Composition happens once at start-up, so a run pays
+only for the calls, not for building the chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from .context import RunState
+
+Next = Callable[[RunState], None]
+
+
+class Step(Protocol):
+    def __call__(self, state: RunState, call_next: Next, /) -> None: ...
+
+
+def compose(steps: Sequence[Step], terminal: Next) -> Next:
+    chain = terminal
+    for step in reversed(steps):
+        chain = _bind(step, chain)
+    return chain
+
+
+def _bind(step: Step, call_next: Next) -> Next:
+    def run(state: RunState) -> None:
+        step(state, call_next)
+
+    run.__qualname__ = f"{getattr(step, '__module__', '')}.{getattr(step, '__name__', 'step')}"
+    return run

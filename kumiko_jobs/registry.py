@@ -1,0 +1,335 @@
+"""Job definitions and the registry that finds them by name.
+
+``@job`` validates every option when the module is imported, so a typo or a wrong type fails
+at start-up with a message that names the fix, never in a worker at 3 a.m.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from .exceptions import InvalidJob, JobNotRegistered
+
+if TYPE_CHECKING:
+    from .context import JobContext
+    from .enqueue import RunHandle
+
+GRANTS = ("unsafe_raw", "global_writes", "cross_tenant_reads", "system_identity")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
+BackoffKind = Literal["fixed", "exponential"]
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delay before attempt n+1: fixed ``delay``, or ``delay * 2**(n-1)`` capped at ``max_delay``."""
+
+    kind: BackoffKind = "exponential"
+    delay: float = 1.0
+    max_delay: float = 3600.0
+
+    def seconds_after(self, attempt: int) -> float:
+        if self.kind == "fixed":
+            return self.delay
+        return float(min(self.delay * 2 ** (attempt - 1), self.max_delay))
+
+
+@dataclass(frozen=True, slots=True)
+class EscapeHatch:
+    """A declared, reasoned permission to step outside the tenant's schema."""
+
+    reason: str
+    grants: tuple[str, ...]
+
+    def __init__(self, reason: str, grants: Sequence[str]):
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidJob(
+                "EscapeHatch needs a reason: say why the job must leave its tenant, e.g. "
+                "EscapeHatch(reason='rebuilds the shared price index', grants=['global_writes'])."
+            )
+        if isinstance(grants, str) or not grants:
+            raise InvalidJob(
+                f"EscapeHatch(grants=...) must be a non-empty list of grants from {GRANTS}."
+            )
+        unknown = [g for g in grants if g not in GRANTS]
+        if unknown:
+            raise InvalidJob(f"EscapeHatch has unknown grant(s) {unknown}; use grants from {GRANTS}.")
+        object.__setattr__(self, "reason", reason.strip())
+        object.__setattr__(self, "grants", tuple(dict.fromkeys(grants)))
+
+
+@dataclass(frozen=True, slots=True)
+class FailureVisibility:
+    message_key: str
+    subject_fields: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class JobDefinition:
+    """A registered job. Call ``enqueue`` / ``enqueue_in`` / ``enqueue_at`` to run it."""
+
+    name: str
+    func: Callable[..., Any]
+    queue: str | None = None
+    retries: int | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+    timeout: int | None = None
+    tenant_visible_run: tuple[str, ...] = ()
+    tenant_visible_failure: FailureVisibility | None = None
+    escape_hatch: EscapeHatch | None = None
+    system: bool = False
+    manual: bool = False
+    max_defers: int | None = None
+    description: str = ""
+
+    # --- enqueue API (delegates to kumiko_jobs.enqueue) ----------------------------------
+
+    def enqueue(self, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+        from .enqueue import enqueue
+
+        return enqueue(self, tenant=tenant, **kwargs)
+
+    def enqueue_in(self, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+        from .enqueue import enqueue_in
+
+        return enqueue_in(self, delay, tenant=tenant, **kwargs)
+
+    def enqueue_at(self, when: datetime, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+        from .enqueue import enqueue_at
+
+        return enqueue_at(self, when, tenant=tenant, **kwargs)
+
+    def __call__(self, ctx: JobContext, /, **kwargs: Any) -> Any:
+        """Call the function directly (tests); no pipeline, no guard, no history."""
+        return self.func(ctx, **kwargs)
+
+    # --- derived facts --------------------------------------------------------------------
+
+    @property
+    def grants(self) -> tuple[str, ...]:
+        return self.escape_hatch.grants if self.escape_hatch else ()
+
+    @property
+    def subject_fields(self) -> tuple[str, ...]:
+        fields = list(self.tenant_visible_run)
+        if self.tenant_visible_failure:
+            fields += [f for f in self.tenant_visible_failure.subject_fields if f not in fields]
+        return tuple(fields)
+
+    def bind_arguments(self, kwargs: Mapping[str, Any]) -> None:
+        """Raise InvalidJob when ``kwargs`` do not fit the function's signature."""
+        try:
+            inspect.signature(self.func).bind(None, **kwargs)
+        except TypeError as exc:
+            raise InvalidJob(f"Job {self.name!r}: {exc}. Pass the job's keyword arguments.") from None
+
+    def __repr__(self) -> str:
+        return f"<JobDefinition {self.name}>"
+
+
+_OPTION_TYPES: dict[str, str] = {
+    "name": "str", "queue": "str", "retries": "int >= 0", "backoff": "str or dict",
+    "timeout": "int > 0 (seconds)", "tenant_visible_run": "list of argument names",
+    "tenant_visible_failure": "dict(message_key=..., subject_fields=[...])",
+    "escape_hatch": "EscapeHatch", "system": "bool", "manual": "bool",
+    "max_defers": "int >= 0", "description": "str",
+}
+
+
+def _fail(func_name: str, message: str) -> InvalidJob:
+    return InvalidJob(f"@job on {func_name}: {message}")
+
+
+def _parse_backoff(where: str, value: Any) -> Backoff:
+    if isinstance(value, Backoff):
+        return value
+    if value in ("fixed", "exponential"):
+        return Backoff(kind=value)
+    if isinstance(value, Mapping):
+        unknown = set(value) - {"type", "delay", "max_delay"}
+        kind = value.get("type", "exponential")
+        delay = value.get("delay", 1.0)
+        max_delay = value.get("max_delay", 3600.0)
+        numbers_ok = all(
+            isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+            for v in (delay, max_delay)
+        )
+        if not unknown and kind in ("fixed", "exponential") and numbers_ok:
+            return Backoff(kind=kind, delay=float(delay), max_delay=float(max_delay))
+    raise _fail(
+        where,
+        f"backoff={value!r} is not valid; use 'fixed', 'exponential' or "
+        "{'type': 'fixed'|'exponential', 'delay': seconds >= 0, 'max_delay': seconds}.",
+    )
+
+
+def _names(where: str, option: str, value: Any, params: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise _fail(where, f"{option} must be a list of argument names, got {value!r}.")
+    missing = [v for v in value if v not in params]
+    if missing:
+        raise _fail(
+            where, f"{option} names {missing}, which are not keyword arguments of the job "
+            f"(it has {list(params)})."
+        )
+    return tuple(value)
+
+
+def _int_option(where: str, option: str, value: Any, minimum: int) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(where, f"{option} must be an integer >= {minimum}, got {value!r}.")
+    return value
+
+
+def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> JobDefinition:
+    """Validate ``@job`` options for ``func`` and return its definition."""
+    where = getattr(func, "__qualname__", repr(func))
+    unknown = set(options) - set(_OPTION_TYPES)
+    if unknown:
+        hints = []
+        for key in sorted(unknown):
+            close = difflib.get_close_matches(key, list(_OPTION_TYPES), n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise _fail(where, f"unknown option {', '.join(hints)}. Options: {sorted(_OPTION_TYPES)}.")
+    if not callable(func):
+        raise InvalidJob(f"@job decorates a function, got {func!r}.")
+    signature = inspect.signature(func)
+    positional = [
+        p for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if not positional:
+        raise _fail(where, "the job must take the context as first argument: def job(ctx, *, ...).")
+    params = [p.name for p in signature.parameters.values()][1:]
+
+    module = getattr(func, "__module__", "") or ""
+    name = options.get("name") or _default_name(module, func.__name__)
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise _fail(where, f"name={name!r} must match {_NAME_RE.pattern}.")
+    queue = options.get("queue")
+    if queue is not None and (not isinstance(queue, str) or not queue):
+        raise _fail(where, f"queue must be the name of an RQ_QUEUES entry, got {queue!r}.")
+    for flag in ("system", "manual"):
+        if not isinstance(options.get(flag, False), bool):
+            raise _fail(where, f"{flag} must be True or False, got {options[flag]!r}.")
+    escape_hatch = options.get("escape_hatch")
+    if escape_hatch is not None and not isinstance(escape_hatch, EscapeHatch):
+        raise _fail(where, "escape_hatch must be EscapeHatch(reason=..., grants=[...]).")
+    system = bool(options.get("system", False))
+    tenant_visible_run = _names(where, "tenant_visible_run", options.get("tenant_visible_run", ()),
+                                params)
+    failure = _parse_failure(where, options.get("tenant_visible_failure"), params)
+    if system and (tenant_visible_run or failure):
+        raise _fail(where, "system jobs run for no tenant; drop tenant_visible_run/_failure.")
+    description = options.get("description") or inspect.getdoc(func) or ""
+    return JobDefinition(
+        name=name,
+        func=func,
+        queue=queue,
+        retries=_int_option(where, "retries", options.get("retries"), 0),
+        backoff=_parse_backoff(where, options.get("backoff", "exponential")),
+        timeout=_int_option(where, "timeout", options.get("timeout"), 1),
+        tenant_visible_run=tenant_visible_run,
+        tenant_visible_failure=failure,
+        escape_hatch=escape_hatch,
+        system=system,
+        manual=bool(options.get("manual", False)),
+        max_defers=_int_option(where, "max_defers", options.get("max_defers"), 0),
+        description=str(description).split("\n\n")[0],
+    )
+
+
+def _parse_failure(where: str, value: Any, params: Sequence[str]) -> FailureVisibility | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping) or set(value) - {"message_key", "subject_fields"}:
+        raise _fail(where, "tenant_visible_failure must be "
+                           "{'message_key': 'app.key', 'subject_fields': [...]}.")
+    key = value.get("message_key")
+    if not isinstance(key, str) or not key.strip():
+        raise _fail(where, "tenant_visible_failure needs a message_key, e.g. 'billing.sync_failed'.")
+    fields = _names(where, "tenant_visible_failure['subject_fields']",
+                    value.get("subject_fields", ()), params)
+    return FailureVisibility(message_key=key, subject_fields=fields)
+
+
+def _default_name(module: str, func_name: str) -> str:
+    """``"<app_label>.<function>"``: the app label of the app whose module holds the job."""
+    from django.apps import apps
+
+    best = None
+    for config in apps.get_app_configs():
+        if module == config.name or module.startswith(config.name + "."):
+            if best is None or len(config.name) > len(best.name):
+                best = config
+    label = best.label if best else module.rsplit(".", 1)[0].rsplit(".", 1)[-1]
+    return f"{label}.{func_name}"
+
+
+class Registry:
+    """Job definitions by name. Frozen after ``AppConfig.ready`` so workers and web agree."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, JobDefinition] = {}
+        self._frozen = False
+
+    def register(self, definition: JobDefinition) -> JobDefinition:
+        existing = self._jobs.get(definition.name)
+        if existing is not None:
+            same_code = (existing.func.__module__, existing.func.__qualname__) == (
+                definition.func.__module__, definition.func.__qualname__)
+            if not same_code:
+                raise InvalidJob(
+                    f"Two jobs are named {definition.name!r}: "
+                    f"{existing.func.__module__}.{existing.func.__qualname__} and "
+                    f"{definition.func.__module__}.{definition.func.__qualname__}. "
+                    "Give one of them @job(name='...')."
+                )
+        elif self._frozen:
+            raise InvalidJob(
+                f"Job {definition.name!r} was declared after start-up. Declare jobs in an "
+                "installed app's jobs.py so that every worker knows them."
+            )
+        self._jobs[definition.name] = definition
+        return definition
+
+    def get(self, name: str) -> JobDefinition:
+        try:
+            return self._jobs[name]
+        except KeyError:
+            raise JobNotRegistered(
+                f"No job named {name!r} is registered. Known jobs: {sorted(self._jobs)[:20]}"
+            ) from None
+
+    def freeze(self) -> None:
+        self._frozen = True
+
+    def __iter__(self) -> Iterator[JobDefinition]:
+        return iter(sorted(self._jobs.values(), key=lambda d: d.name))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._jobs
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+
+registry = Registry()
+
+
+def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """Declare a job: ``@job`` or ``@job(retries=3, queue="default", ...)``."""
+
+    def decorate(f: Callable[..., Any]) -> JobDefinition:
+        return registry.register(build_definition(f, options))
+
+    if func is not None:
+        return decorate(func)
+    return decorate

@@ -1,0 +1,118 @@
+"""The one function RQ calls for every kumiko message.
+
+decode -> definition -> pipeline -> dispatch. A message that fails to decode is recorded as a
+``RejectedMessage`` and never reaches a schema; a message for a job this worker does not know
+fails its run closed. Neither is retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable
+
+from . import envelope as envelope_mod
+from . import transport
+from .context import JobContext, RunState, current_run
+from .enqueue import message_for, queue_of
+from .exceptions import EnvelopeError, JobNotRegistered
+from .models import JobRun, RejectedMessage, RunStatus
+from .pipeline import Next, compose
+from .registry import registry
+
+logger = logging.getLogger("kumiko_jobs.runner")
+
+_pipeline: Next | None = None
+_worker_name = f"{socket.gethostname()}:{__import__('os').getpid()}"
+
+
+def build_pipeline() -> Next:
+    from .steps import DEFAULT_STEPS
+
+    return compose(DEFAULT_STEPS, call_job)
+
+
+def call_job(state: RunState) -> None:
+    """The terminal step: the job's own function."""
+    from . import conf
+    from .context import Deferral
+
+    ctx = JobContext(state, conf.get().LOG_LINES_PER_ATTEMPT)
+    state.ctx = ctx
+    result = state.definition.func(ctx, **state.envelope.kwargs)
+    if isinstance(result, Deferral):
+        state.outcome = "deferred"
+        state.deferral_seconds = result.seconds
+    else:
+        state.outcome = "succeeded"
+        state.result = result
+
+
+def execute(message: object) -> str:
+    """Run one message. Returns the outcome; raises only when the history cannot be written."""
+    rq_job_id = transport.current_job_id()
+    try:
+        env = envelope_mod.decode(message)
+    except EnvelopeError as exc:
+        reject(message, str(exc), rq_job_id)
+        return "rejected"
+    try:
+        definition = registry.get(env.job)
+    except JobNotRegistered as exc:
+        _fail_unknown(env, str(exc))
+        return "failed"
+    state = RunState(envelope=env, definition=definition, rq_job_id=rq_job_id,
+                     queue=transport.current_job_origin() or queue_of(definition),
+                     worker_name=_worker_name)
+    run_state(state)
+    return state.outcome
+
+
+def run_state(state: RunState) -> None:
+    global _pipeline
+    if _pipeline is None:
+        _pipeline = build_pipeline()
+    token = current_run.set(state)
+    try:
+        _pipeline(state)
+    finally:
+        current_run.reset(token)
+    dispatch(state)
+
+
+def dispatch(state: RunState) -> None:
+    """Push what the attempt asked for, now that its history is written."""
+    messages = []
+    if state.reschedule is not None:
+        next_env, delay = state.reschedule
+        messages.append(message_for(state.definition, next_env, delay))
+    if state.outcome == "succeeded":
+        messages.extend(message for message, _ in state.followups)
+    if messages:
+        transport.push_many(messages)
+
+
+def reject(message: object, reason: str, rq_job_id: str = "", queue: str = "") -> None:
+    logger.error("rejected queue message %s: %s", rq_job_id or "?", reason)
+    excerpt = message if isinstance(message, str) else repr(message)
+    RejectedMessage.objects.create(rq_job_id=rq_job_id[:128], reason=reason[:500],
+                                   queue=queue or transport.current_job_origin(),
+                                   excerpt=excerpt[:2000])
+
+
+def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
+    logger.error("run %s failed closed: %s", env.run_id, reason)
+    from django.utils import timezone
+
+    updated = JobRun.objects.filter(pk=env.run_id).update(
+        status=RunStatus.FAILED, finished_at=timezone.now(), error_type="JobNotRegistered",
+        error_message=reason[:4000], attempts=env.attempt,
+    )
+    if not updated:
+        reject(env, reason)
+
+
+def reset_pipeline(factory: Callable[[], Next] | None = None) -> None:
+    """Rebuild the pipeline (tests that change steps)."""
+    global _pipeline
+    _pipeline = factory() if factory else None

@@ -1,0 +1,11 @@
+"""The runner's steps, in the one list that defines their order (outermost first)."""
+
+from __future__ import annotations
+
+from ..pipeline import Step
+from .deferral import deferral
+from .gates import gates
+from .records import records
+from .tenancy import tenancy
+
+DEFAULT_STEPS: tuple[Step, ...] = (records, deferral, gates, tenancy)

@@ -1,0 +1,147 @@
+"""Run history: ``running`` at start, the outcome at the end, in the public schema.
+
+Both writes run outside the tenant and outside the guard. The start is one UPDATE; the end is
+one short transaction (attempt row, run row, tenant-visible failure, follow-up rows). A message
+for a run that is cancelled or already finished is dropped here, which makes a repeated push
+of the same message harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from .. import signals
+from ..context import RunState
+from ..models import JobAttempt, JobFailure, JobRun, RunStatus
+from ..pipeline import Next
+
+logger = logging.getLogger("kumiko_jobs.records")
+
+_RUNNABLE = (RunStatus.QUEUED, RunStatus.DEFERRED)
+_STATUS_FOR = {
+    "succeeded": RunStatus.SUCCEEDED,
+    "failed": RunStatus.FAILED,
+    "retrying": RunStatus.QUEUED,
+    "deferred": RunStatus.DEFERRED,
+    "dropped": RunStatus.CANCELLED,
+}
+_SIGNAL_FOR = {
+    "succeeded": signals.job_succeeded,
+    "failed": signals.job_failed,
+    "retrying": signals.job_failed,
+    "deferred": signals.job_deferred,
+    "dropped": signals.job_dropped,
+}
+
+
+def records(state: RunState, call_next: Next) -> None:
+    if not _start(state):
+        return
+    try:
+        call_next(state)
+    except BaseException as exc:
+        # Interrupted (cold shutdown, timeout outside the job body): never leave it running.
+        state.outcome = "failed"
+        state.error = state.error or exc
+        _finish(state)
+        raise
+    _finish(state)
+
+
+def _start(state: RunState) -> bool:
+    env = state.envelope
+    now = timezone.now()
+    state.started_at = now
+    state.started_monotonic = time.monotonic()
+    updated = JobRun.objects.filter(pk=env.run_id, status__in=_RUNNABLE).update(
+        status=RunStatus.RUNNING, attempts=env.attempt, started_at=now, finished_at=None,
+        scheduled_for=None, defer_count=env.defers, gate_defer_count=env.gate_defers,
+        rq_job_id=state.rq_job_id,
+    )
+    if not updated:
+        row = JobRun.objects.filter(pk=env.run_id).values("status", "attempts").first()
+        if row is None:
+            _create_missing(state, now)
+        elif row["status"] == RunStatus.RUNNING and row["attempts"] < env.attempt:
+            # The previous attempt's worker died after scheduling this one: take over.
+            JobRun.objects.filter(pk=env.run_id).update(attempts=env.attempt, started_at=now)
+        else:
+            why = ("cancelled before it started" if row["status"] == RunStatus.CANCELLED
+                   else f"duplicate delivery: the run is already {row['status']}")
+            logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
+            state.outcome = "dropped"
+            state.drop_reason = why
+            signals.send(signals.job_dropped, run_id=env.run_id, job_name=env.job,
+                         schema_name=env.schema, attempt=env.attempt, outcome="dropped",
+                         error=None, reason=why)
+            return False
+    signals.send(signals.job_started, run_id=env.run_id, job_name=env.job,
+                 schema_name=env.schema, attempt=env.attempt)
+    return True
+
+
+def _create_missing(state: RunState, now: Any) -> None:
+    """A message whose run row is gone (history deleted, or pushed by a relay): recreate it."""
+    env = state.envelope
+    JobRun.objects.create(
+        run_id=uuid.UUID(env.run_id), job_name=env.job, schema_name=env.schema or "",
+        status=RunStatus.RUNNING, queue=state.queue, attempts=env.attempt,
+        max_attempts=state.max_attempts, queued_at=now, started_at=now, payload=env.kwargs,
+        correlation_id=env.correlation_id, triggered_by=env.triggered_by or "",
+        trigger=env.trigger or "", rq_job_id=state.rq_job_id,
+    )
+
+
+def _finish(state: RunState) -> None:
+    env, definition = state.envelope, state.definition
+    now = timezone.now()
+    duration_ms = (time.monotonic() - state.started_monotonic) * 1000
+    outcome = state.outcome or "failed"
+    error = state.error
+    status = _STATUS_FOR[outcome]
+    run_update: dict[str, Any] = {"status": status, "duration_ms": duration_ms}
+    if outcome in ("succeeded", "failed", "dropped"):
+        run_update["finished_at"] = now
+    if state.reschedule is not None:
+        run_update["scheduled_for"] = now + timedelta(seconds=state.reschedule[1])
+    if error is not None:
+        run_update["error_type"] = type(error).__name__
+        run_update["error_message"] = str(error)[:4000]
+    elif outcome == "succeeded":
+        run_update["error_type"] = ""
+        run_update["error_message"] = ""
+    if outcome == "dropped":
+        run_update["error_message"] = state.drop_reason
+    with transaction.atomic():
+        JobAttempt.objects.create(
+            run_id=env.run_id, number=env.attempt, started_at=state.started_at or now,
+            finished_at=now, duration_ms=duration_ms,
+            outcome=outcome if outcome != "dropped" else JobAttempt.Outcome.DROPPED,
+            error_type=type(error).__name__ if error else "",
+            error_message=str(error)[:4000] if error else "",
+            traceback=state.error_traceback[-20000:], log=state.log_lines,
+            worker=state.worker_name,
+        )
+        JobRun.objects.filter(pk=env.run_id).update(**run_update)
+        if env.schema and outcome == "failed" and state.failure_key:
+            JobFailure.objects.bulk_create(
+                [JobFailure(schema_name=env.schema, job_name=env.job, subject=state.subject,
+                            message_key=state.failure_key, failed_at=now,
+                            run_id=uuid.UUID(env.run_id))],
+                update_conflicts=True, unique_fields=("schema_name", "job_name", "subject"),
+                update_fields=("message_key", "failed_at", "run_id"),
+            )
+        elif env.schema and outcome == "succeeded" and definition.tenant_visible_failure:
+            JobFailure.objects.filter(schema_name=env.schema, job_name=env.job,
+                                      subject=state.subject).delete()
+        if outcome == "succeeded" and state.followups:
+            JobRun.objects.bulk_create([row for _, row in state.followups])
+    signals.send(_SIGNAL_FOR[outcome], run_id=env.run_id, job_name=env.job,
+                 schema_name=env.schema, attempt=env.attempt, outcome=outcome, error=error)
