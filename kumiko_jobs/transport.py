@@ -118,7 +118,11 @@ def scheduled_job_ids(queue: str) -> Sequence[str]:
 
 def move_due_scheduled_jobs(queue: str) -> int:
     """What ``rqscheduler`` does on every tick: move due jobs to their queues."""
-    return len(scheduler_for(queue).enqueue_jobs())
+    scheduler = scheduler_for(queue)
+    due = list(scheduler.get_jobs_to_queue())
+    for job in due:
+        scheduler.enqueue_job(job)
+    return len(due)
 
 
 def queue_length(queue: str) -> int:

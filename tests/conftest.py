@@ -1,0 +1,145 @@
+"""Fixtures for tests on the real PostgreSQL (django-tenants schemas) and the real Redis.
+
+Integration tests use committed data, because the RQ workers that run their jobs are other
+connections (or other processes). The session creates the test database and three tenants
+once; ``live_db`` empties the run history, the tenants' tables and the test Redis database
+before each test.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TENANTS = ("t1", "t2", "t3")
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    from example_project.customers.models import Client, Domain
+
+    with django_db_blocker.unblock():
+        for schema, name, domain in (("public", "Operator", "localhost"),
+                                     *((s, f"Tenant {s.upper()}", f"{s}.localhost") for s in TENANTS)):
+            tenant = Client.objects.filter(schema_name=schema).first()
+            if tenant is None:
+                tenant = Client(schema_name=schema, name=name)
+                tenant.save()  # creates and migrates the schema
+            Domain.objects.get_or_create(domain=domain, defaults={"tenant": tenant, "is_primary": True})
+    yield
+
+
+def _truncate_all() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "TRUNCATE kumiko_jobs_jobattempt, kumiko_jobs_jobrun, kumiko_jobs_jobfailure, "
+            "kumiko_jobs_rejectedmessage"
+        )
+        for schema in TENANTS:
+            cursor.execute(
+                f'TRUNCATE "{schema}".testapp_probe, "{schema}".billing_invoice, '
+                f'"{schema}".billing_activitylog'
+            )
+
+
+@pytest.fixture
+def redis_conn() -> Any:
+    from kumiko_jobs import transport
+
+    return transport.connection_for("default")
+
+
+@pytest.fixture
+def live_db(django_db_setup: None, django_db_blocker: Any, redis_conn: Any) -> Iterator[None]:
+    """Real commits (no wrapping transaction), clean tables and a flushed test Redis db."""
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        connection.set_schema_to_public()
+        _truncate_all()
+        redis_conn.flushdb()
+        yield
+        connection.set_schema_to_public()
+
+
+@pytest.fixture
+def tenants(live_db: None) -> dict[str, Any]:
+    from example_project.customers.models import Client
+
+    return {c.schema_name: c for c in Client.objects.filter(schema_name__in=TENANTS)}
+
+
+def work(queue: str = "default", *, scheduler_rounds: int = 0) -> int:
+    """Run an in-process kumiko worker (a real RQ SimpleWorker) until the queue is empty.
+
+    With ``scheduler_rounds``, also act as ``rqscheduler`` between bursts: move due scheduled
+    messages (retries with a delay, deferrals) to the queue, waiting up to ~2 s for each.
+    Returns the number of messages the scheduler moved.
+    """
+    from kumiko_jobs import transport
+    from kumiko_jobs.worker import Worker
+
+    q = transport.get_queue(queue)
+    moved = 0
+    for round_ in range(scheduler_rounds + 1):
+        Worker([q], connection=q.connection).work(burst=True)
+        if round_ == scheduler_rounds:
+            break
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            n = transport.move_due_scheduled_jobs(queue)
+            if n:
+                moved += n
+                break
+            if not transport.scheduled_job_ids(queue):
+                return moved
+            time.sleep(0.1)
+    return moved
+
+
+@pytest.fixture
+def run_worker() -> Callable[..., int]:
+    return work
+
+
+def worker_env() -> dict[str, str]:
+    from django.db import connection
+
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    url = os.environ["DATABASE_URL"].rsplit("/", 1)[0]
+    env["DATABASE_URL"] = f"{url}/{connection.settings_dict['NAME']}"
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def start_rqworker(*args: str) -> subprocess.Popen[str]:
+    """``manage.py rqworker ARGS`` in its own process, as a user would start it."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "rqworker", *args],
+        cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+@pytest.fixture
+def rqworker_process() -> Callable[..., subprocess.Popen[str]]:
+    return start_rqworker
+
+
+def probes(schema: str) -> list[Any]:
+    from django_tenants.utils import schema_context
+
+    from tests.testapp.models import Probe
+
+    with schema_context(schema):
+        return list(Probe.objects.order_by("id"))
