@@ -27,5 +27,11 @@ def record_use(state: RunState, grant: str) -> None:
         return
     _last_reported[key] = now
     reason = state.definition.escape_hatch.reason if state.definition.escape_hatch else "system job"
-    logger.warning("escape hatch %s used by %s in %s: %s", grant, env.job, env.schema or "public",
-                   reason, extra={"kumiko_grant": grant, "kumiko_job": env.job})
+    logger.warning(
+        "escape hatch %s used by %s in %s: %s",
+        grant,
+        env.job,
+        env.schema or "public",
+        reason,
+        extra={"kumiko_grant": grant, "kumiko_job": env.job},
+    )

@@ -22,8 +22,19 @@ from django.dispatch import receiver
 GuardMode = Literal["enforce", "log", "off"]
 InactiveTenantPolicy = Literal["skip", "defer"]
 
-DEFAULT_SENSITIVE_KEYS = ("password", "passwd", "secret", "token", "api_key", "apikey",
-                          "authorization", "cookie", "session", "credit_card", "iban")
+DEFAULT_SENSITIVE_KEYS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "cookie",
+    "session",
+    "credit_card",
+    "iban",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +66,16 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "INACTIVE_TENANT": ("skip", "defer"),
 }
 _POSITIVE_INTS = ("DEFAULT_TIMEOUT", "MAX_ENVELOPE_BYTES", "LOG_LINES_PER_ATTEMPT")
-_NON_NEGATIVE_INTS = ("DEFAULT_RETRIES", "MAX_DEFERS", "RETENTION_DAYS", "RESULT_TTL",
-                      "FAILURE_TTL", "INACTIVE_TENANT_DEFER_SECONDS",
-                      "ESCAPE_HATCH_DEDUPE_SECONDS", "RUNNING_TIMEOUT_GRACE")
+_NON_NEGATIVE_INTS = (
+    "DEFAULT_RETRIES",
+    "MAX_DEFERS",
+    "RETENTION_DAYS",
+    "RESULT_TTL",
+    "FAILURE_TTL",
+    "INACTIVE_TENANT_DEFER_SECONDS",
+    "ESCAPE_HATCH_DEDUPE_SECONDS",
+    "RUNNING_TIMEOUT_GRACE",
+)
 
 
 def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
@@ -91,11 +109,11 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("DEFAULT_QUEUE",):
         if key in values and (not isinstance(values[key], str) or not values[key]):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be a queue name.")
-    if "TENANT_ACTIVE_FIELD" in values and values["TENANT_ACTIVE_FIELD"] is not None:
-        if not isinstance(values["TENANT_ACTIVE_FIELD"], str):
-            raise ImproperlyConfigured(
-                "settings.KUMIKO_JOBS['TENANT_ACTIVE_FIELD'] must be a field name or None."
-            )
+    active_field = values.get("TENANT_ACTIVE_FIELD")
+    if active_field is not None and not isinstance(active_field, str):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_ACTIVE_FIELD'] must be a field name or None."
+        )
     tc = values.get("TENANT_CONCURRENCY")
     if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or tc < 1):
         raise ImproperlyConfigured(
@@ -147,8 +165,10 @@ def installed_apps() -> tuple[str, ...]:
 @cache
 def shared_apps() -> tuple[frozenset[str], frozenset[str]]:
     """(SHARED_APPS, TENANT_APPS) as sets of dotted names."""
-    return (frozenset(getattr(settings, "SHARED_APPS", ()) or ()),
-            frozenset(getattr(settings, "TENANT_APPS", ()) or ()))
+    return (
+        frozenset(getattr(settings, "SHARED_APPS", ()) or ()),
+        frozenset(getattr(settings, "TENANT_APPS", ()) or ()),
+    )
 
 
 def has_tenant_settings() -> bool:
@@ -156,7 +176,7 @@ def has_tenant_settings() -> bool:
 
 
 def database_engines() -> dict[str, str]:
-    return {alias: cfg.get("ENGINE", "") for alias, cfg in settings.DATABASES.items()}
+    return {alias: str(cfg.get("ENGINE", "")) for alias, cfg in settings.DATABASES.items()}
 
 
 def tenant_model_label() -> str:

@@ -91,8 +91,14 @@ class JobLog:
     def _emit(self, level: int, msg: str, data: dict[str, Any]) -> None:
         lines = self._state.log_lines
         if len(lines) < self._limit:
-            lines.append({"t": time.time(), "level": logging.getLevelName(level), "msg": str(msg),
-                          "data": {k: _loggable(v) for k, v in data.items()}})
+            lines.append(
+                {
+                    "t": time.time(),
+                    "level": logging.getLevelName(level),
+                    "msg": str(msg),
+                    "data": {k: _loggable(v) for k, v in data.items()},
+                }
+            )
         logger.log(level, "%s %s", msg, data or "", extra={"kumiko_data": data})
 
     def debug(self, msg: str, **data: Any) -> None:
@@ -184,8 +190,9 @@ class JobContext:
     @contextlib.contextmanager
     def cross_tenant_reads(self, tenant: Any) -> Iterator[None]:
         """Read another tenant's schema, SELECT only, then come back."""
-        from django.db import connection
+        from django.db import connection as default_connection
 
+        connection: Any = default_connection  # django-tenants' wrapper
         with self._granted("cross_tenant_reads"):
             previous = connection.tenant
             self._state.readable_schema = tenant.schema_name
@@ -211,7 +218,8 @@ class JobContext:
         """System jobs only: the guard steps aside for this block."""
         if not self._state.definition.system:
             raise InvalidJob(
-                f"ctx.system_db() is for system jobs; declare @job(system=True) on {self.job_name!r}."
+                "ctx.system_db() is for system jobs; declare @job(system=True) on "
+                f"{self.job_name!r}."
             )
         from . import audit
 

@@ -65,20 +65,23 @@ def enqueue(job: JobDefinition | str, *, tenant: Any = None, **kwargs: Any) -> R
     return submit(resolve(job), tenant, kwargs, delay=0.0)
 
 
-def enqueue_in(job: JobDefinition | str, delay: timedelta | float, *, tenant: Any = None,
-               **kwargs: Any) -> RunHandle:
+def enqueue_in(
+    job: JobDefinition | str, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any
+) -> RunHandle:
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
     if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
         raise InvalidJob(f"enqueue_in() needs a delay >= 0 (seconds or timedelta), got {delay!r}.")
     return submit(resolve(job), tenant, kwargs, delay=float(seconds))
 
 
-def enqueue_at(job: JobDefinition | str, when: datetime, *, tenant: Any = None,
-               **kwargs: Any) -> RunHandle:
+def enqueue_at(
+    job: JobDefinition | str, when: datetime, *, tenant: Any = None, **kwargs: Any
+) -> RunHandle:
     if not isinstance(when, datetime) or timezone.is_naive(when):
         raise InvalidJob(f"enqueue_at() needs a timezone-aware datetime, got {when!r}.")
-    return submit(resolve(job), tenant, kwargs,
-                  delay=max(0.0, (when - timezone.now()).total_seconds()))
+    return submit(
+        resolve(job), tenant, kwargs, delay=max(0.0, (when - timezone.now()).total_seconds())
+    )
 
 
 def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
@@ -89,7 +92,9 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
             return
         if isinstance(value, float):
             if not math.isfinite(value):
-                raise InvalidJob(f"Job {job_name!r}: argument {path} is {value}, which JSON cannot carry.")
+                raise InvalidJob(
+                    f"Job {job_name!r}: argument {path} is {value}, which JSON cannot carry."
+                )
             return
         if isinstance(value, list):
             for i, item in enumerate(value):
@@ -98,7 +103,9 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
         if isinstance(value, dict):
             for key, item in value.items():
                 if not isinstance(key, str):
-                    raise InvalidJob(f"Job {job_name!r}: argument {path} has a non-string key {key!r}.")
+                    raise InvalidJob(
+                        f"Job {job_name!r}: argument {path} has a non-string key {key!r}."
+                    )
                 walk(item, f"{path}[{key!r}]")
             return
         hint = ""
@@ -153,8 +160,13 @@ def timeout_of(definition: JobDefinition) -> int:
 
 
 def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> transport.Message:
-    return transport.Message(body=encode(envelope), queue=queue_of(definition),
-                             job_id=envelope.rq_job_id, timeout=timeout_of(definition), delay=delay)
+    return transport.Message(
+        body=encode(envelope),
+        queue=queue_of(definition),
+        job_id=envelope.rq_job_id,
+        timeout=timeout_of(definition),
+        delay=delay,
+    )
 
 
 def _validated(definition: JobDefinition, kwargs: dict[str, Any]) -> str:
@@ -166,20 +178,34 @@ def _validated(definition: JobDefinition, kwargs: dict[str, Any]) -> str:
 def _row(definition: JobDefinition, env: Envelope, subject: str, delay: float) -> JobRun:
     now = timezone.now()
     return JobRun(
-        run_id=uuid.UUID(env.run_id), job_name=definition.name, schema_name=env.schema or "",
-        subject=subject, status=RunStatus.QUEUED, queue=queue_of(definition),
-        max_attempts=1 + (conf.get().DEFAULT_RETRIES if definition.retries is None
-                          else definition.retries),
-        queued_at=now, scheduled_for=now + timedelta(seconds=delay) if delay else None,
-        triggered_by=env.triggered_by or "", trigger=env.trigger or "",
-        correlation_id=env.correlation_id, trace_id=env.trace.get("traceparent", "")[3:35],
+        run_id=uuid.UUID(env.run_id),
+        job_name=definition.name,
+        schema_name=env.schema or "",
+        subject=subject,
+        status=RunStatus.QUEUED,
+        queue=queue_of(definition),
+        max_attempts=1
+        + (conf.get().DEFAULT_RETRIES if definition.retries is None else definition.retries),
+        queued_at=now,
+        scheduled_for=now + timedelta(seconds=delay) if delay else None,
+        triggered_by=env.triggered_by or "",
+        trigger=env.trigger or "",
+        correlation_id=env.correlation_id,
+        trace_id=env.trace.get("traceparent", "")[3:35],
         parent_run_id=uuid.UUID(env.parent_run_id) if env.parent_run_id else None,
-        payload=env.kwargs, rq_job_id=env.rq_job_id,
+        payload=env.kwargs,
+        rq_job_id=env.rq_job_id,
     )
 
 
-def submit(definition: JobDefinition, tenant: Any, kwargs: dict[str, Any], *, delay: float,
-           trigger: str | None = None) -> RunHandle:
+def submit(
+    definition: JobDefinition,
+    tenant: Any,
+    kwargs: dict[str, Any],
+    *,
+    delay: float,
+    trigger: str | None = None,
+) -> RunHandle:
     state = current_run.get()
     if state is not None:
         # Inside a run the guard forbids writes to shared tables: follow-ups are recorded and
@@ -188,17 +214,26 @@ def submit(definition: JobDefinition, tenant: Any, kwargs: dict[str, Any], *, de
     subject = _validated(definition, kwargs)
     schema = _resolve_schema(definition, tenant)
     env = Envelope(
-        job=definition.name, schema=schema, kwargs=kwargs, run_id=uuid.uuid4().hex,
-        correlation_id=origin.correlation_id(), triggered_by=origin.triggered_by(),
-        trigger=trigger, origin=origin.request_origin(),
+        job=definition.name,
+        schema=schema,
+        kwargs=kwargs,
+        run_id=uuid.uuid4().hex,
+        correlation_id=origin.correlation_id(),
+        triggered_by=origin.triggered_by(),
+        trigger=trigger,
+        origin=origin.request_origin(),
     )
     message = message_for(definition, env, delay)
     _check_size(definition, message)
     row = _row(definition, env, subject, delay)
     row.save(force_insert=True)
     transaction.on_commit(lambda: _push(message, row), robust=True)
-    return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema,
-                     scheduled_for=row.scheduled_for)
+    return RunHandle(
+        run_id=env.run_id,
+        job_name=definition.name,
+        schema_name=schema,
+        scheduled_for=row.scheduled_for,
+    )
 
 
 def _check_size(definition: JobDefinition, message: transport.Message) -> None:
@@ -212,12 +247,25 @@ def _check_size(definition: JobDefinition, message: transport.Message) -> None:
 
 def _push(message: transport.Message, row: JobRun) -> None:
     transport.push(message)
-    signals.send(signals.job_queued, run_id=str(row.run_id), job_name=row.job_name,
-                 schema_name=row.schema_name or None, attempt=1, outcome="queued", error=None)
+    signals.send(
+        signals.job_queued,
+        run_id=str(row.run_id),
+        job_name=row.job_name,
+        schema_name=row.schema_name or None,
+        attempt=1,
+        outcome="queued",
+        error=None,
+    )
 
 
-def prepare_followup(state: RunState, job: JobDefinition | str, kwargs: dict[str, Any], *,
-                     delay: float = 0.0, tenant: Any = None) -> RunHandle:
+def prepare_followup(
+    state: RunState,
+    job: JobDefinition | str,
+    kwargs: dict[str, Any],
+    *,
+    delay: float = 0.0,
+    tenant: Any = None,
+) -> RunHandle:
     """A job enqueued from inside a run: same tenant, same correlation, sent on success."""
     definition = resolve(job)
     subject = _validated(definition, kwargs)
@@ -234,15 +282,22 @@ def prepare_followup(state: RunState, job: JobDefinition | str, kwargs: dict[str
                 "stay in the run's tenant."
             )
     if schema is None and not definition.system:
-        raise InvalidJob(f"System job {parent.job!r} must pass tenant= to enqueue {definition.name!r}.")
+        raise InvalidJob(
+            f"System job {parent.job!r} must pass tenant= to enqueue {definition.name!r}."
+        )
     env = Envelope(
-        job=definition.name, schema=schema, kwargs=kwargs, run_id=uuid.uuid4().hex,
-        correlation_id=parent.correlation_id, triggered_by=parent.triggered_by,
-        trigger=f"followup:{parent.job}", trace=parent.trace, origin=parent.origin,
+        job=definition.name,
+        schema=schema,
+        kwargs=kwargs,
+        run_id=uuid.uuid4().hex,
+        correlation_id=parent.correlation_id,
+        triggered_by=parent.triggered_by,
+        trigger=f"followup:{parent.job}",
+        trace=parent.trace,
+        origin=parent.origin,
         parent_run_id=parent.run_id,
     )
     message = message_for(definition, env, delay)
     _check_size(definition, message)
     state.followups.append((message, _row(definition, env, subject, delay)))
     return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema)
-

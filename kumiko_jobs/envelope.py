@@ -97,7 +97,9 @@ def decode(message: object) -> Envelope:
     if not isinstance(document, dict):
         raise EnvelopeError("envelope is not a JSON object")
     if document.get("v") != VERSION:
-        raise EnvelopeError(f"unknown envelope version {document.get('v')!r} (this worker reads {VERSION})")
+        raise EnvelopeError(
+            f"unknown envelope version {document.get('v')!r} (this worker reads {VERSION})"
+        )
     if set(document) != set(_FIELD_TYPES):
         raise EnvelopeError(f"envelope fields {sorted(document)} do not match version {VERSION}")
     for key, expected in _FIELD_TYPES.items():

@@ -21,20 +21,22 @@ class InvalidJob(KumikoJobsError):
 
 
 class EnvelopeError(KumikoJobsError):
-    """A queue message that is not a valid, signed envelope; it fails closed and is never retried."""
+    """A queue message that is not a valid, signed envelope: it fails closed, never retried."""
 
 
 class DatabaseAccessDenied(KumikoJobsError):
     """The DB guard refused a statement; the statement never reached PostgreSQL."""
 
-    def __init__(self, message: str, *, job_name: str = "", kind: str = "", grant: str | None = None):
+    def __init__(
+        self, message: str, *, job_name: str = "", kind: str = "", grant: str | None = None
+    ):
         super().__init__(message)
         self.job_name = job_name
         self.kind = kind
         self.grant = grant
 
 
-class Unrecoverable(Exception):  # noqa: N818 - a public name from the architecture
+class Unrecoverable(Exception):
     """Raise from a job to fail the run at once, without further attempts."""
 
 

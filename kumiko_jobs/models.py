@@ -30,11 +30,13 @@ class JobRun(models.Model):
 
     run_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     job_name = models.CharField(_("job"), max_length=200)
-    schema_name = models.CharField(_("tenant"), max_length=63, blank=True,
-                                   help_text=_("Empty for system runs."))
+    schema_name = models.CharField(
+        _("tenant"), max_length=63, blank=True, help_text=_("Empty for system runs.")
+    )
     subject = models.CharField(_("subject"), max_length=255, blank=True)
-    status = models.CharField(_("status"), max_length=16, choices=RunStatus.choices,
-                              default=RunStatus.QUEUED)
+    status = models.CharField(
+        _("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED
+    )
     queue = models.CharField(max_length=100)
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     max_attempts = models.PositiveIntegerField(default=1)
@@ -118,8 +120,9 @@ class JobFailure(models.Model):
         ordering = ("-failed_at",)
         verbose_name = _("failure")
         constraints = (
-            models.UniqueConstraint(fields=("schema_name", "job_name", "subject"),
-                                    name="kj_failure_one_per_subject"),
+            models.UniqueConstraint(
+                fields=("schema_name", "job_name", "subject"), name="kj_failure_one_per_subject"
+            ),
         )
 
     def __str__(self) -> str:

@@ -27,7 +27,7 @@ BackoffKind = Literal["fixed", "exponential"]
 
 @dataclass(frozen=True, slots=True)
 class Backoff:
-    """Delay before attempt n+1: fixed ``delay``, or ``delay * 2**(n-1)`` capped at ``max_delay``."""
+    """Delay before attempt n+1: ``delay``, or ``delay * 2**(n-1)`` capped at ``max_delay``."""
 
     kind: BackoffKind = "exponential"
     delay: float = 1.0
@@ -58,7 +58,9 @@ class EscapeHatch:
             )
         unknown = [g for g in grants if g not in GRANTS]
         if unknown:
-            raise InvalidJob(f"EscapeHatch has unknown grant(s) {unknown}; use grants from {GRANTS}.")
+            raise InvalidJob(
+                f"EscapeHatch has unknown grant(s) {unknown}; use grants from {GRANTS}."
+            )
         object.__setattr__(self, "reason", reason.strip())
         object.__setattr__(self, "grants", tuple(dict.fromkeys(grants)))
 
@@ -94,7 +96,9 @@ class JobDefinition:
 
         return enqueue(self, tenant=tenant, **kwargs)
 
-    def enqueue_in(self, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+    def enqueue_in(
+        self, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any
+    ) -> RunHandle:
         from .enqueue import enqueue_in
 
         return enqueue_in(self, delay, tenant=tenant, **kwargs)
@@ -126,18 +130,27 @@ class JobDefinition:
         try:
             inspect.signature(self.func).bind(None, **kwargs)
         except TypeError as exc:
-            raise InvalidJob(f"Job {self.name!r}: {exc}. Pass the job's keyword arguments.") from None
+            raise InvalidJob(
+                f"Job {self.name!r}: {exc}. Pass the job's keyword arguments."
+            ) from None
 
     def __repr__(self) -> str:
         return f"<JobDefinition {self.name}>"
 
 
 _OPTION_TYPES: dict[str, str] = {
-    "name": "str", "queue": "str", "retries": "int >= 0", "backoff": "str or dict",
-    "timeout": "int > 0 (seconds)", "tenant_visible_run": "list of argument names",
+    "name": "str",
+    "queue": "str",
+    "retries": "int >= 0",
+    "backoff": "str or dict",
+    "timeout": "int > 0 (seconds)",
+    "tenant_visible_run": "list of argument names",
     "tenant_visible_failure": "dict(message_key=..., subject_fields=[...])",
-    "escape_hatch": "EscapeHatch", "system": "bool", "manual": "bool",
-    "max_defers": "int >= 0", "description": "str",
+    "escape_hatch": "EscapeHatch",
+    "system": "bool",
+    "manual": "bool",
+    "max_defers": "int >= 0",
+    "description": "str",
 }
 
 
@@ -174,8 +187,9 @@ def _names(where: str, option: str, value: Any, params: Sequence[str]) -> tuple[
     missing = [v for v in value if v not in params]
     if missing:
         raise _fail(
-            where, f"{option} names {missing}, which are not keyword arguments of the job "
-            f"(it has {list(params)})."
+            where,
+            f"{option} names {missing}, which are not keyword arguments of the job "
+            f"(it has {list(params)}).",
         )
     return tuple(value)
 
@@ -202,7 +216,8 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         raise InvalidJob(f"@job decorates a function, got {func!r}.")
     signature = inspect.signature(func)
     positional = [
-        p for p in signature.parameters.values()
+        p
+        for p in signature.parameters.values()
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     if not positional:
@@ -223,8 +238,9 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
     if escape_hatch is not None and not isinstance(escape_hatch, EscapeHatch):
         raise _fail(where, "escape_hatch must be EscapeHatch(reason=..., grants=[...]).")
     system = bool(options.get("system", False))
-    tenant_visible_run = _names(where, "tenant_visible_run", options.get("tenant_visible_run", ()),
-                                params)
+    tenant_visible_run = _names(
+        where, "tenant_visible_run", options.get("tenant_visible_run", ()), params
+    )
     failure = _parse_failure(where, options.get("tenant_visible_failure"), params)
     if system and (tenant_visible_run or failure):
         raise _fail(where, "system jobs run for no tenant; drop tenant_visible_run/_failure.")
@@ -250,13 +266,18 @@ def _parse_failure(where: str, value: Any, params: Sequence[str]) -> FailureVisi
     if value is None:
         return None
     if not isinstance(value, Mapping) or set(value) - {"message_key", "subject_fields"}:
-        raise _fail(where, "tenant_visible_failure must be "
-                           "{'message_key': 'app.key', 'subject_fields': [...]}.")
+        raise _fail(
+            where,
+            "tenant_visible_failure must be {'message_key': 'app.key', 'subject_fields': [...]}.",
+        )
     key = value.get("message_key")
     if not isinstance(key, str) or not key.strip():
-        raise _fail(where, "tenant_visible_failure needs a message_key, e.g. 'billing.sync_failed'.")
-    fields = _names(where, "tenant_visible_failure['subject_fields']",
-                    value.get("subject_fields", ()), params)
+        raise _fail(
+            where, "tenant_visible_failure needs a message_key, e.g. 'billing.sync_failed'."
+        )
+    fields = _names(
+        where, "tenant_visible_failure['subject_fields']", value.get("subject_fields", ()), params
+    )
     return FailureVisibility(message_key=key, subject_fields=fields)
 
 
@@ -266,9 +287,9 @@ def _default_name(module: str, func_name: str) -> str:
 
     best = None
     for config in apps.get_app_configs():
-        if module == config.name or module.startswith(config.name + "."):
-            if best is None or len(config.name) > len(best.name):
-                best = config
+        inside = module == config.name or module.startswith(config.name + ".")
+        if inside and (best is None or len(config.name) > len(best.name)):
+            best = config
     label = best.label if best else module.rsplit(".", 1)[0].rsplit(".", 1)[-1]
     return f"{label}.{func_name}"
 
@@ -284,7 +305,9 @@ class Registry:
         existing = self._jobs.get(definition.name)
         if existing is not None:
             same_code = (existing.func.__module__, existing.func.__qualname__) == (
-                definition.func.__module__, definition.func.__qualname__)
+                definition.func.__module__,
+                definition.func.__qualname__,
+            )
             if not same_code:
                 raise InvalidJob(
                     f"Two jobs are named {definition.name!r}: "

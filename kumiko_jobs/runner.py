@@ -61,9 +61,13 @@ def execute(message: object) -> str:
     except JobNotRegistered as exc:
         _fail_unknown(env, str(exc))
         return "failed"
-    state = RunState(envelope=env, definition=definition, rq_job_id=rq_job_id,
-                     queue=transport.current_job_origin() or queue_of(definition),
-                     worker_name=_worker_name)
+    state = RunState(
+        envelope=env,
+        definition=definition,
+        rq_job_id=rq_job_id,
+        queue=transport.current_job_origin() or queue_of(definition),
+        worker_name=_worker_name,
+    )
     run_state(state)
     return state.outcome
 
@@ -95,9 +99,12 @@ def dispatch(state: RunState) -> None:
 def reject(message: object, reason: str, rq_job_id: str = "", queue: str = "") -> None:
     logger.error("rejected queue message %s: %s", rq_job_id or "?", reason)
     excerpt = message if isinstance(message, str) else repr(message)
-    RejectedMessage.objects.create(rq_job_id=rq_job_id[:128], reason=reason[:500],
-                                   queue=queue or transport.current_job_origin(),
-                                   excerpt=excerpt[:2000])
+    RejectedMessage.objects.create(
+        rq_job_id=rq_job_id[:128],
+        reason=reason[:500],
+        queue=queue or transport.current_job_origin(),
+        excerpt=excerpt[:2000],
+    )
 
 
 def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
@@ -105,8 +112,11 @@ def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
     from django.utils import timezone
 
     updated = JobRun.objects.filter(pk=env.run_id).update(
-        status=RunStatus.FAILED, finished_at=timezone.now(), error_type="JobNotRegistered",
-        error_message=reason[:4000], attempts=env.attempt,
+        status=RunStatus.FAILED,
+        finished_at=timezone.now(),
+        error_type="JobNotRegistered",
+        error_message=reason[:4000],
+        attempts=env.attempt,
     )
     if not updated:
         reject(env, reason)

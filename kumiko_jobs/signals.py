@@ -27,5 +27,9 @@ def send(signal: Signal, **kwargs: Any) -> None:
         return
     for receiver, result in signal.send_robust(sender=None, **kwargs):
         if isinstance(result, BaseException):
-            logger.error("kumiko_jobs signal receiver %r raised %r", receiver, result,
-                         exc_info=(type(result), result, result.__traceback__))
+            logger.error(
+                "kumiko_jobs signal receiver %r raised %r",
+                receiver,
+                result,
+                exc_info=(type(result), result, result.__traceback__),
+            )

@@ -34,8 +34,9 @@ Serializer = JSONSerializer
 class JsonJob(Job):
     """An RQ job that reads and writes JSON unless told otherwise (used by the scheduler)."""
 
-    def __init__(self, id: str | None = None, connection: Redis | None = None,
-                 serializer: Any = None):
+    def __init__(
+        self, id: str | None = None, connection: Redis | None = None, serializer: Any = None
+    ):
         super().__init__(id=id, connection=connection, serializer=serializer or JSONSerializer)
 
 
@@ -87,16 +88,27 @@ def push_many(messages: Iterable[Message]) -> None:
     for msg in messages:
         if msg.delay > 0:
             scheduler_for(msg.queue).enqueue_in(
-                timedelta(seconds=msg.delay), RUNNER, msg.body, job_id=msg.job_id,
-                timeout=msg.timeout, job_result_ttl=settings.RESULT_TTL, queue_name=msg.queue,
+                timedelta(seconds=msg.delay),
+                RUNNER,
+                msg.body,
+                job_id=msg.job_id,
+                timeout=msg.timeout,
+                job_result_ttl=settings.RESULT_TTL,
+                queue_name=msg.queue,
             )
         else:
             now_messages.setdefault(msg.queue, []).append(msg)
     for queue_name, batch in now_messages.items():
         queue = get_queue(queue_name)
         datas = [
-            Queue.prepare_data(RUNNER, args=(m.body,), job_id=m.job_id, timeout=m.timeout,
-                               result_ttl=settings.RESULT_TTL, failure_ttl=settings.FAILURE_TTL)
+            Queue.prepare_data(
+                RUNNER,
+                args=(m.body,),
+                job_id=m.job_id,
+                timeout=m.timeout,
+                result_ttl=settings.RESULT_TTL,
+                failure_ttl=settings.FAILURE_TTL,
+            )
             for m in batch
         ]
         queue.enqueue_many(datas)

@@ -27,13 +27,17 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     from example_project.customers.models import Client, Domain
 
     with django_db_blocker.unblock():
-        for schema, name, domain in (("public", "Operator", "localhost"),
-                                     *((s, f"Tenant {s.upper()}", f"{s}.localhost") for s in TENANTS)):
+        for schema, name, domain in (
+            ("public", "Operator", "localhost"),
+            *((s, f"Tenant {s.upper()}", f"{s}.localhost") for s in TENANTS),
+        ):
             tenant = Client.objects.filter(schema_name=schema).first()
             if tenant is None:
                 tenant = Client(schema_name=schema, name=name)
                 tenant.save()  # creates and migrates the schema
-            Domain.objects.get_or_create(domain=domain, defaults={"tenant": tenant, "is_primary": True})
+            Domain.objects.get_or_create(
+                domain=domain, defaults={"tenant": tenant, "is_primary": True}
+            )
     yield
 
 
@@ -127,7 +131,11 @@ def start_rqworker(*args: str) -> subprocess.Popen[str]:
     """``manage.py rqworker ARGS`` in its own process, as a user would start it."""
     return subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "rqworker", *args],
-        cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=worker_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 

@@ -12,10 +12,34 @@ import os
 from example_project.devservices import ensure_services
 
 ensure_services(create_database=False)
-# Tests own one Redis database and flush it between tests; keep it apart from the demo's.
-_redis = os.environ["REDIS_URL"].rsplit("/", 1)
-if _redis[-1].isdigit():
-    os.environ["REDIS_URL"] = f"{_redis[0]}/{os.environ.get('KUMIKO_TEST_REDIS_DB', '9')}"
+
+
+def _claim_redis_db() -> str:
+    """A Redis database of our own: the suite flushes it, so two suites must not share one.
+
+    The claim is a key in database 0 that expires; worker processes inherit the choice through
+    KUMIKO_TEST_REDIS_DB.
+    """
+    import redis
+
+    base = os.environ["REDIS_URL"].rsplit("/", 1)[0]
+    client = redis.Redis.from_url(f"{base}/0")
+    for db in range(9, 16):
+        if client.set(f"kumiko_jobs:test-suite-owns-db:{db}", os.getpid(), nx=True, ex=3 * 3600):
+            import atexit
+
+            atexit.register(client.delete, f"kumiko_jobs:test-suite-owns-db:{db}")
+            return str(db)
+    raise RuntimeError("Redis databases 9-15 are all claimed by running test suites")
+
+
+if "KUMIKO_TEST_REDIS_DB" not in os.environ:
+    os.environ["KUMIKO_TEST_REDIS_DB"] = _claim_redis_db()
+    # One test database per suite, for the same reason.
+    os.environ.setdefault("KUMIKO_TEST_DATABASE", f"test_kumiko_{os.getpid()}")
+os.environ["REDIS_URL"] = (
+    f"{os.environ['REDIS_URL'].rsplit('/', 1)[0]}/{os.environ['KUMIKO_TEST_REDIS_DB']}"
+)
 
 from example_project.settings import *  # noqa: E402,F403
 from example_project.settings import INSTALLED_APPS, TENANT_APPS  # noqa: E402

@@ -29,3 +29,6 @@ class ActivityLog(models.Model):
     job = models.CharField(max_length=100)
     message = models.CharField(max_length=200)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.job}: {self.message}"

@@ -25,9 +25,13 @@ def deferral(state: RunState, call_next: Next) -> None:
     else:
         if state.guard_violations and state.outcome in ("succeeded", "deferred"):
             # The job caught DatabaseAccessDenied and carried on: it still fails.
-            _failed(state, DatabaseAccessDenied(
-                "the job swallowed a database access denial: " + state.guard_violations[0],
-                job_name=state.envelope.job))
+            _failed(
+                state,
+                DatabaseAccessDenied(
+                    "the job swallowed a database access denial: " + state.guard_violations[0],
+                    job_name=state.envelope.job,
+                ),
+            )
     if state.outcome == "deferred":
         _defer(state)
     if state.outcome == "failed" and state.failure_key is None:

@@ -61,8 +61,13 @@ def _start(state: RunState) -> bool:
     state.started_at = now
     state.started_monotonic = time.monotonic()
     updated = JobRun.objects.filter(pk=env.run_id, status__in=_RUNNABLE).update(
-        status=RunStatus.RUNNING, attempts=env.attempt, started_at=now, finished_at=None,
-        scheduled_for=None, defer_count=env.defers, gate_defer_count=env.gate_defers,
+        status=RunStatus.RUNNING,
+        attempts=env.attempt,
+        started_at=now,
+        finished_at=None,
+        scheduled_for=None,
+        defer_count=env.defers,
+        gate_defer_count=env.gate_defers,
         rq_job_id=state.rq_job_id,
     )
     if not updated:
@@ -73,17 +78,32 @@ def _start(state: RunState) -> bool:
             # The previous attempt's worker died after scheduling this one: take over.
             JobRun.objects.filter(pk=env.run_id).update(attempts=env.attempt, started_at=now)
         else:
-            why = ("cancelled before it started" if row["status"] == RunStatus.CANCELLED
-                   else f"duplicate delivery: the run is already {row['status']}")
+            why = (
+                "cancelled before it started"
+                if row["status"] == RunStatus.CANCELLED
+                else f"duplicate delivery: the run is already {row['status']}"
+            )
             logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
             state.outcome = "dropped"
             state.drop_reason = why
-            signals.send(signals.job_dropped, run_id=env.run_id, job_name=env.job,
-                         schema_name=env.schema, attempt=env.attempt, outcome="dropped",
-                         error=None, reason=why)
+            signals.send(
+                signals.job_dropped,
+                run_id=env.run_id,
+                job_name=env.job,
+                schema_name=env.schema,
+                attempt=env.attempt,
+                outcome="dropped",
+                error=None,
+                reason=why,
+            )
             return False
-    signals.send(signals.job_started, run_id=env.run_id, job_name=env.job,
-                 schema_name=env.schema, attempt=env.attempt)
+    signals.send(
+        signals.job_started,
+        run_id=env.run_id,
+        job_name=env.job,
+        schema_name=env.schema,
+        attempt=env.attempt,
+    )
     return True
 
 
@@ -91,11 +111,20 @@ def _create_missing(state: RunState, now: Any) -> None:
     """A message whose run row is gone (history deleted, or pushed by a relay): recreate it."""
     env = state.envelope
     JobRun.objects.create(
-        run_id=uuid.UUID(env.run_id), job_name=env.job, schema_name=env.schema or "",
-        status=RunStatus.RUNNING, queue=state.queue, attempts=env.attempt,
-        max_attempts=state.max_attempts, queued_at=now, started_at=now, payload=env.kwargs,
-        correlation_id=env.correlation_id, triggered_by=env.triggered_by or "",
-        trigger=env.trigger or "", rq_job_id=state.rq_job_id,
+        run_id=uuid.UUID(env.run_id),
+        job_name=env.job,
+        schema_name=env.schema or "",
+        status=RunStatus.RUNNING,
+        queue=state.queue,
+        attempts=env.attempt,
+        max_attempts=state.max_attempts,
+        queued_at=now,
+        started_at=now,
+        payload=env.kwargs,
+        correlation_id=env.correlation_id,
+        triggered_by=env.triggered_by or "",
+        trigger=env.trigger or "",
+        rq_job_id=state.rq_job_id,
     )
 
 
@@ -121,27 +150,47 @@ def _finish(state: RunState) -> None:
         run_update["error_message"] = state.drop_reason
     with transaction.atomic():
         JobAttempt.objects.create(
-            run_id=env.run_id, number=env.attempt, started_at=state.started_at or now,
-            finished_at=now, duration_ms=duration_ms,
+            run_id=env.run_id,
+            number=env.attempt,
+            started_at=state.started_at or now,
+            finished_at=now,
+            duration_ms=duration_ms,
             outcome=outcome if outcome != "dropped" else JobAttempt.Outcome.DROPPED,
             error_type=type(error).__name__ if error else "",
             error_message=str(error)[:4000] if error else "",
-            traceback=state.error_traceback[-20000:], log=state.log_lines,
+            traceback=state.error_traceback[-20000:],
+            log=state.log_lines,
             worker=state.worker_name,
         )
         JobRun.objects.filter(pk=env.run_id).update(**run_update)
         if env.schema and outcome == "failed" and state.failure_key:
             JobFailure.objects.bulk_create(
-                [JobFailure(schema_name=env.schema, job_name=env.job, subject=state.subject,
-                            message_key=state.failure_key, failed_at=now,
-                            run_id=uuid.UUID(env.run_id))],
-                update_conflicts=True, unique_fields=("schema_name", "job_name", "subject"),
+                [
+                    JobFailure(
+                        schema_name=env.schema,
+                        job_name=env.job,
+                        subject=state.subject,
+                        message_key=state.failure_key,
+                        failed_at=now,
+                        run_id=uuid.UUID(env.run_id),
+                    )
+                ],
+                update_conflicts=True,
+                unique_fields=("schema_name", "job_name", "subject"),
                 update_fields=("message_key", "failed_at", "run_id"),
             )
         elif env.schema and outcome == "succeeded" and definition.tenant_visible_failure:
-            JobFailure.objects.filter(schema_name=env.schema, job_name=env.job,
-                                      subject=state.subject).delete()
+            JobFailure.objects.filter(
+                schema_name=env.schema, job_name=env.job, subject=state.subject
+            ).delete()
         if outcome == "succeeded" and state.followups:
             JobRun.objects.bulk_create([row for _, row in state.followups])
-    signals.send(_SIGNAL_FOR[outcome], run_id=env.run_id, job_name=env.job,
-                 schema_name=env.schema, attempt=env.attempt, outcome=outcome, error=error)
+    signals.send(
+        _SIGNAL_FOR[outcome],
+        run_id=env.run_id,
+        job_name=env.job,
+        schema_name=env.schema,
+        attempt=env.attempt,
+        outcome=outcome,
+        error=error,
+    )

@@ -48,8 +48,10 @@ def test_public_schema_without_tenant_is_refused(tenants):
     ("kwargs", "message"),
     [
         ({"tag": object()}, "not JSON"),
-        ({"tag": "x", "payload": {"when": __import__("datetime").datetime(2026, 1, 1)}},
-         "isoformat"),
+        (
+            {"tag": "x", "payload": {"when": __import__("datetime").datetime(2026, 1, 1)}},
+            "isoformat",
+        ),
         ({"tag": "x", "payload": {"n": float("nan")}}, "JSON cannot carry"),
         ({"tag": "x", "payload": {1: "int key"}}, "non-string key"),
         ({"tag": "x", "tga": "typo"}, "unexpected keyword argument"),
@@ -86,7 +88,9 @@ def test_enqueue_waits_for_commit_and_rollback_enqueues_nothing(tenants, redis_c
         raise RuntimeError("request failed")
     assert transport.queue_length("default") == 1
     assert transport.scheduled_job_ids("default") == []
-    assert list(JobRun.objects.values_list("pk", flat=True)) == [__import__("uuid").UUID(committed.run_id)]
+    assert list(JobRun.objects.values_list("pk", flat=True)) == [
+        __import__("uuid").UUID(committed.run_id)
+    ]
 
 
 def test_enqueue_in_goes_through_the_scheduler(tenants):
@@ -123,7 +127,10 @@ def test_final_attempt_fails_for_good_and_is_tenant_visible(tenants):
     assert [p.note for p in probes("t2")] == ["final=False", "final=False", "final=True"]
     failure = JobFailure.objects.get()
     assert (failure.schema_name, failure.subject, failure.message_key) == (
-        "t2", "tag=bad", "testapp.flaky_failed")
+        "t2",
+        "tag=bad",
+        "testapp.flaky_failed",
+    )
 
 
 def test_unrecoverable_fails_at_once(tenants):
@@ -209,8 +216,9 @@ def test_duplicate_delivery_runs_once(tenants):
     assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
 
 
-@pytest.mark.parametrize("worker_class", ["kumiko_jobs.worker.Worker",
-                                          "kumiko_jobs.worker.ForkingWorker"])
+@pytest.mark.parametrize(
+    "worker_class", ["kumiko_jobs.worker.Worker", "kumiko_jobs.worker.ForkingWorker"]
+)
 def test_manage_py_rqworker_runs_jobs(tenants, worker_class):
     handles = [jobs.reports_pid.enqueue(tenant=s, tag=f"w-{s}") for s in ("t1", "t2")]
     proc = start_rqworker("default", "--burst", "--worker-class", worker_class)
@@ -227,8 +235,14 @@ def test_manage_py_rqworker_runs_jobs(tenants, worker_class):
 
 def test_plain_rq_forking_worker_with_json_serializer(tenants):
     handle = jobs.probe.enqueue(tenant="t2", tag="plain-fork")
-    proc = start_rqworker("default", "--burst", "--worker-class", "rq.worker.Worker",
-                          "--serializer", "rq.serializers.JSONSerializer")
+    proc = start_rqworker(
+        "default",
+        "--burst",
+        "--worker-class",
+        "rq.worker.Worker",
+        "--serializer",
+        "rq.serializers.JSONSerializer",
+    )
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED, out

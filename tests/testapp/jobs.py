@@ -12,8 +12,9 @@ from .models import Probe
 
 
 def _probe(ctx, tag: str, note: str = "") -> Probe:
-    return Probe.objects.create(tag=tag, schema_seen=connection.schema_name, attempt=ctx.attempt,
-                                note=note)
+    return Probe.objects.create(
+        tag=tag, schema_seen=connection.schema_name, attempt=ctx.attempt, note=note
+    )
 
 
 @job(tenant_visible_run=["tag"])
@@ -29,8 +30,11 @@ def list_tags(ctx, *, tag: str) -> None:
     _probe(ctx, tag, note=",".join(seen))
 
 
-@job(retries=2, backoff={"type": "fixed", "delay": 0},
-     tenant_visible_failure={"message_key": "testapp.flaky_failed", "subject_fields": ["tag"]})
+@job(
+    retries=2,
+    backoff={"type": "fixed", "delay": 0},
+    tenant_visible_failure={"message_key": "testapp.flaky_failed", "subject_fields": ["tag"]},
+)
 def flaky(ctx, *, tag: str, fail_times: int) -> None:
     _probe(ctx, tag, note=f"final={ctx.final_attempt}")
     if ctx.attempt <= fail_times:

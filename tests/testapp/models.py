@@ -10,3 +10,6 @@ class Probe(models.Model):
     schema_seen = models.CharField(max_length=63)
     attempt = models.PositiveIntegerField(default=1)
     note = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.tag}@{self.schema_seen}"
