@@ -66,6 +66,7 @@ class RunState:
     active_grants: list[str] = field(default_factory=list)
     readable_schema: str | None = None
     guard_violations: list[str] = field(default_factory=list)
+    audit_uses: list[tuple[str, str, str]] = field(default_factory=list)
     system_db_open: bool = False
     subject: str = ""
 
@@ -169,10 +170,8 @@ class JobContext:
 
     @contextlib.contextmanager
     def _granted(self, grant: str) -> Iterator[None]:
+        # SQL grants are reported by the guard when a statement actually needs them.
         self._require(grant)
-        from . import audit
-
-        audit.record_use(self._state, grant)
         self._state.active_grants.append(grant)
         try:
             yield
@@ -207,6 +206,9 @@ class JobContext:
     def act_as(self, user: Any) -> Iterator[None]:
         """Make ``kumiko_jobs.current_user()`` return ``user`` for app code in this block."""
         with self._granted("system_identity"):
+            from . import audit
+
+            audit.record_use(self._state, "system_identity")
             token = _acting_user.set(user)
             try:
                 yield

@@ -194,6 +194,7 @@ def _row(definition: JobDefinition, env: Envelope, subject: str, delay: float) -
         trace_id=env.trace.get("traceparent", "")[3:35],
         parent_run_id=uuid.UUID(env.parent_run_id) if env.parent_run_id else None,
         payload=env.kwargs,
+        origin=env.origin,
         rq_job_id=env.rq_job_id,
     )
 

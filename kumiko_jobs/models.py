@@ -53,6 +53,7 @@ class JobRun(models.Model):
     trace_id = models.CharField(max_length=32, blank=True)
     parent_run_id = models.UUIDField(null=True, blank=True)
     payload = models.JSONField(default=dict, blank=True)
+    origin = models.JSONField(null=True, blank=True, help_text="Write origin of the request.")
     error_type = models.CharField(max_length=200, blank=True)
     error_message = models.TextField(blank=True)
     rq_job_id = models.CharField(max_length=128, blank=True)
@@ -127,6 +128,32 @@ class JobFailure(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_name} {self.subject}: {self.message_key}"
+
+
+class EscapeHatchUse(models.Model):
+    """A reported use of a declared escape hatch (deduplicated per window; see audit.py)."""
+
+    job_name = models.CharField(_("job"), max_length=200)
+    grant = models.CharField(max_length=40)
+    reason = models.CharField(max_length=500)
+    schema_name = models.CharField(_("tenant"), max_length=63, blank=True)
+    actor = models.CharField(max_length=100, blank=True)
+    triggered_by = models.CharField(max_length=64, blank=True)
+    first_seen = models.DateTimeField()
+    last_seen = models.DateTimeField()
+    count = models.PositiveIntegerField(default=1)
+    last_run_id = models.UUIDField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-last_seen",)
+        verbose_name = _("escape hatch use")
+        constraints = (
+            models.UniqueConstraint(fields=("job_name", "grant", "schema_name", "actor"),
+                                    name="kj_hatch_use_once_per_key"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.job_name} {self.grant} [{self.schema_name or 'public'}] x{self.count}"
 
 
 class RejectedMessage(models.Model):

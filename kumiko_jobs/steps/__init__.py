@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from ..pipeline import Step
+from .db_guard import db_guard
 from .deferral import deferral
 from .gates import gates
 from .records import records
 from .tenancy import tenancy
 
-DEFAULT_STEPS: tuple[Step, ...] = (records, deferral, gates, tenancy)
+DEFAULT_STEPS: tuple[Step, ...] = (records, deferral, gates, tenancy, db_guard)

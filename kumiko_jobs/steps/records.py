@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import signals
+from .. import audit, signals
 from ..context import RunState
 from ..models import JobAttempt, JobFailure, JobRun, RunStatus
 from ..pipeline import Next
@@ -183,6 +183,7 @@ def _finish(state: RunState) -> None:
             JobFailure.objects.filter(
                 schema_name=env.schema, job_name=env.job, subject=state.subject
             ).delete()
+        audit.save_uses(state)
         if outcome == "succeeded" and state.followups:
             JobRun.objects.bulk_create([row for _, row in state.followups])
     signals.send(

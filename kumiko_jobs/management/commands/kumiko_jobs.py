@@ -1,0 +1,70 @@
+"""``manage.py kumiko_jobs list | sweep | enqueue``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ...enqueue import enqueue, queue_of
+from ...exceptions import KumikoJobsError
+from ...registry import registry
+from ...sweep import sweep
+
+
+class Command(BaseCommand):
+    help = "Inspect kumiko jobs and keep run history healthy."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        sub.add_parser("list", help="registered jobs and their options")
+        sub.add_parser("sweep", help="fail or retry abandoned runs, delete expired history")
+        run = sub.add_parser("enqueue", help="enqueue a job by name")
+        run.add_argument("job")
+        run.add_argument("--tenant", help="schema name (omit for system jobs)")
+        run.add_argument("--kwargs", default="{}", help="JSON object of keyword arguments")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        if action == "list":
+            self._list()
+        elif action == "sweep":
+            result = sweep()
+            self.stdout.write(
+                f"retried {result.retried} abandoned run(s), failed {result.abandoned}, "
+                f"deleted {result.deleted_runs} expired run row(s) and "
+                f"{result.deleted_rejections} rejected message(s)"
+            )
+        elif action == "enqueue":
+            try:
+                kwargs = json.loads(options["kwargs"])
+            except ValueError as exc:
+                raise CommandError(f"--kwargs is not JSON: {exc}") from None
+            if not isinstance(kwargs, dict):
+                raise CommandError("--kwargs must be a JSON object")
+            try:
+                handle = enqueue(options["job"], tenant=options["tenant"], **kwargs)
+            except KumikoJobsError as exc:
+                raise CommandError(str(exc)) from None
+            self.stdout.write(
+                f"queued run {handle.run_id} of {handle.job_name} "
+                f"for {handle.schema_name or 'system'}"
+            )
+
+    def _list(self) -> None:
+        rows = [("job", "queue", "retries", "kind", "grants")]
+        for d in registry:
+            kind = "system" if d.system else "tenant"
+            rows.append(
+                (
+                    d.name,
+                    queue_of(d),
+                    str(d.retries if d.retries is not None else "-"),
+                    kind,
+                    ",".join(d.grants) or "-",
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            self.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))

@@ -1,0 +1,147 @@
+"""Check every SQL statement of the job body against the grants the job opened.
+
+Installed with ``connection.execute_wrapper`` on every database alias, for the job body only:
+the runner's own history writes happen outside it. The classification is ``guard.classify``
+(pure); this module builds the policy for the call site and turns a refusal into
+``DatabaseAccessDenied`` before the statement reaches PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from functools import cache
+from typing import Any
+
+from django.apps import apps
+from django.db import connections
+
+from .. import audit, conf
+from ..context import RunState
+from ..exceptions import DatabaseAccessDenied
+from ..guard import Grant, Policy, Verdict, classify
+from ..pipeline import Next
+
+logger = logging.getLogger("kumiko_jobs.guard")
+
+PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
+
+
+@cache
+def shared_tables() -> frozenset[str]:
+    """Tables that exist only in public: models of SHARED_APPS that are not also TENANT_APPS."""
+    shared, tenant = conf.shared_apps()
+    tables = set(conf.get().EXTRA_SHARED_TABLES)
+    for config in apps.get_app_configs():
+        if config.name in shared and config.name not in tenant:
+            for model in config.get_models(include_auto_created=True):
+                tables.add(model._meta.db_table.lower())
+    return frozenset(tables)
+
+
+@cache
+def personal_data_columns() -> Mapping[str, frozenset[str]]:
+    """``{table: columns}`` from models that list ``kumiko_personal_data = ["field", ...]``."""
+    found: dict[str, frozenset[str]] = {}
+    for model in apps.get_models():
+        names = getattr(model, PERSONAL_DATA_ATTRIBUTE, None)
+        if names:
+            columns = {
+                str(getattr(model._meta.get_field(name), "column", name)).lower() for name in names
+            }
+            found[model._meta.db_table.lower()] = frozenset(columns)
+    return found
+
+
+def db_guard(state: RunState, call_next: Next) -> None:
+    mode = conf.get().DB_GUARD
+    if mode == "off":
+        call_next(state)
+        return
+    wrapper = GuardWrapper(state, enforce=mode == "enforce")
+    with contextlib.ExitStack() as stack:
+        for conn in connections.all():
+            stack.enter_context(conn.execute_wrapper(wrapper))
+        call_next(state)
+
+
+class GuardWrapper:
+    def __init__(self, state: RunState, *, enforce: bool):
+        self.state = state
+        self.enforce = enforce
+        env = state.envelope
+        self.schema = env.schema or conf.public_schema_name()
+        origin = env.origin or {}
+        self.deny_personal = bool(origin.get("anonymous")) and not origin.get("public_intake")
+        self._policies: dict[tuple[tuple[str, ...], str | None], Policy] = {}
+
+    def policy(self) -> Policy:
+        key = (tuple(self.state.active_grants), self.state.readable_schema)
+        policy = self._policies.get(key)
+        if policy is None:
+            grants = frozenset(Grant(g) for g in key[0] if g in Grant.__members__.values())
+            policy = Policy(
+                schema=self.schema,
+                shared_tables=shared_tables(),
+                active_grants=grants,
+                readable_schema=key[1],
+                personal_data_columns=personal_data_columns(),
+                deny_personal_data_writes=self.deny_personal,
+            )
+            self._policies[key] = policy
+        return policy
+
+    def __call__(
+        self,
+        execute: Callable[..., Any],
+        sql: Any,
+        params: Any,
+        many: bool,
+        context: Mapping[str, Any],
+    ) -> Any:
+        state = self.state
+        if state.system_db_open:
+            return execute(sql, params, many, context)
+        text = sql if isinstance(sql, str) else _composed_text(sql, context)
+        verdict = classify(text, self.policy())
+        if verdict.allowed:
+            for grant in verdict.grants_used:
+                audit.record_use(state, str(grant))
+            return execute(sql, params, many, context)
+        message = denial_message(state, verdict)
+        state.guard_violations.append(message)
+        if not self.enforce:
+            logger.warning("DB guard (log mode) would deny: %s", message)
+            return execute(sql, params, many, context)
+        raise DatabaseAccessDenied(
+            message,
+            job_name=state.envelope.job,
+            kind=verdict.kind,
+            grant=str(verdict.grant_needed) if verdict.grant_needed else None,
+        )
+
+
+def _composed_text(sql: Any, context: Mapping[str, Any]) -> str:
+    """psycopg ``Composable`` SQL, rendered the way the server will see it."""
+    as_string = getattr(sql, "as_string", None)
+    if as_string is None:
+        return str(sql)
+    return str(as_string(context["connection"].connection))
+
+
+def denial_message(state: RunState, verdict: Verdict) -> str:
+    job = state.envelope.job
+    where = state.envelope.schema or "public"
+    text = f"Job {job!r} (tenant {where}) was denied a {verdict.kind} statement: {verdict.reason}."
+    if state.definition.system and verdict.rule == "shared_write":
+        return text + " System jobs write inside `with ctx.system_db():`."
+    if verdict.grant_needed is not None:
+        grant = str(verdict.grant_needed)
+        if grant in state.definition.grants:
+            return text + f" The job declares {grant!r}: wrap this code in `with ctx.{grant}():`."
+        return (
+            text + f" If this is intended, declare escape_hatch=EscapeHatch(reason='...', "
+            f"grants=[{grant!r}]) on the job and wrap the code in `with ctx.{grant}():`."
+        )
+    return text + " No grant allows this; run a job in that tenant instead."
