@@ -1,0 +1,147 @@
+"""Run context on log records, the failure line of every failed attempt, and secret scrubbing.
+
+``RunContextFilter`` is meant for handlers (a handler filter sees records propagated from
+every logger, a logger filter only its own)::
+
+    LOGGING = {
+        "filters": {"kumiko_run": {"()": "kumiko_jobs.log_context.RunContextFilter"}},
+        "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["kumiko_run"]}},
+    }
+
+Scrubbing is a best effort on text whose shape we do not control (exception messages):
+``key=value``, ``key: value``, ``"key": "value"`` and URL passwords are hidden when the key
+matches one of ``KUMIKO_JOBS["SENSITIVE_KEYS"]``. Payload values are never logged at all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+
+from . import conf
+from .context import current_run
+
+if TYPE_CHECKING:
+    from .context import RunState
+
+logger = logging.getLogger("kumiko_jobs.runs")
+
+MASK = "***"
+# Record attributes set by RunContextFilter; "-" outside a run so that format strings such as
+# "%(job)s" work for every record that reaches the handler.
+FIELDS = ("job", "run_id", "tenant", "attempt", "correlation_id", "trace_id", "span_id")
+_NONE = "-"
+_MAX_MESSAGE = 1000
+
+
+class RunContextFilter(logging.Filter):
+    """Adds ``job``, ``run_id``, ``tenant``, ``attempt``, ``correlation_id``, ``trace_id`` and
+    ``span_id`` to records. It never drops a record, and never overwrites an attribute the
+    call site already set through ``extra=``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in context_fields().items():
+            if not hasattr(record, name):
+                setattr(record, name, value)
+        return True
+
+
+def context_fields() -> dict[str, Any]:
+    """The run (or request) this thread works for, as plain log fields."""
+    values: dict[str, Any] = dict.fromkeys(FIELDS, _NONE)
+    state = current_run.get()
+    if state is not None:
+        env = state.envelope
+        values.update(job=env.job, run_id=env.run_id, tenant=env.schema or "public",
+                      attempt=env.attempt, correlation_id=env.correlation_id or _NONE)
+    else:
+        # Request code logs with the same correlation id its jobs will carry. Read without
+        # creating one: origin.correlation_id() would invent a fresh id outside a request.
+        from .origin import _current as request_origin
+
+        origin = request_origin.get()
+        if origin is not None:
+            values["correlation_id"] = origin.correlation_id
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        values["trace_id"] = format(span_context.trace_id, "032x")
+        values["span_id"] = format(span_context.span_id, "016x")
+    return values
+
+
+# --- scrubbing ------------------------------------------------------------------------------
+
+# A value after "key=" / "key: ": a quoted string, an auth scheme plus its credential, or a
+# bare token up to the next separator.
+_VALUE = r"""(?:"[^"]*"|'[^']*'|(?:bearer|basic|digest|token)\s+[^\s,;&'"]+|[^\s,;&'")\]}]+)"""
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^\s:/@]+:)(?P<secret>[^\s/@]+)(?=@)",
+                           re.IGNORECASE)
+
+
+@lru_cache(maxsize=8)
+def _key_value_pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
+    if not patterns:
+        return None
+    alternatives = "|".join(re.escape(p) for p in patterns)
+    return re.compile(
+        rf"""(?P<key>["']?[\w.-]*(?:{alternatives})[\w.-]*["']?)(?P<sep>\s*[=:]\s*)"""
+        rf"""(?P<value>{_VALUE})""",
+        re.IGNORECASE,
+    )
+
+
+def _mask_value(match: re.Match[str]) -> str:
+    value = match.group("value")
+    quote = value[0] if value[:1] in ("'", '"') else ""
+    return f"{match.group('key')}{match.group('sep')}{quote}{MASK}{quote}"
+
+
+def scrub(text: str, patterns: tuple[str, ...] | None = None) -> str:
+    """``text`` with the values of sensitive keys and URL passwords replaced by ``***``."""
+    if not text:
+        return text
+    if patterns is None:
+        patterns = conf.get().SENSITIVE_KEYS
+    pattern = _key_value_pattern(tuple(patterns))
+    if pattern is not None:
+        text = pattern.sub(_mask_value, text)
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{MASK}", text)
+
+
+# --- the failure line -----------------------------------------------------------------------
+
+
+def log_failed_attempt(state: RunState, outcome: str) -> None:
+    """One line per failed attempt: WARNING when it will be retried, ERROR when it is final.
+
+    Only names, counters and the scrubbed error reach the log: the arguments of the job (its
+    payload) and the traceback stay in the operator-only attempt record.
+    """
+    env, error = state.envelope, state.error
+    final = outcome == "failed"
+    error_type = type(error).__name__ if error is not None else _NONE
+    message = scrub(str(error))[:_MAX_MESSAGE] if error is not None else ""
+    fields = {
+        "kumiko_job": env.job,
+        "kumiko_run_id": env.run_id,
+        "kumiko_tenant": env.schema or "public",
+        "kumiko_attempt": env.attempt,
+        "kumiko_max_attempts": state.max_attempts,
+        "kumiko_final": final,
+        "kumiko_error_type": error_type,
+        "kumiko_error_message": message,
+    }
+    logger.log(
+        logging.ERROR if final else logging.WARNING,
+        # logfmt-style and one line whatever the error text: json.dumps escapes newlines.
+        "attempt failed: job=%s run_id=%s tenant=%s attempt=%d/%d final=%s error_type=%s "
+        "error=%s",
+        env.job, env.run_id, fields["kumiko_tenant"], env.attempt, state.max_attempts,
+        "true" if final else "false", error_type, json.dumps(message),
+        extra=fields,
+    )

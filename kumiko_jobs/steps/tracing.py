@@ -1,0 +1,85 @@
+"""The consumer span ``job.execute``: one per attempt, outermost, so it covers the history writes.
+
+Its parent is the trace context the enqueue put in the envelope. The pipeline records errors
+in ``state`` instead of raising, so the span's status comes from the outcome; an exception
+that does escape (a cold shutdown, a timeout) is recorded too and re-raised.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from .. import telemetry
+from ..context import RunState
+from ..log_context import scrub
+from ..pipeline import Next
+
+_FAILED = ("failed", "retrying")
+
+
+def tracing(state: RunState, call_next: Next) -> None:
+    with telemetry.tracer().start_as_current_span(
+        telemetry.CONSUMER_SPAN, context=telemetry.extract(state.envelope),
+        kind=SpanKind.CONSUMER, attributes=_attributes(state),
+        # Recorded below with the message scrubbed: exception text may carry secrets.
+        record_exception=False, set_status_on_exception=False,
+    ) as span:
+        try:
+            call_next(state)
+        except BaseException as exc:
+            _record_error(span, exc, escaped=True)
+            raise
+        if not span.is_recording():
+            return
+        outcome = state.outcome
+        span.set_attribute("kumiko.job.outcome", outcome or "failed")
+        if outcome in _FAILED:
+            span.set_attribute("kumiko.job.final_attempt", outcome == "failed")
+            if state.error is not None:
+                _record_error(span, state.error, escaped=False,
+                              stacktrace=state.error_traceback)
+            else:
+                span.set_status(Status(StatusCode.ERROR, outcome))
+        elif outcome == "dropped" and state.drop_reason:
+            span.set_attribute("kumiko.job.drop_reason", state.drop_reason)
+
+
+def _attributes(state: RunState) -> dict[str, Any]:
+    env = state.envelope
+    queue = state.queue
+    attributes: dict[str, Any] = {
+        "job.name": env.job,
+        "job.id": env.run_id,
+        "job.attempt": env.attempt,
+        "kumiko.job.run_in": queue,
+        "messaging.system": telemetry.MESSAGING_SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": queue,
+        "messaging.message.id": state.rq_job_id or env.rq_job_id,
+    }
+    if env.schema:
+        attributes["kumiko.tenant_id"] = env.schema
+    if env.correlation_id:
+        attributes["kumiko.correlation_id"] = env.correlation_id
+    if env.trigger:
+        attributes["kumiko.job.trigger"] = env.trigger
+    if env.parent_run_id:
+        attributes["kumiko.job.parent_id"] = env.parent_run_id
+    if env.defers or env.gate_defers:
+        attributes["kumiko.job.defers"] = env.defers + env.gate_defers
+    return attributes
+
+
+def _record_error(span: Span, error: BaseException, *, escaped: bool,
+                  stacktrace: str = "") -> None:
+    if not span.is_recording():
+        return
+    message = scrub(str(error))
+    stacktrace = stacktrace or "".join(traceback.format_exception(error))
+    attributes = {"exception.message": message, "exception.stacktrace": scrub(stacktrace)}
+    span.record_exception(error, attributes=attributes, escaped=escaped)
+    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {message}"[:500]))
