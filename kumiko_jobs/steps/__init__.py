@@ -8,5 +8,6 @@ from .deferral import deferral
 from .gates import gates
 from .records import records
 from .tenancy import tenancy
+from .tracing import tracing
 
-DEFAULT_STEPS: tuple[Step, ...] = (records, deferral, gates, tenancy, db_guard)
+DEFAULT_STEPS: tuple[Step, ...] = (tracing, records, deferral, gates, tenancy, db_guard)
