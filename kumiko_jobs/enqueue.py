@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import conf, origin, signals, transport
+from . import conf, origin, signals, telemetry, transport
 from .context import RunState, current_run
 from .envelope import Envelope, encode
 from .exceptions import InvalidJob
@@ -214,21 +214,24 @@ def submit(
         return prepare_followup(state, definition, kwargs, delay=delay, tenant=tenant)
     subject = _validated(definition, kwargs)
     schema = _resolve_schema(definition, tenant)
-    env = Envelope(
-        job=definition.name,
-        schema=schema,
-        kwargs=kwargs,
-        run_id=uuid.uuid4().hex,
-        correlation_id=origin.correlation_id(),
-        triggered_by=origin.triggered_by(),
-        trigger=trigger,
-        origin=origin.request_origin(),
-    )
-    message = message_for(definition, env, delay)
-    _check_size(definition, message)
-    row = _row(definition, env, subject, delay)
-    row.save(force_insert=True)
-    transaction.on_commit(lambda: _push(message, row), robust=True)
+    with telemetry.producer_span(queue_of(definition), definition.name, trigger) as trace_context:
+        env = Envelope(
+            job=definition.name,
+            schema=schema,
+            kwargs=kwargs,
+            run_id=uuid.uuid4().hex,
+            correlation_id=origin.correlation_id(),
+            triggered_by=origin.triggered_by(),
+            trigger=trigger,
+            trace=trace_context,
+            origin=origin.request_origin(),
+        )
+        telemetry.describe_message(env)
+        message = message_for(definition, env, delay)
+        _check_size(definition, message)
+        row = _row(definition, env, subject, delay)
+        row.save(force_insert=True)
+        transaction.on_commit(lambda: _push(message, row), robust=True)
     return RunHandle(
         run_id=env.run_id,
         job_name=definition.name,
@@ -286,19 +289,24 @@ def prepare_followup(
         raise InvalidJob(
             f"System job {parent.job!r} must pass tenant= to enqueue {definition.name!r}."
         )
-    env = Envelope(
-        job=definition.name,
-        schema=schema,
-        kwargs=kwargs,
-        run_id=uuid.uuid4().hex,
-        correlation_id=parent.correlation_id,
-        triggered_by=parent.triggered_by,
-        trigger=f"followup:{parent.job}",
-        trace=parent.trace,
-        origin=parent.origin,
-        parent_run_id=parent.run_id,
-    )
-    message = message_for(definition, env, delay)
-    _check_size(definition, message)
+    # The follow-up's producer span is a child of this run's job.execute span: one cause, one
+    # trace. Without a tracer the parent's context is passed on unchanged.
+    trigger = f"followup:{parent.job}"
+    with telemetry.producer_span(queue_of(definition), definition.name, trigger) as context:
+        env = Envelope(
+            job=definition.name,
+            schema=schema,
+            kwargs=kwargs,
+            run_id=uuid.uuid4().hex,
+            correlation_id=parent.correlation_id,
+            triggered_by=parent.triggered_by,
+            trigger=trigger,
+            trace=context or parent.trace,
+            origin=parent.origin,
+            parent_run_id=parent.run_id,
+        )
+        telemetry.describe_message(env)
+        message = message_for(definition, env, delay)
+        _check_size(definition, message)
     state.followups.append((message, _row(definition, env, subject, delay)))
     return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema)
