@@ -12,7 +12,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from . import conf
+from . import conf, telemetry
 from .context import current_user
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ def actor_of(state: RunState) -> str:
 
 def record_use(state: RunState, grant: str) -> None:
     env = state.envelope
+    # Every use is counted; only the log line and the EscapeHatchUse row are deduplicated.
+    telemetry.escape_hatch_used(env.job, grant)
     actor = actor_of(state)
     key = (env.job, grant, env.schema or "", actor)
     now = time.monotonic()

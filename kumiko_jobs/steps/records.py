@@ -17,7 +17,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import audit, signals
+from .. import audit, signals, telemetry
 from ..context import RunState
 from ..models import JobAttempt, JobFailure, JobRun, RunStatus
 from ..pipeline import Next
@@ -195,3 +195,4 @@ def _finish(state: RunState) -> None:
         outcome=outcome,
         error=error,
     )
+    telemetry.run_finished(state, duration_ms)
