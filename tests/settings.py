@@ -24,13 +24,19 @@ def _claim_redis_db() -> str:
 
     base = os.environ["REDIS_URL"].rsplit("/", 1)[0]
     client = redis.Redis.from_url(f"{base}/0")
-    for db in range(9, 16):
-        if client.set(f"kumiko_jobs:test-suite-owns-db:{db}", os.getpid(), nx=True, ex=3 * 3600):
-            import atexit
+    for db in range(15, 8, -1):
+        key = f"kumiko_jobs:test-suite-owns-db:{db}"
+        if not client.set(key, os.getpid(), nx=True, ex=3 * 3600):
+            continue
+        # A database something else is using (a benchmark, a demo) is not ours to flush.
+        if redis.Redis.from_url(f"{base}/{db}").dbsize():
+            client.delete(key)
+            continue
+        import atexit
 
-            atexit.register(client.delete, f"kumiko_jobs:test-suite-owns-db:{db}")
-            return str(db)
-    raise RuntimeError("Redis databases 9-15 are all claimed by running test suites")
+        atexit.register(client.delete, key)
+        return str(db)
+    raise RuntimeError("Redis databases 9-15 are all claimed or in use by others")
 
 
 if "KUMIKO_TEST_REDIS_DB" not in os.environ:
