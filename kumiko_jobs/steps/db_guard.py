@@ -110,10 +110,11 @@ class GuardWrapper:
                 audit.record_use(state, str(grant))
             return execute(sql, params, many, context)
         message = denial_message(state, verdict)
-        state.guard_violations.append(message)
         if not self.enforce:
             logger.warning("DB guard (log mode) would deny: %s", message)
             return execute(sql, params, many, context)
+        # Kept on the run, so a job that catches the exception still fails.
+        state.guard_violations.append(message)
         raise DatabaseAccessDenied(
             message,
             job_name=state.envelope.job,
