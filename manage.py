@@ -8,6 +8,10 @@ import sys
 
 if __name__ == "__main__":
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+    from example_project import telemetry
+
+    # Before Django loads its middleware: the Django instrumentation adds its own.
+    telemetry.configure()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

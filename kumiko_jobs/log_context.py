@@ -57,8 +57,13 @@ def context_fields() -> dict[str, Any]:
     state = current_run.get()
     if state is not None:
         env = state.envelope
-        values.update(job=env.job, run_id=env.run_id, tenant=env.schema or "public",
-                      attempt=env.attempt, correlation_id=env.correlation_id or _NONE)
+        values.update(
+            job=env.job,
+            run_id=env.run_id,
+            tenant=env.schema or "public",
+            attempt=env.attempt,
+            correlation_id=env.correlation_id or _NONE,
+        )
     else:
         # Request code logs with the same correlation id its jobs will carry. Read without
         # creating one: origin.correlation_id() would invent a fresh id outside a request.
@@ -79,8 +84,9 @@ def context_fields() -> dict[str, Any]:
 # A value after "key=" / "key: ": a quoted string, an auth scheme plus its credential, or a
 # bare token up to the next separator.
 _VALUE = r"""(?:"[^"]*"|'[^']*'|(?:bearer|basic|digest|token)\s+[^\s,;&'"]+|[^\s,;&'")\]}]+)"""
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^\s:/@]+:)(?P<secret>[^\s/@]+)(?=@)",
-                           re.IGNORECASE)
+_URL_PASSWORD = re.compile(
+    r"(?P<head>[a-z][a-z0-9+.-]*://[^\s:/@]+:)(?P<secret>[^\s/@]+)(?=@)", re.IGNORECASE
+)
 
 
 @lru_cache(maxsize=8)
@@ -139,9 +145,14 @@ def log_failed_attempt(state: RunState, outcome: str) -> None:
     logger.log(
         logging.ERROR if final else logging.WARNING,
         # logfmt-style and one line whatever the error text: json.dumps escapes newlines.
-        "attempt failed: job=%s run_id=%s tenant=%s attempt=%d/%d final=%s error_type=%s "
-        "error=%s",
-        env.job, env.run_id, fields["kumiko_tenant"], env.attempt, state.max_attempts,
-        "true" if final else "false", error_type, json.dumps(message),
+        "attempt failed: job=%s run_id=%s tenant=%s attempt=%d/%d final=%s error_type=%s error=%s",
+        env.job,
+        env.run_id,
+        fields["kumiko_tenant"],
+        env.attempt,
+        state.max_attempts,
+        "true" if final else "false",
+        error_type,
+        json.dumps(message),
         extra=fields,
     )

@@ -36,8 +36,24 @@ MESSAGING_SYSTEM = "rq"
 # scheduled them: they get a new trace, linked to the scheduler's span when there is one.
 NEW_TRACE_TRIGGERS = ("cron", "boot")
 # Job durations range from milliseconds to an hour; the SDK's default buckets stop at 10 s.
-DURATION_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000,
-                       300_000, 900_000, 3_600_000)
+DURATION_BUCKETS_MS = (
+    5,
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1000,
+    2500,
+    5000,
+    10_000,
+    30_000,
+    60_000,
+    300_000,
+    900_000,
+    3_600_000,
+)
 
 
 def _version() -> str:
@@ -89,8 +105,9 @@ def producer_span(
     }
     if trigger:
         attributes["kumiko.job.trigger"] = trigger
-    with _tracer.start_as_current_span(f"send {queue}", context=parent, kind=SpanKind.PRODUCER,
-                                       attributes=attributes, links=links):
+    with _tracer.start_as_current_span(
+        f"send {queue}", context=parent, kind=SpanKind.PRODUCER, attributes=attributes, links=links
+    ):
         carrier: dict[str, str] = {}
         _propagator.inject(carrier)
         yield carrier
@@ -126,20 +143,25 @@ def tracer() -> trace.Tracer:
 # questions are answered by JobRun rows, spans (kumiko.tenant_id) and log lines.
 
 _runs = _meter.create_counter(
-    "kumiko.job.runs", unit="{attempt}",
+    "kumiko.job.runs",
+    unit="{attempt}",
     description="Finished attempts by job and outcome (succeeded, failed, retrying, deferred, "
-                "dropped).",
+    "dropped).",
 )
 _duration = _meter.create_histogram(
-    "kumiko.job.duration", unit="ms", description="Duration of an attempt, by job and outcome.",
+    "kumiko.job.duration",
+    unit="ms",
+    description="Duration of an attempt, by job and outcome.",
     explicit_bucket_boundaries_advisory=DURATION_BUCKETS_MS,
 )
 _deferrals = _meter.create_counter(
-    "kumiko.job.deferrals", unit="{deferral}",
+    "kumiko.job.deferrals",
+    unit="{deferral}",
     description="Attempts that ended deferred, by job and by whom (job or gate).",
 )
 _escape_hatch_uses = _meter.create_counter(
-    "kumiko.escape_hatch.uses", unit="{use}",
+    "kumiko.escape_hatch.uses",
+    unit="{use}",
     description="Escape-hatch blocks entered, by job and grant (every use, not deduplicated).",
 )
 
@@ -164,11 +186,15 @@ def _observe_queue_depth(options: CallbackOptions) -> Iterable[Observation]:
 
 
 _meter.create_observable_gauge(
-    "kumiko.job.last_success", callbacks=[_observe_last_success], unit="s",
+    "kumiko.job.last_success",
+    callbacks=[_observe_last_success],
+    unit="s",
     description="Unix time of the job's last successful attempt seen by this process.",
 )
 _meter.create_observable_gauge(
-    "kumiko.queue.depth", callbacks=[_observe_queue_depth], unit="{message}",
+    "kumiko.queue.depth",
+    callbacks=[_observe_queue_depth],
+    unit="{message}",
     description="Messages waiting in the RQ queue (not counting scheduled ones).",
 )
 
@@ -190,8 +216,9 @@ def run_finished(state: RunState, duration_ms: float) -> None:
         elif outcome in ("failed", "retrying"):
             log_context.log_failed_attempt(state, outcome)
     except Exception:  # telemetry must never change the outcome of a run
-        logger.warning("could not record telemetry for run %s", state.envelope.run_id,
-                       exc_info=True)
+        logger.warning(
+            "could not record telemetry for run %s", state.envelope.run_id, exc_info=True
+        )
 
 
 def escape_hatch_used(job: str, grant: str) -> None:

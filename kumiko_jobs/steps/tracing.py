@@ -22,10 +22,13 @@ _FAILED = ("failed", "retrying")
 
 def tracing(state: RunState, call_next: Next) -> None:
     with telemetry.tracer().start_as_current_span(
-        telemetry.CONSUMER_SPAN, context=telemetry.extract(state.envelope),
-        kind=SpanKind.CONSUMER, attributes=_attributes(state),
+        telemetry.CONSUMER_SPAN,
+        context=telemetry.extract(state.envelope),
+        kind=SpanKind.CONSUMER,
+        attributes=_attributes(state),
         # Recorded below with the message scrubbed: exception text may carry secrets.
-        record_exception=False, set_status_on_exception=False,
+        record_exception=False,
+        set_status_on_exception=False,
     ) as span:
         try:
             call_next(state)
@@ -39,8 +42,7 @@ def tracing(state: RunState, call_next: Next) -> None:
         if outcome in _FAILED:
             span.set_attribute("kumiko.job.final_attempt", outcome == "failed")
             if state.error is not None:
-                _record_error(span, state.error, escaped=False,
-                              stacktrace=state.error_traceback)
+                _record_error(span, state.error, escaped=False, stacktrace=state.error_traceback)
             else:
                 span.set_status(Status(StatusCode.ERROR, outcome))
         elif outcome == "dropped" and state.drop_reason:
@@ -74,8 +76,7 @@ def _attributes(state: RunState) -> dict[str, Any]:
     return attributes
 
 
-def _record_error(span: Span, error: BaseException, *, escaped: bool,
-                  stacktrace: str = "") -> None:
+def _record_error(span: Span, error: BaseException, *, escaped: bool, stacktrace: str = "") -> None:
     if not span.is_recording():
         return
     message = scrub(str(error))
