@@ -37,6 +37,8 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "origin": (dict, type(None)),
     "parent_run_id": (str, type(None)),
 }
+# The write origin the guard reads (origin.request_origin()); any other shape is forged.
+_ORIGIN_TYPES: dict[str, type] = {"anonymous": bool, "path": str, "public_intake": bool}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,16 +86,22 @@ def decode(message: object) -> Envelope:
     if not isinstance(message, str):
         raise EnvelopeError(f"message is a {type(message).__name__}, not a signed envelope string")
     limit = conf.get().MAX_ENVELOPE_BYTES
-    if len(message) > limit:
-        raise EnvelopeError(f"message is {len(message)} bytes, over the {limit}-byte limit")
+    if len(message) > limit:  # cheap first: a character is at least one byte
+        raise EnvelopeError(f"message is {len(message)}+ bytes, over the {limit}-byte limit")
+    try:
+        size = len(message.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate, which JSON can carry
+        raise EnvelopeError("message is not valid Unicode text") from None
+    if size > limit:
+        raise EnvelopeError(f"message is {size} bytes, over the {limit}-byte limit")
     try:
         payload = _signer().unsign(message)
     except signing.BadSignature:
         raise EnvelopeError("bad signature: the message was not signed by this project") from None
     try:
         document = json.loads(payload)
-    except ValueError:
-        raise EnvelopeError("signed payload is not JSON") from None
+    except (ValueError, RecursionError):
+        raise EnvelopeError("signed payload is not JSON (or nested too deeply)") from None
     if not isinstance(document, dict):
         raise EnvelopeError("envelope is not a JSON object")
     if document.get("v") != VERSION:
@@ -106,14 +114,20 @@ def decode(message: object) -> Envelope:
         value = document[key]
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise EnvelopeError(f"envelope field {key!r} has the wrong type")
-    if not _RUN_ID_RE.match(document["run_id"]):
+    if not _RUN_ID_RE.fullmatch(document["run_id"]):
         raise EnvelopeError("envelope run_id is not a UUID hex")
     schema = document["schema"]
-    if schema is not None and not _SCHEMA_RE.match(schema):
+    if schema is not None and not _SCHEMA_RE.fullmatch(schema):
         raise EnvelopeError("envelope schema is not a valid schema name")
     if schema == conf.public_schema_name():
         raise EnvelopeError("envelope names the public schema; tenant runs never run there")
     if min(document["attempt"] - 1, document["defers"], document["gate_defers"]) < 0:
         raise EnvelopeError("envelope counters are negative")
+    origin = document["origin"]
+    if origin is not None and (
+        set(origin) != set(_ORIGIN_TYPES)
+        or not all(type(origin[k]) is t for k, t in _ORIGIN_TYPES.items())
+    ):
+        raise EnvelopeError("envelope write origin has the wrong shape")
     del document["v"]
     return Envelope(**document)
