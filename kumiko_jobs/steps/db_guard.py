@@ -104,9 +104,17 @@ class GuardWrapper:
         if state.system_db_open:
             return execute(sql, params, many, context)
         text = sql if isinstance(sql, str) else _composed_text(sql, context)
-        verdict = classify(text, self.policy())
+        policy = self.policy()
+        verdict = classify(text, policy)
+        switch = _unseen_schema_switch(context["connection"], policy) if verdict.allowed else None
+        if switch is not None:
+            switched = classify(switch, policy)
+            grants = (*verdict.grants_used, *switched.grants_used)
+            verdict = switched if not switched.allowed else verdict
+        else:
+            grants = verdict.grants_used
         if verdict.allowed:
-            for grant in verdict.grants_used:
+            for grant in grants:
                 audit.record_use(state, str(grant))
             return execute(sql, params, many, context)
         message = denial_message(state, verdict)
@@ -121,6 +129,19 @@ class GuardWrapper:
             kind=verdict.kind,
             grant=str(verdict.grant_needed) if verdict.grant_needed else None,
         )
+
+
+def _unseen_schema_switch(conn: Any, policy: Policy) -> str | None:
+    """The ``SET search_path`` behind a connection switched to another schema, or None.
+
+    django-tenants sends that SET through the Django cursor (so the guard judges it) except for
+    server-side cursors (``QuerySet.iterator()``), where it uses a raw psycopg cursor that no
+    execute wrapper sees; the statement that follows is then judged with the switch.
+    """
+    schema = getattr(conn, "schema_name", None)
+    if schema is None or schema == policy.schema or schema == policy.readable_schema:
+        return None
+    return f'SET search_path = "{schema}"'
 
 
 def _composed_text(sql: Any, context: Mapping[str, Any]) -> str:
