@@ -1,0 +1,847 @@
+"""Run history in the Django admin: one site, two audiences.
+
+On the public schema's domain the admin is the **operator** view: every tenant's runs with
+payload, errors, tracebacks, attempts and log lines, and the actions retry, cancel and "run a
+job". On a tenant's domain the same admin site shows the **tenant** view: only that tenant's
+runs and failures, and only the fields a tenant may read (job, subject, status, times, and
+failure messages rendered from their message keys through Django's i18n).
+
+The audience is decided per request from ``connection.schema_name`` (set by django-tenants'
+middleware), never from the user: a tenant superuser is still a tenant. Django's model
+permissions govern access in both places; tenants' users and permissions live in their schema.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
+from django.db import connection, transaction
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
+
+from . import conf, operations
+from .exceptions import KumikoJobsError
+from .models import JobAttempt, JobFailure, JobRun, RejectedMessage, RunStatus
+from .registry import JobDefinition, registry
+
+# --- audience ---------------------------------------------------------------------------------
+
+
+def is_operator_request() -> bool:
+    """True on the public schema's domain (operators), False on a tenant's domain."""
+    return getattr(connection, "schema_name", conf.public_schema_name()) == (
+        conf.public_schema_name()
+    )
+
+
+def tenant_schema() -> str:
+    return str(getattr(connection, "schema_name", ""))
+
+
+# --- shared rendering -------------------------------------------------------------------------
+
+# Text on a coloured background; chosen for contrast on both light and dark admin themes.
+_BADGE_COLOURS: dict[str, str] = {
+    RunStatus.QUEUED: "#57606a",
+    RunStatus.RUNNING: "#0969da",
+    RunStatus.DEFERRED: "#9a6700",
+    RunStatus.SUCCEEDED: "#1a7f37",
+    RunStatus.FAILED: "#cf222e",
+    RunStatus.CANCELLED: "#6e7781",
+}
+
+
+def status_badge(status: str) -> SafeString:
+    label = RunStatus(status).label if status in RunStatus.values else status
+    return format_html(
+        '<span class="kj-status kj-status-{}" style="background:{};color:#fff;'
+        'border-radius:9px;padding:1px 8px;font-size:0.85em;white-space:nowrap">{}</span>',
+        status,
+        _BADGE_COLOURS.get(status, "#57606a"),
+        label,
+    )
+
+
+def human_duration(ms: float | None) -> str:
+    if ms is None:
+        return "—"
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def job_title(job_name: str) -> str:
+    """What a tenant reads for a job: the first line of its description, else its name."""
+    definition = registry.get(job_name) if job_name in registry else None
+    description = definition.description.strip() if definition else ""
+    if not description:
+        return job_name
+    # Projects may translate their job descriptions; untranslated text passes unchanged.
+    return gettext(description.splitlines()[0])
+
+
+def failure_sentence(message_key: str | None) -> str:
+    """A failure's message key as a sentence in the request's language.
+
+    The key is the msgid (``billing.sync_failed``); a key the project has not translated is
+    shown as it is, which is still safe: keys are chosen by developers, never error text.
+    """
+    if not message_key:
+        return ""
+    return gettext(message_key)
+
+
+# Inline styles, because a reusable app's templates cannot rely on the project's CSS pipeline.
+_PRE_STYLE = "white-space:pre-wrap;max-height:32em;overflow:auto;margin:0;font-size:0.85em"
+
+
+def pretty_json(value: Any) -> SafeString:
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    return format_html('<pre class="kj-pre" style="{}">{}</pre>', _PRE_STYLE, text)
+
+
+def pre(text: str) -> SafeString | str:
+    if not text:
+        return "—"
+    return format_html('<pre class="kj-pre" style="{}">{}</pre>', _PRE_STYLE, text)
+
+
+def log_table(lines: Sequence[dict[str, Any]]) -> SafeString | str:
+    if not lines:
+        return "—"
+
+    def row(line: dict[str, Any]) -> tuple[str, str, str, str]:
+        stamp = line.get("t")
+        when = (
+            datetime.fromtimestamp(stamp, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
+            if isinstance(stamp, int | float)
+            else ""
+        )
+        data = line.get("data") or {}
+        return (
+            when,
+            str(line.get("level", "")),
+            str(line.get("msg", "")),
+            json.dumps(data, ensure_ascii=False, default=str) if data else "",
+        )
+
+    body = format_html_join(
+        "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", (row(line) for line in lines)
+    )
+    return format_html(
+        '<table class="kj-log"><thead><tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th></tr>'
+        "</thead><tbody>{}</tbody></table>",
+        _("time (UTC)"),
+        _("level"),
+        _("message"),
+        _("data"),
+        body,
+    )
+
+
+# --- list filters -----------------------------------------------------------------------------
+
+
+class JobFilter(admin.SimpleListFilter):
+    """Jobs present in the rows this admin may show (so a tenant never sees others' jobs)."""
+
+    title = _("job")
+    parameter_name = "job"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = (
+            model_admin.get_queryset(request)
+            .order_by("job_name")
+            .values_list("job_name", flat=True)
+            .distinct()
+        )
+        operator = is_operator_request()
+        return [(name, name if operator else job_title(name)) for name in names]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(job_name=value) if value else queryset
+
+
+class TenantFilter(admin.SimpleListFilter):
+    """Tenants by schema name (operators only), from the project's tenant model."""
+
+    title = _("tenant")
+    parameter_name = "tenant"
+    SYSTEM = "-"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        from django_tenants.utils import get_tenant_model
+
+        tenants = (
+            get_tenant_model()
+            .objects.exclude(schema_name=conf.public_schema_name())
+            .order_by("schema_name")
+        )
+        choices = [(t.schema_name, f"{t.schema_name} ({t})") for t in tenants]
+        return [*choices, (self.SYSTEM, gettext("system (no tenant)"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if not value:
+            return queryset
+        return queryset.filter(schema_name="" if value == self.SYSTEM else value)
+
+
+class TenantScopedAdmin(admin.ModelAdmin):
+    """Read-only history: rows are written by the runner, never by hand.
+
+    Subclasses describe both audiences; the methods below pick one per request.
+    """
+
+    # Only these changelist query parameters are honoured on a tenant's domain. Django allows
+    # any lookup on a local field by default (``?payload__secret=...``), which would let a
+    # tenant probe fields it cannot see by watching the row count change.
+    tenant_lookups: frozenset[str] = frozenset()
+    tenant_list_display: tuple[Any, ...] = ()
+    tenant_list_filter: tuple[Any, ...] = ()
+    tenant_search_fields: tuple[str, ...] = ()
+    tenant_fieldsets: Any = ()
+    tenant_only: tuple[str, ...] = ()
+    operator_list_display: tuple[Any, ...] = ()
+    operator_list_filter: tuple[Any, ...] = ()
+    operator_search_fields: tuple[str, ...] = ()
+    operator_fieldsets: Any = ()
+
+    show_full_result_count = False  # the history is large; skip the second COUNT(*)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        queryset = super().get_queryset(request)
+        if is_operator_request():
+            return queryset
+        queryset = queryset.filter(schema_name=tenant_schema())
+        # Load only what the tenant view renders: payloads can be large and are not theirs.
+        return queryset.only(*self.tenant_only) if self.tenant_only else queryset
+
+    def get_list_display(self, request: HttpRequest) -> tuple[Any, ...]:
+        if is_operator_request():
+            return self.operator_list_display
+        return self.tenant_list_display
+
+    def get_list_display_links(
+        self, request: HttpRequest, list_display: Sequence[Any]
+    ) -> tuple[Any, ...]:
+        return tuple(list_display[:1])
+
+    def get_list_filter(self, request: HttpRequest) -> tuple[Any, ...]:
+        if is_operator_request():
+            return self.operator_list_filter
+        return self.tenant_list_filter
+
+    def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
+        if is_operator_request():
+            return self.operator_search_fields
+        return self.tenant_search_fields
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if is_operator_request():
+            return self.operator_fieldsets
+        return self.tenant_fieldsets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return tuple(flatten_fieldsets(self.get_fieldsets(request, obj)))
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        if is_operator_request():
+            return bool(super().lookup_allowed(lookup, value, request))
+        return lookup in self.tenant_lookups
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # History is an audit trail; the retention sweep is what deletes it.
+        return False
+
+
+# --- JobRun -----------------------------------------------------------------------------------
+
+
+class JobAttemptInline(admin.StackedInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    show_change_link = False
+    verbose_name = _("attempt")
+    verbose_name_plural = _("attempts")
+    fields = (
+        ("number", "outcome", "worker"),
+        ("started_at", "finished_at", "duration"),
+        "error",
+        "traceback_block",
+        "log_lines",
+    )
+    readonly_fields = (
+        "number",
+        "outcome",
+        "worker",
+        "started_at",
+        "finished_at",
+        "duration",
+        "error",
+        "traceback_block",
+        "log_lines",
+    )
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_operator_request() and super().has_view_permission(request, obj)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description=_("duration"))
+    def duration(self, attempt: JobAttempt) -> str:
+        return human_duration(attempt.duration_ms)
+
+    @admin.display(description=_("error"))
+    def error(self, attempt: JobAttempt) -> str:
+        if not attempt.error_type and not attempt.error_message:
+            return "—"
+        return f"{attempt.error_type}: {attempt.error_message}".strip(": ")
+
+    @admin.display(description=_("traceback"))
+    def traceback_block(self, attempt: JobAttempt) -> SafeString | str:
+        return pre(attempt.traceback)
+
+    @admin.display(description=_("log"))
+    def log_lines(self, attempt: JobAttempt) -> SafeString | str:
+        return log_table(attempt.log or [])
+
+
+class RunDisplay:
+    """Column and field renderers shared by the run list and detail pages."""
+
+    @admin.display(description=_("job"), ordering="job_name")
+    def job(self, run: JobRun) -> str:
+        return run.job_name if is_operator_request() else job_title(run.job_name)
+
+    @admin.display(description=_("tenant"), ordering="schema_name")
+    def tenant(self, run: JobRun) -> SafeString | str:
+        return run.schema_name or format_html("<em>{}</em>", gettext("system"))
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_label(self, run: JobRun) -> SafeString:
+        return status_badge(run.status)
+
+    @admin.display(description=_("attempts"))
+    def attempts_of(self, run: JobRun) -> str:
+        return f"{run.attempts}/{run.max_attempts}"
+
+    @admin.display(description=_("duration"), ordering="duration_ms")
+    def duration(self, run: JobRun) -> str:
+        return human_duration(run.duration_ms)
+
+    @admin.display(description=_("problem"))
+    def problem(self, run: JobRun) -> str:
+        return failure_sentence(getattr(run, "failure_key", None)) or "—"
+
+    @admin.display(description=_("payload"))
+    def payload_block(self, run: JobRun) -> SafeString:
+        return pretty_json(run.payload)
+
+    @admin.display(description=_("error"))
+    def error_block(self, run: JobRun) -> SafeString | str:
+        if not run.error_type and not run.error_message:
+            return "—"
+        return pre(f"{run.error_type}: {run.error_message}".strip(": "))
+
+    @admin.display(description=_("run id"))
+    def run_ref(self, run: JobRun) -> str:
+        return str(run.run_id)
+
+
+_TENANT_RUN_FIELDS = (
+    "job",
+    "subject",
+    "status_label",
+    "problem",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "duration",
+)
+
+
+@admin.register(JobRun)
+class JobRunAdmin(RunDisplay, TenantScopedAdmin):
+    change_list_template = "admin/kumiko_jobs/jobrun/change_list.html"
+    list_per_page = 50
+    ordering = ("-queued_at",)
+
+    operator_list_display = (
+        "job",
+        "tenant",
+        "subject",
+        "status_label",
+        "attempts_of",
+        "queued_at",
+        "duration",
+    )
+    operator_list_filter = (
+        "status",
+        JobFilter,
+        TenantFilter,
+        ("queued_at", admin.DateFieldListFilter),
+    )
+    operator_search_fields = ("subject", "job_name", "=correlation_id")
+    operator_fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "run_ref",
+                    ("job_name", "tenant"),
+                    "subject",
+                    ("status_label", "attempts_of"),
+                    "problem",
+                    ("queue", "defer_count", "gate_defer_count"),
+                )
+            },
+        ),
+        (
+            _("Times"),
+            {
+                "fields": (
+                    ("queued_at", "scheduled_for"),
+                    ("started_at", "finished_at"),
+                    "duration",
+                )
+            },
+        ),
+        (
+            _("Origin"),
+            {
+                "fields": (
+                    ("trigger", "triggered_by"),
+                    ("correlation_id", "trace_id"),
+                    ("parent_run_id", "rq_job_id"),
+                )
+            },
+        ),
+        (_("Arguments"), {"fields": ("payload_block",)}),
+        (_("Error"), {"fields": ("error_block",)}),
+    )
+
+    tenant_list_display = (
+        "job",
+        "subject",
+        "status_label",
+        "problem",
+        "queued_at",
+        "started_at",
+        "finished_at",
+        "duration",
+    )
+    tenant_list_filter = ("status", JobFilter, ("queued_at", admin.DateFieldListFilter))
+    tenant_search_fields = ("subject",)
+    tenant_fieldsets = ((None, {"fields": _TENANT_RUN_FIELDS}),)
+    tenant_lookups = frozenset(
+        {
+            "status__exact",
+            "job",
+            "queued_at__gte",
+            "queued_at__lt",
+            "queued_at__isnull",
+        }
+    )
+    tenant_only = (
+        "run_id",
+        "job_name",
+        "schema_name",
+        "subject",
+        "status",
+        "queued_at",
+        "started_at",
+        "finished_at",
+        "duration_ms",
+    )
+    actions = ("retry_selected", "cancel_selected")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JobRun]:
+        # The tenant-visible failure of a run, for the "problem" column; correlated on the
+        # unique (tenant, job, subject) key so each row costs one index probe.
+        failure = JobFailure.objects.filter(
+            schema_name=OuterRef("schema_name"),
+            job_name=OuterRef("job_name"),
+            subject=OuterRef("subject"),
+            run_id=OuterRef("run_id"),
+        ).values("message_key")[:1]
+        return super().get_queryset(request).annotate(failure_key=Subquery(failure))
+
+    def get_inlines(
+        self, request: HttpRequest, obj: Any
+    ) -> list[type[admin.options.InlineModelAdmin]]:
+        return [JobAttemptInline] if is_operator_request() else []
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
+    ) -> tuple[QuerySet[JobRun], bool]:
+        if is_operator_request():
+            # Run ids are pasted from logs with or without dashes: match them exactly (the
+            # primary key index) rather than as text.
+            try:
+                return queryset.filter(pk=uuid.UUID(search_term.strip())), False
+            except ValueError:
+                pass
+        return super().get_search_results(request, queryset, search_term)
+
+    # --- operator actions -----------------------------------------------------------------
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Retry and cancel: operators holding the (otherwise unused) change permission."""
+        return is_operator_request() and request.user.has_perm("kumiko_jobs.change_jobrun")
+
+    def has_run_job_permission(self, request: HttpRequest) -> bool:
+        """Run a manual job: operators holding the (otherwise unused) add permission."""
+        return is_operator_request() and request.user.has_perm("kumiko_jobs.add_jobrun")
+
+    @admin.action(description=_("Retry selected failed runs"), permissions=["operate"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        def retry(run: JobRun) -> None:
+            operations.retry_run(run, by=request.user)
+
+        done, skipped = _apply(queryset, retry)
+        self._report(
+            request,
+            ngettext("%(count)d run retried", "%(count)d runs retried", done) % {"count": done},
+            done,
+            skipped,
+        )
+
+    @admin.action(description=_("Cancel selected queued runs"), permissions=["operate"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        def cancel(run: JobRun) -> None:
+            if not operations.cancel_run(run, by=request.user):
+                raise operations.OperationRefused(
+                    f"Run {run.run_id} is not queued.", reason=_("not queued")
+                )
+
+        done, skipped = _apply(queryset, cancel)
+        self._report(
+            request,
+            ngettext("%(count)d run cancelled", "%(count)d runs cancelled", done) % {"count": done},
+            done,
+            skipped,
+        )
+
+    def _report(self, request: HttpRequest, head: str, done: int, skipped: Counter[str]) -> None:
+        parts = [head]
+        for reason, count in sorted(skipped.items()):
+            parts.append(
+                ngettext("%(count)d skipped: %(reason)s", "%(count)d skipped: %(reason)s", count)
+                % {"count": count, "reason": reason}
+            )
+        level = messages.SUCCESS if not skipped else messages.WARNING if done else messages.ERROR
+        self.message_user(request, ", ".join(parts) + ".", level)
+
+    # --- "Run a job…" ---------------------------------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path(
+                "run-job/",
+                self.admin_site.admin_view(self.run_job_view),
+                name="{}_{}_run_job".format(*info),
+            ),
+            *super().get_urls(),
+        ]
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        if self.has_run_job_permission(request):
+            extra_context["kumiko_run_job_url"] = reverse(
+                f"{self.admin_site.name}:kumiko_jobs_jobrun_run_job"
+            )
+        return super().changelist_view(request, extra_context)
+
+    def run_job_view(self, request: HttpRequest) -> HttpResponse:
+        from django.core.exceptions import PermissionDenied
+
+        if not self.has_run_job_permission(request):
+            raise PermissionDenied
+        form = RunJobForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                # One transaction: an error after the history row was written leaves neither
+                # the row nor (the push waits for commit) a queue message.
+                with transaction.atomic():
+                    handle = operations.enqueue_manual(
+                        form.cleaned_data["definition"],
+                        form.cleaned_data["tenant"] or None,
+                        form.cleaned_data["arguments"],
+                        by=request.user,
+                    )
+            except KumikoJobsError as exc:
+                form.add_error(None, str(exc))
+            else:
+                url = reverse(
+                    f"{self.admin_site.name}:kumiko_jobs_jobrun_change",
+                    args=[uuid.UUID(handle.run_id)],
+                )
+                self.message_user(
+                    request,
+                    format_html(
+                        gettext("Queued {job} for {tenant}: run {run}."),
+                        job=handle.job_name,
+                        tenant=handle.schema_name or gettext("system"),
+                        run=format_html('<a href="{}">{}</a>', url, handle.run_id),
+                    ),
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(url)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Run a job"),
+            "opts": self.opts,
+            "form": form,
+            "manual_jobs": _manual_job_rows(),
+            "has_view_permission": self.has_view_permission(request),
+        }
+        return TemplateResponse(request, "admin/kumiko_jobs/jobrun/run_job.html", context)
+
+
+def _apply(
+    queryset: QuerySet[JobRun], operation: Callable[[JobRun], None]
+) -> tuple[int, Counter[str]]:
+    done, skipped = 0, Counter[str]()
+    for run in queryset.order_by("queued_at"):
+        try:
+            # Each run in its own transaction: one refusal must not undo the others, and each
+            # new run's message is pushed when its own row commits.
+            with transaction.atomic():
+                operation(run)
+        except operations.OperationRefused as exc:
+            skipped[str(exc.reason)] += 1
+        except KumikoJobsError:
+            skipped[gettext("cannot be enqueued (tenant or arguments no longer valid)")] += 1
+        else:
+            done += 1
+    return done, skipped
+
+
+def manual_jobs() -> list[JobDefinition]:
+    return [d for d in registry if d.manual]
+
+
+def _signature(definition: JobDefinition) -> str:
+    """``invoice_id: int, fail_times: int = 0``, from annotations that may be strings."""
+    parts = []
+    for param in list(inspect.signature(definition.func).parameters.values())[1:]:
+        text = param.name
+        if param.annotation is not param.empty:
+            annotation = param.annotation
+            text += f": {annotation if isinstance(annotation, str) else annotation.__name__}"
+        if param.default is not param.empty:
+            text += f" = {param.default!r}"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def _manual_job_rows() -> list[dict[str, Any]]:
+    # Plain dicts: templates call callables, and a JobDefinition is callable.
+    return [
+        {
+            "name": d.name,
+            "system": d.system,
+            "description": d.description,
+            "signature": _signature(d),
+        }
+        for d in manual_jobs()
+    ]
+
+
+class RunJobForm(forms.Form):
+    job = forms.ChoiceField(label=_("Job"))
+    tenant = forms.ChoiceField(
+        label=_("Tenant"), required=False, help_text=_("Leave empty for a system job.")
+    )
+    arguments = forms.CharField(
+        label=_("Arguments"),
+        required=False,
+        initial="{}",
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60, "spellcheck": "false"}),
+        help_text=_('A JSON object of the job\'s keyword arguments, e.g. {"invoice_id": 7}.'),
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        from django_tenants.utils import get_tenant_model
+
+        super().__init__(*args, **kwargs)
+        job_field = self.fields["job"]
+        assert isinstance(job_field, forms.ChoiceField)
+        job_field.choices = [
+            (d.name, f"{d.name} — {d.description}" if d.description else d.name)
+            for d in manual_jobs()
+        ]
+        tenants = (
+            get_tenant_model()
+            .objects.exclude(schema_name=conf.public_schema_name())
+            .order_by("schema_name")
+        )
+        tenant_field = self.fields["tenant"]
+        assert isinstance(tenant_field, forms.ChoiceField)
+        tenant_field.choices = [
+            ("", "—"),
+            *((t.schema_name, f"{t} ({t.schema_name})") for t in tenants),
+        ]
+
+    def clean_arguments(self) -> dict[str, Any]:
+        text = (self.cleaned_data.get("arguments") or "").strip() or "{}"
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(
+                gettext("Not valid JSON: %(error)s") % {"error": exc}
+            ) from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError(
+                gettext('Arguments must be a JSON object, e.g. {"invoice_id": 7}.')
+            )
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        name = data.get("job")
+        if not name or name not in registry:
+            return data
+        definition = registry.get(name)
+        data["definition"] = definition
+        if definition.system and data.get("tenant"):
+            self.add_error("tenant", gettext("A system job runs for no tenant; leave it empty."))
+        elif not definition.system and not data.get("tenant"):
+            self.add_error("tenant", gettext("Choose the tenant this job runs for."))
+        arguments = data.get("arguments")
+        if isinstance(arguments, dict):
+            try:
+                definition.bind_arguments(arguments)
+            except KumikoJobsError as exc:
+                self.add_error("arguments", str(exc))
+        return data
+
+
+# --- JobFailure -------------------------------------------------------------------------------
+
+
+@admin.register(JobFailure)
+class JobFailureAdmin(TenantScopedAdmin):
+    list_per_page = 50
+    ordering = ("-failed_at",)
+
+    operator_list_display = (
+        "job_name",
+        "schema_name",
+        "subject",
+        "message_key",
+        "message",
+        "failed_at",
+        "run_link",
+    )
+    operator_list_filter = (JobFilter, TenantFilter, ("failed_at", admin.DateFieldListFilter))
+    operator_search_fields = ("subject", "message_key", "job_name")
+    operator_fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "job_name",
+                    "schema_name",
+                    "subject",
+                    "message_key",
+                    "message",
+                    "failed_at",
+                    "run_link",
+                )
+            },
+        ),
+    )
+
+    tenant_list_display = ("job", "subject", "message", "failed_at", "run_link")
+    tenant_list_filter = (JobFilter, ("failed_at", admin.DateFieldListFilter))
+    tenant_search_fields = ("subject",)
+    tenant_fieldsets = ((None, {"fields": ("job", "subject", "message", "failed_at", "run_link")}),)
+    tenant_lookups = frozenset({"job", "failed_at__gte", "failed_at__lt", "failed_at__isnull"})
+
+    @admin.display(description=_("job"), ordering="job_name")
+    def job(self, failure: JobFailure) -> str:
+        return job_title(failure.job_name)
+
+    @admin.display(description=_("what went wrong"))
+    def message(self, failure: JobFailure) -> str:
+        return failure_sentence(failure.message_key)
+
+    @admin.display(description=_("run"))
+    def run_link(self, failure: JobFailure) -> SafeString:
+        url = reverse(f"{self.admin_site.name}:kumiko_jobs_jobrun_change", args=[failure.run_id])
+        return format_html('<a href="{}">{}</a>', url, gettext("view run"))
+
+
+# --- RejectedMessage (operators only) ---------------------------------------------------------
+
+
+@admin.register(RejectedMessage)
+class RejectedMessageAdmin(admin.ModelAdmin):
+    list_display = ("received_at", "queue", "rq_job_id", "reason")
+    list_filter = ("queue", ("received_at", admin.DateFieldListFilter))
+    search_fields = ("rq_job_id", "reason")
+    fields = ("received_at", "queue", "rq_job_id", "reason", "excerpt_block")
+    readonly_fields = fields
+    ordering = ("-received_at",)
+    show_full_result_count = False
+
+    @admin.display(description=_("excerpt"))
+    def excerpt_block(self, message: RejectedMessage) -> SafeString | str:
+        return pre(message.excerpt)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return is_operator_request() and super().has_module_permission(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_operator_request() and super().has_view_permission(request, obj)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
