@@ -98,13 +98,22 @@ def dispatch(state: RunState) -> None:
 
 def reject(message: object, reason: str, rq_job_id: str = "", queue: str = "") -> None:
     logger.error("rejected queue message %s: %s", rq_job_id or "?", reason)
-    excerpt = message if isinstance(message, str) else repr(message)
+    try:
+        excerpt = message if isinstance(message, str) else repr(message)
+    except RecursionError:
+        excerpt = f"<a {type(message).__name__} nested too deeply to show>"
     RejectedMessage.objects.create(
-        rq_job_id=rq_job_id[:128],
-        reason=reason[:500],
-        queue=queue or transport.current_job_origin(),
-        excerpt=excerpt[:2000],
+        rq_job_id=_storable(rq_job_id, 128),
+        reason=_storable(reason, 500),
+        queue=_storable(queue or transport.current_job_origin(), 100),
+        excerpt=_storable(excerpt, 2000),
     )
+
+
+def _storable(text: str, limit: int) -> str:
+    """Forged text as PostgreSQL can store it: NUL and lone surrogates escaped, not fatal."""
+    text = text[:limit].replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
 
 def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
@@ -119,7 +128,7 @@ def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
         attempts=env.attempt,
     )
     if not updated:
-        reject(env, reason)
+        reject(env, reason, transport.current_job_id())
 
 
 def reset_pipeline(factory: Callable[[], Next] | None = None) -> None:
