@@ -208,9 +208,10 @@ class JobContext:
         with self._granted("system_identity"):
             from . import audit
 
-            audit.record_use(self._state, "system_identity")
             token = _acting_user.set(user)
             try:
+                # Reported after the switch, so that the audit's actor is the user acted as.
+                audit.record_use(self._state, "system_identity")
                 yield
             finally:
                 _acting_user.reset(token)
