@@ -166,4 +166,9 @@ def denial_message(state: RunState, verdict: Verdict) -> str:
             text + f" If this is intended, declare escape_hatch=EscapeHatch(reason='...', "
             f"grants=[{grant!r}]) on the job and wrap the code in `with ctx.{grant}():`."
         )
+    if verdict.rule == "public_intake_required":
+        return text + (
+            " No grant allows this (rule public_intake_required): enqueue it from a view marked "
+            "@kumiko_jobs.origin.public_intake if anonymous visitors may submit this data."
+        )
     return text + " No grant allows this; run a job in that tenant instead."
