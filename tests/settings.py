@@ -50,7 +50,7 @@ os.environ["REDIS_URL"] = (
 from example_project.settings import *  # noqa: E402,F403
 from example_project.settings import INSTALLED_APPS, TENANT_APPS  # noqa: E402
 
-TENANT_APPS = [*TENANT_APPS, "tests.testapp"]
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp"]
+TENANT_APPS = [*TENANT_APPS, "tests.testapp", "tests.guardapp"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.guardapp"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 KUMIKO_JOBS = {"DB_GUARD": "enforce", "DEFAULT_RETRIES": 0}

@@ -1,0 +1,223 @@
+"""The DB guard's attack suite: ways a job running in tenant t1 could reach t2 or shared data.
+
+Every case is a real run of ``guardapp.attack`` (one job, the case as its argument) through a
+real RQ worker in tenant t1, with no escape hatch declared. For each case:
+
+* the run is FAILED with ``DatabaseAccessDenied``, at once (never retried);
+* the message names the job, the statement kind, and the grant that would allow it, or says
+  that no grant does;
+* nothing another tenant or the public schema holds changed (rows, tables, columns, schemas);
+* the statement never reached PostgreSQL: a spy execute wrapper installed *inside* the guard's
+  (so it sees only what the guard let through, on every alias) saw nothing that names t2,
+  writes a shared table, or changes the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+from django.db import connection, connections
+from django_tenants.utils import tenant_context
+
+from kumiko_jobs.models import JobRun, RunStatus
+from tests.conftest import work
+from tests.guardapp import jobs, support
+from tests.guardapp.jobs import ATTACKS
+
+pytestmark = pytest.mark.usefixtures("live_db")
+
+
+@pytest.fixture(autouse=True)
+def _only_on_a_test_database(django_db_setup: None) -> None:
+    """Runs before live_db (autouse first), which would otherwise empty a development database."""
+    support.refuse_unless_test_database()
+
+CTR, GW, RAW = "cross_tenant_reads", "global_writes", "unsafe_raw"
+HARD = None  # no grant allows it
+
+# case -> (statement kind in the denial, grant that would allow it or HARD)
+EXPECTED: dict[str, tuple[str, str | None]] = {
+    # schema-qualified names, every spelling
+    "qualified_select": ("select", CTR),
+    "quoted_qualified_select": ("select", CTR),
+    "mixed_case_unquoted": ("select", CTR),
+    "parenthesised_select": ("select", CTR),
+    "table_command": ("select", CTR),
+    "values_subquery": ("values", CTR),
+    "join_other_schema": ("select", CTR),
+    "comma_join_other_schema": ("select", CTR),
+    "exists_subquery": ("select", CTR),
+    "union_other_schema": ("select", CTR),
+    "column_qualified_three_parts": ("select", CTR),
+    "three_part_name": ("select", CTR),
+    "function_in_other_schema": ("select", CTR),
+    "cast_to_other_schema_type": ("select", CTR),
+    # comments and literals
+    "comment_split_name": ("select", CTR),
+    "comment_hides_real_from": ("select", CTR),
+    "string_fakes_comment": ("select", CTR),
+    "dollar_quote_hides_quote": ("select", CTR),
+    "string_fakes_statement_end": ("select", CTR),
+    "nested_comment": ("select", CTR),
+    "unicode_escape_identifier": ("unparseable", RAW),
+    # ORM escape routes to raw SQL
+    "orm_raw": ("select", CTR),
+    "orm_extra_select": ("select", CTR),
+    "orm_extra_where": ("select", CTR),
+    "rawsql_annotation": ("select", CTR),
+    "rawsql_filter": ("select", CTR),
+    "composable_select": ("select", CTR),
+    "bytes_sql": ("unparseable", RAW),  # str(bytes) is b"...": refused, never guessed
+    # writes into the other tenant: no grant allows them
+    "qualified_update": ("update", HARD),
+    "qualified_delete": ("delete", HARD),
+    "qualified_insert": ("insert", HARD),
+    "merge_into_other": ("merge", HARD),
+    "insert_select_from_other": ("insert", HARD),
+    "update_from_other": ("update", HARD),
+    "delete_using_other": ("delete", HARD),
+    "cte_delete_other": ("delete", HARD),
+    "explain_analyze_delete": ("delete", HARD),
+    "select_for_update_other": ("select", HARD),
+    "orm_raw_select_for_update_other": ("select", HARD),
+    "truncate_other": ("truncate", HARD),
+    "composable_delete": ("delete", HARD),
+    "executemany_other": ("insert", HARD),
+    "swallowed_denial": ("delete", HARD),
+    # shared (public) tables
+    "cte_update_shared": ("update", GW),
+    "qualified_public_update": ("update", GW),
+    "mixed_case_shared_delete": ("delete", GW),
+    "truncate_shared": ("truncate", GW),
+    "executemany_shared": ("insert", GW),
+    "orm_create_shared": ("insert", GW),
+    "orm_update_shared": ("update", GW),
+    "orm_delete_shared": ("delete", GW),
+    "orm_bulk_create_shared": ("insert", GW),
+    "orm_save_shared": ("update", GW),
+    "orm_update_or_create_shared": ("update", GW),
+    "history_tamper": ("update", GW),
+    "tenant_registry_tamper": ("update", GW),
+    "using_alias_shared_write": ("insert", GW),
+    # switching schema or identity
+    "set_search_path": ("set_search_path", RAW),
+    "set_search_path_quoted": ("set_search_path", RAW),
+    "set_search_path_appended": ("set_search_path", RAW),
+    "set_session_search_path": ("set", RAW),
+    "set_local_search_path": ("set", RAW),
+    "set_config_search_path": ("call_function", RAW),
+    "set_config_qualified": ("call_function", RAW),
+    "set_schema_then_orm": ("set_search_path", RAW),
+    "set_schema_then_iterator": ("set_search_path", RAW),
+    "set_tenant_then_orm": ("set_search_path", RAW),
+    "schema_context_then_orm": ("set_search_path", RAW),
+    "set_schema_to_public_then_write": ("set_search_path", RAW),
+    "using_alias_other_tenant": ("set_search_path", RAW),
+    "set_role": ("set", RAW),
+    "set_session_authorization": ("set", RAW),
+    "reset_all": ("reset", RAW),
+    "reset_search_path": ("reset", RAW),
+    "discard_all": ("discard", RAW),
+    # statements the guard cannot verify
+    "multi_statement": ("multi_statement", RAW),
+    "multi_statement_hidden_after_comment": ("multi_statement", RAW),
+    "copy_to_stdout": ("copy", RAW),
+    "copy_query_delete": ("copy", RAW),
+    "do_block": ("do", RAW),
+    "create_table_other": ("ddl", RAW),
+    "alter_table_other": ("ddl", RAW),
+    "drop_table_other": ("ddl", RAW),
+    "select_into_other": ("ddl", RAW),
+    "lock_table_other": ("lock", RAW),
+    "prepare_statement": ("prepared_statement", RAW),
+    "query_to_xml": ("call_function", RAW),
+    "dblink": ("call_function", RAW),
+    "call_procedure": ("call", RAW),
+    "notify": ("notify", RAW),
+}
+
+
+# The django_db mark makes pytest-django create the test database even when this file runs
+# alone: without any such test in the session it would not, and live_db would then truncate
+# tables of the development database.
+@pytest.mark.django_db
+def test_every_attack_has_an_expectation():
+    assert set(EXPECTED) == set(ATTACKS)
+    assert len(ATTACKS) >= 25
+
+
+@pytest.fixture
+def guard_data(live_db: None) -> Iterator[None]:
+    support.seed()
+    yield
+    support.clean()
+
+
+@contextlib.contextmanager
+def _alias_for(case: str) -> Iterator[None]:
+    if case.startswith("using_alias"):
+        with support.extra_alias():
+            yield
+    else:
+        yield
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_attack_is_denied_before_it_reaches_postgresql(tenants, guard_data, case):
+    kind, grant = EXPECTED[case]
+    before = support.snapshot()
+    with _alias_for(case):
+        aliases = [c.alias for c in connections.all()]
+        with tenant_context(tenants["t1"]):
+            handle = jobs.attack.enqueue(case=case)
+        work()
+    connection.set_schema_to_public()
+
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert run.status == RunStatus.FAILED, (case, run.status, run.error_message)
+    assert run.error_type == "DatabaseAccessDenied", run.error_message
+    assert run.attempts == 1  # a denial is never retried
+    message = run.error_message
+    assert "'guardapp.attack' (tenant t1)" in message
+    assert f"denied a {kind} statement" in message, message
+    if grant is HARD:
+        assert "No grant allows this" in message, message
+    else:
+        assert f"grants=[{grant!r}]" in message, message
+        assert f"with ctx.{grant}():" in message
+    if case == "swallowed_denial":
+        assert message.startswith("the job swallowed a database access denial")
+
+    # Nothing outside the run's own tenant changed; t2's secret in particular.
+    assert support.snapshot() == before
+    assert support.secrets("t2") == [("t2-secret", "t2-value")]
+    assert support.plans() == [("basic", "10.00"), ("pro", "25.00")]
+
+    # Nothing the guard refused went past it, on any alias.
+    assert {alias for alias, _ in jobs.REACHED} <= set(aliases)
+    reached = [(sql, why) for _, sql in jobs.REACHED if (why := support.offending(sql))]
+    assert reached == [], reached
+
+
+def test_swallowing_job_did_carry_on_in_its_own_tenant(tenants, guard_data):
+    """The swallowed case really returned normally (its own write is there), yet FAILED."""
+    with tenant_context(tenants["t1"]):
+        handle = jobs.attack.enqueue(case="swallowed_denial")
+    work()
+    connection.set_schema_to_public()
+    assert support.findings("t1") == {"swallowed": "carried on"}
+    assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.FAILED
+
+
+def test_a_denial_leaves_the_worker_usable_for_the_next_run(tenants, guard_data):
+    with tenant_context(tenants["t1"]):
+        denied = jobs.attack.enqueue(case="set_search_path")
+        jobs.attack.enqueue(case="set_schema_then_orm")
+    with tenant_context(tenants["t2"]):
+        fine = jobs.rename_people.enqueue(name="renamed")
+    work()
+    connection.set_schema_to_public()
+    assert JobRun.objects.get(pk=denied.run_id).status == RunStatus.FAILED
+    assert JobRun.objects.get(pk=fine.run_id).status == RunStatus.SUCCEEDED
