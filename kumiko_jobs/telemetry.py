@@ -32,9 +32,10 @@ logger = logging.getLogger("kumiko_jobs.telemetry")
 SCOPE = "kumiko_jobs"
 CONSUMER_SPAN = "job.execute"
 MESSAGING_SYSTEM = "rq"
-# Runs these triggers start are a unit of work of their own, not part of whatever process
-# scheduled them: they get a new trace, linked to the scheduler's span when there is one.
-NEW_TRACE_TRIGGERS = ("cron", "boot")
+# Runs these triggers start are a unit of work of their own, not part of whatever scheduled
+# them: they get a new trace, linked to the scheduler's (or fan-out run's) span when there is
+# one. A per-tenant fan-out would otherwise put every tenant's run of every tick in one trace.
+NEW_TRACE_TRIGGERS = ("cron", "boot", "fanout")
 # Job durations range from milliseconds to an hour; the SDK's default buckets stop at 10 s.
 DURATION_BUCKETS_MS = (
     5,
