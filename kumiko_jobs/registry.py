@@ -36,7 +36,8 @@ class Backoff:
     def seconds_after(self, attempt: int) -> float:
         if self.kind == "fixed":
             return self.delay
-        return float(min(self.delay * 2 ** (attempt - 1), self.max_delay))
+        # The exponent is capped: 2**64 s is past any max_delay, and a float cannot hold 2**1024.
+        return float(min(self.delay * 2 ** min(attempt - 1, 64), self.max_delay))
 
 
 @dataclass(frozen=True, slots=True)
