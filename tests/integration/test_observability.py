@@ -225,11 +225,14 @@ def test_followup_is_a_child_of_the_parent_run(tenants, telemetry):
     assert (child_span.attributes or {})["kumiko.job.parent_id"] == parent.run_id
 
 
-def test_cron_and_boot_runs_start_a_new_trace_linked_to_the_scheduler(tenants, telemetry):
+@pytest.mark.parametrize("trigger", ["cron:testapp.probe", "boot:testapp.probe", "fanout"])
+def test_cron_boot_and_fanout_runs_start_a_new_trace_linked_to_the_scheduler(
+    tenants, telemetry, trigger
+):
     definition = registry.get("testapp.probe")
     tracer = trace.get_tracer("tests.scheduler")
     with tracer.start_as_current_span("scheduler tick") as tick:
-        cron = submit(definition, "t1", {"tag": "cron"}, delay=0.0, trigger="cron:testapp.probe")
+        cron = submit(definition, "t1", {"tag": "cron"}, delay=0.0, trigger=trigger)
         plain = submit(definition, "t1", {"tag": "plain"}, delay=0.0)
     work()
 
@@ -244,7 +247,7 @@ def test_cron_and_boot_runs_start_a_new_trace_linked_to_the_scheduler(tenants, t
 
     consumers = {(s.attributes or {})["job.id"]: s for s in telemetry.spans("job.execute")}
     assert consumers[cron.run_id].context.trace_id == cron_producer.context.trace_id
-    assert (consumers[cron.run_id].attributes or {})["kumiko.job.trigger"] == "cron:testapp.probe"
+    assert (consumers[cron.run_id].attributes or {})["kumiko.job.trigger"] == trigger
     assert JobRun.objects.get(pk=cron.run_id).trace_id == _hex(cron_producer.context.trace_id, 32)
 
 
