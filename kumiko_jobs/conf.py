@@ -85,7 +85,7 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     values: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in known:
-            hint = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = difflib.get_close_matches(str(key).upper(), sorted(known), n=1)
             suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
             raise ImproperlyConfigured(
                 f"settings.KUMIKO_JOBS has an unknown key {key!r}.{suggestion} "
@@ -122,7 +122,9 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("EXTRA_SHARED_TABLES", "SENSITIVE_KEYS"):
         if key in values:
             seq = values[key]
-            if isinstance(seq, str) or not all(isinstance(v, str) for v in seq):
+            if not isinstance(seq, list | tuple | set | frozenset) or not all(
+                isinstance(v, str) for v in seq
+            ):
                 raise ImproperlyConfigured(
                     f"settings.KUMIKO_JOBS[{key!r}] must be a list of strings."
                 )
