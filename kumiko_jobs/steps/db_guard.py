@@ -75,6 +75,7 @@ class GuardWrapper:
         origin = env.origin or {}
         self.deny_personal = bool(origin.get("anonymous")) and not origin.get("public_intake")
         self._policies: dict[tuple[tuple[str, ...], str | None], Policy] = {}
+        self._read_only: dict[str, Policy] = {}
 
     def policy(self) -> Policy:
         key = (tuple(self.state.active_grants), self.state.readable_schema)
@@ -106,13 +107,10 @@ class GuardWrapper:
         text = sql if isinstance(sql, str) else _composed_text(sql, context)
         policy = self.policy()
         verdict = classify(text, policy)
-        switch = _unseen_schema_switch(context["connection"], policy) if verdict.allowed else None
-        if switch is not None:
-            switched = classify(switch, policy)
-            grants = (*verdict.grants_used, *switched.grants_used)
-            verdict = switched if not switched.allowed else verdict
-        else:
-            grants = verdict.grants_used
+        grants = verdict.grants_used
+        switched_to = _switched_schema(context["connection"], policy) if verdict.allowed else None
+        if switched_to is not None:
+            verdict, grants = self._judge_switch(text, switched_to, policy, verdict)
         if verdict.allowed:
             for grant in grants:
                 audit.record_use(state, str(grant))
@@ -130,18 +128,44 @@ class GuardWrapper:
             grant=str(verdict.grant_needed) if verdict.grant_needed else None,
         )
 
+    def _judge_switch(
+        self, text: str, schema: str, policy: Policy, verdict: Verdict
+    ) -> tuple[Verdict, tuple[Grant, ...]]:
+        """A statement on a connection that django-tenants points at another ``schema``.
 
-def _unseen_schema_switch(conn: Any, policy: Policy) -> str | None:
-    """The ``SET search_path`` behind a connection switched to another schema, or None.
+        The switch is judged like the ``SET search_path`` django-tenants sends for it, which the
+        guard does not see for server-side cursors (``QuerySet.iterator()``: a raw psycopg
+        cursor). As the schema is known, only plain reads may follow when it is another tenant's:
+        unqualified names mean that tenant, and no grant allows writing outside the run's schema.
+        """
+        switched = classify(f'SET search_path = "{schema}"', policy)
+        if not switched.allowed:
+            return switched, ()
+        if schema != conf.public_schema_name():
+            read_only = self._read_only.get(schema)
+            if read_only is None:
+                read_only = self._read_only[schema] = Policy(
+                    schema=self.schema,
+                    shared_tables=shared_tables(),
+                    active_grants=frozenset({Grant.CROSS_TENANT_READS}),
+                    readable_schema=schema,
+                )
+            reading = classify(text, read_only)
+            if not reading.allowed:
+                reason = (
+                    f"the connection is switched to schema '{schema}' (django-tenants): a tenant "
+                    f"run may only read there, never write or lock rows outside its own schema"
+                )
+                return Verdict(False, reading.kind, None, None, reason, "cross_schema"), ()
+        return verdict, (*verdict.grants_used, *switched.grants_used)
 
-    django-tenants sends that SET through the Django cursor (so the guard judges it) except for
-    server-side cursors (``QuerySet.iterator()``), where it uses a raw psycopg cursor that no
-    execute wrapper sees; the statement that follows is then judged with the switch.
-    """
+
+def _switched_schema(conn: Any, policy: Policy) -> str | None:
+    """The schema django-tenants points ``conn`` at, when it is not the run's (or the read) one."""
     schema = getattr(conn, "schema_name", None)
     if schema is None or schema == policy.schema or schema == policy.readable_schema:
         return None
-    return f'SET search_path = "{schema}"'
+    return str(schema)
 
 
 def _composed_text(sql: Any, context: Mapping[str, Any]) -> str:
