@@ -348,6 +348,23 @@ def attack(ctx: JobContext, *, case: str) -> None:
         ATTACKS[case](ctx)
 
 
+@job(
+    escape_hatch=EscapeHatch(
+        reason="attack suite: the same attacks with the grant that covers them",
+        grants=["cross_tenant_reads", "global_writes", "unsafe_raw"],
+    )
+)
+def attack_granted(ctx: JobContext, *, case: str, grant: str) -> None:
+    """``attack`` inside the call-site opt-in of ``grant`` (t2 for cross_tenant_reads)."""
+    opener: contextlib.AbstractContextManager[None]
+    if grant == "cross_tenant_reads":
+        opener = ctx.cross_tenant_reads(_other_client())
+    else:
+        opener = getattr(ctx, grant)()
+    with _spying(), opener:
+        ATTACKS[case](ctx)
+
+
 # --- grants: the allowed path ------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ import pytest
 from django.db import connection, connections
 from django_tenants.utils import tenant_context
 
-from kumiko_jobs.models import JobRun, RunStatus
+from kumiko_jobs.models import EscapeHatchUse, JobRun, RunStatus
 from tests.conftest import work
 from tests.guardapp import jobs, support
 from tests.guardapp.jobs import ATTACKS
@@ -33,6 +33,7 @@ pytestmark = pytest.mark.usefixtures("live_db")
 def _only_on_a_test_database(django_db_setup: None) -> None:
     """Runs before live_db (autouse first), which would otherwise empty a development database."""
     support.refuse_unless_test_database()
+
 
 CTR, GW, RAW = "cross_tenant_reads", "global_writes", "unsafe_raw"
 HARD = None  # no grant allows it
@@ -221,3 +222,66 @@ def test_a_denial_leaves_the_worker_usable_for_the_next_run(tenants, guard_data)
     connection.set_schema_to_public()
     assert JobRun.objects.get(pk=denied.run_id).status == RunStatus.FAILED
     assert JobRun.objects.get(pk=fine.run_id).status == RunStatus.SUCCEEDED
+
+
+# --- the same attacks with the grant that covers them ------------------------------------------
+
+# Cases whose grant covers them but that fail inside PostgreSQL for reasons of their own (the
+# function does not exist), or whose granted effect would wreck the shared test data.
+NOT_RUN_GRANTED = {
+    "function_in_other_schema": "t2.guardapp_leak() does not exist",
+    "comma_join_other_schema": "under the grant both names are t2's table: named twice",
+    "history_tamper": "global_writes does allow it; see docs/guard.md (kumiko's own tables)",
+    "tenant_registry_tamper": "global_writes does allow it; see docs/guard.md",
+    "swallowed_denial": "not an attack of its own",
+}
+GRANTED_RAW = {
+    # unsafe_raw covers what cannot be verified, but never implies another grant
+    "set_search_path": None,
+    "set_search_path_appended": None,
+    "set_config_search_path": None,
+    "set_role": None,
+    "set_session_authorization": None,
+    "reset_search_path": None,
+    "set_local_search_path": None,
+    "set_schema_then_orm": None,
+    "set_schema_then_iterator": None,
+    # ... but a connection switched to another tenant (django-tenants) only reads there
+    "schema_context_then_orm": "the connection is switched to schema 't2' (django-tenants)",
+    "set_tenant_then_orm": "the connection is switched to schema 't2' (django-tenants)",
+    "multi_statement": "statement 2: DELETE on 't2.guardapp_secret': a tenant run never writes",
+    "cte_delete_other": "a tenant run never writes outside its own schema",
+    "qualified_select": "needs the cross_tenant_reads grant",
+}
+GRANTED = sorted(
+    [
+        (case, grant)
+        for case, (_, grant) in EXPECTED.items()
+        if grant in (CTR, GW) and case not in NOT_RUN_GRANTED
+    ]
+    + [(case, RAW) for case in GRANTED_RAW]
+)
+
+
+@pytest.mark.parametrize(("case", "grant"), GRANTED)
+def test_attack_with_the_covering_grant_is_allowed_and_audited(tenants, guard_data, case, grant):
+    denial = GRANTED_RAW.get(case) if grant == RAW else None
+    before = support.snapshot()
+    with _alias_for(case):
+        with tenant_context(tenants["t1"]):
+            handle = jobs.attack_granted.enqueue(case=case, grant=grant)
+        work()
+    connection.set_schema_to_public()
+    run = JobRun.objects.get(pk=handle.run_id)
+    uses = list(EscapeHatchUse.objects.values_list("job_name", "grant", "schema_name", "count"))
+    if denial:
+        assert run.status == RunStatus.FAILED
+        assert run.error_type == "DatabaseAccessDenied"
+        assert denial in run.error_message, run.error_message
+        assert support.snapshot() == before
+        return
+    assert run.status == RunStatus.SUCCEEDED, (run.error_type, run.error_message)
+    assert ("guardapp.attack_granted", grant, "t1", 1) in uses
+    if grant != GW:
+        # Reads and session settings: nothing outside the run changed.
+        assert support.snapshot() == before
