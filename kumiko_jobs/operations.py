@@ -14,7 +14,7 @@ from typing import Any
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .enqueue import RunHandle, resolve, submit
+from .enqueueing import RunHandle, resolve, submit
 from .exceptions import KumikoJobsError
 from .models import WAITING_STATUSES, JobRun, RunStatus
 from .registry import JobDefinition, registry
