@@ -29,8 +29,10 @@ from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.timezone import localtime
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
@@ -90,6 +92,22 @@ def human_duration(ms: float | None) -> str:
         return f"{minutes} min {rest} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes} min"
+
+
+def short_time(value: datetime | None) -> str:
+    """A compact local date and time for list columns (the detail page shows the long form)."""
+    if value is None:
+        return "—"
+    return date_format(localtime(value), "SHORT_DATETIME_FORMAT")
+
+
+def subject_html(subject: str) -> SafeString | str:
+    # Short subjects (invoice_id=7) read best unbroken; long ones may wrap.
+    if not subject:
+        return "—"
+    if len(subject) > 40:
+        return subject
+    return format_html('<span style="white-space:nowrap">{}</span>', subject)
 
 
 def job_title(job_name: str) -> str:
@@ -231,6 +249,7 @@ class TenantScopedAdmin(admin.ModelAdmin):
     operator_fieldsets: Any = ()
 
     show_full_result_count = False  # the history is large; skip the second COUNT(*)
+    empty_value_display = "—"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset = super().get_queryset(request)
@@ -371,6 +390,18 @@ class RunDisplay:
     def problem(self, run: JobRun) -> str:
         return failure_sentence(getattr(run, "failure_key", None)) or "—"
 
+    @admin.display(description=_("status"), ordering="status")
+    def status_and_problem(self, run: JobRun) -> SafeString:
+        # One column for both keeps the tenant's list narrow enough to read beside the filters.
+        sentence = failure_sentence(getattr(run, "failure_key", None))
+        if not sentence:
+            return status_badge(run.status)
+        return format_html(
+            '{}<div class="kj-problem" style="margin-top:4px">{}</div>',
+            status_badge(run.status),
+            sentence,
+        )
+
     @admin.display(description=_("payload"))
     def payload_block(self, run: JobRun) -> SafeString:
         return pretty_json(run.payload)
@@ -384,6 +415,29 @@ class RunDisplay:
     @admin.display(description=_("run id"))
     def run_ref(self, run: JobRun) -> str:
         return str(run.run_id)
+
+    @admin.display(description=_("subject"), ordering="subject")
+    def subject_cell(self, run: JobRun) -> SafeString | str:
+        return subject_html(run.subject)
+
+    @admin.display(description=_("queued"), ordering="queued_at")
+    def queued(self, run: JobRun) -> str:
+        return short_time(run.queued_at)
+
+    @admin.display(description=_("finished"), ordering="finished_at")
+    def finished(self, run: JobRun) -> str:
+        return short_time(run.finished_at)
+
+    @admin.display(description=_("finished"), ordering="finished_at")
+    def finished_with_duration(self, run: JobRun) -> SafeString | str:
+        # The duration under the time, so the tenant's list needs one column less.
+        if run.finished_at is None:
+            return "—"
+        return format_html(
+            '{}<div class="kj-duration" style="opacity:0.7">{}</div>',
+            short_time(run.finished_at),
+            human_duration(run.duration_ms),
+        )
 
 
 _TENANT_RUN_FIELDS = (
@@ -407,10 +461,10 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
     operator_list_display = (
         "job",
         "tenant",
-        "subject",
+        "subject_cell",
         "status_label",
         "attempts_of",
-        "queued_at",
+        "queued",
         "duration",
     )
     operator_list_filter = (
@@ -458,15 +512,13 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
         (_("Error"), {"fields": ("error_block",)}),
     )
 
+    # The list leaves out "started" to stay readable next to the filters; the detail has it.
     tenant_list_display = (
         "job",
-        "subject",
-        "status_label",
-        "problem",
-        "queued_at",
-        "started_at",
-        "finished_at",
-        "duration",
+        "subject_cell",
+        "status_and_problem",
+        "queued",
+        "finished_with_duration",
     )
     tenant_list_filter = ("status", JobFilter, ("queued_at", admin.DateFieldListFilter))
     tenant_search_fields = ("subject",)
@@ -582,6 +634,24 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
             ),
             *super().get_urls(),
         ]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        if not is_operator_request():
+            # The page's subtitle defaults to str(run), which is written for operators (raw
+            # status, schema name); a tenant reads the job's title and the translated status.
+            run = self.get_object(request, object_id)
+            if run is not None:
+                status = RunStatus(run.status).label if run.status in RunStatus.values else ""
+                parts = [job_title(run.job_name), run.subject, str(status)]
+                extra_context["subtitle"] = " · ".join(p for p in parts if p)
+        return super().change_view(request, object_id, form_url, extra_context)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
@@ -769,10 +839,10 @@ class JobFailureAdmin(TenantScopedAdmin):
     operator_list_display = (
         "job_name",
         "schema_name",
-        "subject",
+        "subject_cell",
         "message_key",
         "message",
-        "failed_at",
+        "failed",
         "run_link",
     )
     operator_list_filter = (JobFilter, TenantFilter, ("failed_at", admin.DateFieldListFilter))
@@ -794,7 +864,7 @@ class JobFailureAdmin(TenantScopedAdmin):
         ),
     )
 
-    tenant_list_display = ("job", "subject", "message", "failed_at", "run_link")
+    tenant_list_display = ("job", "subject_cell", "message", "failed", "run_link")
     tenant_list_filter = (JobFilter, ("failed_at", admin.DateFieldListFilter))
     tenant_search_fields = ("subject",)
     tenant_fieldsets = ((None, {"fields": ("job", "subject", "message", "failed_at", "run_link")}),)
@@ -803,6 +873,14 @@ class JobFailureAdmin(TenantScopedAdmin):
     @admin.display(description=_("job"), ordering="job_name")
     def job(self, failure: JobFailure) -> str:
         return job_title(failure.job_name)
+
+    @admin.display(description=_("subject"), ordering="subject")
+    def subject_cell(self, failure: JobFailure) -> SafeString | str:
+        return subject_html(failure.subject)
+
+    @admin.display(description=_("failed at"), ordering="failed_at")
+    def failed(self, failure: JobFailure) -> str:
+        return short_time(failure.failed_at)
 
     @admin.display(description=_("what went wrong"))
     def message(self, failure: JobFailure) -> str:
