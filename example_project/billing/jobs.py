@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.utils import timezone
 
 from kumiko_jobs import Unrecoverable, job
 
 from .models import ActivityLog, Invoice
+
+if TYPE_CHECKING:
+    from kumiko_jobs.context import JobContext
 
 
 @job(
@@ -16,7 +21,7 @@ from .models import ActivityLog, Invoice
     tenant_visible_failure={"message_key": "billing.sync_failed", "subject_fields": ["invoice_id"]},
     manual=True,
 )
-def sync_invoice(ctx, *, invoice_id: int, fail_times: int = 0) -> None:
+def sync_invoice(ctx: JobContext, *, invoice_id: int, fail_times: int = 0) -> None:
     """Send an invoice to the (pretend) accounting provider.
 
     ``fail_times`` makes the provider fail on the first attempts, to show retries.
@@ -34,10 +39,12 @@ def sync_invoice(ctx, *, invoice_id: int, fail_times: int = 0) -> None:
 
 @job(
     tenant_visible_run=["invoice_id"],
-    tenant_visible_failure={"message_key": "billing.invoice_rejected",
-                            "subject_fields": ["invoice_id"]},
+    tenant_visible_failure={
+        "message_key": "billing.invoice_rejected",
+        "subject_fields": ["invoice_id"],
+    },
 )
-def validate_invoice(ctx, *, invoice_id: int) -> None:
+def validate_invoice(ctx: JobContext, *, invoice_id: int) -> None:
     """Check an invoice; negative amounts are rejected for good."""
     invoice = Invoice.objects.get(pk=invoice_id)
     if invoice.amount < 0:
@@ -46,6 +53,28 @@ def validate_invoice(ctx, *, invoice_id: int) -> None:
 
 
 @job
-def record_activity(ctx, *, message: str) -> None:
+def record_activity(ctx: JobContext, *, message: str) -> None:
     """Write one line into the tenant's activity log."""
     ActivityLog.objects.create(job=ctx.job_name, message=message)
+
+
+@job(tenant_visible_run=["invoice_id"])
+def approve_invoice(ctx: JobContext, *, invoice_id: int) -> None:
+    """Approve an invoice, then sync it.
+
+    The sync is a follow-up (``ctx.enqueue``): it runs in the same tenant with the same
+    correlation id, and only once this run has succeeded.
+    """
+    invoice = Invoice.objects.get(pk=invoice_id)
+    ActivityLog.objects.create(job=ctx.job_name, message=f"approved {invoice.number}")
+    ctx.enqueue(sync_invoice, invoice_id=invoice_id)
+
+
+@job
+def bench_write(ctx: JobContext, *, n: int) -> None:
+    """One small tenant write: the unit of work that bench/throughput.py measures.
+
+    Kept identical to the plain django-rq function of the benchmark so that the two numbers
+    differ only by what kumiko_jobs adds around the job body.
+    """
+    ActivityLog.objects.create(job="bench", message=f"write {n}")

@@ -1,0 +1,146 @@
+"""The demo, run the way a newcomer runs it: a subprocess on the real PostgreSQL and Redis.
+
+It gets a database of its own (created by the demo, dropped here), so it neither sees nor
+disturbs the test database or a developer's demo. For Redis it uses the suite's own database
+(tests/settings.py claims one per suite): no other test runs meanwhile, and the next test
+flushes it anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# Per suite: two suites running at once (two checkouts, CI) must not share it.
+DEMO_DATABASE = f"kumiko_demo_test_{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class TableRow:
+    tenant: str
+    job: str
+    subject: str
+    status: str
+    tries: str
+    note: str
+
+
+def _with_path(url: str, path: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
+
+
+def _drop_database(admin_url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DEMO_DATABASE))
+        )
+
+
+@pytest.fixture(scope="module")
+def demo_env() -> Iterator[dict[str, str]]:
+    """The environment of a demo run; its database is dropped before and after the module."""
+    # tests/settings.py has already pointed these at servers that answer (real or embedded).
+    database_url = os.environ["DATABASE_URL"]
+    admin_url = _with_path(database_url, "/postgres")
+    _drop_database(admin_url)  # a leftover of an interrupted run would not be a clean start
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    env.update(
+        DATABASE_URL=_with_path(database_url, f"/{DEMO_DATABASE}"),
+        REDIS_URL=os.environ["REDIS_URL"],
+        PYTHONPATH=str(ROOT),
+        NO_COLOR="1",
+    )
+    try:
+        yield env
+    finally:
+        _drop_database(admin_url)
+
+
+def run_demo(env: dict[str, str], *args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "example_project.demo", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"demo failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def parse_table(output: str) -> list[TableRow]:
+    """The rows of the demo's table, with the tenant filled in on continuation rows."""
+    lines = output.splitlines()
+    header_at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("TENANT "))
+    header = lines[header_at]
+    job_col = header.index("JOB")
+    rows: list[TableRow] = []
+    tenant = ""
+    for line in lines[header_at + 1 :]:
+        if not line.strip():
+            continue  # the blank line between two tenants' groups
+        if line.lstrip().startswith("TRIES "):
+            break  # the legend under the table
+        tenant = line[:job_col].strip() or tenant
+        cells = re.split(r"\s{2,}", line[job_col:].strip())
+        job, subject, status, tries = cells[:4]
+        note = cells[6] if len(cells) > 6 else ""
+        rows.append(TableRow(tenant, job, subject, status, tries, note))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def first_output(demo_env: dict[str, str]) -> str:
+    """The output of the demo on its fresh database (one run shared by the module's tests)."""
+    return run_demo(demo_env)
+
+
+def test_demo_runs_a_mix_of_jobs_in_several_tenants(first_output: str) -> None:
+    output = first_output
+    rows = parse_table(output)
+
+    assert len({row.tenant for row in rows}) >= 3
+    assert {row.status for row in rows} == {"succeeded", "failed"}
+    retried = [r for r in rows if r.job == "sync_invoice" and r.tries == "2/4"]
+    assert [r.status for r in retried] == ["succeeded"]
+    assert "retried after ConnectionError" in retried[0].note
+    always_failing = [r for r in rows if r.job == "sync_invoice" and r.status == "failed"]
+    assert [r.tries for r in always_failing] == ["4/4"]
+    assert "tenant sees billing.sync_failed" in always_failing[0].note
+    rejected = [r for r in rows if r.job == "validate_invoice" and r.status == "failed"]
+    assert [r.tries for r in rejected] == ["1/1"]
+    assert "tenant sees billing.invoice_rejected" in rejected[0].note
+    assert "operators see Unrecoverable" in rejected[0].note
+    requested = [r for r in rows if "request req-acme-0001 by alice" in r.note]
+    assert [(r.tenant, r.job, r.status) for r in requested] == [
+        ("acme", "sync_invoice", "succeeded")
+    ]
+    assert any("follow-up of approve_invoice" in r.note for r in rows)
+    assert f"database {DEMO_DATABASE} migrated" in output
+    assert re.search(r"^11 runs in 3 tenants: 9 succeeded, 2 failed \(2 retried\)", output, re.M)
+    assert "manage.py rqworker" in output and "manage.py rqscheduler --interval 1" in output
+
+
+def test_demo_again_starts_from_a_clean_slate(demo_env: dict[str, str], first_output: str) -> None:
+    """A second run reuses the tenants, forgets the first run's history, and takes --tenants."""
+    output = run_demo(demo_env, "--tenants", "4")
+    rows = parse_table(output)
+
+    assert re.search(r"clean slate: removed [1-9]\d* history rows", output)
+    assert "(1 new)" in output  # only the fourth tenant had to be created
+    assert {row.tenant for row in rows} == {"acme", "globex", "initech", "umbrella"}
+    assert len(rows) == 12  # the first run's 11 are gone; the new tenant adds one
