@@ -16,7 +16,7 @@ from .exceptions import (
 from .registry import EscapeHatch, job
 
 if TYPE_CHECKING:
-    from .enqueue import RunHandle
+    from .enqueueing import RunHandle
 
 __all__ = [
     "DatabaseAccessDenied",
@@ -28,6 +28,7 @@ __all__ = [
     "TenantVisibleError",
     "Unrecoverable",
     "current_user",
+    "emit",
     "enqueue",
     "enqueue_at",
     "enqueue_in",
@@ -36,22 +37,29 @@ __all__ = [
 
 
 def enqueue(name: str, /, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
-    """Enqueue a job by name: ``kumiko_jobs.enqueue("billing.sync_invoice", invoice_id=7)``."""
-    from .enqueue import enqueue as _enqueue
+    """Enqueue a job by name: ``kumiko_jobs.enqueueing("billing.sync_invoice", invoice_id=7)``."""
+    from .enqueueing import enqueue as _enqueue
 
     return _enqueue(name, tenant=tenant, **kwargs)
 
 
 def enqueue_in(name: str, delay: Any, /, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
-    from .enqueue import enqueue_in as _enqueue_in
+    from .enqueueing import enqueue_in as _enqueue_in
 
     return _enqueue_in(name, delay, tenant=tenant, **kwargs)
 
 
 def enqueue_at(name: str, when: Any, /, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
-    from .enqueue import enqueue_at as _enqueue_at
+    from .enqueueing import enqueue_at as _enqueue_at
 
     return _enqueue_at(name, when, tenant=tenant, **kwargs)
+
+
+def emit(event: str, /, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
+    """Run every job declared ``on=event`` (and matching its ``where=``), on commit."""
+    from .enqueueing import emit as _emit
+
+    return _emit(event, tenant=tenant, **payload)
 
 
 def current_user() -> Any:

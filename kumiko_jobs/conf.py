@@ -57,6 +57,7 @@ class KumikoSettings:
     MAX_ENVELOPE_BYTES: int = 512 * 1024
     ESCAPE_HATCH_DEDUPE_SECONDS: int = 60
     TENANT_CONCURRENCY: int | None = None
+    TENANT_QUERYSET: str | None = None
     RUNNING_TIMEOUT_GRACE: int = 60
     LOG_LINES_PER_ATTEMPT: int = 200
 
@@ -109,6 +110,14 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("DEFAULT_QUEUE",):
         if key in values and (not isinstance(values[key], str) or not values[key]):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be a queue name.")
+    queryset_path = values.get("TENANT_QUERYSET")
+    if queryset_path is not None and (
+        not isinstance(queryset_path, str) or "." not in queryset_path
+    ):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_QUERYSET'] must be the dotted path of a callable "
+            "returning a tenant queryset, or None."
+        )
     active_field = values.get("TENANT_ACTIVE_FIELD")
     if active_field is not None and not isinstance(active_field, str):
         raise ImproperlyConfigured(

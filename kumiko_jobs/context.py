@@ -154,7 +154,7 @@ class JobContext:
 
     def enqueue(self, job: Any, /, **kwargs: Any) -> Any:
         """Queue a follow-up in the same tenant, sent when this attempt succeeds."""
-        from .enqueue import prepare_followup
+        from .enqueueing import prepare_followup
 
         handle = prepare_followup(self._state, job, kwargs)
         return handle

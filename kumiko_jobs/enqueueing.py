@@ -8,10 +8,12 @@ rolled-back request leaves neither a row nor a message.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -21,7 +23,7 @@ from django.utils import timezone
 
 from . import conf, origin, signals, telemetry, transport
 from .context import RunState, current_run
-from .envelope import Envelope, encode
+from .envelope import Envelope, encode, new_run_id
 from .exceptions import InvalidJob
 from .models import JobRun, RunStatus
 from .registry import JobDefinition, registry
@@ -30,7 +32,7 @@ from .subject import build_subject
 if TYPE_CHECKING:
     from .models import JobRun as JobRunModel
 
-logger = logging.getLogger("kumiko_jobs.enqueue")
+logger = logging.getLogger("kumiko_jobs.enqueueing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +128,8 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
 
 def _resolve_schema(definition: JobDefinition, tenant: Any) -> str | None:
     public = conf.public_schema_name()
+    if definition.per_tenant and tenant is None:
+        return None  # a fan-out: one child run per tenant, made by the worker
     if definition.system:
         if tenant is not None:
             raise InvalidJob(f"Job {definition.name!r} is a system job; it takes no tenant=.")
@@ -160,13 +164,31 @@ def timeout_of(definition: JobDefinition) -> int:
 
 
 def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> transport.Message:
+    key, limit = rate_limit_of(definition, envelope.schema)
     return transport.Message(
         body=encode(envelope),
         queue=queue_of(definition),
         job_id=envelope.rq_job_id,
         timeout=timeout_of(definition),
         delay=delay,
+        rate_limit_key=key,
+        rate_limit=limit,
     )
+
+
+def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, int]:
+    """RQ RateLimit of a tenant run: sequential per (job, tenant), else the tenant's cap.
+
+    Keyed per tenant, never per job only, so one busy tenant cannot hold back the others.
+    """
+    if schema is None:
+        return "", 0
+    if definition.concurrency == "sequential":
+        return f"kumiko:seq:{definition.name}:{schema}", 1
+    limit = definition.tenant_concurrency or conf.get().TENANT_CONCURRENCY
+    if limit:
+        return f"kumiko:tenant:{schema}", limit
+    return "", 0
 
 
 def _validated(definition: JobDefinition, kwargs: dict[str, Any]) -> str:
@@ -214,12 +236,30 @@ def submit(
         return prepare_followup(state, definition, kwargs, delay=delay, tenant=tenant)
     subject = _validated(definition, kwargs)
     schema = _resolve_schema(definition, tenant)
+    if definition.concurrency == "debounce":
+        delay = max(delay, definition.debounce)
+    with admission(definition, schema) as admitted:
+        if not admitted:
+            return RunHandle(
+                run_id="", job_name=definition.name, schema_name=schema, status="skipped"
+            )
+        return _submit_admitted(definition, schema, kwargs, subject, delay, trigger)
+
+
+def _submit_admitted(
+    definition: JobDefinition,
+    schema: str | None,
+    kwargs: dict[str, Any],
+    subject: str,
+    delay: float,
+    trigger: str | None,
+) -> RunHandle:
     with telemetry.producer_span(queue_of(definition), definition.name, trigger) as trace_context:
         env = Envelope(
             job=definition.name,
             schema=schema,
             kwargs=kwargs,
-            run_id=uuid.uuid4().hex,
+            run_id=new_run_id(),
             correlation_id=origin.correlation_id(),
             triggered_by=origin.triggered_by(),
             trigger=trigger,
@@ -238,6 +278,87 @@ def submit(
         schema_name=schema,
         scheduled_for=row.scheduled_for,
     )
+
+
+_ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.DEFERRED)
+
+
+@contextlib.contextmanager
+def admission(definition: JobDefinition, schema: str | None) -> Iterator[bool]:
+    """Apply ``concurrency`` skip/replace/debounce and ``max_per_tenant`` atomically.
+
+    A transaction-scoped advisory lock per (job, tenant) serialises concurrent enqueues of the
+    same job for the same tenant until the enqueuing transaction commits, so two requests can
+    never both see "no run queued" and both enqueue.
+    """
+    limited = definition.concurrency in ("skip", "replace", "debounce") or definition.max_per_tenant
+    if schema is None or not limited:
+        yield True
+        return
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtext(%s))",
+                [f"kumiko_jobs:{definition.name}:{schema}"],
+            )
+        active = JobRun.objects.filter(
+            job_name=definition.name, schema_name=schema, status__in=_ACTIVE
+        )
+        if definition.concurrency == "skip" and active.exists():
+            yield False
+            return
+        if definition.max_per_tenant and active.count() >= definition.max_per_tenant:
+            yield False
+            return
+        if definition.concurrency in ("replace", "debounce"):
+            _replace_queued(definition, schema)
+        yield True
+
+
+def _replace_queued(definition: JobDefinition, schema: str) -> None:
+    """Cancel the runs still waiting; their messages are dropped when they arrive."""
+    waiting = list(
+        JobRun.objects.filter(
+            job_name=definition.name, schema_name=schema, status=RunStatus.QUEUED
+        ).values_list("pk", flat=True)
+    )
+    if not waiting:
+        return
+    JobRun.objects.filter(pk__in=waiting, status=RunStatus.QUEUED).update(
+        status=RunStatus.CANCELLED,
+        finished_at=timezone.now(),
+        error_message="replaced by a newer enqueue",
+    )
+    for run_id in waiting:
+        transaction.on_commit(
+            functools.partial(
+                signals.send,
+                signals.job_dropped,
+                run_id=run_id.hex,
+                job_name=definition.name,
+                schema_name=schema,
+                attempt=0,
+                outcome="dropped",
+                error=None,
+                reason="replaced by a newer enqueue",
+            ),
+            robust=True,
+        )
+
+
+def emit(event: str, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
+    """Enqueue every job declared ``on=event`` whose ``where=`` matches the payload.
+
+    Like enqueue: in the current tenant (or ``tenant=``), pushed when the transaction commits;
+    the jobs see the event name as ``ctx.trigger_name``.
+    """
+    if not isinstance(event, str) or not event:
+        raise InvalidJob(f"emit() needs an event name, got {event!r}.")
+    handles = []
+    for definition in registry.listeners(event):
+        if all(payload.get(key) == value for key, value in definition.where.items()):
+            handles.append(submit(definition, tenant, dict(payload), delay=0.0, trigger=event))
+    return handles
 
 
 def _check_size(definition: JobDefinition, message: transport.Message) -> None:
@@ -297,7 +418,7 @@ def prepare_followup(
             job=definition.name,
             schema=schema,
             kwargs=kwargs,
-            run_id=uuid.uuid4().hex,
+            run_id=new_run_id(),
             correlation_id=parent.correlation_id,
             triggered_by=parent.triggered_by,
             trigger=trigger,

@@ -148,8 +148,10 @@ class EscapeHatchUse(models.Model):
         ordering = ("-last_seen",)
         verbose_name = _("escape hatch use")
         constraints = (
-            models.UniqueConstraint(fields=("job_name", "grant", "schema_name", "actor"),
-                                    name="kj_hatch_use_once_per_key"),
+            models.UniqueConstraint(
+                fields=("job_name", "grant", "schema_name", "actor"),
+                name="kj_hatch_use_once_per_key",
+            ),
         )
 
     def __str__(self) -> str:

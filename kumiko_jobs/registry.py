@@ -18,11 +18,13 @@ from .exceptions import InvalidJob, JobNotRegistered
 
 if TYPE_CHECKING:
     from .context import JobContext
-    from .enqueue import RunHandle
+    from .enqueueing import RunHandle
 
 GRANTS = ("unsafe_raw", "global_writes", "cross_tenant_reads", "system_identity")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 BackoffKind = Literal["fixed", "exponential"]
+Concurrency = Literal["parallel", "skip", "replace", "debounce", "sequential"]
+CONCURRENCY_MODES = ("parallel", "skip", "replace", "debounce", "sequential")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,23 +91,34 @@ class JobDefinition:
     manual: bool = False
     max_defers: int | None = None
     description: str = ""
+    cron: str | None = None
+    timezone: str = "UTC"
+    per_tenant: bool = False
+    on: tuple[str, ...] = ()
+    where: Mapping[str, Any] = field(default_factory=dict)
+    concurrency: Concurrency = "parallel"
+    debounce: float = 0.0
+    max_per_tenant: int | None = None
+    tenant_concurrency: int | None = None
+    run_on_boot: bool = False
+    boot_gate: bool = False
 
-    # --- enqueue API (delegates to kumiko_jobs.enqueue) ----------------------------------
+    # --- enqueue API (delegates to kumiko_jobs.enqueueing) ----------------------------------
 
     def enqueue(self, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
-        from .enqueue import enqueue
+        from .enqueueing import enqueue
 
         return enqueue(self, tenant=tenant, **kwargs)
 
     def enqueue_in(
         self, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any
     ) -> RunHandle:
-        from .enqueue import enqueue_in
+        from .enqueueing import enqueue_in
 
         return enqueue_in(self, delay, tenant=tenant, **kwargs)
 
     def enqueue_at(self, when: datetime, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
-        from .enqueue import enqueue_at
+        from .enqueueing import enqueue_at
 
         return enqueue_at(self, when, tenant=tenant, **kwargs)
 
@@ -152,6 +165,17 @@ _OPTION_TYPES: dict[str, str] = {
     "manual": "bool",
     "max_defers": "int >= 0",
     "description": "str",
+    "cron": "crontab string",
+    "timezone": "IANA time zone name",
+    "per_tenant": "bool",
+    "on": "event name or list of names",
+    "where": "dict of payload values",
+    "concurrency": "one of " + ", ".join(CONCURRENCY_MODES),
+    "debounce": "seconds > 0",
+    "max_per_tenant": "int >= 1",
+    "tenant_concurrency": "int >= 1",
+    "run_on_boot": "bool",
+    "boot_gate": "bool",
 }
 
 
@@ -246,6 +270,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
     if system and (tenant_visible_run or failure):
         raise _fail(where, "system jobs run for no tenant; drop tenant_visible_run/_failure.")
     description = options.get("description") or inspect.getdoc(func) or ""
+    triggers = _trigger_options(where, options, system)
     return JobDefinition(
         name=name,
         func=func,
@@ -260,7 +285,65 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         manual=bool(options.get("manual", False)),
         max_defers=_int_option(where, "max_defers", options.get("max_defers"), 0),
         description=str(description).split("\n\n")[0],
+        **triggers,
     )
+
+
+def _trigger_options(where: str, options: Mapping[str, Any], system: bool) -> dict[str, Any]:
+    """cron, events, fan-out, concurrency and boot options, checked together."""
+    out: dict[str, Any] = {}
+    for flag in ("per_tenant", "run_on_boot", "boot_gate"):
+        value = options.get(flag, False)
+        if not isinstance(value, bool):
+            raise _fail(where, f"{flag} must be True or False, got {value!r}.")
+        out[flag] = value
+    if system and out["per_tenant"]:
+        raise _fail(where, "a job is either system=True (public schema) or per_tenant=True.")
+    cron = options.get("cron")
+    if cron is not None:
+        from .schedules import check_cron, check_timezone
+
+        out["cron"] = check_cron(where, cron)
+        out["timezone"] = check_timezone(where, options.get("timezone", "UTC"))
+        if not (system or out["per_tenant"]):
+            raise _fail(
+                where,
+                f"cron={cron!r} runs for no tenant: declare system=True (one run "
+                "in the public schema) or per_tenant=True (one run per tenant).",
+            )
+    elif "timezone" in options:
+        raise _fail(where, "timezone= only applies to cron jobs.")
+    on = options.get("on", ())
+    events = (on,) if isinstance(on, str) else on
+    if not isinstance(events, Sequence) or not all(isinstance(e, str) and e for e in events):
+        raise _fail(where, f"on= must be an event name or a list of names, got {on!r}.")
+    out["on"] = tuple(events)
+    where_filter = options.get("where", {})
+    if not isinstance(where_filter, Mapping) or (where_filter and not events):
+        raise _fail(where, "where= is an equality filter on event payloads: a dict, with on=.")
+    out["where"] = dict(where_filter)
+    mode = options.get("concurrency", "parallel")
+    if mode not in CONCURRENCY_MODES:
+        raise _fail(where, f"concurrency={mode!r}; use one of {CONCURRENCY_MODES}.")
+    out["concurrency"] = mode
+    debounce = options.get("debounce")
+    if mode == "debounce":
+        if isinstance(debounce, bool) or not isinstance(debounce, int | float) or debounce <= 0:
+            raise _fail(where, "concurrency='debounce' needs debounce=<seconds > 0>.")
+        out["debounce"] = float(debounce)
+    elif debounce is not None:
+        raise _fail(where, "debounce= needs concurrency='debounce'.")
+    out["max_per_tenant"] = _int_option(where, "max_per_tenant", options.get("max_per_tenant"), 1)
+    out["tenant_concurrency"] = _int_option(
+        where, "tenant_concurrency", options.get("tenant_concurrency"), 1
+    )
+    if out["boot_gate"] and (out["per_tenant"] or mode == "sequential" or out["run_on_boot"]):
+        raise _fail(
+            where,
+            "boot_gate=True runs inline at worker start; it cannot be combined "
+            "with per_tenant, concurrency='sequential' or run_on_boot.",
+        )
+    return out
 
 
 def _parse_failure(where: str, value: Any, params: Sequence[str]) -> FailureVisibility | None:
@@ -334,6 +417,10 @@ class Registry:
 
     def freeze(self) -> None:
         self._frozen = True
+
+    def listeners(self, event: str) -> list[JobDefinition]:
+        """Jobs declared ``on=`` this event, in name order."""
+        return [d for d in self if event in d.on]
 
     def __iter__(self) -> Iterator[JobDefinition]:
         return iter(sorted(self._jobs.values(), key=lambda d: d.name))

@@ -7,14 +7,17 @@ fails its run closed. Neither is retried.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 from collections.abc import Callable
 
+from django.utils import timezone
+
 from . import envelope as envelope_mod
-from . import transport
+from . import schedules, transport
 from .context import JobContext, RunState, current_run
-from .enqueue import message_for, queue_of
+from .enqueueing import message_for, queue_of
 from .exceptions import EnvelopeError, JobNotRegistered
 from .models import JobRun, RejectedMessage, RunStatus
 from .pipeline import Next, compose
@@ -37,6 +40,12 @@ def call_job(state: RunState) -> None:
     from . import conf
     from .context import Deferral
 
+    if state.definition.per_tenant and state.envelope.schema is None:
+        from .fanout import fan_out
+
+        state.result = fan_out(state)
+        state.outcome = "succeeded"
+        return
     ctx = JobContext(state, conf.get().LOG_LINES_PER_ATTEMPT)
     state.ctx = ctx
     result = state.definition.func(ctx, **state.envelope.kwargs)
@@ -61,6 +70,10 @@ def execute(message: object) -> str:
     except JobNotRegistered as exc:
         _fail_unknown(env, str(exc))
         return "failed"
+    if schedules.is_template(env):
+        # A cron tick: one run per job and tick minute, whoever enqueued the tick.
+        tick = transport.current_job_enqueued_at() or timezone.now()
+        env = dataclasses.replace(env, run_id=schedules.tick_run_id(env.job, tick))
     state = RunState(
         envelope=env,
         definition=definition,

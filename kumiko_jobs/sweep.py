@@ -18,7 +18,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import conf, transport
-from .enqueue import message_for, timeout_of
+from .enqueueing import message_for, timeout_of
 from .envelope import Envelope
 from .exceptions import JobNotRegistered
 from .models import FINISHED_STATUSES, JobAttempt, JobRun, RejectedMessage, RunStatus

@@ -7,6 +7,7 @@ ever crosses Redis, so a forged message cannot execute code while being decoded.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -15,7 +16,7 @@ from typing import Any
 import django_rq
 from django_rq.queues import DjangoScheduler
 from redis import Redis
-from rq import Queue, get_current_job
+from rq import Queue, RateLimit, get_current_job
 from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker as RQSimpleWorker
@@ -41,13 +42,47 @@ class JsonJob(Job):
 
 
 class Scheduler(DjangoScheduler):
-    """rq-scheduler that reads kumiko's JSON jobs. Set ``RQ["SCHEDULER_CLASS"]`` to this."""
+    """rq-scheduler that reads kumiko's JSON jobs. Set ``RQ["SCHEDULER_CLASS"]`` to this.
+
+    It also syncs kumiko's cron schedules when it starts, and computes the next tick of a cron
+    job in the job's own time zone (rq-scheduler itself knows only UTC or the machine's zone).
+    """
 
     job_class = JsonJob
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["job_class"] = JsonJob
         super().__init__(*args, **kwargs)
+
+    def run(self, burst: bool = False) -> None:
+        from .schedules import sync_schedules
+
+        sync_schedules()
+        super().run(burst=burst)
+
+    def enqueue_job(self, job: Job) -> None:
+        super().enqueue_job(job)
+        zone = job.meta.get(_TZ_META)
+        if zone and job.meta.get("cron_string"):
+            from .schedules import seconds_until_next
+
+            delay = seconds_until_next(job.meta["cron_string"], zone)
+            self.connection.zadd(self.scheduled_jobs_key, {job.id: int(time.time() + delay)})
+
+
+_TZ_META = "kumiko_timezone"
+
+
+@dataclass(frozen=True, slots=True)
+class CronSpec:
+    """What a registered cron entry holds; equal specs mean nothing to update."""
+
+    schedule_id: str
+    cron: str
+    timezone: str
+    body: str
+    queue: str
+    timeout: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +94,9 @@ class Message:
     job_id: str
     timeout: int
     delay: float = 0.0
+    # RQ RateLimit: at most ``rate_limit`` messages with this key queued-or-running at once.
+    rate_limit_key: str = ""
+    rate_limit: int = 0
 
 
 def get_queue(name: str) -> Queue:
@@ -82,12 +120,16 @@ def push(message: Message) -> None:
 
 
 def push_many(messages: Iterable[Message]) -> None:
-    """Push messages with one Redis pipeline per queue (fan-out pushes thousands at once)."""
+    """Push messages with one Redis pipeline per queue (fan-out pushes thousands at once).
+
+    Rate-limited messages go one by one: RQ admits them through a Lua script that cannot run
+    inside a pipeline.
+    """
     settings = conf.get()
-    now_messages: dict[str, list[Message]] = {}
+    batches: dict[str, list[Message]] = {}
     for msg in messages:
         if msg.delay > 0:
-            scheduler_for(msg.queue).enqueue_in(
+            job = scheduler_for(msg.queue).enqueue_in(
                 timedelta(seconds=msg.delay),
                 RUNNER,
                 msg.body,
@@ -96,27 +138,96 @@ def push_many(messages: Iterable[Message]) -> None:
                 job_result_ttl=settings.RESULT_TTL,
                 queue_name=msg.queue,
             )
-        else:
-            now_messages.setdefault(msg.queue, []).append(msg)
-    for queue_name, batch in now_messages.items():
-        queue = get_queue(queue_name)
-        datas = [
-            Queue.prepare_data(
+            if msg.rate_limit:
+                # Admitted by RQ when rq-scheduler moves it to the queue (Queue.enqueue_job).
+                job.rate_limit_key, job.rate_limit_concurrency = msg.rate_limit_key, msg.rate_limit
+                job.save()
+        elif msg.rate_limit:
+            get_queue(msg.queue).enqueue_call(
                 RUNNER,
-                args=(m.body,),
-                job_id=m.job_id,
-                timeout=m.timeout,
+                args=(msg.body,),
+                job_id=msg.job_id,
+                timeout=msg.timeout,
                 result_ttl=settings.RESULT_TTL,
                 failure_ttl=settings.FAILURE_TTL,
+                rate_limit=RateLimit(msg.rate_limit_key, msg.rate_limit),
             )
-            for m in batch
-        ]
-        queue.enqueue_many(datas)
+        else:
+            batches.setdefault(msg.queue, []).append(msg)
+    for queue_name, batch in batches.items():
+        queue = get_queue(queue_name)
+        for start in range(0, len(batch), 500):
+            queue.enqueue_many(
+                [
+                    Queue.prepare_data(
+                        RUNNER,
+                        args=(m.body,),
+                        job_id=m.job_id,
+                        timeout=m.timeout,
+                        result_ttl=settings.RESULT_TTL,
+                        failure_ttl=settings.FAILURE_TTL,
+                    )
+                    for m in batch[start : start + 500]
+                ]
+            )
+
+
+def cron_entries() -> dict[str, CronSpec]:
+    """kumiko's cron entries currently registered with rq-scheduler, by schedule id."""
+    from .schedules import CRON_PREFIX
+
+    scheduler = scheduler_for(conf.get().DEFAULT_QUEUE)
+    entries = {}
+    for job in scheduler.get_jobs():
+        if not job.id.startswith(CRON_PREFIX):
+            continue
+        entries[job.id] = CronSpec(
+            schedule_id=job.id,
+            cron=job.meta.get("cron_string", ""),
+            timezone=job.meta.get(_TZ_META, "UTC"),
+            body=str(job.args[0]) if job.args else "",
+            queue=job.origin,
+            timeout=int(job.timeout or 0),
+        )
+    return entries
+
+
+def register_cron(spec: CronSpec, first_delay: float) -> None:
+    scheduler = scheduler_for(spec.queue)
+    scheduler.cron(
+        spec.cron,
+        RUNNER,
+        args=[spec.body],
+        queue_name=spec.queue,
+        id=spec.schedule_id,
+        timeout=spec.timeout,
+        result_ttl=conf.get().RESULT_TTL,
+        meta={_TZ_META: spec.timezone},
+    )
+    scheduler.connection.zadd(
+        scheduler.scheduled_jobs_key, {spec.schedule_id: int(time.time() + first_delay)}
+    )
+
+
+def cancel_scheduled(job_id: str) -> None:
+    scheduler = scheduler_for(conf.get().DEFAULT_QUEUE)
+    scheduler.cancel(job_id)
+    scheduler.connection.delete(Job.key_for(job_id))
+
+
+def acquire_scheduler_lock(queue: str) -> bool:
+    """rq-scheduler's own lock, which keeps two schedulers from enqueuing the same tick."""
+    return bool(scheduler_for(queue).acquire_lock())
 
 
 def current_job_id() -> str:
     job = get_current_job()
     return job.id if job is not None else ""
+
+
+def current_job_enqueued_at() -> datetime | None:
+    job = get_current_job()
+    return job.enqueued_at if job is not None else None
 
 
 def current_job_origin() -> str:

@@ -23,10 +23,16 @@ TENANTS = ("t1", "t2", "t3")
 
 
 @pytest.fixture(scope="session")
-def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> Iterator[None]:
+    """Create the test database (always: ``live_db`` tests carry no ``django_db`` mark, so
+    pytest-django's own fixture would set up nothing and leave the settings on the real
+    database), migrate every schema, and create the public tenant and three tenants."""
+    from django.test.utils import setup_databases, teardown_databases
+
     from example_project.customers.models import Client, Domain
 
     with django_db_blocker.unblock():
+        db_cfg = setup_databases(verbosity=0, interactive=False, aliases={"default"})
         for schema, name, domain in (
             ("public", "Operator", "localhost"),
             *((s, f"Tenant {s.upper()}", f"{s}.localhost") for s in TENANTS),
@@ -39,6 +45,8 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
                 domain=domain, defaults={"tenant": tenant, "is_primary": True}
             )
     yield
+    with django_db_blocker.unblock():
+        teardown_databases(db_cfg, verbosity=0)
 
 
 def _truncate_all() -> None:

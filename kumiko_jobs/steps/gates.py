@@ -18,7 +18,9 @@ from ..subject import build_subject
 
 def gates(state: RunState, call_next: Next) -> None:
     env, definition = state.envelope, state.definition
-    if definition.system != (env.schema is None):
+    # A per-tenant job's message without a schema is its fan-out; every other job is either
+    # system (never a schema) or tenant (always one).
+    if not definition.per_tenant and definition.system != (env.schema is None):
         kind = "a system job" if definition.system else "a tenant job"
         return _refuse(state, f"message for {kind} names schema {env.schema!r}")
     try:

@@ -185,7 +185,7 @@ def _finish(state: RunState) -> None:
             ).delete()
         audit.save_uses(state)
         if outcome == "succeeded" and state.followups:
-            JobRun.objects.bulk_create([row for _, row in state.followups])
+            JobRun.objects.bulk_create([row for _, row in state.followups], ignore_conflicts=True)
     signals.send(
         _SIGNAL_FOR[outcome],
         run_id=env.run_id,

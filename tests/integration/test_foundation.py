@@ -204,7 +204,7 @@ def test_cancelled_run_is_dropped(tenants):
 
 def test_duplicate_delivery_runs_once(tenants):
     from kumiko_jobs import transport
-    from kumiko_jobs.enqueue import message_for
+    from kumiko_jobs.enqueueing import message_for
     from kumiko_jobs.envelope import decode
 
     handle = jobs.probe.enqueue(tenant="t1", tag="once")

@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from kumiko_jobs import log_context
-from kumiko_jobs.enqueue import submit
+from kumiko_jobs.enqueueing import submit
 from kumiko_jobs.envelope import Envelope
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.registry import registry

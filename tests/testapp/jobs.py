@@ -100,3 +100,56 @@ def reports_pid(ctx, *, tag: str) -> None:
 @job(system=True)
 def system_tick(ctx, *, tag: str) -> None:
     assert connection.schema_name == "public"
+
+
+# --- scheduling, events and concurrency (issue 5) -------------------------------------------
+
+
+@job(per_tenant=True)
+def fanned(ctx, *, tag: str) -> None:
+    _probe(ctx, tag, note=ctx.trigger_name or "")
+
+
+@job(cron="* * * * *", per_tenant=True)
+def every_minute(ctx) -> None:
+    _probe(ctx, "cron", note=ctx.trigger_name or "")
+
+
+@job(cron="0 3 * * *", timezone="Europe/Berlin", system=True)
+def nightly_cleanup(ctx) -> None:
+    """A system cron job: one run in the public schema at 03:00 Berlin time."""
+
+
+@job(on="invoices.paid", where={"status": "paid"})
+def on_paid(ctx, *, invoice_id: int, status: str) -> None:
+    _probe(ctx, f"paid-{invoice_id}", note=ctx.trigger_name or "")
+
+
+@job(on=["invoices.paid", "invoices.voided"])
+def on_any_invoice_event(ctx, **payload: object) -> None:
+    _probe(ctx, f"any-{payload.get('invoice_id')}", note=ctx.trigger_name or "")
+
+
+@job(concurrency="skip")
+def skip_while_busy(ctx, *, tag: str) -> None:
+    _probe(ctx, tag)
+
+
+@job(concurrency="replace")
+def latest_wins(ctx, *, tag: str) -> None:
+    _probe(ctx, tag)
+
+
+@job(concurrency="debounce", debounce=1)
+def debounced(ctx, *, tag: str) -> None:
+    _probe(ctx, tag)
+
+
+@job(concurrency="sequential")
+def one_at_a_time(ctx, *, tag: str) -> None:
+    _probe(ctx, tag)
+
+
+@job(max_per_tenant=2)
+def capped(ctx, *, tag: str) -> None:
+    _probe(ctx, tag)

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...enqueue import enqueue, queue_of
+from ...enqueueing import enqueue, queue_of
 from ...exceptions import KumikoJobsError
 from ...registry import registry
 from ...sweep import sweep
