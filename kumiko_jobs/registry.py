@@ -337,6 +337,15 @@ def _trigger_options(where: str, options: Mapping[str, Any], system: bool) -> di
     out["tenant_concurrency"] = _int_option(
         where, "tenant_concurrency", options.get("tenant_concurrency"), 1
     )
+    if out["boot_gate"] and not system:
+        raise _fail(
+            where, "boot_gate=True runs once at worker start, for no tenant: declare system=True."
+        )
+    if out["run_on_boot"] and not (system or out["per_tenant"]):
+        raise _fail(
+            where,
+            "run_on_boot=True enqueues without a tenant: declare system=True or per_tenant=True.",
+        )
     if out["boot_gate"] and (out["per_tenant"] or mode == "sequential" or out["run_on_boot"]):
         raise _fail(
             where,

@@ -220,6 +220,11 @@ def acquire_scheduler_lock(queue: str) -> bool:
     return bool(scheduler_for(queue).acquire_lock())
 
 
+def set_flag_once(key: str) -> bool:
+    """True the first time ``key`` is set in this Redis dataset (used for boot jobs)."""
+    return bool(get_queue(conf.get().DEFAULT_QUEUE).connection.set(key, "1", nx=True))
+
+
 def current_job_id() -> str:
     job = get_current_job()
     return job.id if job is not None else ""

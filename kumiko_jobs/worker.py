@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connections
 
-from . import telemetry_flush
+from . import boot, telemetry_flush
 from .steps.tenancy import reset_connections
 from .transport import RUNNER, ForkingWorkerBase, Serializer, SimpleWorkerBase
 
@@ -82,6 +82,12 @@ class _RefusesForeignMessages:
     """Checks every dequeued message before RQ prepares, forks or calls anything."""
 
     connection: Any
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        # Boot gates and boot jobs run once the worker is configured and before the first
+        # message; a failing boot gate raises and the worker never starts.
+        boot.on_worker_start()
+        return bool(super().work(*args, **kwargs))  # type: ignore[misc]
 
     def execute_job(self, job: Any, queue: Any) -> None:
         reason = refusal(job, self.connection)
