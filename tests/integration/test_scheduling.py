@@ -254,3 +254,13 @@ def test_a_per_tenant_cron_without_system_or_per_tenant_is_refused():
     with pytest.raises(InvalidJob, match="debounce"):
         build_definition(report, {"concurrency": "debounce"})
     assert isinstance(Envelope, type)
+
+
+def test_schedule_command_reports_what_it_did(tenants, capsys):
+    from django.core.management import call_command
+
+    call_command("kumiko_jobs", "schedule")
+    call_command("kumiko_jobs", "schedule")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("created: kj-cron-")
+    assert out[4] == "created: -" and out[7].startswith("unchanged: kj-cron-")

@@ -1,4 +1,4 @@
-"""``manage.py kumiko_jobs list | sweep | enqueue``."""
+"""``manage.py kumiko_jobs list | schedule | sweep | enqueue``."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ class Command(BaseCommand):
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("list", help="registered jobs and their options")
         sub.add_parser("sweep", help="fail or retry abandoned runs, delete expired history")
+        sub.add_parser("schedule", help="register cron jobs with rq-scheduler (idempotent)")
         run = sub.add_parser("enqueue", help="enqueue a job by name")
         run.add_argument("job")
         run.add_argument("--tenant", help="schema name (omit for system jobs)")
@@ -29,6 +30,17 @@ class Command(BaseCommand):
         action = options["action"]
         if action == "list":
             self._list()
+        elif action == "schedule":
+            from ...schedules import sync_schedules
+
+            synced = sync_schedules()
+            for label, ids in (
+                ("created", synced.created),
+                ("updated", synced.updated),
+                ("removed", synced.removed),
+                ("unchanged", synced.unchanged),
+            ):
+                self.stdout.write(f"{label}: {', '.join(ids) or '-'}")
         elif action == "sweep":
             result = sweep()
             self.stdout.write(
