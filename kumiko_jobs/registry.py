@@ -251,7 +251,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
 
     module = getattr(func, "__module__", "") or ""
     name = options.get("name") or _default_name(module, func.__name__)
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise _fail(where, f"name={name!r} must match {_NAME_RE.pattern}.")
     queue = options.get("queue")
     if queue is not None and (not isinstance(queue, str) or not queue):

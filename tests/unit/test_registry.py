@@ -204,7 +204,16 @@ def test_several_unknown_options_are_named_together():
 
 @pytest.mark.parametrize(
     "name",
-    [5, "has space", "1starts.with.digit", "semi;colon", "x" * 201, ".leading.dot", ["a.b"]],
+    [
+        5,
+        "has space",
+        "1starts.with.digit",
+        "semi;colon",
+        "x" * 201,
+        ".leading.dot",
+        ["a.b"],
+        "a.b\n",
+    ],
 )
 def test_bad_names_are_refused(name):
     refused(r"name=.* must match", name=name)
