@@ -70,7 +70,9 @@ class JobRun(models.Model):
         )
 
     def __str__(self) -> str:
-        return f"{self.job_name} [{self.schema_name or 'system'}] {self.status}"
+        # Shown to tenants (breadcrumbs, messages): no schema name, the translated status.
+        subject = f" ({self.subject})" if self.subject else ""
+        return f"{self.job_name}{subject}: {self.get_status_display()}"
 
     @property
     def is_finished(self) -> bool:
@@ -120,6 +122,7 @@ class JobFailure(models.Model):
     class Meta:
         ordering = ("-failed_at",)
         verbose_name = _("failure")
+        verbose_name_plural = _("failures")
         constraints = (
             models.UniqueConstraint(
                 fields=("schema_name", "job_name", "subject"), name="kj_failure_one_per_subject"
