@@ -1,0 +1,672 @@
+"""Throughput of one worker: plain django-rq against kumiko_jobs' full pipeline.
+
+One run measures, on the same machine, services and data:
+
+(a) plain django-rq: ``django_rq.get_queue().enqueue(plain_write, schema, n)`` drained by RQ's
+    ``SimpleWorker``; the function enters the tenant with ``schema_context`` and writes one row;
+(b) the same write as the kumiko job ``billing.bench_write``, enqueued with
+    ``bench_write.enqueue(tenant=..., n=...)`` and drained by ``kumiko_jobs.worker.Worker``
+    (records, retries, gates, tenancy, DB guard, tracing: whatever ``DEFAULT_STEPS`` holds);
+(c) the kumiko job drained by ``kumiko_jobs.worker.ForkingWorker`` (one fork per job).
+
+Each worker runs in this process in burst mode, after a warm-up, and only its drain is timed;
+enqueueing is timed separately (plain ``queue.enqueue`` against ``job.enqueue``, the latter
+also inside ``transaction.atomic()`` as in a request). Everything happens in a database of its
+own (created, then dropped) and Redis database 2 (flushed), so nothing else is disturbed.
+
+    python -m bench.throughput [--jobs 2000] [--tenants 4] [--rounds 1] [--json] [--profile]
+
+A benchmark, not a test: it asserts nothing about speed. It does check that every job did
+its write (and every kumiko run succeeded), since a fast wrong answer is not a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+BENCH_DATABASE = "kumiko_bench"
+BENCH_REDIS_DB = 2
+QUEUE = "default"
+TARGET_B_OVER_A = 0.75  # issue 2, once run records exist
+TARGET_ENQUEUE = 0.7  # issue 7, enqueue with the transactional outbox
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _with_path(url: str, path: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
+
+
+def prepare_environment(database: str, redis_db: int) -> str:
+    """Services up, bench database fresh, Django loaded. Returns the admin database URL."""
+    from example_project.devservices import (
+        DEFAULT_DATABASE_URL,
+        DEFAULT_REDIS_URL,
+        ensure_database,
+        ensure_services,
+    )
+
+    base_db = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
+    base_redis = os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL
+    os.environ["DATABASE_URL"] = _with_path(base_db, f"/{database}")
+    os.environ["REDIS_URL"] = _with_path(base_redis, f"/{redis_db}")
+    # DEBUG keeps every query in memory and would tax the pipeline that makes more of them.
+    os.environ["DJANGO_DEBUG"] = "0"
+    os.environ.setdefault("KUMIKO_LOG", "CRITICAL")
+    os.environ.setdefault("RQ_LOG", "ERROR")
+    ensure_services(verbose=True, create_database=False)
+    admin_url = _with_path(os.environ["DATABASE_URL"], "/postgres")
+    drop_database(admin_url, database)  # a leftover of an interrupted run is not a fresh start
+    ensure_database(os.environ["DATABASE_URL"])
+    os.environ["DJANGO_SETTINGS_MODULE"] = "example_project.settings"
+    import django
+
+    django.setup()
+    return admin_url
+
+
+def drop_database(admin_url: str, database: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
+        )
+
+
+def create_tenants(count: int) -> list[Any]:
+    from django.core.management import call_command
+
+    from example_project.customers.models import Client
+
+    call_command("migrate_schemas", shared=True, interactive=False, verbosity=0)
+    Client.objects.get_or_create(schema_name="public", defaults={"name": "Operator"})
+    tenants = []
+    for i in range(1, count + 1):
+        tenant = Client(schema_name=f"bench{i}", name=f"Bench {i}")
+        tenant.save(verbosity=0)
+        tenants.append(tenant)
+    return tenants
+
+
+def reset(tenants: Sequence[Any]) -> None:
+    """Empty the written tables, kumiko's history and the bench's Redis database."""
+    from django.apps import apps
+    from django.db import connection
+
+    from kumiko_jobs import transport
+
+    tables = [
+        connection.ops.quote_name(m._meta.db_table)
+        for m in apps.get_app_config("kumiko_jobs").get_models()
+    ]
+    tables += [f'"{t.schema_name}".billing_activitylog' for t in tenants]
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants adds it
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(tables)}")
+    # The bench owns this Redis database (see prepare_environment).
+    transport.connection_for(QUEUE).flushdb()
+
+
+def written_rows(tenants: Sequence[Any]) -> int:
+    from django.db import connection
+
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants adds it
+    counts = " + ".join(
+        f'(SELECT count(*) FROM "{t.schema_name}".billing_activitylog)' for t in tenants
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {counts}")
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+def succeeded_runs() -> int:
+    from kumiko_jobs.models import JobRun, RunStatus
+
+    return JobRun.objects.filter(status=RunStatus.SUCCEEDED).count()
+
+
+# --------------------------------------------------------------------------- enqueueing
+
+
+def plain_queue() -> Any:
+    import django_rq
+
+    return django_rq.get_queue(QUEUE)
+
+
+def kumiko_queue() -> Any:
+    from kumiko_jobs import transport
+
+    return transport.get_queue(QUEUE)
+
+
+def enqueue_plain(tenants: Sequence[Any], count: int) -> float:
+    """``django_rq.get_queue().enqueue(...)`` per job, as a view would write it."""
+    import django_rq
+
+    from bench.workloads import plain_write
+
+    schemas = [t.schema_name for t in tenants]
+    started = time.perf_counter()
+    for n in range(count):
+        django_rq.get_queue(QUEUE).enqueue(plain_write, schemas[n % len(schemas)], n)
+    return time.perf_counter() - started
+
+
+def enqueue_plain_reused(tenants: Sequence[Any], count: int) -> float:
+    """One queue object for all jobs: django-rq's best case (get_queue makes a new client)."""
+    from bench.workloads import plain_write
+
+    queue = plain_queue()
+    schemas = [t.schema_name for t in tenants]
+    started = time.perf_counter()
+    for n in range(count):
+        queue.enqueue(plain_write, schemas[n % len(schemas)], n)
+    return time.perf_counter() - started
+
+
+def enqueue_kumiko(tenants: Sequence[Any], count: int) -> float:
+    """``job.enqueue(tenant=..., ...)`` outside a transaction: pushed at once."""
+    from example_project.billing.jobs import bench_write
+
+    started = time.perf_counter()
+    for n in range(count):
+        bench_write.enqueue(tenant=tenants[n % len(tenants)], n=n)
+    return time.perf_counter() - started
+
+
+def enqueue_kumiko_atomic(tenants: Sequence[Any], count: int) -> float:
+    """One transaction per enqueue, like a request with ATOMIC_REQUESTS: pushed on commit."""
+    from django.db import transaction
+
+    from example_project.billing.jobs import bench_write
+
+    started = time.perf_counter()
+    for n in range(count):
+        with transaction.atomic():
+            bench_write.enqueue(tenant=tenants[n % len(tenants)], n=n)
+    return time.perf_counter() - started
+
+
+Enqueue = Callable[[Sequence[Any], int], float]
+# key -> (label, function); every round times each of them over --jobs jobs.
+ENQUEUES: dict[str, tuple[str, Enqueue]] = {
+    "plain": ("django_rq.get_queue().enqueue()", enqueue_plain),
+    "plain_reused": ("queue.enqueue(), queue reused", enqueue_plain_reused),
+    "kumiko": ("job.enqueue()", enqueue_kumiko),
+    "kumiko_atomic": ("job.enqueue() in atomic()", enqueue_kumiko_atomic),
+}
+
+
+# --------------------------------------------------------------------------- draining
+
+
+def drain(worker_class: type, queue: Any) -> float:
+    worker = worker_class([queue], connection=queue.connection)
+    started = time.perf_counter()
+    worker.work(burst=True, logging_level="WARNING")
+    return time.perf_counter() - started
+
+
+def _rq_simple_worker() -> type:
+    from rq import SimpleWorker
+
+    return SimpleWorker
+
+
+def _kumiko_worker() -> type:
+    from kumiko_jobs.worker import Worker
+
+    return Worker
+
+
+def _kumiko_forking_worker() -> type:
+    from kumiko_jobs.worker import ForkingWorker
+
+    return ForkingWorker
+
+
+@dataclass(frozen=True)
+class Variant:
+    key: str
+    label: str
+    enqueue: str  # a key of ENQUEUES: the enqueue timed while filling this variant's queue
+    queue: Callable[[], Any]
+    worker: Callable[[], type]
+    kumiko: bool
+
+
+VARIANTS = (
+    Variant(
+        "a",
+        "django-rq SimpleWorker, plain function",
+        "plain",
+        plain_queue,
+        _rq_simple_worker,
+        kumiko=False,
+    ),
+    Variant(
+        "b",
+        "kumiko_jobs Worker, full pipeline",
+        "kumiko",
+        kumiko_queue,
+        _kumiko_worker,
+        kumiko=True,
+    ),
+    Variant(
+        "c",
+        "kumiko_jobs ForkingWorker, full pipeline",
+        "kumiko_atomic",
+        kumiko_queue,
+        _kumiko_forking_worker,
+        kumiko=True,
+    ),
+)
+
+
+@dataclass
+class Measurement:
+    key: str  # a variant key (drain and enqueue), or an ENQUEUES key (enqueue only)
+    jobs: int
+    enqueue_seconds: float
+    drain_seconds: float | None = None
+    ok: bool = True
+    problem: str = ""
+
+    @property
+    def enqueue_rate(self) -> float:
+        return self.jobs / self.enqueue_seconds
+
+    @property
+    def drain_rate(self) -> float | None:
+        return self.jobs / self.drain_seconds if self.drain_seconds else None
+
+
+def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) -> Measurement:
+    worker = variant.worker()
+    enqueue = ENQUEUES[variant.enqueue][1]
+    reset(tenants)
+    if warmup:
+        # Imports, connections, plan caches and the first fork's copy-on-write all happen here.
+        enqueue(tenants, warmup)
+        drain(worker, variant.queue())
+    reset(tenants)
+    enqueue_seconds = enqueue(tenants, jobs)
+    drain_seconds = drain(worker, variant.queue())
+    problems = []
+    rows = written_rows(tenants)
+    if rows != jobs:
+        problems.append(f"{rows} of {jobs} writes happened")
+    if variant.kumiko and (runs := succeeded_runs()) != jobs:
+        problems.append(f"{runs} of {jobs} runs succeeded")
+    return Measurement(
+        variant.key, jobs, enqueue_seconds, drain_seconds, not problems, "; ".join(problems)
+    )
+
+
+def measure_enqueue_only(key: str, tenants: Sequence[Any], jobs: int, warmup: int) -> Measurement:
+    enqueue = ENQUEUES[key][1]
+    reset(tenants)
+    if warmup:
+        enqueue(tenants, warmup)
+    reset(tenants)
+    seconds = enqueue(tenants, jobs)
+    reset(tenants)  # nobody drains these
+    return Measurement(key, jobs, seconds)
+
+
+# --------------------------------------------------------------------------- profiling
+
+
+@contextmanager
+def counting_round_trips() -> Iterator[dict[str, int]]:
+    """Count what each job costs in round trips, whatever the machine's load meanwhile.
+
+    SQL statements through Django's cursors (``search_path`` for django-tenants' own ``SET``),
+    new PostgreSQL connections, and Redis round trips (a pipeline counts once). Only this
+    thread's connections are seen, so a forking worker's children are not.
+    """
+    from django.db import connections
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from redis.client import Pipeline, Redis
+
+    counts = {"sql": 0, "search_path": 0, "db_connects": 0, "redis": 0}
+
+    def count_sql(
+        execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any
+    ) -> Any:
+        counts["sql"] += 1
+        counts["search_path"] += sql.startswith("SET search_path")
+        return execute(sql, params, many, context)
+
+    def counted(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[name] += 1
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    # Patched on the classes for the measurement only; restored below whatever happens.
+    patches = [
+        (BaseDatabaseWrapper, "connect", "db_connects"),
+        (Redis, "execute_command", "redis"),
+        (Pipeline, "execute", "redis"),
+    ]
+    originals = [(cls, attr, cls.__dict__[attr]) for cls, attr, _ in patches]
+    for cls, attr, name in patches:
+        setattr(cls, attr, counted(name, cls.__dict__[attr]))
+    wrappers = [conn.execute_wrapper(count_sql) for conn in connections.all()]
+    for wrapper in wrappers:
+        wrapper.__enter__()
+    try:
+        yield counts
+    finally:
+        for wrapper in reversed(wrappers):
+            wrapper.__exit__(None, None, None)
+        for cls, attr, original in originals:
+            setattr(cls, attr, original)
+
+
+def profiled(name: str, run: Callable[[], Any], jobs: int, stamp: str) -> dict[str, Any]:
+    """cProfile ``run`` (which handles ``jobs`` jobs); keep the .prof file and a text report."""
+    profiler = cProfile.Profile()
+    with counting_round_trips() as counts:
+        started = time.perf_counter()
+        profiler.enable()
+        run()
+        profiler.disable()
+        seconds = time.perf_counter() - started
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"profile-{name}-{stamp}.prof"
+    profiler.dump_stats(path)
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(20)
+    stats.sort_stats("cumulative").print_stats(40)
+    return {
+        "name": name,
+        "jobs": jobs,
+        "ms_per_job": 1000 * seconds / jobs,  # under the profiler: compare, do not quote
+        "per_job": {key: value / jobs for key, value in counts.items()},
+        "file": str(path.relative_to(ROOT)),
+        "report": text.getvalue(),
+    }
+
+
+def profile_drain(variant: Variant, tenants: Sequence[Any], jobs: int, stamp: str) -> Any:
+    worker_class = variant.worker()
+    enqueue = ENQUEUES[variant.enqueue][1]
+    reset(tenants)
+    enqueue(tenants, min(jobs, 100))
+    drain(worker_class, variant.queue())
+    reset(tenants)
+    enqueue(tenants, jobs)
+    queue = variant.queue()
+    worker = worker_class([queue], connection=queue.connection)
+    return profiled(
+        f"drain-{variant.key}",
+        lambda: worker.work(burst=True, logging_level="WARNING"),
+        jobs,
+        stamp,
+    )
+
+
+def profile_enqueue(key: str, tenants: Sequence[Any], jobs: int, stamp: str) -> Any:
+    enqueue = ENQUEUES[key][1]
+    reset(tenants)
+    enqueue(tenants, min(jobs, 100))
+    reset(tenants)
+    try:
+        return profiled(f"enqueue-{key}", lambda: enqueue(tenants, jobs), jobs, stamp)
+    finally:
+        reset(tenants)
+
+
+# --------------------------------------------------------------------------- report
+
+
+@dataclass
+class Results:
+    jobs: int
+    tenants: int
+    rounds: int
+    warmup: int
+    started_at: str
+    machine: dict[str, Any]
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    profiles: list[dict[str, Any]] = field(default_factory=list)
+
+
+def machine_facts() -> dict[str, Any]:
+    import django
+    import django_rq
+    import rq
+
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loadavg_at_start": [round(x, 2) for x in load],
+        "django": django.get_version(),
+        "rq": rq.__version__ if hasattr(rq, "__version__") else rq.VERSION,
+        "django_rq": getattr(django_rq, "__version__", "?"),
+        "database": os.environ["DATABASE_URL"].rsplit("@", 1)[-1],
+        "redis": os.environ["REDIS_URL"],
+    }
+
+
+def summarize(measurements: Sequence[Measurement]) -> dict[str, Any]:
+    def median(values: Iterable[float | None]) -> float:
+        return statistics.median(v for v in values if v is not None)
+
+    drain = {v.key: median(m.drain_rate for m in measurements if m.key == v.key) for v in VARIANTS}
+    by_enqueue = {v.key: v.enqueue for v in VARIANTS}
+    enqueue = {
+        key: median(
+            m.enqueue_rate for m in measurements if m.key == key or by_enqueue.get(m.key) == key
+        )
+        for key in ENQUEUES
+    }
+    return {
+        "drain_jobs_per_s": drain,
+        "enqueue_jobs_per_s": enqueue,
+        "b_over_a": drain["b"] / drain["a"],
+        "b_over_c": drain["b"] / drain["c"],
+        "enqueue_kumiko_over_plain": enqueue["kumiko"] / enqueue["plain"],
+        "enqueue_kumiko_over_plain_reused": enqueue["kumiko"] / enqueue["plain_reused"],
+        "enqueue_kumiko_atomic_over_plain": enqueue["kumiko_atomic"] / enqueue["plain"],
+        "all_ok": all(m.ok for m in measurements),
+    }
+
+
+def print_report(results: Results) -> None:
+    s = results.summary
+    rounds = f", median of {results.rounds} rounds" if results.rounds > 1 else ""
+    print()
+    print(
+        f"{results.jobs} jobs over {results.tenants} tenants, one worker in this process, "
+        f"warm-up {results.warmup}{rounds}"
+    )
+    print()
+    print(f"  {'drain (worker only)':<48}{'jobs/s':>8}    {'enqueue':<34}{'jobs/s':>8}")
+    enqueue_keys = list(ENQUEUES)
+    for i in range(max(len(VARIANTS), len(enqueue_keys))):
+        left = right = ""
+        if i < len(VARIANTS):
+            v = VARIANTS[i]
+            left = f"({v.key}) {v.label:<44}{s['drain_jobs_per_s'][v.key]:>8.1f}"
+        if i < len(enqueue_keys):
+            key = enqueue_keys[i]
+            right = f"{ENQUEUES[key][0]:<34}{s['enqueue_jobs_per_s'][key]:>8.0f}"
+        print(f"  {left:<56}    {right}")
+    print()
+    verdict = "meets" if s["b_over_a"] >= TARGET_B_OVER_A else "below"
+    print(f"  drain    b/a = {s['b_over_a']:.2f}   ({verdict} the target {TARGET_B_OVER_A})")
+    print(f"  drain    b/c = {s['b_over_c']:.2f}   (in-process worker against a fork per job)")
+    ratio = s["enqueue_kumiko_over_plain"]
+    verdict = "meets" if ratio >= TARGET_ENQUEUE else "below"
+    print(
+        f"  enqueue  kumiko/plain = {ratio:.2f}   ({verdict} issue 7's target "
+        f"{TARGET_ENQUEUE}); against a reused queue "
+        f"{s['enqueue_kumiko_over_plain_reused']:.2f}; in atomic() "
+        f"{s['enqueue_kumiko_atomic_over_plain']:.2f}"
+    )
+    for m in results.measurements:
+        if not m["ok"]:
+            print(f"  WARNING ({m['key']}): {m['problem']} - the numbers above are not valid")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    print(
+        f"  load average {results.machine['loadavg_at_start'][0]:.2f} at start, "
+        f"{load[0]:.2f} at end, {results.machine['cpus']} CPUs"
+    )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--jobs", type=int, default=2000, help="jobs per variant (2000)")
+    parser.add_argument("--tenants", type=int, default=4, help="tenants to spread over (4)")
+    parser.add_argument("--warmup", type=int, default=100, help="untimed jobs first (100)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="repeat a, b, c this often and report medians (1)"
+    )
+    parser.add_argument("--only", default="abc", help="variants to run, e.g. 'ab' (all)")
+    parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        nargs="?",
+        const=1000,
+        default=0,
+        metavar="N",
+        help="afterwards, cProfile (a) and (b) draining N jobs (1000)",
+    )
+    parser.add_argument(
+        "--database", default=BENCH_DATABASE, help=f"database to create and drop ({BENCH_DATABASE})"
+    )
+    parser.add_argument(
+        "--redis-db",
+        type=int,
+        default=BENCH_REDIS_DB,
+        help=f"Redis database to flush and use ({BENCH_REDIS_DB})",
+    )
+    parser.add_argument("--keep-database", action="store_true", help="do not drop it at the end")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.tenants < 1 or args.rounds < 1 or args.warmup < 0:
+        parser.error("--jobs, --tenants and --rounds must be >= 1, --warmup >= 0")
+    if not set(args.only) <= set("abc") or not args.only:
+        parser.error("--only takes letters of 'abc'")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    sys.path.insert(0, str(ROOT))  # RQ imports bench.workloads by name in the worker
+    admin_url = prepare_environment(args.database, args.redis_db)
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    try:
+        tenants = create_tenants(args.tenants)
+        results = Results(
+            jobs=args.jobs,
+            tenants=args.tenants,
+            rounds=args.rounds,
+            warmup=args.warmup,
+            started_at=stamp,
+            machine=machine_facts(),
+        )
+        measurements = []
+        for round_ in range(1, args.rounds + 1):
+            for variant in VARIANTS:
+                if variant.key not in args.only:
+                    continue
+                print(f"round {round_}: ({variant.key}) {variant.label} ...", end=" ", flush=True)
+                m = measure(variant, tenants, args.jobs, args.warmup)
+                measurements.append(m)
+                print(
+                    f"drain {m.drain_rate:.1f} jobs/s; {ENQUEUES[variant.enqueue][0]} "
+                    f"{m.enqueue_rate:.0f} jobs/s" + ("" if m.ok else f"  WARNING: {m.problem}"),
+                    flush=True,
+                )
+            if args.only == "abc":
+                m = measure_enqueue_only("plain_reused", tenants, args.jobs, args.warmup)
+                measurements.append(m)
+                label = ENQUEUES["plain_reused"][0]
+                print(f"round {round_}: {label} {m.enqueue_rate:.0f} jobs/s", flush=True)
+        results.measurements = [
+            {**asdict(m), "enqueue_rate": m.enqueue_rate, "drain_rate": m.drain_rate}
+            for m in measurements
+        ]
+        if args.only == "abc":
+            results.summary = summarize(measurements)
+            print_report(results)
+        if args.profile:
+            profiles = [profile_drain(v, tenants, args.profile, stamp) for v in VARIANTS[:2]]
+            profiles += [
+                profile_enqueue(key, tenants, args.profile, stamp) for key in ("plain", "kumiko")
+            ]
+            for prof in profiles:
+                print(f"\n===== profile {prof['name']}: {prof['jobs']} jobs =====")
+                print(prof["report"])
+            print()
+            print(
+                f"{'per job':<16}{'ms (profiled)':>14}{'SQL':>6}{'of it SET':>11}"
+                f"{'DB connects':>13}{'Redis trips':>13}"
+            )
+            for prof in profiles:
+                c = prof["per_job"]
+                print(
+                    f"{prof['name']:<16}{prof['ms_per_job']:>14.2f}{c['sql']:>6.1f}"
+                    f"{c['search_path']:>11.1f}{c['db_connects']:>13.2f}{c['redis']:>13.1f}"
+                )
+            print(f"cProfile files: {', '.join(p['file'] for p in profiles)}")
+            results.profiles = profiles
+        if args.json:
+            RESULTS_DIR.mkdir(exist_ok=True)
+            path = RESULTS_DIR / f"throughput-{stamp}.json"
+            data = asdict(results)
+            for prof in data["profiles"]:
+                prof.pop("report")
+            path.write_text(json.dumps(data, indent=2) + "\n")
+            print(f"\nwrote {path.relative_to(ROOT)}")
+    finally:
+        from django.db import connections
+
+        from kumiko_jobs import transport
+
+        transport.connection_for(QUEUE).flushdb()  # the bench's own Redis database
+        connections.close_all()
+        if not args.keep_database:
+            drop_database(admin_url, args.database)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
