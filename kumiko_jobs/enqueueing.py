@@ -90,6 +90,8 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
     """Arguments travel as JSON: refuse anything that would not come back equal."""
 
     def walk(value: Any, path: str) -> None:
+        if isinstance(value, str) and "\x00" in value:
+            raise InvalidJob(f"Job {job_name!r}: argument {path} contains a NUL character.")
         if value is None or isinstance(value, bool | int | str):
             return
         if isinstance(value, float):

@@ -111,6 +111,20 @@ def encode(envelope: Envelope) -> str:
     return _signer().sign(payload)
 
 
+def _has_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+# The history columns these fields land in (models.JobRun).
+_MAX_LENGTHS = {"job": 200, "correlation_id": 64, "triggered_by": 64, "trigger": 200}
+
+
 def decode(message: object) -> Envelope:
     """Check signature, size, version and shape; raise ``EnvelopeError`` on any doubt."""
     if not isinstance(message, str):
@@ -153,6 +167,12 @@ def decode(message: object) -> Envelope:
         raise EnvelopeError("envelope names the public schema; tenant runs never run there")
     if min(document["attempt"] - 1, document["defers"], document["gate_defers"]) < 0:
         raise EnvelopeError("envelope counters are negative")
+    for key, longest in _MAX_LENGTHS.items():
+        if len(document[key] or "") > longest:
+            raise EnvelopeError(f"envelope field {key!r} is longer than {longest} characters")
+    if "\\u0000" in payload and _has_nul(document):
+        # PostgreSQL text and jsonb cannot hold NUL; such a run could not be recorded.
+        raise EnvelopeError("envelope contains a NUL character")
     origin = document["origin"]
     if origin is not None and (
         set(origin) != set(_ORIGIN_TYPES)

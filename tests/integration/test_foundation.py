@@ -263,3 +263,8 @@ def test_two_worker_processes_at_once_keep_tenants_apart(tenants):
         assert {p.tag for p in rows} == tags
         assert {p.schema_seen for p in rows} == {schema}
     assert JobRun.objects.filter(status=RunStatus.SUCCEEDED).count() == 30
+
+
+def test_nul_characters_fail_at_enqueue(tenants):
+    with pytest.raises(InvalidJob, match="NUL"):
+        jobs.probe.enqueue(tenant="t1", tag="a\x00b")

@@ -448,3 +448,27 @@ def test_next_attempt_and_deferred_change_only_their_counter():
     assert env.deferred(by_gate=False) == envelope(attempt=1, defers=1, gate_defers=0)
     assert env.deferred(by_gate=True) == envelope(attempt=1, defers=0, gate_defers=1)
     assert decode(encode(env.next_attempt().deferred(by_gate=True))).attempt == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("correlation_id", "c" * 65), ("triggered_by", "9" * 65), ("trigger", "t" * 201)],
+)
+def test_fields_longer_than_their_history_columns_are_refused(field, value):
+    from dataclasses import replace
+
+    from kumiko_jobs.envelope import Envelope, decode, encode
+
+    env = replace(Envelope(job="a.b", schema="t1", kwargs={}, run_id="a" * 32), **{field: value})
+    with pytest.raises(EnvelopeError, match=field):
+        decode(encode(env))
+
+
+def test_nul_characters_are_refused_but_a_literal_backslash_u_is_not():
+    from kumiko_jobs.envelope import Envelope, decode, encode
+
+    nul = Envelope(job="a.b", schema="t1", kwargs={"x": "a\x00b"}, run_id="a" * 32)
+    with pytest.raises(EnvelopeError, match="NUL"):
+        decode(encode(nul))
+    text = Envelope(job="a.b", schema="t1", kwargs={"x": "\\u0000 is fine"}, run_id="a" * 32)
+    assert decode(encode(text)).kwargs == {"x": "\\u0000 is fine"}
