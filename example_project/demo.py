@@ -513,7 +513,7 @@ def render_table(rows: Sequence[Row]) -> list[str]:
         for f in FIELDS:
             text = getattr(row, f) if (f != "tenant" or show_tenant) else ""
             if f == "note":  # last column: no padding, so no trailing blanks
-                cells.append(text if header else out.dim(text))
+                cells.append(out.dim(text) if text and not header else text)
                 continue
             padded = text.rjust(widths[f]) if f in RIGHT_ALIGNED else text.ljust(widths[f])
             cells.append(out.status(text, padded) if f == "status" and not header else padded)
