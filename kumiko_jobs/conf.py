@@ -58,6 +58,7 @@ class KumikoSettings:
     ESCAPE_HATCH_DEDUPE_SECONDS: int = 60
     TENANT_CONCURRENCY: int | None = None
     TENANT_QUERYSET: str | None = None
+    HOUSEKEEPING: bool = True
     RUNNING_TIMEOUT_GRACE: int = 60
     LOG_LINES_PER_ATTEMPT: int = 200
 
@@ -110,6 +111,8 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("DEFAULT_QUEUE",):
         if key in values and (not isinstance(values[key], str) or not values[key]):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be a queue name.")
+    if not isinstance(values.get("HOUSEKEEPING", True), bool):
+        raise ImproperlyConfigured("settings.KUMIKO_JOBS['HOUSEKEEPING'] must be True or False.")
     queryset_path = values.get("TENANT_QUERYSET")
     if queryset_path is not None and (
         not isinstance(queryset_path, str) or "." not in queryset_path

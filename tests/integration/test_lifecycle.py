@@ -182,3 +182,25 @@ def test_management_command_enqueue_list_and_sweep(tenants, capsys):
             "--kwargs",
             '{"tag": "x", "nope": 1}',
         )
+
+
+def test_housekeeping_runs_as_a_system_cron_job(tenants):
+    from kumiko_jobs.enqueueing import message_for
+    from kumiko_jobs.registry import registry
+    from kumiko_jobs.schedules import template
+
+    sweeper = registry.get("kumiko_jobs.sweep_abandoned")
+    assert sweeper.system and sweeper.cron == "* * * * *"
+    handle = jobs.probe.enqueue(tenant="t1", tag="stuck")
+    transport.get_queue("default").empty()
+    JobRun.objects.filter(pk=handle.run_id).update(
+        status=RunStatus.RUNNING, attempts=1, started_at=timezone.now() - timedelta(hours=2)
+    )
+
+    transport.push(message_for(sweeper, template(sweeper), 0))  # a cron tick
+    work()
+
+    tick = JobRun.objects.get(job_name="kumiko_jobs.sweep_abandoned")
+    assert tick.status == RunStatus.SUCCEEDED and tick.trigger == "cron"
+    stuck = JobRun.objects.get(pk=handle.run_id)
+    assert stuck.status == RunStatus.FAILED and "abandoned" in stuck.error_message

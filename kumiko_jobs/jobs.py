@@ -1,0 +1,31 @@
+"""kumiko_jobs' own housekeeping, as system cron jobs (``KUMIKO_JOBS["HOUSEKEEPING"]``).
+
+The same work as ``manage.py kumiko_jobs sweep``, scheduled by rq-scheduler like any cron job,
+so a project that runs ``rqscheduler`` needs nothing else to keep runs from staying
+``running`` and history from growing without bound.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import conf
+from .registry import job
+from .sweep import delete_expired, sweep_abandoned
+
+if conf.get().HOUSEKEEPING:
+
+    @job(name="kumiko_jobs.sweep_abandoned", system=True, cron="* * * * *")
+    def sweep_abandoned_runs(ctx: Any) -> None:
+        """Retry or fail runs whose worker died."""
+        with ctx.system_db():
+            retried, failed = sweep_abandoned()
+        if retried or failed:
+            ctx.log.warning("abandoned runs", retried=retried, failed=failed)
+
+    @job(name="kumiko_jobs.delete_expired", system=True, cron="30 3 * * *")
+    def delete_expired_history(ctx: Any) -> None:
+        """Delete finished runs older than RETENTION_DAYS."""
+        with ctx.system_db():
+            runs, rejections = delete_expired()
+        ctx.log.info("expired history deleted", runs=runs, rejected_messages=rejections)
