@@ -35,6 +35,7 @@ def _only_on_a_test_database(django_db_setup: None) -> None:
     """Runs before live_db (autouse first), which would otherwise empty a development database."""
     support.refuse_unless_test_database()
 
+
 SETTINGS = {"DB_GUARD": "enforce", "DEFAULT_RETRIES": 0}
 
 
