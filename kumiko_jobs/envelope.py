@@ -167,17 +167,17 @@ def decode(message: object) -> Envelope:
         raise EnvelopeError("envelope names the public schema; tenant runs never run there")
     if min(document["attempt"] - 1, document["defers"], document["gate_defers"]) < 0:
         raise EnvelopeError("envelope counters are negative")
-    for key, longest in _MAX_LENGTHS.items():
-        if len(document[key] or "") > longest:
-            raise EnvelopeError(f"envelope field {key!r} is longer than {longest} characters")
-    if "\\u0000" in payload and _has_nul(document):
-        # PostgreSQL text and jsonb cannot hold NUL; such a run could not be recorded.
-        raise EnvelopeError("envelope contains a NUL character")
     origin = document["origin"]
     if origin is not None and (
         set(origin) != set(_ORIGIN_TYPES)
         or not all(type(origin[k]) is t for k, t in _ORIGIN_TYPES.items())
     ):
         raise EnvelopeError("envelope write origin has the wrong shape")
+    for key, longest in _MAX_LENGTHS.items():
+        if len(document[key] or "") > longest:
+            raise EnvelopeError(f"envelope field {key!r} is longer than {longest} characters")
+    if "\\u0000" in payload and _has_nul(document):
+        # PostgreSQL text and jsonb cannot hold NUL; such a run could not be recorded.
+        raise EnvelopeError("envelope contains a NUL character")
     del document["v"]
     return Envelope(**document)
