@@ -61,13 +61,23 @@ class KumikoSettings:
     HOUSEKEEPING: bool = True
     RUNNING_TIMEOUT_GRACE: int = 60
     LOG_LINES_PER_ATTEMPT: int = 200
+    WORKER_HEARTBEAT: int = 5
+    WORKER_DEAD_AFTER: int = 20
+    MAINTENANCE_INTERVAL: int = 10
+    RELAY_GRACE: int = 30
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "DB_GUARD": ("enforce", "log", "off"),
     "INACTIVE_TENANT": ("skip", "defer"),
 }
-_POSITIVE_INTS = ("DEFAULT_TIMEOUT", "MAX_ENVELOPE_BYTES", "LOG_LINES_PER_ATTEMPT")
+_POSITIVE_INTS = (
+    "DEFAULT_TIMEOUT",
+    "MAX_ENVELOPE_BYTES",
+    "LOG_LINES_PER_ATTEMPT",
+    "WORKER_HEARTBEAT",
+    "WORKER_DEAD_AFTER",
+)
 _NON_NEGATIVE_INTS = (
     "DEFAULT_RETRIES",
     "MAX_DEFERS",
@@ -77,6 +87,8 @@ _NON_NEGATIVE_INTS = (
     "INACTIVE_TENANT_DEFER_SECONDS",
     "ESCAPE_HATCH_DEDUPE_SECONDS",
     "RUNNING_TIMEOUT_GRACE",
+    "MAINTENANCE_INTERVAL",
+    "RELAY_GRACE",
 )
 
 
@@ -113,6 +125,14 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be a queue name.")
     if not isinstance(values.get("HOUSEKEEPING", True), bool):
         raise ImproperlyConfigured("settings.KUMIKO_JOBS['HOUSEKEEPING'] must be True or False.")
+    defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
+    beat = values.get("WORKER_HEARTBEAT", defaults["WORKER_HEARTBEAT"])
+    if values.get("WORKER_DEAD_AFTER", defaults["WORKER_DEAD_AFTER"]) < 2 * beat:
+        # One late beat (a busy machine) must not make a live worker look dead.
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['WORKER_DEAD_AFTER'] must be at least twice "
+            f"WORKER_HEARTBEAT ({beat} s)."
+        )
     queryset_path = values.get("TENANT_QUERYSET")
     if queryset_path is not None and (
         not isinstance(queryset_path, str) or "." not in queryset_path

@@ -373,7 +373,19 @@ def _check_size(definition: JobDefinition, message: transport.Message) -> None:
 
 
 def _push(message: transport.Message, row: JobRun) -> None:
-    transport.push(message)
+    try:
+        transport.push(message)
+    except Exception as exc:
+        # The run is committed: its row is the outbox, and the relay pushes its message once
+        # Redis answers again. The request that enqueued it must not fail for that.
+        logger.warning(
+            "run %s of %s is committed but not pushed (%s: %s); the relay will push it",
+            row.run_id,
+            row.job_name,
+            type(exc).__name__,
+            exc,
+        )
+        return
     signals.send(
         signals.job_queued,
         run_id=str(row.run_id),

@@ -1,9 +1,17 @@
 """Housekeeping: no run stays ``running`` for ever, and old history goes away.
 
-A run is *abandoned* when it has been ``running`` for longer than its job's timeout plus a grace
-period: the worker's own death penalty would have ended it by then, so its worker died (killed,
-OOM, machine lost). An abandoned run is retried when it has attempts left, otherwise it fails
-with a reason that says so.
+A run is *abandoned* when
+
+* no live worker executes it any more: kumiko workers beat a liveness key naming the RQ job they
+  execute (worker.py), so a run is abandoned ``WORKER_DEAD_AFTER`` seconds after its worker
+  died (killed, OOM, machine lost), or at once when its live worker has moved on without
+  recording an outcome (PostgreSQL was unreachable at the end of the attempt); or
+* it has been ``running`` for longer than its job's timeout plus a grace period, whatever the
+  liveness data says (the worker's own death penalty would have ended it by then). This is the
+  only rule for runs of other RQ worker classes, which do not beat.
+
+An abandoned run is retried when it has attempts left, otherwise it fails with a reason that
+says so. Workers run the sweep every ``MAINTENANCE_INTERVAL`` seconds (one at a time).
 """
 
 from __future__ import annotations
@@ -12,7 +20,8 @@ import functools
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -60,7 +69,10 @@ def envelope_of(run: JobRun, *, attempt: int) -> Envelope:
 
 
 def sweep_abandoned() -> tuple[int, int]:
+    from .worker import liveness
+
     grace = conf.get().RUNNING_TIMEOUT_GRACE
+    alive = liveness()  # before reading the runs: a run started later is too young to judge
     now = timezone.now()
     retried = abandoned = 0
     for run in JobRun.objects.filter(status=RunStatus.RUNNING).order_by("started_at"):
@@ -69,12 +81,18 @@ def sweep_abandoned() -> tuple[int, int]:
         except JobNotRegistered:
             definition = None
         timeout = timeout_of(definition) if definition else conf.get().DEFAULT_TIMEOUT
-        if run.started_at is None or run.started_at + timedelta(seconds=timeout + grace) > now:
+        if run.started_at is None:
             continue
-        reason = (
-            f"abandoned: running for more than {timeout + grace} s (timeout {timeout} s + "
-            f"grace {grace} s); its worker died"
-        )
+        reason: str | None
+        if run.started_at + timedelta(seconds=timeout + grace) <= now:
+            reason = (
+                f"abandoned: running for more than {timeout + grace} s (timeout {timeout} s + "
+                f"grace {grace} s); its worker died"
+            )
+        else:
+            reason = _unattended(run, alive, now)
+        if reason is None:
+            continue
         with transaction.atomic():
             # Claim the row: a worker that finishes meanwhile, or a second sweeper, wins.
             claimed = (
@@ -95,15 +113,18 @@ def sweep_abandoned() -> tuple[int, int]:
                 error_message=reason,
             )
             if definition is not None and claimed.attempts < claimed.max_attempts:
+                delay = definition.backoff.seconds_after(claimed.attempts)
                 claimed.status = RunStatus.QUEUED
+                claimed.scheduled_for = now + timedelta(seconds=delay)  # when the relay may check
                 claimed.error_type, claimed.error_message = "Abandoned", reason
-                claimed.save(update_fields=["status", "error_type", "error_message"])
-                message = message_for(
-                    definition,
-                    envelope_of(claimed, attempt=claimed.attempts + 1),
-                    definition.backoff.seconds_after(claimed.attempts),
+                claimed.save(
+                    update_fields=["status", "scheduled_for", "error_type", "error_message"]
                 )
-                transaction.on_commit(functools.partial(transport.push, message))
+                message = message_for(
+                    definition, envelope_of(claimed, attempt=claimed.attempts + 1), delay
+                )
+                # Redis down: the run is queued in PostgreSQL, and the relay pushes it later.
+                transaction.on_commit(functools.partial(transport.push, message), robust=True)
                 retried += 1
             else:
                 claimed.status = RunStatus.FAILED
@@ -113,6 +134,26 @@ def sweep_abandoned() -> tuple[int, int]:
                 abandoned += 1
         logger.warning("run %s of %s: %s", run.run_id, run.job_name, reason)
     return retried, abandoned
+
+
+def _unattended(run: JobRun, alive: Any, now: datetime) -> str | None:
+    """Why no worker executes this run any more, or None if one may (or we cannot tell)."""
+    dead_after = conf.get().WORKER_DEAD_AFTER
+    if alive is None or not run.rq_job_id or run.started_at is None:
+        return None  # liveness unknown, or a run executed outside RQ (a boot gate)
+    if run.started_at + timedelta(seconds=dead_after) > now:
+        return None  # its worker may not have beaten since it started
+    if alive.executes(run.rq_job_id, uuid.UUID(str(run.run_id)).hex):
+        return None
+    worker = alive.worker_of(run.rq_job_id)
+    if worker in alive.workers:
+        return (
+            f"abandoned: its worker {worker} is alive but no longer executes it (the attempt "
+            "ended without an outcome, e.g. PostgreSQL was unreachable)"
+        )
+    if worker and not alive.is_gone(worker):
+        return None  # a live worker of another class: only the timeout rule applies
+    return f"abandoned: its worker {worker or '(unknown)'} stopped (no liveness for {dead_after} s)"
 
 
 def delete_expired() -> tuple[int, int]:

@@ -15,16 +15,32 @@ write to Redis can name any importable function in an RQ message (``os.system`` 
 arguments), and RQ would call it; a kumiko worker records such a message as a
 ``RejectedMessage``, fails it in RQ without calling anything, and goes on. A job hash RQ cannot
 even load is recorded and removed instead of stopping the worker.
+
+Both also keep their runs accounted for (docs/reliability.md): a small thread beats a liveness
+key in Redis naming the RQ job the worker executes, so the sweep can tell a run whose worker
+died (SIGKILL, OOM, a lost machine) from one that is merely long, within ``WORKER_DEAD_AFTER``
+seconds instead of the job's timeout; a second thread runs the sweep and the outbox relay every
+``MAINTENANCE_INTERVAL`` seconds, one worker at a time. A Redis outage does not end a worker: it
+waits and reconnects. A cold shutdown of the in-process worker is handled like a crash.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import random
+import threading
+import time
+from datetime import timedelta
 from typing import Any
 
 from django.db import connections
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import boot, telemetry_flush
+from . import boot, conf, telemetry_flush, transport
 from .steps.tenancy import reset_connections
 from .transport import RUNNER, ForkingWorkerBase, Serializer, SimpleWorkerBase
 
@@ -131,7 +147,264 @@ class _RefusesForeignMessages:
             pipe.execute()
 
 
-class Worker(_RefusesForeignMessages, SimpleWorkerBase):
+# --- liveness: which worker executes which run --------------------------------------------
+
+LIVE_WORKERS = "kumiko:workers"  # set of worker names that beat
+_WORKER_KEY = "kumiko:worker:"  # + name -> the RQ job id it executes ("" when idle), with a TTL
+# When liveness data started to be collected in this Redis dataset. Right after a flush, or a
+# restart that lost the data, no worker has beaten yet and a missing key proves nothing.
+_SINCE_KEY = "kumiko:workers:since"
+_MAINTENANCE_LOCK = "kumiko:maintenance"
+# Set in a kumiko worker's RQ worker hash: a live RQ worker without it is some other worker
+# class, whose runs only the timeout rule may end.
+_RQ_WORKER_MARK = "kumiko"
+_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _redis() -> Any:
+    return transport.connection_for(conf.get().DEFAULT_QUEUE)
+
+
+class Liveness:
+    """A snapshot of the live kumiko workers and the RQ job each executes."""
+
+    def __init__(self, workers: dict[str, str], redis: Any):
+        self.workers = workers
+        self._redis = redis
+        self._jobs = {job for job in workers.values() if job}
+        # RQ job ids of runs start with kj-<run id>; the run also counts as executed when a
+        # later message of it is (the records step lets a newer attempt take a run over).
+        self._runs = {job[3:35] for job in self._jobs if job.startswith("kj-")}
+
+    def executes(self, rq_job_id: str, run_hex: str) -> bool:
+        return rq_job_id in self._jobs or run_hex in self._runs
+
+    def worker_of(self, rq_job_id: str) -> str | None:
+        """The RQ worker that took this RQ job, as RQ recorded it (None when unknown)."""
+        if not rq_job_id:
+            return None
+        return _text(self._redis.hget(transport.JsonJob.key_for(rq_job_id), "worker_name"))
+
+    def is_gone(self, worker: str) -> bool:
+        """True unless ``worker`` is a live kumiko worker or a live RQ worker of another kind."""
+        if worker in self.workers:
+            return False
+        key = SimpleWorkerBase.redis_worker_namespace_prefix + worker
+        birth, mark = self._redis.hmget(key, "birth", _RQ_WORKER_MARK)
+        return birth is None or mark is not None
+
+
+def liveness() -> Liveness | None:
+    """Which workers are alive now, or None when that cannot be known (Redis down or just
+    emptied): callers then fall back to the timeout rule."""
+    settings = conf.get()
+    redis = _redis()
+    try:
+        since = redis.get(_SINCE_KEY)
+        if since is None or time.time() - float(since) < settings.WORKER_DEAD_AFTER:
+            return None
+        names = sorted(name for n in redis.smembers(LIVE_WORKERS) if (name := _text(n)))
+        values = redis.mget([_WORKER_KEY + n for n in names]) if names else []
+    except RedisError as exc:
+        logger.warning("worker liveness unknown: %s", exc)
+        return None
+    workers = {n: _text(v) or "" for n, v in zip(names, values, strict=True) if v is not None}
+    gone = [n for n in names if n not in workers]
+    if gone:
+        with contextlib.suppress(RedisError):
+            redis.srem(LIVE_WORKERS, *gone)
+    return Liveness(workers, redis)
+
+
+def run_maintenance() -> None:
+    """One round of what workers do in the background: sweep, then relay."""
+    from .relay import relay_pending
+    from .sweep import sweep_abandoned
+
+    sweep_abandoned()
+    relay_pending()
+
+
+class _Heart:
+    """The worker's liveness beat and, for long-running workers, its maintenance rounds.
+
+    Threads, because an in-process worker is busy in the job's code for as long as a run lasts:
+    nothing else could beat meanwhile. Each thread has its own Redis client and database
+    connection, closed when it ends.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.current = ""  # the RQ job id being executed; set by the worker's main thread
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self, *, maintenance: bool) -> None:
+        self._threads.append(threading.Thread(target=self._beat, name="kumiko-beat", daemon=True))
+        if maintenance and conf.get().MAINTENANCE_INTERVAL:
+            self._threads.append(
+                threading.Thread(target=self._maintain, name="kumiko-maintenance", daemon=True)
+            )
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the threads and say goodbye, so nobody waits for the key to expire."""
+        self._stop.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout)
+        with contextlib.suppress(RedisError), _redis().pipeline(transaction=False) as pipe:
+            pipe.delete(_WORKER_KEY + self.name)
+            pipe.srem(LIVE_WORKERS, self.name)
+            pipe.execute()
+
+    def _beat(self) -> None:
+        settings = conf.get()
+        redis = _redis()
+        failing = False
+        while True:
+            try:
+                with redis.pipeline(transaction=False) as pipe:
+                    pipe.set(_WORKER_KEY + self.name, self.current, ex=settings.WORKER_DEAD_AFTER)
+                    pipe.sadd(LIVE_WORKERS, self.name)
+                    pipe.set(_SINCE_KEY, time.time(), nx=True)
+                    pipe.execute()
+                if failing:
+                    logger.warning("worker %s: liveness beats reach Redis again", self.name)
+                failing = False
+            except RedisError as exc:
+                if not failing:
+                    logger.warning("worker %s: liveness beat failed (%s)", self.name, exc)
+                failing = True
+            if self._stop.wait(settings.WORKER_HEARTBEAT):
+                return
+
+    def _maintain(self) -> None:
+        interval = conf.get().MAINTENANCE_INTERVAL
+        redis = _redis()
+        try:
+            # Workers started together spread their rounds over the interval.
+            if self._stop.wait(random.uniform(0, interval)):
+                return
+            while True:
+                try:
+                    # The lock is left to expire: one round per interval among all workers.
+                    if redis.set(_MAINTENANCE_LOCK, self.name, nx=True, ex=interval):
+                        run_maintenance()
+                except Exception as exc:
+                    logger.warning("worker %s: maintenance round failed: %r", self.name, exc)
+                    # A connection broken by an outage must not fail every later round.
+                    connections.close_all()
+                if self._stop.wait(interval):
+                    return
+        finally:
+            connections.close_all()
+
+
+class _KeepsRunsAlive:
+    """Liveness beats, maintenance, and a worker loop that survives Redis outages."""
+
+    connection: Any
+    name: str
+    key: str
+    _heart: _Heart | None = None
+    _redis_lost = False
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        burst = bool(kwargs.get("burst", args[0] if args else False))
+        heart = self._heart = _Heart(self.name)
+        # Burst workers (tests, one-off drains) beat but leave maintenance to long-running ones.
+        heart.start(maintenance=not burst)
+        try:
+            return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+        finally:
+            heart.stop()
+
+    def register_birth(self) -> None:
+        super().register_birth()  # type: ignore[misc]
+        self.connection.hset(self.key, _RQ_WORKER_MARK, "1")
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        heart = self._heart
+        if heart is not None:
+            heart.current = job.id
+        try:
+            super().execute_job(job, queue)  # type: ignore[misc]
+        except _REDIS_DOWN as exc:
+            # RQ's bookkeeping failed; kumiko's history is in PostgreSQL. A message that never
+            # started is still a queued run, which the relay pushes again.
+            logger.error(
+                "worker %s: lost Redis while handling %s (%s); going on", self.name, job.id, exc
+            )
+            self._redis_down(exc)
+            self._after_redis_loss()
+        finally:
+            if heart is not None:
+                heart.current = ""
+
+    def _after_redis_loss(self) -> None:
+        """Hook for the forking worker, whose work horse may still be running."""
+
+    # RQ's worker loop quits on any Redis error outside its blocking dequeue. These calls
+    # are bookkeeping that can wait for Redis to come back.
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline)  # type: ignore[misc]
+            return
+        try:
+            super().heartbeat(timeout, pipeline)  # type: ignore[misc]
+        except _REDIS_DOWN as exc:
+            self._redis_down(exc)
+            return
+        if self._redis_lost:
+            self._redis_back()
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        try:
+            super().set_state(state, pipeline)  # type: ignore[misc]
+        except _REDIS_DOWN as exc:
+            self._redis_down(exc)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        try:
+            super().check_for_suspension(burst)  # type: ignore[misc]
+        except _REDIS_DOWN as exc:
+            self._redis_down(exc)
+            time.sleep(1)  # no busy loop while Redis is away
+
+    def run_maintenance_tasks(self) -> None:
+        try:
+            super().run_maintenance_tasks()  # type: ignore[misc]
+        except _REDIS_DOWN as exc:
+            self._redis_down(exc)
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()  # type: ignore[misc]
+        except _REDIS_DOWN as exc:
+            logger.warning("worker %s: could not register its death (%s)", self.name, exc)
+
+    def _redis_down(self, exc: Exception) -> None:
+        if not self._redis_lost:
+            logger.warning("worker %s: Redis unreachable (%s); waiting for it", self.name, exc)
+        self._redis_lost = True
+
+    def _redis_back(self) -> None:
+        self._redis_lost = False
+        logger.warning("worker %s: Redis reachable again", self.name)
+        # A restart without persistence forgot this worker: register it again.
+        with contextlib.suppress(RedisError, ValueError):
+            if not self.connection.exists(self.key):
+                self.register_birth()
+
+
+class Worker(_KeepsRunsAlive, _RefusesForeignMessages, SimpleWorkerBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **_json_only(kwargs))
 
@@ -141,10 +414,33 @@ class Worker(_RefusesForeignMessages, SimpleWorkerBase):
         finally:
             reset_connections()
 
+    def request_force_stop(self, signum: int, frame: Any) -> None:
+        # RQ's cold shutdown raises SystemExit inside the job, and the records step would then
+        # fail the run for good. Leave instead, as a crash would: the transaction dies with the
+        # connection, and the sweep retries the run (or fails it on its last attempt) as soon
+        # as it sees this worker gone, which the goodbye below makes immediate.
+        heart, requested = self._heart, getattr(self, "_shutdown_requested_date", None)
+        repeated = requested is not None and transport.utcnow() - requested < timedelta(seconds=1)
+        if heart is not None and heart.current and not repeated:
+            logger.warning(
+                "worker %s: cold shutdown during %s; leaving it to the sweep, as after a crash",
+                self.name,
+                heart.current,
+            )
+            heart.stop(timeout=1.0)
+            os._exit(1)
+        super().request_force_stop(signum, frame)
 
-class ForkingWorker(_RefusesForeignMessages, ForkingWorkerBase):
+
+class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **_json_only(kwargs))
+
+    def _after_redis_loss(self) -> None:
+        # Do not take the next message while the horse of this one may still be running.
+        with contextlib.suppress(OSError):
+            if self.horse_pid:
+                self.wait_for_horse()
 
     def fork_work_horse(self, job: Any, queue: Any) -> None:
         connections.close_all()

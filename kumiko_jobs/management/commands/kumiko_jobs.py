@@ -1,4 +1,4 @@
-"""``manage.py kumiko_jobs list | schedule | sweep | enqueue``."""
+"""``manage.py kumiko_jobs list | schedule | sweep | relay | enqueue``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,16 @@ class Command(BaseCommand):
         sub.add_parser("list", help="registered jobs and their options")
         sub.add_parser("sweep", help="fail or retry abandoned runs, delete expired history")
         sub.add_parser("schedule", help="register cron jobs with rq-scheduler (idempotent)")
+        relay = sub.add_parser(
+            "relay", help="push the messages of committed runs that Redis does not hold"
+        )
+        relay.add_argument("--loop", action="store_true", help="repeat until interrupted")
+        relay.add_argument(
+            "--interval", type=float, default=None, help="seconds between rounds (with --loop)"
+        )
+        relay.add_argument(
+            "--grace", type=float, default=None, help="seconds a run must be due (RELAY_GRACE)"
+        )
         run = sub.add_parser("enqueue", help="enqueue a job by name")
         run.add_argument("job")
         run.add_argument("--tenant", help="schema name (omit for system jobs)")
@@ -41,6 +51,8 @@ class Command(BaseCommand):
                 ("unchanged", synced.unchanged),
             ):
                 self.stdout.write(f"{label}: {', '.join(ids) or '-'}")
+        elif action == "relay":
+            self._relay(options["loop"], options["interval"], options["grace"])
         elif action == "sweep":
             result = sweep()
             self.stdout.write(
@@ -63,6 +75,33 @@ class Command(BaseCommand):
                 f"queued run {handle.run_id} of {handle.job_name} "
                 f"for {handle.schema_name or 'system'}"
             )
+
+    def _relay(self, loop: bool, interval: float | None, grace: float | None) -> None:
+        import time
+
+        from django.db import connections
+
+        from ... import conf
+        from ...relay import relay_pending
+
+        pause = interval if interval is not None else conf.get().MAINTENANCE_INTERVAL or 10
+        while True:
+            try:
+                result = relay_pending(grace=grace)
+            except Exception as exc:
+                if not loop:
+                    raise CommandError(f"relay failed: {exc}") from exc
+                # An outage: try again next round, on fresh connections.
+                self.stderr.write(f"relay failed: {exc!r}")
+                connections.close_all()
+            else:
+                self.stdout.write(
+                    f"checked {result.checked} waiting run(s), pushed {result.pushed}, "
+                    f"failed {result.failed} of unknown jobs"
+                )
+            if not loop:
+                return
+            time.sleep(pause)
 
     def _list(self) -> None:
         rows = [("job", "queue", "retries", "kind", "grants")]

