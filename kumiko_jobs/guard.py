@@ -70,6 +70,9 @@ class Policy:
         default=_NO_PERSONAL_DATA, hash=False
     )
     deny_personal_data_writes: bool = False
+    # Shared tables no grant may write: the job system's own history and the tenant registry.
+    # (A system job inside ctx.system_db() is not judged at all.)
+    protected_tables: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         # classify() relies on this, so an inconsistent policy fails loudly at construction.
@@ -685,6 +688,14 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
                 )
         if not shared:
             continue
+        if write.table in policy.protected_tables:
+            return _denied(
+                kind,
+                None,
+                "protected",
+                f"{write.verb.upper()} on '{write.table}': the job history and the tenant "
+                f"registry are never written by a tenant run, whatever its grants",
+            )
         if Grant.GLOBAL_WRITES in grants:
             used.append(Grant.GLOBAL_WRITES)
         elif missing is None:

@@ -41,6 +41,19 @@ def shared_tables() -> frozenset[str]:
 
 
 @cache
+def protected_tables() -> frozenset[str]:
+    """kumiko_jobs' own tables and the tenant and domain tables: no grant writes them."""
+    from django_tenants.utils import get_tenant_domain_model, get_tenant_model
+
+    models = [
+        *apps.get_app_config("kumiko_jobs").get_models(),
+        get_tenant_model(),
+        get_tenant_domain_model(),
+    ]
+    return frozenset(model._meta.db_table.lower() for model in models)
+
+
+@cache
 def personal_data_columns() -> Mapping[str, frozenset[str]]:
     """``{table: columns}`` from models that list ``kumiko_personal_data = ["field", ...]``."""
     found: dict[str, frozenset[str]] = {}
@@ -89,6 +102,7 @@ class GuardWrapper:
                 readable_schema=key[1],
                 personal_data_columns=personal_data_columns(),
                 deny_personal_data_writes=self.deny_personal,
+                protected_tables=protected_tables(),
             )
             self._policies[key] = policy
         return policy
@@ -194,5 +208,10 @@ def denial_message(state: RunState, verdict: Verdict) -> str:
         return text + (
             " No grant allows this (rule public_intake_required): enqueue it from a view marked "
             "@kumiko_jobs.origin.public_intake if anonymous visitors may submit this data."
+        )
+    if verdict.rule == "protected":
+        return text + (
+            " No grant allows this: runs and tenants are changed through the admin, "
+            "manage.py, or a system job inside ctx.system_db()."
         )
     return text + " No grant allows this; run a job in that tenant instead."

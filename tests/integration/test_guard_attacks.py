@@ -99,8 +99,8 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "orm_bulk_create_shared": ("insert", GW),
     "orm_save_shared": ("update", GW),
     "orm_update_or_create_shared": ("update", GW),
-    "history_tamper": ("update", GW),
-    "tenant_registry_tamper": ("update", GW),
+    "history_tamper": ("update", HARD),  # protected: no grant writes kumiko's history
+    "tenant_registry_tamper": ("update", HARD),  # nor the tenant registry
     "using_alias_shared_write": ("insert", GW),
     # switching schema or identity
     "set_search_path": ("set_search_path", RAW),
@@ -262,8 +262,8 @@ def test_a_denial_leaves_the_worker_usable_for_the_next_run(tenants, guard_data)
 NOT_RUN_GRANTED = {
     "function_in_other_schema": "t2.guardapp_leak() does not exist",
     "comma_join_other_schema": "under the grant both names are t2's table: named twice",
-    "history_tamper": "global_writes does allow it; see docs/guard.md (kumiko's own tables)",
-    "tenant_registry_tamper": "global_writes does allow it; see docs/guard.md",
+    "history_tamper": "protected table: denied even with global_writes (unit-tested in guard)",
+    "tenant_registry_tamper": "protected table: denied even with global_writes",
     "swallowed_denial": "not an attack of its own",
 }
 GRANTED_RAW = {

@@ -498,3 +498,26 @@ def test_select_verdicts_report_the_statement_kind() -> None:
     assert classify("WITH x AS (SELECT 1) SELECT * FROM x", BASE).kind == "select"
     assert classify("EXPLAIN ANALYZE UPDATE app_model SET a = 1", BASE).kind == "update"
     assert classify("", BASE).allowed
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        'UPDATE "kumiko_jobs_jobrun" SET "status" = %s WHERE "kumiko_jobs_jobrun"."run_id" = %s',
+        'DELETE FROM "customers_client" WHERE "customers_client"."id" = %s',
+        "INSERT INTO public.kumiko_jobs_jobfailure (schema_name) VALUES (%s)",
+    ],
+)
+def test_protected_tables_are_never_written_even_with_global_writes(sql: str) -> None:
+    protected = frozenset({"kumiko_jobs_jobrun", "kumiko_jobs_jobfailure", "customers_client"})
+    policy = Policy(
+        schema="t1",
+        shared_tables=protected | {"catalog_plan"},
+        active_grants=frozenset({Grant.GLOBAL_WRITES, Grant.UNSAFE_RAW}),
+        protected_tables=protected,
+    )
+    verdict = classify(sql, policy)
+    assert not verdict.allowed
+    assert (verdict.rule, verdict.grant_needed) == ("protected", None)
+    # An ordinary shared table stays writable with the grant.
+    assert classify('UPDATE "catalog_plan" SET "name" = %s', policy).allowed
