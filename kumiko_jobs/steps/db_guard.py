@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from typing import Any
 
 from django.apps import apps
 from django.db import connections
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 from .. import audit, conf
 from ..context import RunState
@@ -76,7 +77,56 @@ def db_guard(state: RunState, call_next: Next) -> None:
     with contextlib.ExitStack() as stack:
         for conn in connections.all():
             stack.enter_context(conn.execute_wrapper(wrapper))
+            stack.enter_context(_guarded_cursors(conn, wrapper))
         call_next(state)
+
+
+@contextlib.contextmanager
+def _guarded_cursors(conn: Any, wrapper: GuardWrapper) -> Iterator[None]:
+    """Route psycopg's ``cursor.copy()`` and ``cursor.stream()`` through the guard too.
+
+    Django's cursor wrapper hands unknown attributes straight to psycopg, so those two would
+    reach PostgreSQL without passing any execute wrapper.
+    """
+    conn.make_cursor = lambda cursor: GuardedCursor(cursor, conn, wrapper)
+    conn.make_debug_cursor = lambda cursor: GuardedDebugCursor(cursor, conn, wrapper)
+    try:
+        yield
+    finally:
+        del conn.make_cursor, conn.make_debug_cursor  # back to the class's methods
+
+
+class _GuardsCopyAndStream:
+    cursor: Any
+    db: Any
+    _guard: GuardWrapper
+
+    def __init__(self, cursor: Any, db: Any, guard: GuardWrapper) -> None:
+        super().__init__(cursor, db)  # type: ignore[call-arg]
+        self._guard = guard
+
+    def _check(self, sql: Any, params: Any) -> None:
+        self._guard(_checked_only, sql, params, False, {"connection": self.db, "cursor": self})
+
+    def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
+        self._check(statement, params)
+        return self.cursor.copy(statement, params, **kwargs)
+
+    def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        self._check(query, params)
+        return self.cursor.stream(query, params, **kwargs)
+
+
+def _checked_only(sql: Any, params: Any, many: bool, context: Any) -> None:
+    """The guard's ``execute`` for copy/stream: the caller runs the statement itself."""
+
+
+class GuardedCursor(_GuardsCopyAndStream, CursorWrapper):
+    pass
+
+
+class GuardedDebugCursor(_GuardsCopyAndStream, CursorDebugWrapper):
+    pass
 
 
 class GuardWrapper:

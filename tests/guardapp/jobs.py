@@ -387,9 +387,10 @@ def _raw_psycopg_connection(ctx: JobContext) -> None:
     Finding.objects.create(key="leaked", value=",".join(row[0] for row in leaked))
 
 
+ATTACKS["cursor_copy"] = _cursor_copy
+ATTACKS["cursor_stream"] = _cursor_stream
+
 KNOWN_GAPS: dict[str, Callable[[JobContext], None]] = {
-    "cursor_copy": _cursor_copy,
-    "cursor_stream": _cursor_stream,
     "name_in_string_literal": _name_in_string_literal,
     "other_thread": _other_thread,
     "raw_psycopg_connection": _raw_psycopg_connection,
