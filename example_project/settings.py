@@ -63,6 +63,8 @@ TENANT_DOMAIN_MODEL = "customers.Domain"
 PUBLIC_SCHEMA_URLCONF = "example_project.urls_public"
 ROOT_URLCONF = "example_project.urls_tenant"
 SHOW_PUBLIC_IF_NO_TENANT_FOUND = True
+# One SET search_path per schema switch instead of one per cursor (the DB guard accepts both).
+TENANT_LIMIT_SET_CALLS = True
 
 DATABASES = {"default": _database(DATABASE_URL)}
 DATABASE_ROUTERS = ("django_tenants.routers.TenantSyncRouter",)

@@ -47,7 +47,7 @@ class KumikoSettings:
     DEFAULT_TIMEOUT: int = 600
     MAX_DEFERS: int = 20
     RETENTION_DAYS: int = 30
-    RESULT_TTL: int = 0
+    RESULT_TTL: int = 60
     FAILURE_TTL: int = 7 * 24 * 3600
     TENANT_ACTIVE_FIELD: str | None = None
     INACTIVE_TENANT: InactiveTenantPolicy = "skip"
@@ -175,6 +175,10 @@ def _reset(*, setting: str, **_: object) -> None:
     if setting in {"KUMIKO_JOBS", "RQ_QUEUES", "RQ", "TENANT_APPS", "SHARED_APPS"}:
         get.cache_clear()
         shared_apps.cache_clear()
+    if setting in {"RQ_QUEUES", "RQ"}:
+        from . import transport
+
+        transport.forget_queues()
 
 
 # --- other projects' settings that the library needs to read ------------------------------

@@ -7,6 +7,7 @@ ever crosses Redis, so a forged message cannot execute code while being decoded.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -99,10 +100,28 @@ class Message:
     rate_limit: int = 0
 
 
+_queues: dict[tuple[str, int], Queue] = {}
+
+
 def get_queue(name: str) -> Queue:
-    # commit_mode="auto": kumiko decides when to push (on_commit in enqueue.py); django-rq's
-    # own deferral would hold the push until the *request* commits, which is not ours to know.
-    return django_rq.get_queue(name, serializer=JSONSerializer, commit_mode="auto")
+    """The queue, one instance (and one Redis connection pool) per name and process.
+
+    django-rq builds a new Redis client on every call, which costs a TCP connection per
+    enqueue; a forked process must not share the parent's sockets, hence the pid in the key.
+    """
+    key = (name, os.getpid())
+    queue = _queues.get(key)
+    if queue is None:
+        # commit_mode="auto": kumiko decides when to push (on_commit in enqueueing.py);
+        # django-rq's own deferral would hold the push until the *request* commits.
+        queue = django_rq.get_queue(name, serializer=JSONSerializer, commit_mode="auto")
+        _queues[key] = queue
+    return queue
+
+
+def forget_queues() -> None:
+    """Drop cached queues (settings changed, e.g. RQ_QUEUES in a test)."""
+    _queues.clear()
 
 
 def connection_for(queue: str) -> Redis:

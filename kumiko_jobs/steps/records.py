@@ -14,7 +14,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from .. import audit, signals, telemetry
@@ -148,19 +148,70 @@ def _finish(state: RunState) -> None:
         run_update["error_message"] = ""
     if outcome == "dropped":
         run_update["error_message"] = state.drop_reason
+    attempt = {
+        "run": uuid.UUID(env.run_id),
+        "number": env.attempt,
+        "started_at": state.started_at or now,
+        "finished_at": now,
+        "duration_ms": duration_ms,
+        "outcome": outcome if outcome != "dropped" else JobAttempt.Outcome.DROPPED,
+        "error_type": type(error).__name__ if error else "",
+        "error_message": str(error)[:4000] if error else "",
+        "traceback": state.error_traceback[-20000:],
+        "log": state.log_lines,
+        "worker": state.worker_name,
+    }
+    touches_failure = bool(env.schema) and (
+        (outcome == "failed" and bool(state.failure_key))
+        or (outcome == "succeeded" and definition.tenant_visible_failure is not None)
+    )
+    if not (touches_failure or state.audit_uses or (outcome == "succeeded" and state.followups)):
+        # The common case: one statement, so one round trip and its own transaction.
+        _insert_attempt_and_update_run(attempt, run_update, env.run_id)
+    else:
+        _finish_in_transaction(state, attempt, run_update, now)
+    signals.send(
+        _SIGNAL_FOR[outcome],
+        run_id=env.run_id,
+        job_name=env.job,
+        schema_name=env.schema,
+        attempt=env.attempt,
+        outcome=outcome,
+        error=error,
+    )
+    telemetry.run_finished(state, duration_ms)
+
+
+def _insert_attempt_and_update_run(
+    attempt: dict[str, Any], run_update: dict[str, Any], run_id: str
+) -> None:
+    """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement."""
+    qn = connection.ops.quote_name
+    a_meta, r_meta = JobAttempt._meta, JobRun._meta
+    a_fields: list[Any] = [a_meta.get_field(name) for name in attempt]
+    r_fields: list[Any] = [r_meta.get_field(name) for name in run_update]
+    params: list[Any] = [f.get_db_prep_save(attempt[f.name], connection) for f in a_fields]
+    params += [f.get_db_prep_save(run_update[f.name], connection) for f in r_fields]
+    params.append(uuid.UUID(run_id))
+    sql = (
+        f"WITH attempt AS (INSERT INTO {qn(a_meta.db_table)} "
+        f"({', '.join(qn(f.column) for f in a_fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(a_fields))})) "
+        f"UPDATE {qn(r_meta.db_table)} SET "
+        f"{', '.join(f'{qn(f.column)} = %s' for f in r_fields)} "
+        f"WHERE {qn(str(r_meta.pk.column))} = %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def _finish_in_transaction(
+    state: RunState, attempt: dict[str, Any], run_update: dict[str, Any], now: Any
+) -> None:
+    env, definition, outcome = state.envelope, state.definition, state.outcome or "failed"
     with transaction.atomic():
         JobAttempt.objects.create(
-            run_id=env.run_id,
-            number=env.attempt,
-            started_at=state.started_at or now,
-            finished_at=now,
-            duration_ms=duration_ms,
-            outcome=outcome if outcome != "dropped" else JobAttempt.Outcome.DROPPED,
-            error_type=type(error).__name__ if error else "",
-            error_message=str(error)[:4000] if error else "",
-            traceback=state.error_traceback[-20000:],
-            log=state.log_lines,
-            worker=state.worker_name,
+            **{("run_id" if k == "run" else k): v for k, v in attempt.items()}
         )
         JobRun.objects.filter(pk=env.run_id).update(**run_update)
         if env.schema and outcome == "failed" and state.failure_key:
@@ -186,13 +237,3 @@ def _finish(state: RunState) -> None:
         audit.save_uses(state)
         if outcome == "succeeded" and state.followups:
             JobRun.objects.bulk_create([row for _, row in state.followups], ignore_conflicts=True)
-    signals.send(
-        _SIGNAL_FOR[outcome],
-        run_id=env.run_id,
-        job_name=env.job,
-        schema_name=env.schema,
-        attempt=env.attempt,
-        outcome=outcome,
-        error=error,
-    )
-    telemetry.run_finished(state, duration_ms)
