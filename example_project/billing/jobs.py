@@ -78,3 +78,33 @@ def bench_write(ctx: JobContext, *, n: int) -> None:
     differ only by what kumiko_jobs adds around the job body.
     """
     ActivityLog.objects.create(job="bench", message=f"write {n}")
+
+
+@job(per_tenant=True)
+def bench_fanout(ctx: JobContext, *, n: int) -> None:
+    """``bench_write`` as a per-tenant job: bench/fanout.py times its fan-out to every tenant.
+
+    Enqueued without ``tenant=``, one run fans out into one child run per active tenant;
+    with ``tenant=`` it is a single run, the same message a child gets.
+    """
+    ActivityLog.objects.create(job="bench", message=f"fanout {n}")
+
+
+@job(system=True, timeout=3600)
+def bench_hold(ctx: JobContext, *, key: str, seconds: int = 1800) -> None:
+    """Keep this worker busy until the benchmark pushes a token onto the Redis list ``key``.
+
+    bench/fairness.py starts its workers on these, so that a backlog can be built while both
+    are warm and held, then released at one moment for every measured mode alike. It polls
+    (every 5 ms) rather than blocking in BLPOP, which the worker's socket timeout would cut off.
+    """
+    import time
+
+    import django_rq
+
+    redis = django_rq.get_connection("default")
+    deadline = time.monotonic() + seconds
+    while redis.lpop(key) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nobody pushed onto {key!r} within {seconds} s")
+        time.sleep(0.005)
