@@ -54,8 +54,12 @@ from .registry import registry
 
 logger = logging.getLogger("kumiko_jobs.relay")
 
-# RQ job states from which a message never runs again unless pushed anew.
-_DEAD_STATES = frozenset({"failed", "stopped", "canceled"})
+# RQ job states from which a message never runs again unless pushed anew. "finished" counts
+# too (RQ keeps finished jobs for RESULT_TTL): a finished message whose run is still waiting,
+# unchanged since before we looked, ended without touching the run (rejected, e.g. signed with
+# a key this project no longer accepts). A message that did run has moved its run on, which the
+# re-read under lock in _push_missing sees.
+_DEAD_STATES = frozenset({"failed", "stopped", "canceled", "finished"})
 
 # (status, attempts, defers, gate defers): what must be unchanged for a push to be right.
 Snapshot = tuple[str, int, int, int]
@@ -181,8 +185,8 @@ def _missing_messages(rows: Sequence[tuple[Any, ...]], alive: Any) -> dict[uuid.
                 ):
                     dead.append(job_id)
                 else:
-                    # Queued, scheduled, waiting for a rate-limit slot, started by a live worker,
-                    # or finished a moment ago: it is delivered or being delivered.
+                    # Queued, scheduled, waiting for a rate-limit slot, or started by a live
+                    # worker: it is being delivered.
                     present = True
             if not present:
                 missing[pk] = _Missing(snapshot, queue, ids, dead)
