@@ -307,6 +307,7 @@ class SoakReport:
     statuses: dict[str, int] = field(default_factory=dict)
     lost: int = 0
     stuck: int = 0
+    stuck_runs: list[str] = field(default_factory=list)  # what each stuck run waits for
     duplicated_runs: int = 0
     duplicate_executions: int = 0
     wrong_schema: int = 0
@@ -331,6 +332,7 @@ class SoakReport:
             f"losing its data, scheduler restarted {self.scheduler_restarts} time(s)",
             f"statuses: {dict(sorted(self.statuses.items()))}; failures: {self.failures or '-'}",
             f"lost = {self.lost}, stuck = {self.stuck}, wrong schema = {self.wrong_schema}",
+            *(f"  stuck: {line}" for line in self.stuck_runs),
             f"duplicated: {self.duplicated_runs} run(s) had their effect more than once "
             f"({self.duplicate_executions} extra execution(s) of {self.effects} effects; "
             f"at-least-once); {self.abandoned_attempts} attempt(s) abandoned by killed workers",
@@ -438,7 +440,8 @@ def run_soak(
                 and not report.redis_restarts
                 and finished >= config.redis_restart_at * config.jobs
             ):
-                log(f"restarting Redis ({config.redis_downtime} s down, its data lost)")
+                down = config.redis_downtime
+                log(f"{now - started:6.0f} s: restarting Redis ({down} s down, its data lost)")
                 redis.stop()
                 report.redis_restarts += 1
                 if config.outage_enqueues:
@@ -511,11 +514,27 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
             report.lost += 1
         elif status not in FINISHED_STATUSES:
             report.stuck += 1
+            report.stuck_runs.append(_waits_for(run_id))
     report.duplicated_runs = sum(1 for count in effects.values() if count > 1)
     report.duplicate_executions = sum(count - 1 for count in effects.values() if count > 1)
     report.abandoned_attempts = JobAttempt.objects.filter(
         run__job_name="soak.work", error_type="Abandoned"
     ).count()
+
+
+def _waits_for(run_id: str) -> str:
+    """A stuck run and what Redis holds of the message it waits for (for the report)."""
+    from kumiko_jobs import transport
+    from kumiko_jobs.models import JobRun
+    from kumiko_jobs.relay import pending_rq_job_ids
+
+    run = JobRun.objects.get(pk=run_id)
+    redis = transport.connection_for(QUEUE)
+    held = []
+    for job_id in pending_rq_job_ids(run) if run.status != "running" else [run.rq_job_id]:
+        status, worker = redis.hmget(transport.JsonJob.key_for(job_id), "status", "worker_name")
+        held.append(f"{job_id}: {status!r} by {worker!r}")
+    return f"{run_id} {run.status} attempt {run.attempts}; " + "; ".join(held)
 
 
 # --------------------------------------------------------------------------- standalone

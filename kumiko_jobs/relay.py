@@ -16,7 +16,8 @@ What a waiting run waits for is derived from the row, never stored separately:
 Together with the run id these give the deterministic RQ job id
 (``kj-<run>-a<attempt>-d<defers>-g<gate defers>``). A run is relayed only when none of its
 candidate RQ jobs exists in Redis, or the one that exists can never run again (failed,
-stopped, or started by a worker that is gone).
+stopped, finished without touching the run, started by a worker that is gone, or taken off the
+queue by a worker that died before starting it).
 
 Relaying is safe against the original push and against other relays:
 
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -168,20 +170,30 @@ def _missing_messages(rows: Sequence[tuple[Any, ...]], alive: Any) -> dict[uuid.
         by_queue.setdefault(queue, []).append((pk, snapshot, ids))
     missing: dict[uuid.UUID, _Missing] = {}
     for queue, entries in by_queue.items():
-        redis = transport.connection_for(queue)
+        rq_queue = transport.get_queue(queue)
+        redis = rq_queue.connection
         with redis.pipeline(transaction=False) as pipe:
+            pipe.lrange(rq_queue.intermediate_queue_key, 0, -1)
             for _, _, ids in entries:
                 for job_id in ids:
                     pipe.hmget(transport.JsonJob.key_for(job_id), "status", "worker_name")
             replies = iter(pipe.execute())
+        taken = {_text(job_id) for job_id in next(replies)}
         for pk, snapshot, ids in entries:
             present, dead = False, []
             for job_id in ids:
                 status, worker = (_text(v) for v in next(replies))
                 if status is None:
                     continue
-                if status in _DEAD_STATES or (
-                    status == "started" and worker and alive is not None and alive.is_gone(worker)
+                if (
+                    status in _DEAD_STATES
+                    or (
+                        status == "started"
+                        and worker
+                        and alive is not None
+                        and alive.is_gone(worker)
+                    )
+                    or (status == "queued" and job_id in taken and _stranded(redis, job_id))
                 ):
                     dead.append(job_id)
                 else:
@@ -191,6 +203,22 @@ def _missing_messages(rows: Sequence[tuple[Any, ...]], alive: Any) -> dict[uuid.
             if not present:
                 missing[pk] = _Missing(snapshot, queue, ids, dead)
     return missing
+
+
+def _stranded(redis: Any, job_id: str) -> bool:
+    """Taken off the queue by a worker that never started it (killed in between)?
+
+    A worker moves a message to the queue's intermediate list and marks it started a moment
+    later; one still there, unstarted, on a later relay round at least ``RELAY_GRACE`` (and a
+    second) after the first sighting, belongs to a worker that died in between. RQ's own
+    cleanup of that list runs only with its ten-minute maintenance.
+    """
+    key = f"kumiko:relay:taken:{job_id}"
+    now = time.time()
+    if redis.set(key, now, nx=True, ex=3600):
+        return False
+    seen = float(_text(redis.get(key)) or now)
+    return now - seen >= max(conf.get().RELAY_GRACE, 1)
 
 
 def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
@@ -276,7 +304,8 @@ def _forget(entries: Iterable[tuple[str, str]]) -> None:
         with rq_queue.connection.pipeline() as pipe:
             for job_id in ids:
                 pipe.zrem(rq_queue.failed_job_registry.key, job_id)
-                pipe.delete(transport.JsonJob.key_for(job_id))
+                pipe.lrem(rq_queue.intermediate_queue_key, 0, job_id)
+                pipe.delete(transport.JsonJob.key_for(job_id), f"kumiko:relay:taken:{job_id}")
             pipe.execute()
 
 

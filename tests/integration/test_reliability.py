@@ -212,6 +212,22 @@ def test_relay_pushes_again_what_rq_gave_up_on(tenants):
     assert status(handle.run_id) == RunStatus.SUCCEEDED
 
 
+def test_relay_pushes_again_what_a_dead_worker_took_off_the_queue(tenants, redis_conn):
+    """Killed between taking the message (RQ moves it to an intermediate list) and starting it."""
+    handle = jobs.probe.enqueue(tenant="t3", tag="stranded")
+    queue = transport.get_queue("default")
+    job_id = queue.job_ids[0]
+    redis_conn.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT")
+
+    assert relay_pending(grace=0).pushed == 0  # first sighting: a live worker may be starting it
+    redis_conn.set(f"kumiko:relay:taken:{job_id}", time.time() - 60)  # seen a minute ago
+    assert relay_pending(grace=0).pushed == 1
+    assert redis_conn.lrange(queue.intermediate_queue_key, 0, -1) == []
+    work()
+    assert status(handle.run_id) == RunStatus.SUCCEEDED
+    assert [p.tag for p in probes("t3")] == ["stranded"]
+
+
 def test_relay_fails_runs_of_jobs_that_no_longer_exist(tenants):
     handle = jobs.probe.enqueue(tenant="t1", tag="renamed")
     transport.get_queue("default").empty()
