@@ -7,6 +7,7 @@ ever crosses Redis, so a forged message cannot execute code while being decoded.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -17,6 +18,8 @@ from typing import Any
 import django_rq
 from django_rq.queues import DjangoScheduler
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, RateLimit, get_current_job
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -56,10 +59,28 @@ class Scheduler(DjangoScheduler):
         super().__init__(*args, **kwargs)
 
     def run(self, burst: bool = False) -> None:
+        """rq-scheduler's loop, restarted when Redis goes away instead of ending the process.
+
+        rq-scheduler's own loop ends on the first Redis error (its heartbeat, then the
+        ``register_death`` in its ``finally``), even for a one-second restart.
+        """
         from .schedules import sync_schedules
 
-        sync_schedules()
-        super().run(burst=burst)
+        while True:
+            try:
+                sync_schedules()
+                super().run(burst=burst)
+                return
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                self.log.warning("Redis is unavailable (%s); retrying in %s s", exc, _PAUSE)
+                time.sleep(_PAUSE)
+                self._forget_registration()
+
+    def _forget_registration(self) -> None:
+        # Our own registration may have survived the outage without a death mark, and
+        # register_birth refuses a name that looks alive; it is this process, so drop it.
+        with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
+            self.connection.delete(self.key)
 
     def enqueue_job(self, job: Job) -> None:
         super().enqueue_job(job)
@@ -72,6 +93,7 @@ class Scheduler(DjangoScheduler):
 
 
 _TZ_META = "kumiko_timezone"
+_PAUSE = 1.0  # seconds between attempts to reach Redis again
 
 
 @dataclass(frozen=True, slots=True)

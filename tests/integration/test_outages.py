@@ -289,12 +289,6 @@ def test_redis_restart_workers_reconnect_and_nothing_committed_is_lost(own_redis
         scheduler.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rq-scheduler's run loop exits on the first Redis ConnectionError (heartbeat, then "
-    "register_death in its finally); kumiko_jobs.transport.Scheduler.run needs a loop that "
-    "waits for Redis and registers again. Until then run rqscheduler under a supervisor.",
-)
 def test_rqscheduler_survives_a_redis_restart(own_redis, tmp_path):
     env = _redis_env(own_redis)
     scheduler = _start_scheduler(env, tmp_path)
