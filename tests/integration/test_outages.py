@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -230,31 +229,6 @@ def _redis_env(server: soak.OwnRedis) -> dict[str, str]:
     return env
 
 
-class Supervised:
-    """rqscheduler kept running as systemd's ``Restart=always`` would: started again whenever
-    it exits. rq-scheduler's loop ends on the first Redis error it sees (see the xfail below)."""
-
-    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
-        self.env, self.log_dir = env, log_dir
-        self.process = _start_scheduler(env, log_dir)
-        self.restarts = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(0.2):
-            if self.process.poll() is not None:
-                self.restarts += 1
-                self.process = _start_scheduler(self.env, self.log_dir)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.process.kill()
-        self.process.wait()
-
-
 def _scheduler_running(redis: Any) -> bool:
     return bool(redis.keys("rq:scheduler_instance:*"))
 
@@ -262,7 +236,7 @@ def _scheduler_running(redis: Any) -> bool:
 def test_redis_restart_workers_reconnect_and_nothing_committed_is_lost(own_redis, tmp_path):
     env = _redis_env(own_redis)
     pool = Workers(tmp_path)
-    scheduler = Supervised(env, tmp_path)
+    scheduler = _start_scheduler(env, tmp_path)
     redis = transport.connection_for("default")
     try:
         worker = pool.start(env=env)
@@ -280,13 +254,15 @@ def test_redis_restart_workers_reconnect_and_nothing_committed_is_lost(own_redis
         )
         again = jobs.probe.enqueue_in(1, tenant="t3", tag="scheduled-after")
         pool.wait_for("a delayed run", lambda: status(again.run_id) == RunStatus.SUCCEEDED)
-        assert worker.poll() is None  # the same worker process, reconnected
+        assert worker.poll() is None  # the same processes, reconnected
+        assert scheduler.poll() is None
         assert [p.tag for p in probes("t1")] == ["before", "delayed"]
         assert [p.tag for p in probes("t2")] == ["after"]
         assert [p.tag for p in probes("t3")] == ["scheduled-after"]
     finally:
         pool.stop_all()
-        scheduler.stop()
+        scheduler.kill()
+        scheduler.wait()
 
 
 def test_rqscheduler_survives_a_redis_restart(own_redis, tmp_path):
@@ -308,9 +284,10 @@ def test_rqscheduler_survives_a_redis_restart(own_redis, tmp_path):
 
 
 def test_long_redis_outage_loses_nothing_committed(own_redis, tmp_path):
-    """Longer than redis-py's own retries (about 4 s): the worker's loop waits it out."""
+    """Longer than redis-py's own retries (about 4 s): worker and scheduler wait it out."""
     env = _redis_env(own_redis)
     pool = Workers(tmp_path)
+    scheduler = _start_scheduler(env, tmp_path)
     try:
         worker = pool.start(env=env)
         before = jobs.probe.enqueue(tenant="t1", tag="before")
@@ -329,12 +306,14 @@ def test_long_redis_outage_loses_nothing_committed(own_redis, tmp_path):
             "every committed run to succeed",
             lambda: all(status(h.run_id) == RunStatus.SUCCEEDED for h in runs),
         )
-        assert worker.poll() is None
+        assert worker.poll() is None and scheduler.poll() is None
         assert [p.tag for p in probes("t1")] == ["before", "delayed"]
         assert [p.tag for p in probes("t2")] == ["during"]
         assert [p.tag for p in probes("t3")] == ["after"]
     finally:
         pool.stop_all()
+        scheduler.kill()
+        scheduler.wait()
 
 
 def _start_scheduler(env: dict[str, str], log_dir: Path) -> subprocess.Popen[bytes]:
