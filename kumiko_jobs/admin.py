@@ -38,7 +38,7 @@ from django.utils.translation import gettext_lazy as _
 
 from . import conf, operations
 from .exceptions import KumikoJobsError
-from .models import JobAttempt, JobFailure, JobRun, RejectedMessage, RunStatus
+from .models import EscapeHatchUse, JobAttempt, JobFailure, JobRun, RejectedMessage, RunStatus
 from .registry import JobDefinition, registry
 
 # --- audience ---------------------------------------------------------------------------------
@@ -228,7 +228,30 @@ class TenantFilter(admin.SimpleListFilter):
         return queryset.filter(schema_name="" if value == self.SYSTEM else value)
 
 
-class TenantScopedAdmin(admin.ModelAdmin):
+class ReadOnly:
+    """Rows written by the runner, never by hand; the retention sweep is what deletes them."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class OperatorsOnly:
+    """Shown on the public (operator) domain only, never on a tenant's."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return is_operator_request() and super().has_module_permission(request)  # type: ignore[misc]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_operator_request() and super().has_view_permission(request, obj)  # type: ignore[misc]
+
+
+class TenantScopedAdmin(ReadOnly, admin.ModelAdmin):
     """Read-only history: rows are written by the runner, never by hand.
 
     Subclasses describe both audiences; the methods below pick one per request.
@@ -292,21 +315,11 @@ class TenantScopedAdmin(admin.ModelAdmin):
             return bool(super().lookup_allowed(lookup, value, request))
         return lookup in self.tenant_lookups
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # History is an audit trail; the retention sweep is what deletes it.
-        return False
-
 
 # --- JobRun -----------------------------------------------------------------------------------
 
 
-class JobAttemptInline(admin.StackedInline):
+class JobAttemptInline(ReadOnly, admin.StackedInline):
     model = JobAttempt
     extra = 0
     can_delete = False
@@ -334,15 +347,6 @@ class JobAttemptInline(admin.StackedInline):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return is_operator_request() and super().has_view_permission(request, obj)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     @admin.display(description=_("duration"))
     def duration(self, attempt: JobAttempt) -> str:
@@ -896,7 +900,7 @@ class JobFailureAdmin(TenantScopedAdmin):
 
 
 @admin.register(RejectedMessage)
-class RejectedMessageAdmin(admin.ModelAdmin):
+class RejectedMessageAdmin(OperatorsOnly, ReadOnly, admin.ModelAdmin):
     list_display = ("received_at", "queue", "rq_job_id", "reason")
     list_filter = ("queue", ("received_at", admin.DateFieldListFilter))
     search_fields = ("rq_job_id", "reason")
@@ -909,17 +913,28 @@ class RejectedMessageAdmin(admin.ModelAdmin):
     def excerpt_block(self, message: RejectedMessage) -> SafeString | str:
         return pre(message.excerpt)
 
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return is_operator_request() and super().has_module_permission(request)
 
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return is_operator_request() and super().has_view_permission(request, obj)
+# --- EscapeHatchUse (operators only) ----------------------------------------------------------
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+@admin.register(EscapeHatchUse)
+class EscapeHatchUseAdmin(OperatorsOnly, ReadOnly, admin.ModelAdmin):
+    """Every declared crossing of a tenant boundary that was used, with its reason."""
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    list_display = ("job_name", "grant", "schema_name", "actor", "count", "last_seen", "reason")
+    list_filter = ("grant", "job_name", "schema_name")
+    search_fields = ("job_name", "reason", "actor")
+    readonly_fields = (
+        "job_name",
+        "grant",
+        "reason",
+        "schema_name",
+        "actor",
+        "triggered_by",
+        "first_seen",
+        "last_seen",
+        "count",
+        "last_run_id",
+    )
+    fields = readonly_fields
+    ordering = ("-last_seen",)

@@ -488,6 +488,7 @@ def test_tenant_has_no_operator_tools_even_as_superuser(history):
     assert listed(boss.get(RUNS)) == ids(history.t1_ok, history.t1_bad, history.t1_sync)
     assert boss.get(RUN_JOB).status_code == 403
     assert boss.get("/admin/kumiko_jobs/rejectedmessage/").status_code == 403
+    assert boss.get("/admin/kumiko_jobs/escapehatchuse/").status_code == 403
     assert boss.get("/admin/kumiko_jobs/jobattempt/").status_code == 404  # never registered
     runs_before = JobRun.objects.count()
     boss.post(
@@ -506,3 +507,27 @@ def test_tenant_permissions_govern_access(history):
     assert runs_only.get(FAILURES).status_code == 403
     # A t1 user does not exist on t2's domain: its session is t1's.
     assert runs_only.get(RUNS, HTTP_HOST="t2.localhost").status_code == 302
+
+
+def test_operator_sees_escape_hatch_uses_read_only(operator):
+    from django.utils import timezone
+
+    from kumiko_jobs.models import EscapeHatchUse
+
+    now = timezone.now()
+    use = EscapeHatchUse.objects.create(
+        job_name="billing.rebuild_prices",
+        grant="global_writes",
+        reason="rebuilds the index",
+        schema_name="t1",
+        actor="user:7",
+        first_seen=now,
+        last_seen=now,
+        count=3,
+    )
+    page = text(operator.get("/admin/kumiko_jobs/escapehatchuse/"))
+    assert "billing.rebuild_prices" in page and "rebuilds the index" in page
+    detail = operator.get(f"/admin/kumiko_jobs/escapehatchuse/{use.pk}/change/")
+    assert detail.status_code == 200
+    assert 'name="_save"' not in detail.content.decode()  # read-only: nothing to save
+    assert operator.get("/admin/kumiko_jobs/escapehatchuse/add/").status_code == 403
