@@ -31,7 +31,6 @@ run succeeded and every job wrote its row.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -46,13 +45,14 @@ from typing import Any
 
 from bench.throughput import (
     QUEUE,
-    RESULTS_DIR,
     ROOT,
+    clean_up,
     create_tenants,
-    drop_database,
     machine_facts,
     prepare_environment,
+    print_load,
     reset,
+    write_results,
     written_rows,
 )
 
@@ -318,11 +318,7 @@ def print_report(results: Results, modes: Sequence[ModeResult]) -> None:
         print(f"  {m.label}: A's backlog enqueued at {m.backlog / m.backlog_enqueue_seconds:.0f}/s")
         if not m.ok:
             print(f"  WARNING ({m.label}): {m.problem} - the numbers above are not valid")
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
-    print(
-        f"  load average {results.machine['loadavg_at_start'][0]:.2f} at start, "
-        f"{load[0]:.2f} at end, {results.machine['cpus']} CPUs"
-    )
+    print_load(results.machine)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -389,19 +385,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_report(results, modes)
         print(f"  worker logs: {log_dir}")
         if args.json:
-            RESULTS_DIR.mkdir(exist_ok=True)
-            path = RESULTS_DIR / f"fairness-{stamp}.json"
-            path.write_text(json.dumps(asdict(results), indent=2) + "\n")
-            print(f"\nwrote {path.relative_to(ROOT)}")
+            write_results("fairness", stamp, asdict(results))
     finally:
-        from django.db import connections
-
-        from kumiko_jobs import transport
-
-        transport.connection_for(QUEUE).flushdb()  # the bench's own Redis database
-        connections.close_all()
-        if not args.keep_database:
-            drop_database(admin_url, args.database)
+        clean_up(admin_url, args.database, keep_database=args.keep_database)
     return 0
 
 

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import os
 import statistics
 import sys
 import time
@@ -40,14 +38,15 @@ from typing import Any
 
 from bench.throughput import (
     QUEUE,
-    RESULTS_DIR,
     ROOT,
+    clean_up,
     counting_round_trips,
     create_tenants,
-    drop_database,
     machine_facts,
     prepare_environment,
+    print_load,
     reset,
+    write_results,
 )
 
 BENCH_DATABASE = "kumiko_bench_fanout"
@@ -256,11 +255,7 @@ def print_report(results: Results) -> None:
     for m in results.measurements:
         if not m["ok"]:
             print(f"  WARNING ({m['key']}): {m['problem']} - the numbers above are not valid")
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
-    print(
-        f"  load average {results.machine['loadavg_at_start'][0]:.2f} at start, "
-        f"{load[0]:.2f} at end, {results.machine['cpus']} CPUs"
-    )
+    print_load(results.machine)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -336,19 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.summary = summarize(measurements)
             print_report(results)
         if args.json:
-            RESULTS_DIR.mkdir(exist_ok=True)
-            path = RESULTS_DIR / f"fanout-{stamp}.json"
-            path.write_text(json.dumps(asdict(results), indent=2) + "\n")
-            print(f"\nwrote {path.relative_to(ROOT)}")
+            write_results("fanout", stamp, asdict(results))
     finally:
-        from django.db import connections
-
-        from kumiko_jobs import transport
-
-        transport.connection_for(QUEUE).flushdb()  # the bench's own Redis database
-        connections.close_all()
-        if not args.keep_database:
-            drop_database(admin_url, args.database)
+        clean_up(admin_url, args.database, keep_database=args.keep_database)
     return 0
 
 

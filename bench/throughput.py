@@ -95,6 +95,34 @@ def drop_database(admin_url: str, database: str) -> None:
         )
 
 
+def print_load(machine: dict[str, Any]) -> None:
+    """The closing line of every benchmark: how busy the machine was (numbers are noisy)."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
+    print(
+        f"  load average {machine['loadavg_at_start'][0]:.2f} at start, "
+        f"{load[0]:.2f} at end, {machine['cpus']} CPUs"
+    )
+
+
+def write_results(name: str, stamp: str, data: dict[str, Any]) -> None:
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{name}-{stamp}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"\nwrote {path.relative_to(ROOT)}")
+
+
+def clean_up(admin_url: str, database: str, *, keep_database: bool) -> None:
+    """Empty the bench's own Redis database, close connections, drop its database."""
+    from django.db import connections
+
+    from kumiko_jobs import transport
+
+    transport.connection_for(QUEUE).flushdb()  # the bench's own Redis database
+    connections.close_all()
+    if not keep_database:
+        drop_database(admin_url, database)
+
+
 def create_tenants(count: int) -> list[Any]:
     from django.core.management import call_command
 
@@ -553,11 +581,7 @@ def print_report(results: Results) -> None:
     for m in results.measurements:
         if not m["ok"]:
             print(f"  WARNING ({m['key']}): {m['problem']} - the numbers above are not valid")
-    load = os.getloadavg() if hasattr(os, "getloadavg") else (0.0, 0.0, 0.0)
-    print(
-        f"  load average {results.machine['loadavg_at_start'][0]:.2f} at start, "
-        f"{load[0]:.2f} at end, {results.machine['cpus']} CPUs"
-    )
+    print_load(results.machine)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -662,22 +686,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"cProfile files: {', '.join(p['file'] for p in profiles)}")
             results.profiles = profiles
         if args.json:
-            RESULTS_DIR.mkdir(exist_ok=True)
-            path = RESULTS_DIR / f"throughput-{stamp}.json"
             data = asdict(results)
             for prof in data["profiles"]:
                 prof.pop("report")
-            path.write_text(json.dumps(data, indent=2) + "\n")
-            print(f"\nwrote {path.relative_to(ROOT)}")
+            write_results("throughput", stamp, data)
     finally:
-        from django.db import connections
-
-        from kumiko_jobs import transport
-
-        transport.connection_for(QUEUE).flushdb()  # the bench's own Redis database
-        connections.close_all()
-        if not args.keep_database:
-            drop_database(admin_url, args.database)
+        clean_up(admin_url, args.database, keep_database=args.keep_database)
     return 0
 
 
