@@ -47,6 +47,9 @@ class RunState:
     queue: str = ""
     worker_name: str = ""
     tenant: Any = None
+    # The tenant the message names, as the records step loaded it (None: no such tenant).
+    tenant_loaded: bool = False
+    loaded_tenant: Any = None
     ctx: JobContext | None = None
     started_at: datetime | None = None
     started_monotonic: float = field(default_factory=time.monotonic)

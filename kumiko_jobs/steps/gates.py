@@ -7,9 +7,7 @@ never falls back to public.
 
 from __future__ import annotations
 
-from django_tenants.utils import get_tenant_model
-
-from .. import conf
+from .. import conf, run_sql
 from ..context import RunState
 from ..exceptions import InvalidJob, Unrecoverable
 from ..pipeline import Next
@@ -29,7 +27,8 @@ def gates(state: RunState, call_next: Next) -> None:
     except InvalidJob as exc:
         return _refuse(state, str(exc))
     if env.schema is not None:
-        tenant = get_tenant_model().objects.filter(schema_name=env.schema).first()
+        # Loaded by the records step with the run's start; looked up here when it did not run.
+        tenant = state.loaded_tenant if state.tenant_loaded else run_sql.find_tenant(env.schema)
         if tenant is None:
             return _refuse(state, f"tenant not found: no tenant has schema {env.schema!r}")
         active_field = conf.get().TENANT_ACTIVE_FIELD

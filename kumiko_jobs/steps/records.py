@@ -1,7 +1,9 @@
 """Run history: ``running`` at start, the outcome at the end, in the public schema.
 
-Both writes run outside the tenant and outside the guard. The start is one UPDATE; the end is
-one short transaction (attempt row, run row, tenant-visible failure, follow-up rows). A message
+Both writes run outside the tenant and outside the guard. The start is one statement (the run
+marked ``running``, its tenant loaded for the gates); the end is one statement in the common
+case, else one short transaction (attempt row, run row, tenant-visible failure, follow-up rows).
+The hot-path SQL lives in ``run_sql``. A message
 for a run that is cancelled or already finished is dropped here, which makes a repeated push
 of the same message harmless.
 """
@@ -14,17 +16,16 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
-from .. import audit, signals, telemetry
+from .. import audit, run_sql, signals, telemetry
 from ..context import RunState
 from ..models import JobAttempt, JobFailure, JobRun, RunStatus
 from ..pipeline import Next
 
 logger = logging.getLogger("kumiko_jobs.records")
 
-_RUNNABLE = (RunStatus.QUEUED, RunStatus.DEFERRED)
 _STATUS_FOR = {
     "succeeded": RunStatus.SUCCEEDED,
     "failed": RunStatus.FAILED,
@@ -60,16 +61,19 @@ def _start(state: RunState) -> bool:
     now = timezone.now()
     state.started_at = now
     state.started_monotonic = time.monotonic()
-    updated = JobRun.objects.filter(pk=env.run_id, status__in=_RUNNABLE).update(
-        status=RunStatus.RUNNING,
-        attempts=env.attempt,
+    started = run_sql.start(
+        run_id=env.run_id,
+        attempt=env.attempt,
         started_at=now,
-        finished_at=None,
-        scheduled_for=None,
-        defer_count=env.defers,
-        gate_defer_count=env.gate_defers,
+        defers=env.defers,
+        gate_defers=env.gate_defers,
         rq_job_id=state.rq_job_id,
+        schema=env.schema,
     )
+    # The gates step decides what a missing or inactive tenant means; it was loaded here
+    # because it costs nothing more in the same round trip.
+    state.tenant_loaded, state.loaded_tenant = True, started.tenant
+    updated = started.updated
     if not updated:
         row = JobRun.objects.filter(pk=env.run_id).values("status", "attempts").first()
         if row is None:
@@ -167,7 +171,7 @@ def _finish(state: RunState) -> None:
     )
     if not (touches_failure or state.audit_uses or (outcome == "succeeded" and state.followups)):
         # The common case: one statement, so one round trip and its own transaction.
-        _insert_attempt_and_update_run(attempt, run_update, env.run_id)
+        run_sql.finish(attempt, run_update, env.run_id)
     else:
         _finish_in_transaction(state, attempt, run_update, now)
     signals.send(
@@ -180,29 +184,6 @@ def _finish(state: RunState) -> None:
         error=error,
     )
     telemetry.run_finished(state, duration_ms)
-
-
-def _insert_attempt_and_update_run(
-    attempt: dict[str, Any], run_update: dict[str, Any], run_id: str
-) -> None:
-    """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement."""
-    qn = connection.ops.quote_name
-    a_meta, r_meta = JobAttempt._meta, JobRun._meta
-    a_fields: list[Any] = [a_meta.get_field(name) for name in attempt]
-    r_fields: list[Any] = [r_meta.get_field(name) for name in run_update]
-    params: list[Any] = [f.get_db_prep_save(attempt[f.name], connection) for f in a_fields]
-    params += [f.get_db_prep_save(run_update[f.name], connection) for f in r_fields]
-    params.append(uuid.UUID(run_id))
-    sql = (
-        f"WITH attempt AS (INSERT INTO {qn(a_meta.db_table)} "
-        f"({', '.join(qn(f.column) for f in a_fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(a_fields))})) "
-        f"UPDATE {qn(r_meta.db_table)} SET "
-        f"{', '.join(f'{qn(f.column)} = %s' for f in r_fields)} "
-        f"WHERE {qn(str(r_meta.pk.column))} = %s"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
 
 
 def _finish_in_transaction(

@@ -1,0 +1,196 @@
+"""The two statements every run costs: its start (with its tenant) and its finish.
+
+They are the history's hot path, so they are written once as SQL instead of being compiled by
+the ORM for every run, and every table in them is qualified with the public schema. That makes
+them independent of the connection's ``search_path``, so they run on a cursor that skips
+django-tenants' ``SET search_path``: between two runs the worker's connection would otherwise
+switch to public and back for nothing. Every other statement still goes through django-tenants'
+cursor, which sets the path again because the tenancy step has marked it stale.
+
+Per run, this makes the history cost one statement at the start (the run's ``running`` row and
+the run's tenant together) and one at the end (the attempt row and the run's outcome
+together), each its own implicit transaction.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantDatabaseWrapper
+from django_tenants.utils import get_tenant_model
+
+from . import conf
+from .models import JobAttempt, JobRun, RunStatus
+
+_RUNNABLE = (RunStatus.QUEUED, RunStatus.DEFERRED)
+
+
+@contextmanager
+def public_cursor() -> Iterator[Any]:
+    """``connection.cursor()`` as Django makes it (health check, execute wrappers, error
+    translation, query logging), minus the ``SET search_path`` django-tenants adds to it.
+
+    Only for statements whose every table is schema-qualified; anything else must use
+    ``connection.cursor()``.
+    """
+    wrapper = connections[DEFAULT_DB_ALIAS]  # ``connection`` is only a proxy to it
+    if isinstance(wrapper, TenantDatabaseWrapper):
+        cursor = super(TenantDatabaseWrapper, wrapper)._cursor()
+    else:  # not django-tenants' backend (the system checks say so): nothing to skip
+        cursor = wrapper.cursor()
+    try:
+        yield cursor
+    finally:
+        cursor.close()
+
+
+def _qualified(table: str) -> str:
+    qn = connection.ops.quote_name
+    return f"{qn(conf.public_schema_name())}.{qn(table)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _TenantColumns:
+    names: tuple[str, ...]  # attnames, in the model's concrete field order
+    sql: str  # the SELECT list, qualified with the alias "tenant"
+    converters: tuple[tuple[int, tuple[Callable[..., Any], ...], Any], ...]
+
+
+@functools.cache
+def _tenant_columns() -> _TenantColumns:
+    """The tenant model's columns, and the converters the ORM would apply to them.
+
+    Every concrete field is loaded, as ``Tenant.objects.get()`` would: jobs read
+    ``ctx.tenant``, and a deferred field would cost a query inside the guarded job.
+    """
+    model = get_tenant_model()
+    qn = connection.ops.quote_name
+    fields = model._meta.concrete_fields
+    converters = []
+    for index, field in enumerate(fields):
+        col = field.get_col("tenant")
+        found = tuple(connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+        if found:
+            converters.append((index, found, col))
+    return _TenantColumns(
+        names=tuple(field.attname for field in fields),
+        sql=", ".join(f"tenant.{qn(field.column)}" for field in fields),
+        converters=tuple(converters),
+    )
+
+
+def _tenant_from(values: Sequence[Any]) -> Any:
+    """The tenant instance for a row of ``_TenantColumns``, or None when the join found none."""
+    columns = _tenant_columns()
+    if values[0] is None:  # the primary key: nothing joined
+        return None
+    row = list(values)
+    for index, converters, col in columns.converters:
+        for convert in converters:
+            row[index] = convert(row[index], col, connection)
+    return get_tenant_model().from_db(connection.alias, list(columns.names), row)
+
+
+def _schema_column() -> str:
+    field: Any = get_tenant_model()._meta.get_field("schema_name")
+    return connection.ops.quote_name(field.column)
+
+
+@functools.cache
+def _start_sql() -> str:
+    qn = connection.ops.quote_name
+    tenant_model = get_tenant_model()
+
+    def col(name: str) -> str:
+        field: Any = JobRun._meta.get_field(name)
+        return qn(field.column)
+
+    return (
+        f"WITH started AS (UPDATE {_qualified(JobRun._meta.db_table)} SET "
+        f"{col('status')} = %s, {col('attempts')} = %s, {col('started_at')} = %s, "
+        f"{col('finished_at')} = NULL, {col('scheduled_for')} = NULL, "
+        f"{col('defer_count')} = %s, {col('gate_defer_count')} = %s, {col('rq_job_id')} = %s "
+        f"WHERE {col('run_id')} = %s AND {col('status')} IN (%s, %s) RETURNING 1) "
+        f"SELECT (SELECT count(*) FROM started), {_tenant_columns().sql} "
+        f"FROM (SELECT 1) AS one LEFT JOIN {_qualified(tenant_model._meta.db_table)} AS tenant "
+        f"ON tenant.{_schema_column()} = %s"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    updated: bool  # False: the run was not queued or deferred (or its row is gone)
+    tenant: Any  # the tenant whose schema_name the message names, or None
+
+
+def start(
+    *,
+    run_id: str,
+    attempt: int,
+    started_at: datetime,
+    defers: int,
+    gate_defers: int,
+    rq_job_id: str,
+    schema: str | None,
+) -> Started:
+    """Mark a queued or deferred run ``running`` and load its tenant, in one round trip.
+
+    The tenant is looked up by ``schema_name`` in the tenant table itself; a custom default
+    manager's filters do not hide a tenant from its runs (``TENANT_ACTIVE_FIELD`` does).
+    """
+    params = [
+        RunStatus.RUNNING.value,
+        attempt,
+        started_at,
+        defers,
+        gate_defers,
+        rq_job_id,
+        uuid.UUID(run_id),
+        *(status.value for status in _RUNNABLE),
+        schema,
+    ]
+    with public_cursor() as cursor:
+        cursor.execute(_start_sql(), params)
+        row = cursor.fetchone()
+    return Started(updated=bool(row[0]), tenant=_tenant_from(row[1:]))
+
+
+def find_tenant(schema: str) -> Any:
+    """The tenant with this schema_name, or None: the same lookup as ``start`` makes."""
+    tenant_table = _qualified(get_tenant_model()._meta.db_table)
+    with public_cursor() as cursor:
+        cursor.execute(
+            f"SELECT {_tenant_columns().sql} FROM {tenant_table} AS tenant "
+            f"WHERE tenant.{_schema_column()} = %s",
+            [schema],
+        )
+        row = cursor.fetchone()
+    return None if row is None else _tenant_from(row)
+
+
+def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> None:
+    """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement."""
+    qn = connection.ops.quote_name
+    a_meta, r_meta = JobAttempt._meta, JobRun._meta
+    a_fields: list[Any] = [a_meta.get_field(name) for name in attempt]
+    r_fields: list[Any] = [r_meta.get_field(name) for name in run_update]
+    params: list[Any] = [f.get_db_prep_save(attempt[f.name], connection) for f in a_fields]
+    params += [f.get_db_prep_save(run_update[f.name], connection) for f in r_fields]
+    params.append(uuid.UUID(run_id))
+    sql = (
+        f"WITH attempt AS (INSERT INTO {_qualified(a_meta.db_table)} "
+        f"({', '.join(qn(f.column) for f in a_fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(a_fields))})) "
+        f"UPDATE {_qualified(r_meta.db_table)} SET "
+        f"{', '.join(f'{qn(f.column)} = %s' for f in r_fields)} "
+        f"WHERE {qn(str(r_meta.pk.column))} = %s"
+    )
+    with public_cursor() as cursor:
+        cursor.execute(sql, params)
