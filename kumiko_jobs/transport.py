@@ -45,6 +45,37 @@ class JsonJob(Job):
         super().__init__(id=id, connection=connection, serializer=serializer or JSONSerializer)
 
 
+# RQ calls these by import path (callbacks) or URL (webhooks), from the job hash; kumiko never
+# sets them, so a message that carries one was written by someone else.
+HOOK_FIELDS = (
+    "success_callback_name",
+    "failure_callback_name",
+    "stopped_callback_name",
+    "webhooks",
+)
+
+
+class WorkerJob(JsonJob):
+    """The job class of kumiko's workers: notes which hook fields the job hash carried.
+
+    RQ reads the whole hash once when it dequeues a job and keeps what it read; noting the hook
+    fields from that same read lets the worker refuse a hooked message without a second read,
+    and leaves no window between the check and RQ's use. A field is noted even when RQ could
+    not parse it (RQ drops an unreadable webhook list silently): it is still a forgery.
+    """
+
+    hook_fields: tuple[str, ...] = ()
+
+    def restore(self, raw_data: Any) -> Any:
+        present = {
+            key.decode() if isinstance(key, bytes) else key
+            for key, value in raw_data.items()
+            if value
+        }
+        self.hook_fields = tuple(field for field in HOOK_FIELDS if field in present)
+        return super().restore(raw_data)
+
+
 class Scheduler(DjangoScheduler):
     """rq-scheduler that reads kumiko's JSON jobs. Set ``RQ["SCHEDULER_CLASS"]`` to this.
 

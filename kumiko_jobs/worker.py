@@ -42,22 +42,23 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import boot, conf, telemetry_flush, transport
 from .steps.tenancy import reset_connections
-from .transport import RUNNER, ForkingWorkerBase, Serializer, SimpleWorkerBase
+from .transport import (
+    HOOK_FIELDS,
+    RUNNER,
+    ForkingWorkerBase,
+    Serializer,
+    SimpleWorkerBase,
+    WorkerJob,
+)
 
 logger = logging.getLogger("kumiko_jobs.worker")
-
-# RQ calls these by import path, from the job hash; kumiko never sets them.
-_HOOK_FIELDS = (
-    "success_callback_name",
-    "failure_callback_name",
-    "stopped_callback_name",
-    "webhooks",
-)
 
 
 def _json_only(kwargs: dict[str, Any]) -> dict[str, Any]:
     # django-rq's rqworker passes --serializer (pickle by default); kumiko reads JSON only.
     kwargs["serializer"] = Serializer
+    # Its own job class, which notes the RQ hook fields a message carries (see refusal()).
+    kwargs["job_class"] = WorkerJob
     return kwargs
 
 
@@ -74,7 +75,12 @@ def refusal(job: Any, redis: Any) -> str | None:
         return f"the message names an instance ({type(instance).__name__}) to call {RUNNER} on"
     if not isinstance(args, list | tuple) or len(args) != 1 or kwargs != {}:
         return "the message must carry exactly one argument, the signed envelope"
-    hooks = [f for f, v in zip(_HOOK_FIELDS, redis.hmget(job.key, _HOOK_FIELDS), strict=True) if v]
+    if isinstance(job, WorkerJob):
+        hooks: Any = job.hook_fields
+    else:  # loaded by another job class: read the fields from Redis
+        hooks = [
+            f for f, v in zip(HOOK_FIELDS, redis.hmget(job.key, HOOK_FIELDS), strict=True) if v
+        ]
     if hooks:
         return f"the message sets RQ {', '.join(hooks)}, which kumiko never uses"
     return None

@@ -34,6 +34,7 @@ from kumiko_jobs.envelope import VERSION, Envelope, encode
 from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
 from kumiko_jobs.registry import registry
 from kumiko_jobs.runner import execute
+from kumiko_jobs.worker import refusal
 from tests.conftest import TENANTS, probes, start_rqworker, work
 from tests.testapp import jobs
 from tests.testapp.models import Probe
@@ -291,6 +292,20 @@ def test_a_runner_message_with_rq_callbacks_or_webhooks_is_refused(tenants, hook
     assert [r.rq_job_id for r in rejected] == batch.poison_ids
     assert hook_field in rejected[0].reason
     assert runs == []  # the envelope never reached the runner
+
+
+@pytest.mark.parametrize("job_class", [transport.WorkerJob, transport.JsonJob])
+@pytest.mark.parametrize("hook_field", transport.HOOK_FIELDS)
+def test_the_hook_check_sees_what_rq_loaded_with_either_job_class(tenants, job_class, hook_field):
+    # kumiko's workers load jobs with WorkerJob, which notes the hook fields from RQ's own read;
+    # a job loaded by any other class is checked against Redis instead.
+    body = encode(Envelope(job="testapp.probe", schema="t1", kwargs={"tag": "h"}, run_id="b" * 32))
+    clean = push_raw({"data": rq_data(RUNNER, [body])})
+    hooked = push_raw({"data": rq_data(RUNNER, [body]), hook_field: "not even parseable"})
+    redis = queue().connection
+    assert refusal(job_class.fetch(clean, connection=redis), redis) is None
+    reason = refusal(job_class.fetch(hooked, connection=redis), redis)
+    assert reason is not None and hook_field in reason, reason
 
 
 # --- messages RQ cannot read ------------------------------------------------------------------
