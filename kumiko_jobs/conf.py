@@ -65,6 +65,7 @@ class KumikoSettings:
     WORKER_DEAD_AFTER: int = 20
     MAINTENANCE_INTERVAL: int = 10
     RELAY_GRACE: int = 30
+    HISTORY_SYNCHRONOUS_COMMIT: bool = False
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -123,8 +124,9 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("DEFAULT_QUEUE",):
         if key in values and (not isinstance(values[key], str) or not values[key]):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be a queue name.")
-    if not isinstance(values.get("HOUSEKEEPING", True), bool):
-        raise ImproperlyConfigured("settings.KUMIKO_JOBS['HOUSEKEEPING'] must be True or False.")
+    for key in ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT"):
+        if not isinstance(values.get(key, True), bool):
+            raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be True or False.")
     defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
     beat = values.get("WORKER_HEARTBEAT", defaults["WORKER_HEARTBEAT"])
     if values.get("WORKER_DEAD_AFTER", defaults["WORKER_DEAD_AFTER"]) < 2 * beat:

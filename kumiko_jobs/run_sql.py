@@ -10,6 +10,13 @@ cursor, which sets the path again because the tenancy step has marked it stale.
 Per run, this makes the history cost one statement at the start (the run's ``running`` row and
 the run's tenant together) and one at the end (the attempt row and the run's outcome
 together), each its own implicit transaction.
+
+Unless ``HISTORY_SYNCHRONOUS_COMMIT`` is on, both statements commit asynchronously
+(``set_config('synchronous_commit', 'off', true)`` inside the statement, so it applies to that
+one transaction and never to the job's own): they do not wait for the WAL flush. Other sessions
+see them at once; only a crash of the PostgreSQL server can lose the last fraction of a second of
+them, and a run whose state was lost is delivered again by the relay (a lost start) or handed
+back by the sweep (a lost finish), as after a worker crash. docs/reliability.md has the details.
 """
 
 from __future__ import annotations
@@ -103,8 +110,15 @@ def _schema_column() -> str:
     return connection.ops.quote_name(field.column)
 
 
+def _commit_mode() -> str:
+    """A one-row FROM item that sets this transaction's commit mode (see the module's doc)."""
+    if conf.get().HISTORY_SYNCHRONOUS_COMMIT:
+        return "(SELECT 1)"
+    return "(SELECT set_config('synchronous_commit', 'off', true))"
+
+
 @functools.cache
-def _start_sql() -> str:
+def _start_sql(commit_mode: str) -> str:
     qn = connection.ops.quote_name
     tenant_model = get_tenant_model()
 
@@ -119,7 +133,7 @@ def _start_sql() -> str:
         f"{col('defer_count')} = %s, {col('gate_defer_count')} = %s, {col('rq_job_id')} = %s "
         f"WHERE {col('run_id')} = %s AND {col('status')} IN (%s, %s) RETURNING 1) "
         f"SELECT (SELECT count(*) FROM started), {_tenant_columns().sql} "
-        f"FROM (SELECT 1) AS one LEFT JOIN {_qualified(tenant_model._meta.db_table)} AS tenant "
+        f"FROM {commit_mode} AS one LEFT JOIN {_qualified(tenant_model._meta.db_table)} AS tenant "
         f"ON tenant.{_schema_column()} = %s"
     )
 
@@ -157,7 +171,7 @@ def start(
         schema,
     ]
     with public_cursor() as cursor:
-        cursor.execute(_start_sql(), params)
+        cursor.execute(_start_sql(_commit_mode()), params)
         row = cursor.fetchone()
     return Started(updated=bool(row[0]), tenant=_tenant_from(row[1:]))
 
@@ -190,6 +204,7 @@ def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> 
         f"VALUES ({', '.join(['%s'] * len(a_fields))})) "
         f"UPDATE {_qualified(r_meta.db_table)} SET "
         f"{', '.join(f'{qn(f.column)} = %s' for f in r_fields)} "
+        f"FROM {_commit_mode()} AS commit_mode "
         f"WHERE {qn(str(r_meta.pk.column))} = %s"
     )
     with public_cursor() as cursor:

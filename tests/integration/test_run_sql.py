@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.test import override_settings
 from django.utils import timezone
 
 from example_project.customers.models import Client
@@ -210,3 +211,52 @@ def test_find_tenant_matches_the_orm(tenants):
         assert _fields(run_sql.find_tenant(schema)) == _fields(
             Client.objects.get(schema_name=schema)
         )
+
+
+def _attempt(run_id: str) -> dict[str, Any]:
+    now = timezone.now()
+    return {
+        "run": uuid.UUID(run_id),
+        "number": 1,
+        "started_at": now,
+        "finished_at": now,
+        "duration_ms": 1.0,
+        "outcome": "succeeded",
+        "error_type": "",
+        "error_message": "",
+        "traceback": "",
+        "log": [{"msg": "kept as JSON"}],
+        "worker": "test",
+    }
+
+
+def _synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return str(cursor.fetchone()[0])
+
+
+def test_history_statements_commit_asynchronously_and_only_themselves(tenants):
+    run_id = _queued_run("t1")
+    assert _synchronous_commit() == "on"
+    with transaction.atomic():  # to look inside the statement's transaction
+        _start(run_id, "t1")
+        assert _synchronous_commit() == "off"
+    assert _synchronous_commit() == "on"  # local to that transaction: the job's commits wait
+    with transaction.atomic():
+        run_sql.finish(_attempt(run_id), {"status": "succeeded"}, run_id)
+        assert _synchronous_commit() == "off"
+    assert _synchronous_commit() == "on"
+    assert JobRun.objects.get(pk=run_id).status == RunStatus.SUCCEEDED
+    assert JobAttempt.objects.get(run_id=run_id, number=1).log == [{"msg": "kept as JSON"}]
+
+
+@override_settings(KUMIKO_JOBS={"HISTORY_SYNCHRONOUS_COMMIT": True})
+def test_history_statements_can_wait_for_the_flush_like_any_commit(tenants):
+    run_id = _queued_run("t1")
+    with recording() as statements, transaction.atomic():
+        _start(run_id, "t1")
+        run_sql.finish(_attempt(run_id), {"status": "succeeded"}, run_id)
+        assert _synchronous_commit() == "on"
+    assert not any("synchronous_commit" in sql for _, sql in statements.seen[:2])
+    assert JobRun.objects.get(pk=run_id).status == RunStatus.SUCCEEDED

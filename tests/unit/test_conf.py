@@ -45,6 +45,7 @@ def test_empty_settings_give_the_documented_defaults():
     assert settings.TENANT_ACTIVE_FIELD is None and settings.TENANT_CONCURRENCY is None
     assert settings.EXTRA_SHARED_TABLES == ()
     assert settings.SENSITIVE_KEYS == DEFAULT_SENSITIVE_KEYS
+    assert settings.HISTORY_SYNCHRONOUS_COMMIT is False
 
 
 def test_settings_are_immutable():
@@ -72,6 +73,8 @@ def test_every_known_key_can_be_set():
         "TENANT_CONCURRENCY": 1,
         "RUNNING_TIMEOUT_GRACE": 0,
         "LOG_LINES_PER_ATTEMPT": 1,
+        "HOUSEKEEPING": False,
+        "HISTORY_SYNCHRONOUS_COMMIT": True,
     }
     assert set(raw) <= {f.name for f in dataclasses.fields(KumikoSettings)}
     settings = _validate(raw)
@@ -161,6 +164,12 @@ def test_non_negative_keys_accept_zero(key):
 @pytest.mark.parametrize("value", ["", 5, None, ["default"]])
 def test_default_queue_must_be_a_queue_name(value):
     refused({"DEFAULT_QUEUE": value}, r"\['DEFAULT_QUEUE'\] must be a queue name")
+
+
+@pytest.mark.parametrize("key", ["HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT"])
+@pytest.mark.parametrize("value", [0, 1, "yes", "False", None])
+def test_switches_must_be_true_or_false(key, value):
+    refused({key: value}, f"'{key}'.* must be True or False")
 
 
 @pytest.mark.parametrize("value", [5, True, ["is_active"]])
