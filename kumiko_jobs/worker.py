@@ -364,7 +364,11 @@ class _KeepsRunsAlive:
             super().heartbeat(timeout, pipeline)  # type: ignore[misc]
             return
         try:
-            super().heartbeat(timeout, pipeline)  # type: ignore[misc]
+            # RQ sends a heartbeat's three commands one by one, three times per message; one
+            # pipeline makes each heartbeat a single round trip, with the same commands.
+            with self.connection.pipeline(transaction=False) as pipe:
+                super().heartbeat(timeout, pipe)  # type: ignore[misc]
+                pipe.execute()
         except _REDIS_DOWN as exc:
             self._redis_down(exc)
             return
