@@ -36,8 +36,6 @@ from django_tenants.utils import get_tenant_model
 from . import conf
 from .models import JobAttempt, JobRun, RunStatus
 
-_RUNNABLE = (RunStatus.QUEUED, RunStatus.DEFERRED)
-
 
 @contextmanager
 def public_cursor() -> Iterator[Any]:
@@ -131,7 +129,16 @@ def _start_sql(commit_mode: str) -> str:
         f"{col('status')} = %s, {col('attempts')} = %s, {col('started_at')} = %s, "
         f"{col('finished_at')} = NULL, {col('scheduled_for')} = NULL, "
         f"{col('defer_count')} = %s, {col('gate_defer_count')} = %s, {col('rq_job_id')} = %s "
-        f"WHERE {col('run_id')} = %s AND {col('status')} IN (%s, %s) RETURNING 1) "
+        # Only the message the run waits for (relay.pending_counters states the same rule):
+        # a queued run waits for the attempt after its last, with its deferral counts; a
+        # deferred one for the same attempt with one more deferral of either kind.
+        f"WHERE {col('run_id')} = %s AND ("
+        f"({col('status')} = %s AND {col('attempts')} + 1 = %s "
+        f"AND {col('defer_count')} = %s AND {col('gate_defer_count')} = %s) OR "
+        f"({col('status')} = %s AND GREATEST({col('attempts')}, 1) = %s AND ("
+        f"({col('defer_count')} + 1 = %s AND {col('gate_defer_count')} = %s) OR "
+        f"({col('defer_count')} = %s AND {col('gate_defer_count')} + 1 = %s)))"
+        f") RETURNING 1) "
         f"SELECT (SELECT count(*) FROM started), {_tenant_columns().sql} "
         f"FROM {commit_mode} AS one LEFT JOIN {_qualified(tenant_model._meta.db_table)} AS tenant "
         f"ON tenant.{_schema_column()} = %s"
@@ -140,7 +147,7 @@ def _start_sql(commit_mode: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    updated: bool  # False: the run was not queued or deferred (or its row is gone)
+    updated: bool  # False: the run does not wait for this message (or its row is gone)
     tenant: Any  # the tenant whose schema_name the message names, or None
 
 
@@ -154,7 +161,13 @@ def start(
     rq_job_id: str,
     schema: str | None,
 ) -> Started:
-    """Mark a queued or deferred run ``running`` and load its tenant, in one round trip.
+    """Mark the run ``running`` if it waits for this message, and load its tenant, in one
+    round trip.
+
+    A run waits for exactly one message: a queued run after attempt n for attempt n + 1 (with
+    the run's deferral counts), a deferred one for its attempt with one more deferral.
+    Anything else is a duplicate or a stale delivery (say, attempt n delivered again after the
+    run was queued for n + 1), and running it would repeat an attempt that already ran.
 
     The tenant is looked up by ``schema_name`` in the tenant table itself; a custom default
     manager's filters do not hide a tenant from its runs (``TENANT_ACTIVE_FIELD`` does).
@@ -167,7 +180,16 @@ def start(
         gate_defers,
         rq_job_id,
         uuid.UUID(run_id),
-        *(status.value for status in _RUNNABLE),
+        RunStatus.QUEUED.value,
+        attempt,
+        defers,
+        gate_defers,
+        RunStatus.DEFERRED.value,
+        attempt,
+        defers,
+        gate_defers,
+        defers,
+        gate_defers,
         schema,
     ]
     with public_cursor() as cursor:

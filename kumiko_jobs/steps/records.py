@@ -82,11 +82,7 @@ def _start(state: RunState) -> bool:
             # The previous attempt's worker died after scheduling this one: take over.
             JobRun.objects.filter(pk=env.run_id).update(attempts=env.attempt, started_at=now)
         else:
-            why = (
-                "cancelled before it started"
-                if row["status"] == RunStatus.CANCELLED
-                else f"duplicate delivery: the run is already {row['status']}"
-            )
+            why = _why_not_waiting(state, row["status"], row["attempts"])
             logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
             state.outcome = "dropped"
             state.drop_reason = why
@@ -109,6 +105,18 @@ def _start(state: RunState) -> bool:
         attempt=env.attempt,
     )
     return True
+
+
+def _why_not_waiting(state: RunState, status: str, attempts: int) -> str:
+    env = state.envelope
+    if status == RunStatus.CANCELLED:
+        return "cancelled before it started"
+    if status in (RunStatus.QUEUED, RunStatus.DEFERRED):
+        return (
+            f"stale message (attempt {env.attempt}, deferrals {env.defers}/{env.gate_defers}): "
+            f"the run is {status} after attempt {attempts} and waits for another"
+        )
+    return f"duplicate delivery: the run is already {status}"
 
 
 def _create_missing(state: RunState, now: Any) -> None:

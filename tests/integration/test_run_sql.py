@@ -7,6 +7,7 @@ every statement a run sends, including django-tenants' own ``SET search_path``.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,7 +20,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from example_project.customers.models import Client
-from kumiko_jobs import run_sql, transport
+from kumiko_jobs import relay, run_sql, signals, transport
+from kumiko_jobs.enqueueing import message_for
+from kumiko_jobs.envelope import Envelope
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from tests.conftest import probes, work
 from tests.testapp import jobs
@@ -140,28 +143,31 @@ def test_tables_in_the_last_tenants_schema_never_capture_the_history(tenants, de
     assert [p.tag for p in probes("t2")] == ["second"]
 
 
-def _queued_run(schema: str | None) -> str:
+def _queued_run(schema: str | None, **fields: Any) -> str:
     run_id = uuid.uuid4()
     JobRun.objects.create(
         run_id=run_id,
         job_name="testapp.probe",
         schema_name=schema or "",
-        status=RunStatus.QUEUED,
+        status=fields.pop("status", RunStatus.QUEUED),
         queue="default",
-        max_attempts=1,
+        max_attempts=3,
         queued_at=timezone.now(),
         payload={"tag": "x"},
+        **fields,
     )
     return str(run_id)
 
 
-def _start(run_id: str, schema: str | None, attempt: int = 1) -> run_sql.Started:
+def _start(
+    run_id: str, schema: str | None, attempt: int = 1, defers: int = 0, gate_defers: int = 0
+) -> run_sql.Started:
     return run_sql.start(
         run_id=run_id,
         attempt=attempt,
         started_at=timezone.now(),
-        defers=0,
-        gate_defers=0,
+        defers=defers,
+        gate_defers=gate_defers,
         rq_job_id="rq-1",
         schema=schema,
     )
@@ -172,7 +178,7 @@ def _fields(tenant: Any) -> dict[str, Any]:
 
 
 def test_start_marks_the_run_running_and_loads_the_tenant_as_the_orm_would(tenants):
-    run_id = _queued_run("t2")
+    run_id = _queued_run("t2", attempts=1)  # attempt 1 failed; the run waits for attempt 2
     started = _start(run_id, "t2", attempt=2)
     assert started.updated is True
     assert isinstance(started.tenant, Client)
@@ -194,6 +200,65 @@ def test_start_refuses_a_run_that_is_not_waiting(tenants):
     assert JobRun.objects.get(pk=run_id).status == RunStatus.CANCELLED
     missing = _start(str(uuid.uuid4()), "t1")
     assert missing.updated is False and missing.tenant is not None
+
+
+WAITING_ROWS = [
+    # (status, attempts, defer_count, gate_defer_count) of a run that waits for a message
+    (RunStatus.QUEUED, 0, 0, 0),  # enqueued
+    (RunStatus.QUEUED, 2, 0, 0),  # attempt 2 failed: waits for attempt 3
+    (RunStatus.QUEUED, 1, 2, 1),  # deferred before, then failed
+    (RunStatus.DEFERRED, 1, 0, 0),  # ctx.defer() or an inactive tenant in attempt 1
+    (RunStatus.DEFERRED, 2, 3, 1),
+]
+
+
+@pytest.mark.parametrize(("status", "attempts", "defers", "gate_defers"), WAITING_ROWS)
+def test_start_accepts_exactly_the_message_the_relay_would_push(
+    tenants, status, attempts, defers, gate_defers
+):
+    """The start and the relay state one rule: the message a waiting run waits for. Every
+    other message (a stale attempt, an old deferral, one from the future) is refused."""
+    expected = set(relay.pending_counters(status, attempts, defers, gate_defers))
+    accepted = set()
+    for counters in itertools.product(range(5), range(5), range(3)):
+        run_id = _queued_run(
+            "t1", status=status, attempts=attempts, defer_count=defers, gate_defer_count=gate_defers
+        )
+        attempt, message_defers, message_gate_defers = counters
+        if _start(run_id, "t1", attempt, message_defers, message_gate_defers).updated:
+            accepted.add(counters)
+            assert JobRun.objects.get(pk=run_id).status == RunStatus.RUNNING
+        else:
+            assert JobRun.objects.get(pk=run_id).status == status
+    assert accepted == expected
+
+
+def test_a_stale_attempt_is_dropped_and_the_awaited_one_runs(tenants):
+    handle = jobs.probe.enqueue(tenant="t1", tag="once")
+    # As if attempt 1 had run and failed, and its message were delivered again (a relay or a
+    # redelivery) while the run waits for attempt 2.
+    JobRun.objects.filter(pk=handle.run_id).update(attempts=1)
+    dropped = []
+
+    def on_dropped(sender: Any, **kwargs: Any) -> None:
+        dropped.append(kwargs["reason"])
+
+    signals.job_dropped.connect(on_dropped)
+    try:
+        work()
+    finally:
+        signals.job_dropped.disconnect(on_dropped)
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert (run.status, run.attempts) == (RunStatus.QUEUED, 1)
+    assert probes("t1") == []  # the stale attempt never reached the job
+    assert len(dropped) == 1 and "stale message (attempt 1" in dropped[0], dropped
+    assert "waits for another" in dropped[0]
+    env = Envelope(job="testapp.probe", schema="t1", kwargs={"tag": "once"}, run_id=run.run_id.hex)
+    transport.push(message_for(jobs.probe, env.next_attempt(), 0.0))
+    work()
+    run.refresh_from_db()
+    assert (run.status, run.attempts) == (RunStatus.SUCCEEDED, 2)
+    assert [p.tag for p in probes("t1")] == ["once"]
 
 
 @pytest.mark.parametrize("schema", [None, "nope", "T1", "t1 ", 't1"; DROP TABLE x; --'])
