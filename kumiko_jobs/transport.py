@@ -55,6 +55,10 @@ HOOK_FIELDS = (
 )
 
 
+class MalformedJobHash(ValueError):
+    """A job hash RQ would silently skip (see ``WorkerJob.restore``)."""
+
+
 class WorkerJob(JsonJob):
     """The job class of kumiko's workers: notes which hook fields the job hash carried.
 
@@ -67,6 +71,11 @@ class WorkerJob(JsonJob):
     hook_fields: tuple[str, ...] = ()
 
     def restore(self, raw_data: Any) -> Any:
+        if b"data" not in raw_data and "data" not in raw_data:
+            # RQ takes such a hash for a job that no longer exists and skips it silently,
+            # leaving it in Redis and its id in the intermediate queue. Any other error here
+            # reaches the worker, which records the hash and removes it.
+            raise MalformedJobHash("the job hash has no data field")
         present = {
             key.decode() if isinstance(key, bytes) else key
             for key, value in raw_data.items()

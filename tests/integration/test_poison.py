@@ -358,15 +358,18 @@ def test_a_job_hash_rq_cannot_load_is_recorded_and_removed(tenants, fields):
     assert not queue().connection.exists(queue().job_class.key_for(job_id))
 
 
-def test_a_job_hash_without_data_is_dropped_by_rq_and_never_runs(tenants):
-    # RQ treats it as a job that no longer exists: skipped before kumiko sees it, so there
-    # is nothing to call and nothing recorded (the stray hash stays for the operator, its id
-    # in RQ's intermediate queue until RQ's own maintenance drops it).
+def test_a_job_hash_without_data_is_recorded_and_removed(tenants):
+    # Plain RQ takes it for a job that no longer exists and skips it silently, leaving the
+    # hash in Redis and its id in the intermediate queue; kumiko's job class refuses it.
     batch = Batch()
     job_id = push_raw({"description": "no data field"})
-    rejected, runs = batch.run(rq_leaves_ids=1)
-    assert rejected == [] and runs == []
-    assert queue().connection.exists(queue().job_class.key_for(job_id))
+    batch.add(job_id)
+    rejected, runs = batch.run()
+    assert [r.rq_job_id for r in rejected] == [job_id]
+    assert "the job hash has no data field" in rejected[0].reason
+    assert "no data field" in rejected[0].excerpt  # what the hash held, for the operator
+    assert runs == []
+    assert not queue().connection.exists(queue().job_class.key_for(job_id))
 
 
 def test_a_queue_entry_pointing_at_a_non_hash_is_recorded_and_removed(tenants):
