@@ -165,6 +165,7 @@ _MAINTENANCE_LOCK = "kumiko:maintenance"
 # class, whose runs only the timeout rule may end.
 _RQ_WORKER_MARK = "kumiko"
 _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
+_HEARTBEAT_AT_MOST_EVERY = 1.0  # seconds between RQ worker heartbeats sent on their own
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -362,6 +363,16 @@ class _KeepsRunsAlive:
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)  # type: ignore[misc]
+            return
+        last = getattr(self, "last_heartbeat", None)
+        if (
+            timeout is None
+            and not self._redis_lost
+            and last is not None
+            and (transport.utcnow() - last).total_seconds() < _HEARTBEAT_AT_MOST_EVERY
+        ):
+            # RQ beats three times around every message; its TTLs are minutes long, so more
+            # than one beat a second only costs round trips.
             return
         try:
             # RQ sends a heartbeat's three commands one by one, three times per message; one
