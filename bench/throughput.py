@@ -630,6 +630,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"Redis database to flush and use ({BENCH_REDIS_DB})",
     )
     parser.add_argument("--keep-database", action="store_true", help="do not drop it at the end")
+    parser.add_argument(
+        "--asynchronous-history",
+        action="store_true",
+        help="run with KUMIKO_JOBS['HISTORY_SYNCHRONOUS_COMMIT'] = False",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.tenants < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--jobs, --tenants and --rounds must be >= 1, --warmup >= 0")
@@ -643,6 +648,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))  # RQ imports bench.workloads by name in the worker
     admin_url = prepare_environment(args.database, args.redis_db)
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    if args.asynchronous_history:
+        from django.conf import settings
+        from django.test import override_settings
+
+        # Entered for the rest of the process; Django's setting_changed resets kumiko's conf.
+        override_settings(
+            KUMIKO_JOBS={**settings.KUMIKO_JOBS, "HISTORY_SYNCHRONOUS_COMMIT": False}
+        ).enable()
+        print("history statements: asynchronous commit (HISTORY_SYNCHRONOUS_COMMIT = False)")
     try:
         tenants = create_tenants(args.tenants)
         results = Results(

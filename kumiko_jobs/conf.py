@@ -65,7 +65,7 @@ class KumikoSettings:
     WORKER_DEAD_AFTER: int = 20
     MAINTENANCE_INTERVAL: int = 10
     RELAY_GRACE: int = 30
-    HISTORY_SYNCHRONOUS_COMMIT: bool = False
+    HISTORY_SYNCHRONOUS_COMMIT: bool = True
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {

@@ -11,7 +11,7 @@ Per run, this makes the history cost one statement at the start (the run's ``run
 the run's tenant together) and one at the end (the attempt row and the run's outcome
 together), each its own implicit transaction.
 
-Unless ``HISTORY_SYNCHRONOUS_COMMIT`` is on, both statements commit asynchronously
+With ``HISTORY_SYNCHRONOUS_COMMIT = False`` both statements commit asynchronously
 (``set_config('synchronous_commit', 'off', true)`` inside the statement, so it applies to that
 one transaction and never to the job's own): they do not wait for the WAL flush. Other sessions
 see them at once; only a crash of the PostgreSQL server can lose the last fraction of a second of

@@ -301,7 +301,8 @@ def _synchronous_commit() -> str:
         return str(cursor.fetchone()[0])
 
 
-def test_history_statements_commit_asynchronously_and_only_themselves(tenants):
+@override_settings(KUMIKO_JOBS={"HISTORY_SYNCHRONOUS_COMMIT": False})
+def test_history_statements_can_commit_asynchronously_and_only_themselves(tenants):
     run_id = _queued_run("t1")
     assert _synchronous_commit() == "on"
     with transaction.atomic():  # to look inside the statement's transaction
@@ -316,8 +317,7 @@ def test_history_statements_commit_asynchronously_and_only_themselves(tenants):
     assert JobAttempt.objects.get(run_id=run_id, number=1).log == [{"msg": "kept as JSON"}]
 
 
-@override_settings(KUMIKO_JOBS={"HISTORY_SYNCHRONOUS_COMMIT": True})
-def test_history_statements_can_wait_for_the_flush_like_any_commit(tenants):
+def test_history_statements_wait_for_the_flush_like_any_commit_by_default(tenants):
     run_id = _queued_run("t1")
     with recording() as statements, transaction.atomic():
         _start(run_id, "t1")

@@ -45,7 +45,7 @@ def test_empty_settings_give_the_documented_defaults():
     assert settings.TENANT_ACTIVE_FIELD is None and settings.TENANT_CONCURRENCY is None
     assert settings.EXTRA_SHARED_TABLES == ()
     assert settings.SENSITIVE_KEYS == DEFAULT_SENSITIVE_KEYS
-    assert settings.HISTORY_SYNCHRONOUS_COMMIT is False
+    assert settings.HISTORY_SYNCHRONOUS_COMMIT is True
 
 
 def test_settings_are_immutable():
@@ -74,7 +74,7 @@ def test_every_known_key_can_be_set():
         "RUNNING_TIMEOUT_GRACE": 0,
         "LOG_LINES_PER_ATTEMPT": 1,
         "HOUSEKEEPING": False,
-        "HISTORY_SYNCHRONOUS_COMMIT": True,
+        "HISTORY_SYNCHRONOUS_COMMIT": False,
     }
     assert set(raw) <= {f.name for f in dataclasses.fields(KumikoSettings)}
     settings = _validate(raw)
