@@ -66,6 +66,7 @@ class KumikoSettings:
     MAINTENANCE_INTERVAL: int = 10
     RELAY_GRACE: int = 30
     HISTORY_SYNCHRONOUS_COMMIT: bool = True
+    PUSH_FAILURE_PAUSE: int = 5
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -90,6 +91,7 @@ _NON_NEGATIVE_INTS = (
     "RUNNING_TIMEOUT_GRACE",
     "MAINTENANCE_INTERVAL",
     "RELAY_GRACE",
+    "PUSH_FAILURE_PAUSE",
 )
 
 

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import logging
 import math
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -372,12 +373,31 @@ def _check_size(definition: JobDefinition, message: transport.Message) -> None:
         )
 
 
+# time.monotonic() of this process's last failed push, None after a push that worked.
+_push_failed_at: float | None = None
+
+
 def _push(message: transport.Message, row: JobRun) -> None:
+    global _push_failed_at
+    failed_at, pause = _push_failed_at, conf.get().PUSH_FAILURE_PAUSE
+    if failed_at is not None and time.monotonic() - failed_at < pause:
+        # Redis just failed: do not make this request wait out redis-py's retries (about 4 s)
+        # again. The committed row is the outbox; the relay pushes it.
+        logger.warning(
+            "run %s of %s is committed but not pushed: a push failed %.1f s ago, so for "
+            "PUSH_FAILURE_PAUSE=%d s the relay pushes instead",
+            row.run_id,
+            row.job_name,
+            time.monotonic() - failed_at,
+            pause,
+        )
+        return
     try:
         transport.push(message)
     except Exception as exc:
         # The run is committed: its row is the outbox, and the relay pushes its message once
         # Redis answers again. The request that enqueued it must not fail for that.
+        _push_failed_at = time.monotonic()
         logger.warning(
             "run %s of %s is committed but not pushed (%s: %s); the relay will push it",
             row.run_id,
@@ -386,6 +406,7 @@ def _push(message: transport.Message, row: JobRun) -> None:
             exc,
         )
         return
+    _push_failed_at = None
     signals.send(
         signals.job_queued,
         run_id=str(row.run_id),

@@ -49,4 +49,6 @@ from example_project.settings import INSTALLED_APPS, TENANT_APPS  # noqa: E402
 TENANT_APPS = [*TENANT_APPS, "tests.testapp", "tests.guardapp"]
 INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.guardapp"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-KUMIKO_JOBS = {"DB_GUARD": "enforce", "DEFAULT_RETRIES": 0}
+# PUSH_FAILURE_PAUSE is per process: a test that stops Redis must not leave the next test's
+# enqueues to the relay. test_outages turns it on where it is the subject.
+KUMIKO_JOBS = {"DB_GUARD": "enforce", "DEFAULT_RETRIES": 0, "PUSH_FAILURE_PAUSE": 0}

@@ -321,6 +321,61 @@ def test_long_redis_outage_loses_nothing_committed(own_redis, tmp_path):
         scheduler.wait()
 
 
+@contextlib.contextmanager
+def redis_round_trips() -> Iterator[dict[str, int]]:
+    """Commands and pipelines this process sends to Redis (attempts included)."""
+    from redis.client import Pipeline, Redis
+
+    counts = {"trips": 0}
+    command, execute = Redis.execute_command, Pipeline.execute
+
+    def counted_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["trips"] += 1
+        return command(self, *args, **kwargs)
+
+    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["trips"] += 1
+        return execute(self, *args, **kwargs)
+
+    Redis.execute_command = counted_command  # type: ignore[method-assign]
+    Pipeline.execute = counted_execute  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        Redis.execute_command = command  # type: ignore[method-assign]
+        Pipeline.execute = execute  # type: ignore[method-assign]
+
+
+def test_after_a_failed_push_commits_leave_pushes_to_the_relay_for_a_while(own_redis):
+    from kumiko_jobs import enqueueing
+    from kumiko_jobs.relay import relay_pending
+    from tests.conftest import work
+
+    own_redis.stop()
+    try:
+        with override_settings(KUMIKO_JOBS=fast_settings(PUSH_FAILURE_PAUSE=3600)):
+            with redis_round_trips() as tried:
+                first = jobs.probe.enqueue(tenant="t1", tag="first")  # waits out the retries
+            with redis_round_trips() as skipped, transaction.atomic():
+                second = jobs.probe.enqueue(tenant="t2", tag="second")
+        assert tried["trips"] >= 1
+        assert skipped["trips"] == 0  # the commit did not even try: no wait
+        assert status(first.run_id) == status(second.run_id) == RunStatus.QUEUED
+    finally:
+        own_redis.start()
+    # The pause over (here: set to zero), the next commit pushes again...
+    with override_settings(KUMIKO_JOBS=fast_settings(PUSH_FAILURE_PAUSE=0)):
+        third = jobs.probe.enqueue(tenant="t3", tag="third")
+        assert transport.queue_length("default") == 1
+        assert enqueueing._push_failed_at is None  # and a push that works ends the pause
+        # ...and the relay pushes the two that were left to it.
+        assert relay_pending(grace=0).pushed == 2
+        work()
+    for handle in (first, second, third):
+        assert status(handle.run_id) == RunStatus.SUCCEEDED
+    assert tags("t1") == ["first"] and tags("t2") == ["second"] and tags("t3") == ["third"]
+
+
 def _start_scheduler(env: dict[str, str], log_dir: Path) -> subprocess.Popen[bytes]:
     with (log_dir / "scheduler.log").open("ab") as log:
         return subprocess.Popen(

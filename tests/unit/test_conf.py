@@ -22,6 +22,7 @@ NON_NEGATIVE = (
     "INACTIVE_TENANT_DEFER_SECONDS",
     "ESCAPE_HATCH_DEDUPE_SECONDS",
     "RUNNING_TIMEOUT_GRACE",
+    "PUSH_FAILURE_PAUSE",
 )
 
 
@@ -75,6 +76,7 @@ def test_every_known_key_can_be_set():
         "LOG_LINES_PER_ATTEMPT": 1,
         "HOUSEKEEPING": False,
         "HISTORY_SYNCHRONOUS_COMMIT": False,
+        "PUSH_FAILURE_PAUSE": 0,
     }
     assert set(raw) <= {f.name for f in dataclasses.fields(KumikoSettings)}
     settings = _validate(raw)
