@@ -51,6 +51,9 @@ class JobRun(models.Model):
     trigger = models.CharField(max_length=200, blank=True)
     correlation_id = models.CharField(max_length=64, blank=True)
     trace_id = models.CharField(max_length=32, blank=True)
+    # The W3C trace context its messages carry, so a message rebuilt from the row (relay,
+    # sweep) continues the same trace.
+    trace_context = models.JSONField(default=dict, blank=True)
     parent_run_id = models.UUIDField(null=True, blank=True)
     payload = models.JSONField(default=dict, blank=True)
     origin = models.JSONField(null=True, blank=True, help_text="Write origin of the request.")

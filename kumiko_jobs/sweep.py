@@ -65,6 +65,7 @@ def envelope_of(run: JobRun, *, attempt: int) -> Envelope:
         trigger=run.trigger or None,
         origin=run.origin,
         parent_run_id=run.parent_run_id.hex if run.parent_run_id else None,
+        trace=dict(run.trace_context or {}),
     )
 
 

@@ -204,6 +204,21 @@ def test_retries_are_one_span_per_attempt_under_the_same_enqueue(tenants, teleme
     assert "attempt=1/3 final=false error_type=RuntimeError" in lines[0].getMessage()
 
 
+def test_a_relayed_message_continues_the_trace_of_its_enqueue(tenants, telemetry):
+    from kumiko_jobs import transport
+    from kumiko_jobs.relay import relay_pending
+
+    handle = jobs.probe.enqueue(tenant="t2", tag="relayed")
+    transport.connection_for("default").flushdb()  # the message is lost; the row is not
+    assert relay_pending(grace=0).pushed == 1  # rebuilt from the row
+    work()
+    assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
+    producer = _one(telemetry.spans("send default"))
+    consumer = _one(telemetry.spans("job.execute"))
+    assert consumer.context.trace_id == producer.context.trace_id
+    assert consumer.parent is not None and consumer.parent.span_id == producer.context.span_id
+
+
 def test_followup_is_a_child_of_the_parent_run(tenants, telemetry):
     parent = jobs.with_followup.enqueue(tenant="t1", tag="p")
     work()
