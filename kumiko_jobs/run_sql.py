@@ -43,7 +43,8 @@ def public_cursor() -> Iterator[Any]:
     translation, query logging), minus the ``SET search_path`` django-tenants adds to it.
 
     Only for statements whose every table is schema-qualified; anything else must use
-    ``connection.cursor()``.
+    ``connection.cursor()``. (A project's own subclass of django-tenants' wrapper is bypassed
+    here too; its ``_cursor`` additions do not apply to these two statements.)
     """
     wrapper = connections[DEFAULT_DB_ALIAS]  # ``connection`` is only a proxy to it
     if isinstance(wrapper, TenantDatabaseWrapper):

@@ -3,9 +3,10 @@
 Both writes run outside the tenant and outside the guard. The start is one statement (the run
 marked ``running``, its tenant loaded for the gates); the end is one statement in the common
 case, else one short transaction (attempt row, run row, tenant-visible failure, follow-up rows).
-The hot-path SQL lives in ``run_sql``. A message
-for a run that is cancelled or already finished is dropped here, which makes a repeated push
-of the same message harmless.
+The hot-path SQL lives in ``run_sql``.
+
+A run starts only for the one message it waits for. Any other (a repeated push, a stale attempt,
+a message for a cancelled or finished run) is dropped here, which makes redelivery harmless.
 """
 
 from __future__ import annotations
