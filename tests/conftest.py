@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -159,3 +161,30 @@ def probes(schema: str) -> list[Any]:
 
     with schema_context(schema):
         return list(Probe.objects.order_by("id"))
+
+
+@contextmanager
+def redis_round_trips() -> Iterator[dict[str, int]]:
+    """Round trips to Redis from this thread (not a worker's beat or maintenance threads): a
+    command, or a whole pipeline, attempts included. Counts the real client; mocks nothing."""
+    from redis.client import Pipeline, Redis
+
+    counts = {"trips": 0}
+    command, execute = Redis.execute_command, Pipeline.execute
+    caller = threading.get_ident()
+
+    def counted_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["trips"] += threading.get_ident() == caller
+        return command(self, *args, **kwargs)
+
+    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["trips"] += threading.get_ident() == caller
+        return execute(self, *args, **kwargs)
+
+    Redis.execute_command = counted_command  # type: ignore[method-assign]
+    Pipeline.execute = counted_execute  # type: ignore[method-assign]
+    try:
+        yield counts
+    finally:
+        Redis.execute_command = command  # type: ignore[method-assign]
+        Pipeline.execute = execute  # type: ignore[method-assign]

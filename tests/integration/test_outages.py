@@ -30,7 +30,7 @@ from django.test import override_settings
 from bench import soak
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
-from tests.conftest import probes, worker_env
+from tests.conftest import probes, redis_round_trips, worker_env
 from tests.integration.test_reliability import Workers, effects, fast_settings, status
 from tests.testapp import jobs
 
@@ -319,31 +319,6 @@ def test_long_redis_outage_loses_nothing_committed(own_redis, tmp_path):
         pool.stop_all()
         scheduler.kill()
         scheduler.wait()
-
-
-@contextlib.contextmanager
-def redis_round_trips() -> Iterator[dict[str, int]]:
-    """Commands and pipelines this process sends to Redis (attempts included)."""
-    from redis.client import Pipeline, Redis
-
-    counts = {"trips": 0}
-    command, execute = Redis.execute_command, Pipeline.execute
-
-    def counted_command(self: Any, *args: Any, **kwargs: Any) -> Any:
-        counts["trips"] += 1
-        return command(self, *args, **kwargs)
-
-    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        counts["trips"] += 1
-        return execute(self, *args, **kwargs)
-
-    Redis.execute_command = counted_command  # type: ignore[method-assign]
-    Pipeline.execute = counted_execute  # type: ignore[method-assign]
-    try:
-        yield counts
-    finally:
-        Redis.execute_command = command  # type: ignore[method-assign]
-        Pipeline.execute = execute  # type: ignore[method-assign]
 
 
 def test_after_a_failed_push_commits_leave_pushes_to_the_relay_for_a_while(own_redis):

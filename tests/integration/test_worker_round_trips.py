@@ -7,52 +7,24 @@ own; these tests pin that down with counts, not timings.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from redis.client import Pipeline, Redis
 
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.worker import Worker
-from tests.conftest import work
+from tests.conftest import redis_round_trips, work
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
 
-@contextmanager
-def counting_round_trips() -> Iterator[dict[str, int]]:
-    """Round trips to Redis from this thread (not the worker's beat and maintenance threads):
-    a command, or a whole pipeline."""
-    counts = {"trips": 0}
-    command, execute = Redis.execute_command, Pipeline.execute
-    caller = threading.get_ident()
-
-    def counted_command(self: Any, *args: Any, **kwargs: Any) -> Any:
-        counts["trips"] += threading.get_ident() == caller
-        return command(self, *args, **kwargs)
-
-    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        counts["trips"] += threading.get_ident() == caller
-        return execute(self, *args, **kwargs)
-
-    Redis.execute_command = counted_command  # type: ignore[method-assign]
-    Pipeline.execute = counted_execute  # type: ignore[method-assign]
-    try:
-        yield counts
-    finally:
-        Redis.execute_command = command  # type: ignore[method-assign]
-        Pipeline.execute = execute  # type: ignore[method-assign]
-
-
 def test_a_message_costs_about_half_the_redis_round_trips_of_rq_s_own_worker(tenants):
     handles = [jobs.probe.enqueue(tenant="t1", tag=f"r{i}") for i in range(30)]
-    with counting_round_trips() as counts:
+    with redis_round_trips() as counts:
         work()
     assert all(JobRun.objects.get(pk=h.run_id).status == RunStatus.SUCCEEDED for h in handles)
     # Plain RQ's SimpleWorker needs 18 per message (bench/throughput.py --profile); the burst's
@@ -77,14 +49,14 @@ def _beat_in_redis(worker: Worker) -> bytes | None:
 
 def test_one_beat_a_second_on_its_own_and_every_beat_in_one_pipeline(worker):
     worker.last_heartbeat = transport.utcnow() - timedelta(seconds=5)
-    with counting_round_trips() as counts:
+    with redis_round_trips() as counts:
         worker.heartbeat()
     assert counts["trips"] == 1  # hset, expire, expire: one pipeline
     first = _beat_in_redis(worker)
     assert first is not None
     assert worker.connection.ttl(worker.key) > 400  # RQ's worker_ttl + 60
 
-    with counting_round_trips() as counts:
+    with redis_round_trips() as counts:
         worker.heartbeat()  # within the second: nothing to say yet
     assert counts["trips"] == 0
     assert _beat_in_redis(worker) == first
