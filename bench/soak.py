@@ -6,8 +6,8 @@ What it does, on a database of its own (``kumiko_soak``, created and dropped) an
 of its own (started on a free port, so that restarting it disturbs nobody):
 
 1. starts ``--workers`` kumiko workers and one ``rqscheduler``, each as ``manage.py`` would
-   (``python -m bench.soak manage rqworker default``: the same command, with the soak's jobs
-   declared);
+   (``python -m bench.soak manage rqworker default``: the same command, with the soak's
+   faster recovery settings);
 2. enqueues ``--jobs`` runs of ``soak.work`` round-robin over the tenants, 100 per transaction,
    while the workers drain them; a tenth fail their first attempt (retried through the
    scheduler), one in 25 defers once, each sleeps up to 30 ms so that kills land mid-run;
@@ -60,91 +60,24 @@ FAST_RECOVERY = {
     "MAINTENANCE_INTERVAL": 1,
     "RELAY_GRACE": 3,
 }
-EFFECT = "soak"
+EFFECT = "soak"  # the ActivityLog.job of soak.work's effect rows
 
 
 # --------------------------------------------------------------------------- jobs
-
-
-def _soak_work(
-    ctx: Any, *, n: int, sleep_ms: int = 0, fail_first: bool = False, defer_first: bool = False
-) -> Any:
-    """One unit of soak work: maybe wait, fail once or defer once, then write the effect."""
-    from django.db import connection
-
-    from example_project.billing.models import ActivityLog
-
-    if sleep_ms:
-        time.sleep(sleep_ms / 1000)
-    if fail_first and ctx.attempt == 1:
-        raise RuntimeError("soak: the first attempt fails on purpose")
-    if defer_first and not ActivityLog.objects.filter(job="soak-defer", message=ctx.run_id):
-        ActivityLog.objects.create(job="soak-defer", message=ctx.run_id)
-        return ctx.defer(1)
-    ActivityLog.objects.create(
-        job=EFFECT,
-        message=f"{ctx.run_id} a{ctx.attempt} {connection.schema_name}",  # type: ignore[attr-defined]
-    )
-    return None
-
-
-def _sleeper(ctx: Any, *, tag: str, seconds: float = 0.0, sleep_attempts: int = 1) -> None:
-    """Sleep on the first ``sleep_attempts`` attempts, then write one effect row."""
-    from django.db import connection
-
-    from example_project.billing.models import ActivityLog
-
-    if ctx.attempt <= sleep_attempts:
-        time.sleep(seconds)
-    ActivityLog.objects.create(
-        job="sleeper",
-        message=f"{tag} a{ctx.attempt} {connection.schema_name}",  # type: ignore[attr-defined]
-    )
-
-
-# name -> (function, @job options)
-JOBS: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
-    "soak.work": (_soak_work, {"retries": 5, "backoff": {"type": "fixed", "delay": 1}}),
-    # Crash and outage tests: a run that sleeps long enough to be killed mid-run.
-    "soak.sleeper": (_sleeper, {"retries": 2, "backoff": {"type": "fixed", "delay": 0}}),
-    "soak.sleeper_once": (_sleeper, {"retries": 0}),
-}
-
-
-def declare(name: str, func: Callable[..., Any], **options: Any) -> Any:
-    """Declare one job that no installed app's ``jobs.py`` holds (idempotent).
-
-    The registry is frozen at start-up so that web processes and workers agree on the jobs;
-    jobs of a benchmark (or of a test) are declared explicitly, the same way, in every process
-    that enqueues or runs them, so the registry is opened for the moment.
-    """
-    from kumiko_jobs.registry import build_definition, registry
-
-    if name in registry:
-        return registry.get(name)
-    frozen = registry._frozen
-    registry._frozen = False
-    try:
-        return registry.register(build_definition(func, {"name": name, **options}))
-    finally:
-        registry._frozen = frozen
-
-
-def declare_jobs() -> None:
-    """Declare the soak's jobs in this process (this script, its workers, the tests)."""
-    for name, (func, options) in JOBS.items():
-        declare(name, func, **options)
+#
+# The soak's jobs live in example_project/billing/jobs.py (``soak.work``, ``soak.sleeper``,
+# ``soak.sleeper_once``), discovered at start-up like any project's jobs, so every process
+# (this script, its workers, the tests) knows them without opening the registry.
 
 
 def job(name: str) -> Any:
     from kumiko_jobs.registry import registry
 
-    declare_jobs()
     return registry.get(name)
 
 
 def manage(argv: Sequence[str]) -> None:
-    """``manage.py ARGV`` with the soak's jobs declared and KUMIKO_JOBS overrides applied."""
+    """``manage.py ARGV`` with the soak's KUMIKO_JOBS overrides applied."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
     from django.conf import settings
 
@@ -157,7 +90,6 @@ def manage(argv: Sequence[str]) -> None:
     import django
 
     django.setup()
-    declare_jobs()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(["manage.py", *argv])
@@ -383,7 +315,6 @@ def run_soak(
 
     from kumiko_jobs.models import FINISHED_STATUSES
 
-    declare_jobs()
     rng = random.Random(config.seed)
     report = SoakReport(jobs=config.jobs, tenants=len(schemas), workers=config.workers)
     log_dir = Path(tempfile.mkdtemp(prefix="kumiko-soak-logs-"))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
+from django.db import connection
 from django.utils import timezone
 
 from kumiko_jobs import Unrecoverable, job
@@ -108,3 +110,55 @@ def bench_hold(ctx: JobContext, *, key: str, seconds: int = 1800) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"nobody pushed onto {key!r} within {seconds} s")
         time.sleep(0.005)
+
+
+# --- the soak's jobs (bench/soak.py and the reliability tests) ------------------------------
+
+
+@job(name="soak.work", retries=5, backoff={"type": "fixed", "delay": 1})
+def soak_work(
+    ctx: JobContext,
+    *,
+    n: int,
+    sleep_ms: int = 0,
+    fail_first: bool = False,
+    defer_first: bool = False,
+) -> Any:
+    """One unit of soak work: maybe wait, fail once or defer once, then write the effect."""
+    if sleep_ms:
+        time.sleep(sleep_ms / 1000)
+    if fail_first and ctx.attempt == 1:
+        raise RuntimeError("soak: the first attempt fails on purpose")
+    if defer_first and not ActivityLog.objects.filter(job="soak-defer", message=ctx.run_id):
+        ActivityLog.objects.create(job="soak-defer", message=ctx.run_id)
+        return ctx.defer(1)
+    ActivityLog.objects.create(
+        job="soak",
+        message=f"{ctx.run_id} a{ctx.attempt} {connection.schema_name}",  # type: ignore[attr-defined]
+    )
+    return None
+
+
+def _sleep_then_write(ctx: JobContext, tag: str, seconds: float, sleep_attempts: int) -> None:
+    """Sleep on the first ``sleep_attempts`` attempts (long enough to be killed mid-run in the
+    crash and outage tests), then write one effect row."""
+    if ctx.attempt <= sleep_attempts:
+        time.sleep(seconds)
+    ActivityLog.objects.create(
+        job="sleeper",
+        message=f"{tag} a{ctx.attempt} {connection.schema_name}",  # type: ignore[attr-defined]
+    )
+
+
+@job(name="soak.sleeper", retries=2, backoff={"type": "fixed", "delay": 0})
+def soak_sleeper(
+    ctx: JobContext, *, tag: str, seconds: float = 0.0, sleep_attempts: int = 1
+) -> None:
+    _sleep_then_write(ctx, tag, seconds, sleep_attempts)
+
+
+@job(name="soak.sleeper_once", retries=0)
+def soak_sleeper_once(
+    ctx: JobContext, *, tag: str, seconds: float = 0.0, sleep_attempts: int = 1
+) -> None:
+    _sleep_then_write(ctx, tag, seconds, sleep_attempts)

@@ -37,11 +37,6 @@ from tests.testapp import jobs
 pytestmark = pytest.mark.usefixtures("live_db")
 
 
-@pytest.fixture(autouse=True)
-def soak_jobs() -> None:
-    soak.declare_jobs()
-
-
 # --------------------------------------------------------------------------- own PostgreSQL
 
 

@@ -44,11 +44,6 @@ def fast_settings(**extra: Any) -> dict[str, Any]:
     return {**settings.KUMIKO_JOBS, **FAST, **extra}
 
 
-@pytest.fixture(autouse=True)
-def soak_jobs() -> None:
-    soak.declare_jobs()
-
-
 class Workers:
     """Worker processes of one test, logging to files (a full pipe would block them)."""
 
@@ -474,20 +469,6 @@ def test_without_the_fallback_old_messages_are_rejected_and_the_relay_resigns(te
 # --------------------------------------------------------------------------- idempotency
 
 
-def send_receipt(ctx: Any, *, invoice_id: int, fail_after_effect: bool = False) -> None:
-    """docs/reliability.md's example: the effect happens once per run, whatever retries."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO receipt_sent (idempotency_key, invoice_id) VALUES (%s, %s) "
-            "ON CONFLICT (idempotency_key) DO NOTHING",
-            [ctx.idempotency_key, invoice_id],
-        )
-        if cursor.rowcount == 0:
-            ctx.log.info("receipt already sent by an earlier attempt", invoice=invoice_id)
-    if fail_after_effect and ctx.attempt == 1:
-        raise ConnectionError("the provider accepted the receipt, then the connection dropped")
-
-
 @pytest.fixture
 def receipt_table(tenants: dict[str, Any]) -> Iterator[None]:
     with connection.cursor() as cursor:
@@ -503,13 +484,7 @@ def receipt_table(tenants: dict[str, Any]) -> Iterator[None]:
 
 
 def test_idempotency_key_makes_a_retried_side_effect_happen_once(receipt_table):
-    receipt = soak.declare(
-        "reliability.send_receipt",
-        send_receipt,
-        retries=2,
-        backoff={"type": "fixed", "delay": 0},
-    )
-    handle = receipt.enqueue(tenant="t1", invoice_id=7, fail_after_effect=True)
+    handle = jobs.send_receipt.enqueue(tenant="t1", invoice_id=7, fail_after_effect=True)
     work()
 
     run = JobRun.objects.get(pk=handle.run_id)

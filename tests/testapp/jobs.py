@@ -153,3 +153,20 @@ def one_at_a_time(ctx, *, tag: str) -> None:
 @job(max_per_tenant=2)
 def capped(ctx, *, tag: str) -> None:
     _probe(ctx, tag)
+
+
+@job(name="reliability.send_receipt", retries=2, backoff={"type": "fixed", "delay": 0})
+def send_receipt(ctx, *, invoice_id: int, fail_after_effect: bool = False) -> None:
+    """docs/reliability.md's example: the effect happens once per run, whatever retries.
+
+    Its table (``receipt_sent``) exists only in t1, created by the test that uses it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO receipt_sent (idempotency_key, invoice_id) VALUES (%s, %s) "
+            "ON CONFLICT (idempotency_key) DO NOTHING",
+            [ctx.idempotency_key, invoice_id],
+        )
+        if cursor.rowcount == 0:
+            ctx.log.info("receipt already sent by an earlier attempt", invoice=invoice_id)
+    if fail_after_effect and ctx.attempt == 1:
+        raise ConnectionError("the provider accepted the receipt, then the connection dropped")
