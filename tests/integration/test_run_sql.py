@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -114,6 +115,7 @@ def decoys() -> Iterator[None]:
             )
 
 
+@override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "TENANT_ACTIVE_FIELD": "is_active"})
 def test_tables_in_the_last_tenants_schema_never_capture_the_history(tenants, decoys):
     # After a t1 run the connection's search_path is still "t1","public" when the next run
     # starts; unqualified names would resolve to the decoys first.
