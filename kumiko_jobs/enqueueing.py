@@ -216,7 +216,7 @@ def _row(definition: JobDefinition, env: Envelope, subject: str, delay: float) -
         triggered_by=env.triggered_by or "",
         trigger=env.trigger or "",
         correlation_id=env.correlation_id,
-        trace_id=env.trace.get("traceparent", "")[3:35],
+        trace_id=env.trace_id,
         trace_context=env.trace,
         parent_run_id=uuid.UUID(env.parent_run_id) if env.parent_run_id else None,
         payload=env.kwargs,

@@ -69,6 +69,11 @@ class Envelope:
         return replace(self, defers=self.defers + 1)
 
     @property
+    def trace_id(self) -> str:
+        """The W3C trace id of the carried context (``00-<trace id>-<span id>-<flags>``), or ""."""
+        return self.trace.get("traceparent", "")[3:35]
+
+    @property
     def rq_job_id(self) -> str:
         """One RQ job per attempt and deferral; a repeated push of the same message is a no-op."""
         return f"kj-{self.run_id}-a{self.attempt}-d{self.defers}-g{self.gate_defers}"

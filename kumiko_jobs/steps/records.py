@@ -135,7 +135,7 @@ def _create_missing(state: RunState, now: Any) -> None:
         started_at=now,
         payload=env.kwargs,
         correlation_id=env.correlation_id,
-        trace_id=env.trace.get("traceparent", "")[3:35],
+        trace_id=env.trace_id,
         trace_context=env.trace,
         triggered_by=env.triggered_by or "",
         trigger=env.trigger or "",
