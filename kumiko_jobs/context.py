@@ -157,22 +157,26 @@ class JobLog:
 def log_entry(
     level: int, msg: object, data: Mapping[str, Any], keys: Sequence[str], line_bytes: int
 ) -> dict[str, Any]:
-    """One ``ctx.log`` line as stored: scrubbed, and at most about ``line_bytes`` of JSON.
+    """One ``ctx.log`` line as stored: scrubbed, and about ``line_bytes`` of JSON at most.
 
     The message takes what it needs of the budget first; the fields share the rest in the
-    order given, and fields that no longer fit are counted in ``"…dropped_fields"``.
+    order given, and fields that no longer fit are counted in ``"…dropped_fields"``. Markers
+    ("[... N more characters]", the count) may add a few dozen bytes.
     """
-    text = storable(scrub(str(msg), keys, limit=line_bytes))
-    budget = max(0, line_bytes - len(text))
+    text = _fitted(str(msg), keys, line_bytes)
+    budget = max(0, line_bytes - entry_size(text))
     fields: dict[str, Any] = {}
     dropped = 0
     for key, value in data.items():
         name = storable(str(key))[:100]
         if is_sensitive_key(name, keys):
             shown: Any = MASK
+        elif value is None or isinstance(value, bool | int | float):
+            shown = _number(value)
         else:
-            shown = _loggable(value, keys, max(budget, 1))
-        cost = len(name) + entry_size(shown)
+            text_value = value if isinstance(value, str) else _repr(value)
+            shown = _fitted(text_value, keys, max(budget - len(name) - 8, 1))
+        cost = entry_size({name: shown})
         if cost > budget:
             dropped += 1
             continue
@@ -181,6 +185,20 @@ def log_entry(
     if dropped:
         fields["…dropped_fields"] = dropped
     return {"t": time.time(), "level": logging.getLevelName(level), "msg": text, "data": fields}
+
+
+def _fitted(text: str, keys: Sequence[str], budget: int) -> str:
+    """``text`` scrubbed and storable, cut until its JSON takes about ``budget`` bytes.
+
+    Cut before scrubbing (linear time); cut again when escaping grew it (a NUL becomes four
+    characters, a non-ASCII one six), halving at most a few times.
+    """
+    limit = budget
+    while True:
+        fitted = storable(scrub(text, keys, limit=limit))
+        if limit == 0 or entry_size(fitted) <= budget + 40:
+            return fitted
+        limit //= 2
 
 
 def entry_size(value: Any) -> int:
@@ -195,17 +213,16 @@ def storable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _loggable(value: Any, keys: Sequence[str], limit: int) -> Any:
-    if value is None or isinstance(value, bool | int):
-        return value if not isinstance(value, int) or abs(value) < 2**63 else str(value)
-    if isinstance(value, float):
+def _number(value: bool | int | float | None) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
         # jsonb has no NaN or Infinity: such a line would make the whole attempt unwritable.
-        return value if math.isfinite(value) else repr(value)
-    text = value if isinstance(value, str) else _repr(value, limit)
-    return storable(scrub(text, keys, limit=limit))
+        return repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        return str(value)
+    return value
 
 
-def _repr(value: Any, limit: int) -> str:
+def _repr(value: Any) -> str:
     try:
         text = repr(value)
     except RecursionError:
