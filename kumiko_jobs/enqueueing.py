@@ -99,7 +99,8 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
     max_depth = conf.get().MAX_ARGUMENT_DEPTH
 
     def walk(value: Any, path: str, depth: int = 0) -> None:
-        if depth > max_depth:
+        # depth: the lists and dicts around ``value``; ``value`` itself may add one more.
+        if depth >= max_depth and isinstance(value, list | dict):
             raise InvalidJob(
                 f"Job {job_name!r}: argument {path[:200]} is nested more than "
                 f"MAX_ARGUMENT_DEPTH={max_depth} levels deep. Flatten it, or pass an id and "

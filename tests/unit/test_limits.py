@@ -137,12 +137,15 @@ def nested(depth: int) -> Any:
 
 def test_arguments_nested_up_to_the_bound_pass() -> None:
     check_json({"blob": nested(32)}, "limits.a_job")
+    check_json({"blob": json.loads("[" * 32 + "]" * 32)}, "limits.a_job")
 
 
 @pytest.mark.parametrize("depth", [33, 5_000, 100_000])
 def test_arguments_nested_past_the_bound_are_refused_not_a_recursion_error(depth: int) -> None:
     with pytest.raises(InvalidJob, match="nested more than MAX_ARGUMENT_DEPTH=32 levels"):
         check_json({"blob": nested(depth)}, "limits.a_job")
+    with pytest.raises(InvalidJob, match="nested more than MAX_ARGUMENT_DEPTH=32 levels"):
+        check_json({"blob": [nested(depth - 1)]}, "limits.a_job")
 
 
 def test_a_list_that_contains_itself_is_refused() -> None:
