@@ -297,3 +297,27 @@ def test_deep_arguments_in_the_run_a_job_form_are_a_form_error(tenants, declare,
     assert response.status_code == 200
     assert "nested more than MAX_ARGUMENT_DEPTH=32 levels" in response.content.decode()
     assert not JobRun.objects.exists()
+
+
+# --- the failure line of a huge exception ---------------------------------------------------
+
+
+def raises_a_megabyte(ctx: Any) -> None:
+    raise RuntimeError("login password=hunter2 to redis://:hunter2@cache/0 " + "aaaa " * 200_000)
+
+
+def test_a_megabyte_of_exception_text_makes_one_short_scrubbed_failure_line(
+    tenants, declare, caplog
+):
+    """The line is truncated before it is scrubbed (the previous code scrubbed first, in
+    quadratic time, then truncated)."""
+    caplog.set_level(logging.WARNING, logger="kumiko_jobs.runs")
+    job = declare(raises_a_megabyte)
+    handle = job.enqueue(tenant="t1")
+    work()
+    assert the_run(handle).status == RunStatus.FAILED
+    (line,) = [r for r in caplog.records if r.name == "kumiko_jobs.runs"]
+    message = line.kumiko_error_message  # type: ignore[attr-defined]
+    assert message.startswith("login password=*** to redis://:***@cache/0 aaaa")
+    assert message.endswith("more characters]") and len(message) < 1100
+    assert "hunter2" not in line.getMessage()

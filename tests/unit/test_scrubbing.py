@@ -6,6 +6,7 @@ a baseline of the same size), never a wall-clock bound.
 
 from __future__ import annotations
 
+import importlib
 import time
 from collections.abc import Callable
 
@@ -190,3 +191,33 @@ def test_linear_growth_from_quarter_to_full_size() -> None:
     quarter = _cost(lambda t: scrub_bounded(t, KEYS), text[: len(text) // 4])
     full = _cost(lambda t: scrub_bounded(t, KEYS), text)
     assert full < 8 * quarter
+
+
+# --- the span's exception event -------------------------------------------------------------
+
+
+def test_the_span_exception_event_is_built_scrubbed_and_bounded() -> None:
+    """The SDK never sees the raw exception: the event is added with our attributes only."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    # steps/__init__ exports the step function under the module's name.
+    tracing = importlib.import_module("kumiko_jobs.steps.tracing")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    error = RuntimeError("connect redis://:hunter2@cache/0 password=hunter2 " + "a " * 500_000)
+    with provider.get_tracer("test").start_as_current_span("job.execute") as span:
+        tracing._record_error(span, error, escaped=False)
+    (finished,) = exporter.get_finished_spans()
+    (event,) = finished.events
+    attributes = dict(event.attributes or {})
+    assert event.name == "exception" and attributes["exception.type"] == "RuntimeError"
+    message = str(attributes["exception.message"])
+    assert message.startswith("connect redis://:***@cache/0 password=*** a a")
+    assert len(message) <= tracing.MESSAGE_LIMIT + 40
+    stacktrace = str(attributes["exception.stacktrace"])
+    assert len(stacktrace) <= tracing.STACKTRACE_LIMIT + 60
+    everything = repr(attributes) + (finished.status.description or "")
+    assert "hunter2" not in everything
