@@ -385,12 +385,13 @@ def emit(event: str, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
     ]
     if not listeners:
         return []
-    if current_run.get() is not None:
-        return [submit(d, tenant, dict(payload), delay=0.0, trigger=event) for d in listeners]
-    owner = _event_tenant(tenant)
+    state = current_run.get()
+    # Inside a run, listeners are its follow-ups (prepare_followup keeps them in its tenant),
+    # and a tenant run's event is still a tenant's event.
+    owner = state.envelope.schema if state is not None else _event_tenant(tenant)
     # Every listener is checked before any is enqueued: an emit starts all of its runs or none.
     for definition in listeners:
-        if owner is None and not (definition.system or definition.per_tenant):
+        if state is None and owner is None and not (definition.system or definition.per_tenant):
             raise InvalidJob(
                 f"emit({event!r}) in the public schema: listener {definition.name!r} runs in a "
                 "tenant. Pass tenant=<Tenant or schema name>, or emit inside the tenant."
@@ -401,8 +402,9 @@ def emit(event: str, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
                 "and a tenant's event never starts work outside its tenant. Emit the event "
                 "from the public schema, or make the listener a tenant job."
             )
+    target = tenant if state is not None else owner
     return [
-        submit(definition, owner, dict(payload), delay=0.0, trigger=event)
+        submit(definition, target, dict(payload), delay=0.0, trigger=event)
         for definition in listeners
     ]
 

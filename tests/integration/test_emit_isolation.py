@@ -137,3 +137,26 @@ def test_a_public_event_with_tenant_listeners_needs_a_tenant(tenants, declare):
     with schema_context("public"), refused:
         emit(EVENT, tag="x")
     assert not JobRun.objects.exists()
+
+
+def emits_from_a_run(ctx: Any, *, tag: str) -> None:
+    emit(EVENT, tag=tag)
+
+
+def test_an_event_emitted_inside_a_tenant_run_stays_in_that_tenant(tenants, declare):
+    declare(fan_listener, on=EVENT, per_tenant=True)
+    emitter = declare(emits_from_a_run)
+    handle = emitter.enqueue(tenant="t3", tag="from-a-run")
+    work()
+    assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
+    assert [tags_seen_by_another_connection(s) for s in TENANTS] == [[], [], ["fan:from-a-run"]]
+
+
+def test_an_event_emitted_inside_a_tenant_run_never_starts_a_system_listener(tenants, declare):
+    declare(system_listener, on=EVENT, system=True)
+    emitter = declare(emits_from_a_run)
+    handle = emitter.enqueue(tenant="t3", tag="from-a-run")
+    work()
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert run.status == RunStatus.FAILED and "is a system job" in run.error_message
+    assert JobRun.objects.count() == 1
