@@ -291,3 +291,16 @@ def test_one_log_line_is_capped_in_bytes() -> None:
     fields = log_entry(logging.INFO, "ok", {f"f{i}": "v" * 100 for i in range(1000)}, KEYS, 4096)
     assert 0 < fields["data"]["…dropped_fields"] < 1000
     assert entry_size(fields) < line_bytes + 200
+
+
+# --- subjects -------------------------------------------------------------------------------
+
+
+def test_a_subject_at_the_column_size_is_kept_one_more_is_refused() -> None:
+    from kumiko_jobs.subject import build_subject
+
+    definition = define(tenant_visible_run=["tag"])
+    tag = "t" * (255 - len("tag="))
+    assert build_subject(definition, {"tag": tag}) == f"tag={tag}"
+    with pytest.raises(InvalidJob, match="256 characters, over 255"):
+        build_subject(definition, {"tag": tag + "t"})
