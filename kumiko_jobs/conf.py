@@ -40,6 +40,10 @@ DEFAULT_SENSITIVE_KEYS = (
 )
 
 
+# Python's json module recurses per nesting level (about 1000 levels before RecursionError).
+MAX_ARGUMENT_DEPTH_LIMIT = 500
+
+
 @dataclass(frozen=True, slots=True)
 class KumikoSettings:
     """``settings.KUMIKO_JOBS``, validated. Every key is documented in docs/settings.md."""
@@ -151,6 +155,12 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
         raise ImproperlyConfigured(
             "settings.KUMIKO_JOBS['WORKER_DEAD_AFTER'] must be at least twice "
             f"WORKER_HEARTBEAT ({beat} s)."
+        )
+    if values.get("MAX_ARGUMENT_DEPTH", 0) > MAX_ARGUMENT_DEPTH_LIMIT:
+        # Deeper than this, json.loads / json.dumps themselves raise RecursionError.
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['MAX_ARGUMENT_DEPTH'] must be at most "
+            f"{MAX_ARGUMENT_DEPTH_LIMIT}."
         )
     max_retries = values.get("MAX_RETRIES", defaults["MAX_RETRIES"])
     if values.get("DEFAULT_RETRIES", defaults["DEFAULT_RETRIES"]) > max_retries:

@@ -78,6 +78,12 @@ def test_retries_are_bounded_by_max_retries(settings: Any) -> None:
         define(retries=4)
 
 
+def test_argument_depth_setting_stays_below_the_json_recursion_limit() -> None:
+    assert conf_module._validate({"MAX_ARGUMENT_DEPTH": 500}).MAX_ARGUMENT_DEPTH == 500
+    with pytest.raises(ImproperlyConfigured, match="MAX_ARGUMENT_DEPTH'] must be at most 500"):
+        conf_module._validate({"MAX_ARGUMENT_DEPTH": 501})
+
+
 def test_default_retries_cannot_exceed_max_retries() -> None:
     with pytest.raises(ImproperlyConfigured, match="DEFAULT_RETRIES"):
         conf_module._validate({"DEFAULT_RETRIES": 5, "MAX_RETRIES": 4})
