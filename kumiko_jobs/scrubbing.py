@@ -78,14 +78,22 @@ def _key_value_pattern(keys: tuple[str, ...]) -> re.Pattern[str] | None:
     )
 
 
+_SEPARATORS = str.maketrans("", "", "-_. ")
+
+
 def normalized_key(key: str) -> str:
-    return re.sub(r"[-_. ]", "", key.lower())
+    return key.lower().translate(_SEPARATORS)
+
+
+@lru_cache(maxsize=8)
+def _normalized_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(n for n in map(normalized_key, keys) if n)
 
 
 def is_sensitive_key(key: str, keys: Iterable[str]) -> bool:
     """Whether a field named ``key`` holds a secret (its whole value is then masked)."""
     name = normalized_key(key)
-    return any(normalized_key(k) in name for k in keys if normalized_key(k))
+    return any(k in name for k in _normalized_keys(tuple(keys)))
 
 
 def truncate(text: str, limit: int) -> str:
