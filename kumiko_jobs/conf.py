@@ -34,7 +34,14 @@ DEFAULT_SENSITIVE_KEYS = (
     "session",
     "credit_card",
     "iban",
+    "private_key",
+    "access_key",
+    "credential",
 )
+
+
+# Python's json module recurses per nesting level (about 1000 levels before RecursionError).
+MAX_ARGUMENT_DEPTH_LIMIT = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,12 @@ class KumikoSettings:
     HOUSEKEEPING: bool = True
     RUNNING_TIMEOUT_GRACE: int = 60
     LOG_LINES_PER_ATTEMPT: int = 200
+    LOG_LINE_BYTES: int = 4096
+    LOG_BYTES_PER_ATTEMPT: int = 256 * 1024
+    MAX_FOLLOWUPS_PER_RUN: int = 1000
+    MAX_RETRIES: int = 100
+    MAX_FANOUT_TENANTS: int = 100_000
+    MAX_ARGUMENT_DEPTH: int = 32
     WORKER_HEARTBEAT: int = 5
     WORKER_DEAD_AFTER: int = 20
     MAINTENANCE_INTERVAL: int = 10
@@ -77,11 +90,17 @@ _POSITIVE_INTS = (
     "DEFAULT_TIMEOUT",
     "MAX_ENVELOPE_BYTES",
     "LOG_LINES_PER_ATTEMPT",
+    "LOG_LINE_BYTES",
+    "LOG_BYTES_PER_ATTEMPT",
+    "MAX_FOLLOWUPS_PER_RUN",
+    "MAX_FANOUT_TENANTS",
+    "MAX_ARGUMENT_DEPTH",
     "WORKER_HEARTBEAT",
     "WORKER_DEAD_AFTER",
 )
 _NON_NEGATIVE_INTS = (
     "DEFAULT_RETRIES",
+    "MAX_RETRIES",
     "MAX_DEFERS",
     "RETENTION_DAYS",
     "RESULT_TTL",
@@ -136,6 +155,17 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
         raise ImproperlyConfigured(
             "settings.KUMIKO_JOBS['WORKER_DEAD_AFTER'] must be at least twice "
             f"WORKER_HEARTBEAT ({beat} s)."
+        )
+    if values.get("MAX_ARGUMENT_DEPTH", 0) > MAX_ARGUMENT_DEPTH_LIMIT:
+        # Deeper than this, json.loads / json.dumps themselves raise RecursionError.
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['MAX_ARGUMENT_DEPTH'] must be at most "
+            f"{MAX_ARGUMENT_DEPTH_LIMIT}."
+        )
+    max_retries = values.get("MAX_RETRIES", defaults["MAX_RETRIES"])
+    if values.get("DEFAULT_RETRIES", defaults["DEFAULT_RETRIES"]) > max_retries:
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS['DEFAULT_RETRIES'] is over MAX_RETRIES ({max_retries})."
         )
     queryset_path = values.get("TENANT_QUERYSET")
     if queryset_path is not None and (

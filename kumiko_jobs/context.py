@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import InvalidJob
+from .scrubbing import MASK, is_sensitive_key, scrub
 
 if TYPE_CHECKING:
     from .envelope import Envelope
     from .registry import JobDefinition
 
 logger = logging.getLogger("kumiko_jobs.job")
+
+# EscapeHatchUse.actor: "user:<pk>" of the user a job acts as.
+ACTOR_MAX_LENGTH = 100
 
 # The user app code acts for inside ``ctx.act_as(user)``; read with kumiko_jobs.current_user().
 _acting_user: ContextVar[Any] = ContextVar("kumiko_jobs_acting_user", default=None)
@@ -66,6 +72,9 @@ class RunState:
     reschedule: tuple[Envelope, float] | None = None
     followups: list[Any] = field(default_factory=list)
     log_lines: list[dict[str, Any]] = field(default_factory=list)
+    # Bytes of JSON the kept ctx.log lines take, and the marker line once lines are dropped.
+    log_bytes: int = 0
+    log_overflow: dict[str, Any] | None = None
     active_grants: list[str] = field(default_factory=list)
     readable_schema: str | None = None
     guard_violations: list[str] = field(default_factory=list)
@@ -86,24 +95,49 @@ class RunState:
 
 
 class JobLog:
-    """``ctx.log``: lines kept on the attempt record and sent to the ``kumiko_jobs.job`` logger."""
+    """``ctx.log``: lines kept on the attempt record and sent to the ``kumiko_jobs.job`` logger.
+
+    Every line is scrubbed (values of sensitive keys masked, secrets in text hidden) and capped:
+    ``LOG_LINE_BYTES`` per line, ``LOG_LINES_PER_ATTEMPT`` lines and ``LOG_BYTES_PER_ATTEMPT``
+    bytes per attempt. Lines past a cap are dropped and counted on one marker line, so a job
+    that logs in a loop cannot grow its attempt row (and the admin page showing it) without
+    bound.
+    """
 
     def __init__(self, state: RunState, limit: int):
         self._state = state
         self._limit = limit
 
     def _emit(self, level: int, msg: str, data: dict[str, Any]) -> None:
-        lines = self._state.log_lines
-        if len(lines) < self._limit:
-            lines.append(
-                {
-                    "t": time.time(),
-                    "level": logging.getLevelName(level),
-                    "msg": str(msg),
-                    "data": {k: _loggable(v) for k, v in data.items()},
-                }
-            )
-        logger.log(level, "%s %s", msg, data or "", extra={"kumiko_data": data})
+        from . import conf
+
+        settings = conf.get()
+        entry = log_entry(level, msg, data, settings.SENSITIVE_KEYS, settings.LOG_LINE_BYTES)
+        self._keep(entry, settings.LOG_BYTES_PER_ATTEMPT)
+        fields = entry["data"]
+        logger.log(level, "%s %s", entry["msg"], fields or "", extra={"kumiko_data": fields})
+
+    def _keep(self, entry: dict[str, Any], byte_limit: int) -> None:
+        state = self._state
+        size = entry_size(entry)
+        if state.log_overflow is None:
+            if len(state.log_lines) < self._limit and state.log_bytes + size <= byte_limit:
+                state.log_lines.append(entry)
+                state.log_bytes += size
+                return
+            state.log_overflow = {
+                "t": entry["t"],
+                "level": "WARNING",
+                "msg": (
+                    f"ctx.log: {len(state.log_lines)} lines ({state.log_bytes} bytes) kept; "
+                    f"later lines dropped (LOG_LINES_PER_ATTEMPT={self._limit}, "
+                    f"LOG_BYTES_PER_ATTEMPT={byte_limit})"
+                ),
+                "data": {"dropped_lines": 0, "dropped_bytes": 0},
+            }
+            state.log_lines.append(state.log_overflow)
+        state.log_overflow["data"]["dropped_lines"] += 1
+        state.log_overflow["data"]["dropped_bytes"] += size
 
     def debug(self, msg: str, **data: Any) -> None:
         self._emit(logging.DEBUG, msg, data)
@@ -120,10 +154,82 @@ class JobLog:
         self._emit(logging.ERROR, msg, data)
 
 
-def _loggable(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return repr(value)[:500]
+def log_entry(
+    level: int, msg: object, data: Mapping[str, Any], keys: Sequence[str], line_bytes: int
+) -> dict[str, Any]:
+    """One ``ctx.log`` line as stored: scrubbed, and about ``line_bytes`` of JSON at most.
+
+    The message takes what it needs of the budget first; the fields share the rest in the
+    order given, and fields that no longer fit are counted in ``"…dropped_fields"``. Markers
+    ("[... N more characters]", the count) may add a few dozen bytes.
+    """
+    text = _fitted(str(msg), keys, line_bytes)
+    budget = max(0, line_bytes - entry_size(text))
+    fields: dict[str, Any] = {}
+    dropped = 0
+    for key, value in data.items():
+        name = storable(str(key))[:100]
+        if is_sensitive_key(name, keys):
+            shown: Any = MASK
+        elif value is None or isinstance(value, bool | int | float):
+            shown = _number(value)
+        else:
+            text_value = value if isinstance(value, str) else _repr(value)
+            shown = _fitted(text_value, keys, max(budget - len(name) - 8, 1))
+        cost = entry_size({name: shown})
+        if cost > budget:
+            dropped += 1
+            continue
+        fields[name] = shown
+        budget -= cost
+    if dropped:
+        fields["…dropped_fields"] = dropped
+    return {"t": time.time(), "level": logging.getLevelName(level), "msg": text, "data": fields}
+
+
+def _fitted(text: str, keys: Sequence[str], budget: int) -> str:
+    """``text`` scrubbed and storable, cut until its JSON takes about ``budget`` bytes.
+
+    Cut before scrubbing (linear time); cut again when escaping grew it (a NUL becomes four
+    characters, a non-ASCII one six), halving at most a few times.
+    """
+    limit = budget
+    while True:
+        fitted = storable(scrub(text, keys, limit=limit))
+        if limit == 0 or entry_size(fitted) <= budget + 40:
+            return fitted
+        limit //= 2
+
+
+def entry_size(value: Any) -> int:
+    # ASCII JSON: one character per byte, and never smaller than PostgreSQL's UTF-8 copy.
+    return len(json.dumps(value, default=str))
+
+
+def storable(text: str) -> str:
+    """Text PostgreSQL's text and jsonb can hold: NUL and lone surrogates escaped."""
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _number(value: bool | int | float | None) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        # jsonb has no NaN or Infinity: such a line would make the whole attempt unwritable.
+        return repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 2**63:
+        return str(value)
+    return value
+
+
+def _repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<a {type(value).__name__} nested too deeply to show>"
+    except Exception as exc:  # a broken __repr__ must not fail the job that logs it
+        return f"<a {type(value).__name__} whose repr() raised {type(exc).__name__}>"
+    return text
 
 
 class JobContext:
@@ -212,6 +318,16 @@ class JobContext:
             from . import audit
 
             token = _acting_user.set(user)
+            actor = audit.actor_of(self._state)
+            if len(actor) > ACTOR_MAX_LENGTH:
+                # The audit row's actor column holds this much; a longer one would make the
+                # run's final history write fail and leave it running.
+                _acting_user.reset(token)
+                raise InvalidJob(
+                    f"ctx.act_as(): the user's id makes the actor {actor[:40]!r}... "
+                    f"{len(actor)} characters long; the audit keeps at most "
+                    f"{ACTOR_MAX_LENGTH}. Act as a user whose primary key is shorter."
+                )
             try:
                 # Reported after the switch, so that the audit's actor is the user acted as.
                 audit.record_use(self._state, "system_identity")

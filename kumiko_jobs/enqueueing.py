@@ -9,6 +9,7 @@ rolled-back request leaves neither a row nor a message.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -88,9 +89,23 @@ def enqueue_at(
 
 
 def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
-    """Arguments travel as JSON: refuse anything that would not come back equal."""
+    """Arguments travel as JSON: refuse anything that would not come back equal.
 
-    def walk(value: Any, path: str) -> None:
+    Nesting is bounded (``MAX_ARGUMENT_DEPTH``): deeper arguments would hit Python's recursion
+    limit here, in ``json.dumps`` or in the worker's ``json.loads``, as a RecursionError (a
+    500 in a view) instead of a clear refusal; a list that contains itself is caught the same
+    way.
+    """
+    max_depth = conf.get().MAX_ARGUMENT_DEPTH
+
+    def walk(value: Any, path: str, depth: int = 0) -> None:
+        # depth: the lists and dicts around ``value``; ``value`` itself may add one more.
+        if depth >= max_depth and isinstance(value, list | dict):
+            raise InvalidJob(
+                f"Job {job_name!r}: argument {path[:200]} is nested more than "
+                f"MAX_ARGUMENT_DEPTH={max_depth} levels deep. Flatten it, or pass an id and "
+                "load the data in the job."
+            )
         if isinstance(value, str) and "\x00" in value:
             raise InvalidJob(f"Job {job_name!r}: argument {path} contains a NUL character.")
         if value is None or isinstance(value, bool | int | str):
@@ -103,7 +118,7 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
             return
         if isinstance(value, list):
             for i, item in enumerate(value):
-                walk(item, f"{path}[{i}]")
+                walk(item, f"{path}[{i}]", depth + 1)
             return
         if isinstance(value, dict):
             for key, item in value.items():
@@ -111,7 +126,7 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
                     raise InvalidJob(
                         f"Job {job_name!r}: argument {path} has a non-string key {key!r}."
                     )
-                walk(item, f"{path}[{key!r}]")
+                walk(item, f"{path}[{key!r}]", depth + 1)
             return
         hint = ""
         if hasattr(value, "_meta") and hasattr(value, "pk"):
@@ -272,7 +287,7 @@ def _submit_admitted(
         )
         telemetry.describe_message(env)
         message = message_for(definition, env, delay)
-        _check_size(definition, message)
+        _check_size(definition, env, message)
         row = _row(definition, env, subject, delay)
         row.save(force_insert=True)
         transaction.on_commit(lambda: _push(message, row), robust=True)
@@ -353,24 +368,114 @@ def _replace_queued(definition: JobDefinition, schema: str) -> None:
 def emit(event: str, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
     """Enqueue every job declared ``on=event`` whose ``where=`` matches the payload.
 
-    Like enqueue: in the current tenant (or ``tenant=``), pushed when the transaction commits;
-    the jobs see the event name as ``ctx.trigger_name``.
+    An event belongs to the tenant it was emitted in (the current tenant, or ``tenant=``), and
+    so does every run it starts: a ``per_tenant=True`` listener runs once, in that tenant,
+    never as a fan-out to every tenant with this tenant's payload. Fan-out and system
+    listeners run only for events emitted in the public schema (no tenant: a management
+    command, a system or cron job); a tenant's event never starts a system listener
+    (``InvalidJob``). Inside a run, listeners are follow-ups of the run, in its tenant.
+    Pushed when the transaction commits; the jobs see the event name as ``ctx.trigger_name``.
     """
     if not isinstance(event, str) or not event:
         raise InvalidJob(f"emit() needs an event name, got {event!r}.")
-    handles = []
-    for definition in registry.listeners(event):
-        if all(payload.get(key) == value for key, value in definition.where.items()):
-            handles.append(submit(definition, tenant, dict(payload), delay=0.0, trigger=event))
-    return handles
+    listeners = [
+        definition
+        for definition in registry.listeners(event)
+        if all(payload.get(key) == value for key, value in definition.where.items())
+    ]
+    if not listeners:
+        return []
+    state = current_run.get()
+    # Inside a run, listeners are its follow-ups (prepare_followup keeps them in its tenant),
+    # and a tenant run's event is still a tenant's event.
+    owner = state.envelope.schema if state is not None else _event_tenant(tenant)
+    # Every listener is checked before any is enqueued: an emit starts all of its runs or none.
+    for definition in listeners:
+        if state is None and owner is None and not (definition.system or definition.per_tenant):
+            raise InvalidJob(
+                f"emit({event!r}) in the public schema: listener {definition.name!r} runs in a "
+                "tenant. Pass tenant=<Tenant or schema name>, or emit inside the tenant."
+            )
+        if owner is not None and definition.system:
+            raise InvalidJob(
+                f"emit({event!r}) in a tenant: listener {definition.name!r} is a system job, "
+                "and a tenant's event never starts work outside its tenant. Emit the event "
+                "from the public schema, or make the listener a tenant job."
+            )
+    target = tenant if state is not None else owner
+    return [
+        submit(definition, target, dict(payload), delay=0.0, trigger=event)
+        for definition in listeners
+    ]
 
 
-def _check_size(definition: JobDefinition, message: transport.Message) -> None:
+def _event_tenant(tenant: Any) -> Any:
+    """The tenant an event belongs to (a tenant or a schema name), None for the public schema."""
+    public = conf.public_schema_name()
+    if tenant is not None:
+        schema = tenant if isinstance(tenant, str) else getattr(tenant, "schema_name", None)
+        return None if schema == public else tenant
+    schema = getattr(connection, "schema_name", public)
+    if schema == public:
+        return None
+    current = getattr(connection, "tenant", None)
+    return current if getattr(current, "schema_name", None) == schema else str(schema)
+
+
+# Gate deferrals (an inactive tenant's runs waiting, say) have no cap; the size check reserves
+# the digits of this many, which at one deferral a second is over thirty years.
+GATE_DEFERS_HEADROOM = 999_999_999
+# The longest schema name PostgreSQL allows: what a fan-out child's envelope may carry.
+_LONGEST_SCHEMA = "s" * 63
+
+
+def largest_reachable(definition: JobDefinition, env: Envelope) -> Envelope:
+    """``env`` as it will look at its biggest: the last attempt, every deferral used, and,
+    for a fan-out parent, as a child run (a schema, a parent id and a trigger added).
+
+    Retries and deferrals are the same envelope with bigger counters; a message that fits
+    only at attempt 1 would be refused by every worker from some later attempt on, and the
+    relay would push it again and again.
+    """
+    settings = conf.get()
+    max_defers = settings.MAX_DEFERS if definition.max_defers is None else definition.max_defers
+    retries = settings.DEFAULT_RETRIES if definition.retries is None else definition.retries
+    largest = dataclasses.replace(
+        env,
+        attempt=max(env.attempt, 1 + retries),
+        defers=max(env.defers, max_defers),
+        gate_defers=max(env.gate_defers, GATE_DEFERS_HEADROOM),
+    )
+    if definition.per_tenant and env.schema is None:
+        largest = dataclasses.replace(
+            largest,
+            schema=_LONGEST_SCHEMA,
+            parent_run_id=env.run_id,
+            trigger=env.trigger or "fanout",
+        )
+    return largest
+
+
+def _growth_bound(definition: JobDefinition) -> int:
+    """More than the bytes ``largest_reachable`` can add: the counters' digits, and for a
+    fan-out child its schema (63), parent id (32) and trigger, with quotes."""
+    settings = conf.get()
+    retries = settings.DEFAULT_RETRIES if definition.retries is None else definition.retries
+    defers = settings.MAX_DEFERS if definition.max_defers is None else definition.max_defers
+    return 128 + len(str(GATE_DEFERS_HEADROOM)) + len(str(1 + retries)) + len(str(defers))
+
+
+def _check_size(definition: JobDefinition, env: Envelope, message: transport.Message) -> None:
     limit = conf.get().MAX_ENVELOPE_BYTES
-    if len(message.body) > limit:
+    size = len(message.body)  # signed ASCII JSON: one byte per character
+    if size <= limit < size + _growth_bound(definition):
+        # Close to the limit: measure the largest envelope exactly (a second encode).
+        size = len(encode(largest_reachable(definition, env)))
+    if size > limit:
         raise InvalidJob(
-            f"Job {definition.name!r}: arguments make a {len(message.body)}-byte message, over "
-            f"MAX_ENVELOPE_BYTES={limit}. Pass ids and load the data in the job."
+            f"Job {definition.name!r}: arguments make a message of up to {size} bytes (at its "
+            f"last attempt and deferral), over MAX_ENVELOPE_BYTES={limit}. Pass ids and load "
+            "the data in the job."
         )
 
 
@@ -429,10 +534,19 @@ def prepare_followup(
 ) -> RunHandle:
     """A job enqueued from inside a run: same tenant, same correlation, sent on success."""
     definition = resolve(job)
+    limit = conf.get().MAX_FOLLOWUPS_PER_RUN
+    if len(state.followups) >= limit:
+        raise InvalidJob(
+            f"Job {state.envelope.job!r} enqueued more than MAX_FOLLOWUPS_PER_RUN={limit} "
+            "follow-ups in one attempt. Enqueue one job that processes the batch, or a "
+            "per_tenant fan-out, or raise the setting."
+        )
     subject = _validated(definition, kwargs)
     parent = state.envelope
     if definition.system:
         schema = None
+    elif definition.per_tenant and tenant is None and parent.schema is None:
+        schema = None  # a system run (cron, say) starting a fan-out: one child per tenant
     elif tenant is None:
         schema = parent.schema
     else:
@@ -442,7 +556,7 @@ def prepare_followup(
                 f"Job {parent.job!r} enqueued {definition.name!r} for another tenant; follow-ups "
                 "stay in the run's tenant."
             )
-    if schema is None and not definition.system:
+    if schema is None and not (definition.system or definition.per_tenant):
         raise InvalidJob(
             f"System job {parent.job!r} must pass tenant= to enqueue {definition.name!r}."
         )
@@ -464,6 +578,6 @@ def prepare_followup(
         )
         telemetry.describe_message(env)
         message = message_for(definition, env, delay)
-        _check_size(definition, message)
+        _check_size(definition, env, message)
     state.followups.append((message, _row(definition, env, subject, delay)))
     return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema)

@@ -40,14 +40,40 @@ class Unrecoverable(Exception):
     """Raise from a job to fail the run at once, without further attempts."""
 
 
+# JobFailure.message_key holds this many characters.
+MESSAGE_KEY_MAX_LENGTH = 200
+# What the tenant sees when a job raised TenantVisibleError with a key that cannot be stored.
+FALLBACK_MESSAGE_KEY = "The job failed."
+
+
+def message_key_problem(message_key: object) -> str | None:
+    """Why ``message_key`` cannot be a tenant-visible failure key, or None when it can."""
+    if not isinstance(message_key, str) or not message_key.strip():
+        return f"the message key must be a non-empty string, got {message_key!r}"[:300]
+    if len(message_key) > MESSAGE_KEY_MAX_LENGTH:
+        return (
+            f"the message key is {len(message_key)} characters long, over "
+            f"{MESSAGE_KEY_MAX_LENGTH}: {message_key[:60]!r}..."
+        )
+    if "\x00" in message_key:
+        return "the message key contains a NUL character"
+    return None
+
+
 class TenantVisibleError(Exception):
     """Raise from a job to fail with a message key the tenant may read (never the error text).
 
     The key is rendered through Django's i18n in the tenant admin, so it must name a sentence
-    the project translates, e.g. ``"billing.sync_failed"``.
+    the project translates, e.g. ``"billing.sync_failed"``: a non-empty string of at most
+    200 characters. A key that breaks these rules is replaced by ``FALLBACK_MESSAGE_KEY`` (the
+    run still fails, and the tenant still sees a failure); ``key_problem`` and the error text
+    say what was wrong, for the operator.
     """
 
     def __init__(self, message_key: str, *, retry: bool = False):
-        super().__init__(message_key)
-        self.message_key = message_key
+        self.key_problem = message_key_problem(message_key)
+        self.message_key = FALLBACK_MESSAGE_KEY if self.key_problem else message_key
         self.retry = retry
+        super().__init__(
+            f"invalid TenantVisibleError: {self.key_problem}" if self.key_problem else message_key
+        )

@@ -17,6 +17,7 @@ from django_tenants.utils import get_tenant_model
 from . import conf
 from .context import RunState
 from .envelope import Envelope
+from .exceptions import Unrecoverable
 
 
 def active_tenants() -> Iterator[Any]:
@@ -41,8 +42,17 @@ def fan_out(state: RunState) -> int:
     from .enqueueing import _row, message_for
 
     parent, definition = state.envelope, state.definition
+    limit = conf.get().MAX_FANOUT_TENANTS
     count = 0
     for tenant in active_tenants():
+        if count == limit:
+            # Every child is held in memory and written in the attempt's final transaction:
+            # fail before that grows without bound, and say so instead of covering some tenants.
+            raise Unrecoverable(
+                f"the fan-out of {parent.job} covers more than MAX_FANOUT_TENANTS={limit} "
+                "tenants; no child run was created. Raise the setting, or narrow the tenants "
+                "with TENANT_QUERYSET."
+            )
         child = Envelope(
             job=parent.job,
             schema=tenant.schema_name,

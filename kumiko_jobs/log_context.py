@@ -8,30 +8,30 @@ every logger, a logger filter only its own)::
         "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["kumiko_run"]}},
     }
 
-Scrubbing is a best effort on text whose shape we do not control (exception messages):
-``key=value``, ``key: value``, ``"key": "value"`` and URL passwords are hidden when the key
-matches one of ``KUMIKO_JOBS["SENSITIVE_KEYS"]``. Payload values are never logged at all.
+Scrubbing (kumiko_jobs.scrubbing) is a best effort on text whose shape we do not control
+(exception messages): values after a key that matches one of ``KUMIKO_JOBS["SENSITIVE_KEYS"]``,
+URL passwords and bearer tokens are hidden, in time linear in the (truncated) text. Payload
+values are never logged at all.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
-from . import conf
+from . import conf, scrubbing
 from .context import current_run
+from .scrubbing import DEFAULT_LIMIT, MASK
 
 if TYPE_CHECKING:
     from .context import RunState
 
 logger = logging.getLogger("kumiko_jobs.runs")
 
-MASK = "***"
+__all__ = ["MASK", "RunContextFilter", "context_fields", "log_failed_attempt", "scrub"]
 # Record attributes set by RunContextFilter; "-" outside a run so that format strings such as
 # "%(job)s" work for every record that reaches the handler.
 FIELDS = ("job", "run_id", "tenant", "attempt", "correlation_id", "trace_id", "span_id")
@@ -81,42 +81,18 @@ def context_fields() -> dict[str, Any]:
 
 # --- scrubbing ------------------------------------------------------------------------------
 
-# A value after "key=" / "key: ": a quoted string, an auth scheme plus its credential, or a
-# bare token up to the next separator.
-_VALUE = r"""(?:"[^"]*"|'[^']*'|(?:bearer|basic|digest|token)\s+[^\s,;&'"]+|[^\s,;&'")\]}]+)"""
-_URL_PASSWORD = re.compile(
-    r"(?P<head>[a-z][a-z0-9+.-]*://[^\s:/@]+:)(?P<secret>[^\s/@]+)(?=@)", re.IGNORECASE
-)
 
+def scrub(text: str, patterns: tuple[str, ...] | None = None, *, limit: int = DEFAULT_LIMIT) -> str:
+    """``text`` truncated to ``limit`` characters, then with the values of sensitive keys
+    (``SENSITIVE_KEYS``, or ``patterns``), URL passwords and bearer tokens replaced by ``***``.
 
-@lru_cache(maxsize=8)
-def _key_value_pattern(patterns: tuple[str, ...]) -> re.Pattern[str] | None:
-    if not patterns:
-        return None
-    alternatives = "|".join(re.escape(p) for p in patterns)
-    return re.compile(
-        rf"""(?P<key>["']?[\w.-]*(?:{alternatives})[\w.-]*["']?)(?P<sep>\s*[=:]\s*)"""
-        rf"""(?P<value>{_VALUE})""",
-        re.IGNORECASE,
-    )
-
-
-def _mask_value(match: re.Match[str]) -> str:
-    value = match.group("value")
-    quote = value[0] if value[:1] in ("'", '"') else ""
-    return f"{match.group('key')}{match.group('sep')}{quote}{MASK}{quote}"
-
-
-def scrub(text: str, patterns: tuple[str, ...] | None = None) -> str:
-    """``text`` with the values of sensitive keys and URL passwords replaced by ``***``."""
+    Linear time whatever the text (see kumiko_jobs.scrubbing).
+    """
     if not text:
         return text
-    if patterns is None:
-        patterns = conf.get().SENSITIVE_KEYS
-    pattern = _key_value_pattern(tuple(patterns))
-    if pattern is not None:
-        text = pattern.sub(_mask_value, text)
-    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}{MASK}", text)
+    return scrubbing.scrub(
+        text, conf.get().SENSITIVE_KEYS if patterns is None else patterns, limit=limit
+    )
 
 
 # --- the failure line -----------------------------------------------------------------------
@@ -131,7 +107,8 @@ def log_failed_attempt(state: RunState, outcome: str) -> None:
     env, error = state.envelope, state.error
     final = outcome == "failed"
     error_type = type(error).__name__ if error is not None else _NONE
-    message = scrub(str(error))[:_MAX_MESSAGE] if error is not None else ""
+    # Truncated before it is scrubbed: the text may be megabytes (scrubbing.py).
+    message = scrub(str(error), limit=_MAX_MESSAGE) if error is not None else ""
     fields = {
         "kumiko_job": env.job,
         "kumiko_run_id": env.run_id,

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from .exceptions import InvalidJob, JobNotRegistered
+from .exceptions import InvalidJob, JobNotRegistered, message_key_problem
 
 if TYPE_CHECKING:
     from .context import JobContext
@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 
 GRANTS = ("unsafe_raw", "global_writes", "cross_tenant_reads", "system_identity")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
+# The history columns these land in (models.JobRun.queue, EscapeHatchUse.reason).
+QUEUE_MAX_LENGTH = 100
+REASON_MAX_LENGTH = 500
+# A per-job max_defers above this is a mistake, not a policy (and each deferral is a message).
+MAX_DEFERS_LIMIT = 1_000_000
 BackoffKind = Literal["fixed", "exponential"]
 Concurrency = Literal["parallel", "skip", "replace", "debounce", "sequential"]
 CONCURRENCY_MODES = ("parallel", "skip", "replace", "debounce", "sequential")
@@ -63,6 +68,11 @@ class EscapeHatch:
         if unknown:
             raise InvalidJob(
                 f"EscapeHatch has unknown grant(s) {unknown}; use grants from {GRANTS}."
+            )
+        if len(reason.strip()) > REASON_MAX_LENGTH:
+            raise InvalidJob(
+                f"EscapeHatch reason is {len(reason.strip())} characters; keep it under "
+                f"{REASON_MAX_LENGTH} (the audit row stores it with every reported use)."
             )
         object.__setattr__(self, "reason", reason.strip())
         object.__setattr__(self, "grants", tuple(dict.fromkeys(grants)))
@@ -219,12 +229,30 @@ def _names(where: str, option: str, value: Any, params: Sequence[str]) -> tuple[
     return tuple(value)
 
 
-def _int_option(where: str, option: str, value: Any, minimum: int) -> int | None:
+def _int_option(
+    where: str, option: str, value: Any, minimum: int, maximum: int | None = None
+) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise _fail(where, f"{option} must be an integer >= {minimum}, got {value!r}.")
+    if maximum is not None and value > maximum:
+        raise _fail(where, f"{option}={value} is over the upper bound {maximum}.")
     return value
+
+
+def _bounded_retries(where: str, value: Any) -> int | None:
+    from . import conf
+
+    limit = conf.get().MAX_RETRIES
+    retries = _int_option(where, "retries", value, 0)
+    if retries is not None and retries > limit:
+        raise _fail(
+            where,
+            f"retries={retries} is over KUMIKO_JOBS['MAX_RETRIES']={limit}. Retry less, or "
+            "raise MAX_RETRIES if every attempt really can succeed where the last failed.",
+        )
+    return retries
 
 
 def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> JobDefinition:
@@ -254,8 +282,14 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise _fail(where, f"name={name!r} must match {_NAME_RE.pattern}.")
     queue = options.get("queue")
-    if queue is not None and (not isinstance(queue, str) or not queue):
-        raise _fail(where, f"queue must be the name of an RQ_QUEUES entry, got {queue!r}.")
+    if queue is not None and (
+        not isinstance(queue, str) or not queue or len(queue) > QUEUE_MAX_LENGTH
+    ):
+        raise _fail(
+            where,
+            f"queue must be the name of an RQ_QUEUES entry (at most {QUEUE_MAX_LENGTH} "
+            f"characters), got {queue!r:.120}.",
+        )
     for flag in ("system", "manual"):
         if not isinstance(options.get(flag, False), bool):
             raise _fail(where, f"{flag} must be True or False, got {options[flag]!r}.")
@@ -275,7 +309,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         name=name,
         func=func,
         queue=queue,
-        retries=_int_option(where, "retries", options.get("retries"), 0),
+        retries=_bounded_retries(where, options.get("retries")),
         backoff=_parse_backoff(where, options.get("backoff", "exponential")),
         timeout=_int_option(where, "timeout", options.get("timeout"), 1),
         tenant_visible_run=tenant_visible_run,
@@ -283,7 +317,9 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         escape_hatch=escape_hatch,
         system=system,
         manual=bool(options.get("manual", False)),
-        max_defers=_int_option(where, "max_defers", options.get("max_defers"), 0),
+        max_defers=_int_option(
+            where, "max_defers", options.get("max_defers"), 0, maximum=MAX_DEFERS_LIMIT
+        ),
         description=str(description).split("\n\n")[0],
         **triggers,
     )
@@ -368,6 +404,9 @@ def _parse_failure(where: str, value: Any, params: Sequence[str]) -> FailureVisi
         raise _fail(
             where, "tenant_visible_failure needs a message_key, e.g. 'billing.sync_failed'."
         )
+    problem = message_key_problem(key)
+    if problem is not None:
+        raise _fail(where, f"tenant_visible_failure: {problem}.")
     fields = _names(
         where, "tenant_visible_failure['subject_fields']", value.get("subject_fields", ()), params
     )

@@ -9,6 +9,8 @@ from .exceptions import InvalidJob
 from .registry import JobDefinition
 
 _PRIMITIVES = (str, int, float, bool, type(None))
+# JobRun.subject and JobFailure.subject hold this many characters.
+SUBJECT_MAX_LENGTH = 255
 
 
 def build_subject(definition: JobDefinition, kwargs: Mapping[str, Any]) -> str:
@@ -22,7 +24,16 @@ def build_subject(definition: JobDefinition, kwargs: Mapping[str, Any]) -> str:
                 "tenant-visible subjects must be str, int, float, bool or None."
             )
         parts.append(f"{name}={_text(value)}")
-    return ", ".join(parts)[:255]
+    subject = ", ".join(parts)
+    if len(subject) > SUBJECT_MAX_LENGTH:
+        # Cutting it would make two subjects one: a later success of the one would clear the
+        # tenant-visible failure of the other (JobFailure is unique per subject).
+        raise InvalidJob(
+            f"Job {definition.name!r}: the tenant-visible subject {subject[:60]!r}... is "
+            f"{len(subject)} characters, over {SUBJECT_MAX_LENGTH}. Make "
+            f"{list(definition.subject_fields)} short values (ids, not texts)."
+        )
+    return subject
 
 
 def _text(value: str | int | float | bool | None) -> str:

@@ -10,7 +10,14 @@ import traceback
 
 from .. import conf
 from ..context import RunState
-from ..exceptions import DatabaseAccessDenied, InvalidJob, TenantVisibleError, Unrecoverable
+from ..exceptions import (
+    FALLBACK_MESSAGE_KEY,
+    DatabaseAccessDenied,
+    InvalidJob,
+    TenantVisibleError,
+    Unrecoverable,
+    message_key_problem,
+)
 from ..pipeline import Next
 
 # Retrying these cannot help: the same code with the same input fails the same way.
@@ -45,7 +52,7 @@ def _failed(state: RunState, exc: Exception) -> None:
     state.error_traceback = "".join(traceback.format_exception(exc))
     retryable = not isinstance(exc, _NEVER_RETRY)
     if isinstance(exc, TenantVisibleError):
-        state.failure_key = exc.message_key
+        state.failure_key = _storable_key(state, exc)
         retryable = exc.retry
     if retryable and not state.final_attempt:
         state.outcome = "retrying"
@@ -53,6 +60,19 @@ def _failed(state: RunState, exc: Exception) -> None:
         state.reschedule = (state.envelope.next_attempt(), delay)
     else:
         state.outcome = "failed"
+
+
+def _storable_key(state: RunState, exc: TenantVisibleError) -> str:
+    """The key to record: one the history can hold, else the job's declared or a generic one.
+
+    An unstorable key (too long for the column, say) would make the final history write fail
+    and leave the run ``running``, the tenant never seeing the failure.
+    """
+    key = getattr(exc, "message_key", None)
+    if not getattr(exc, "key_problem", None) and message_key_problem(key) is None:
+        return str(key)
+    declared = state.definition.tenant_visible_failure
+    return declared.message_key if declared is not None else FALLBACK_MESSAGE_KEY
 
 
 def _defer(state: RunState) -> None:

@@ -76,11 +76,51 @@ def _attributes(state: RunState) -> dict[str, Any]:
     return attributes
 
 
+# What of the error text reaches the span: its message like the failure log line, the end of
+# its stack trace (where the exception and the innermost frames are).
+MESSAGE_LIMIT = 1000
+STACKTRACE_LIMIT = 16_384
+
+
 def _record_error(span: Span, error: BaseException, *, escaped: bool, stacktrace: str = "") -> None:
+    """The ``exception`` event, built here: the SDK's ``record_exception`` would read
+    ``str(error)`` and format the traceback itself, unscrubbed and untruncated.
+
+    Everything is truncated before it is scrubbed, so this stays cheap even when a job timed
+    out (RQ's alarm is spent) with megabytes of exception text.
+    """
     if not span.is_recording():
         return
-    message = scrub(str(error))
-    stacktrace = stacktrace or "".join(traceback.format_exception(error))
-    attributes = {"exception.message": message, "exception.stacktrace": scrub(stacktrace)}
-    span.record_exception(error, attributes=attributes, escaped=escaped)
+    message = scrub(_text(error), limit=MESSAGE_LIMIT)
+    if not stacktrace:
+        try:
+            stacktrace = "".join(traceback.format_exception(error))
+        except Exception:  # a broken __str__ in the chain: the type is still worth recording
+            stacktrace = type(error).__name__
+    span.add_event(
+        "exception",
+        {
+            "exception.type": type(error).__name__,
+            "exception.message": message,
+            "exception.stacktrace": scrub(_tail(stacktrace, STACKTRACE_LIMIT)),
+            "exception.escaped": escaped,
+        },
+    )
     span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {message}"[:500]))
+
+
+def _text(error: BaseException) -> str:
+    try:
+        return str(error)
+    except Exception:
+        return f"<{type(error).__name__} whose str() raised>"
+
+
+def _tail(text: str, limit: int) -> str:
+    """The last ``limit`` characters of ``text``, from a line start (no half token survives)."""
+    if len(text) <= limit:
+        return text
+    tail = text[-limit:]
+    newline = tail.find("\n")
+    tail = tail[newline + 1 :] if newline >= 0 else ""
+    return f"[... {len(text) - len(tail)} characters before]\n{tail}"
