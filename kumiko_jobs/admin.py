@@ -24,7 +24,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -37,23 +37,10 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from . import conf, operations
+from .audience import is_operator_request, tenant_schema
 from .exceptions import KumikoJobsError
 from .models import EscapeHatchUse, JobAttempt, JobFailure, JobRun, RejectedMessage, RunStatus
 from .registry import JobDefinition, registry
-
-# --- audience ---------------------------------------------------------------------------------
-
-
-def is_operator_request() -> bool:
-    """True on the public schema's domain (operators), False on a tenant's domain."""
-    return getattr(connection, "schema_name", conf.public_schema_name()) == (
-        conf.public_schema_name()
-    )
-
-
-def tenant_schema() -> str:
-    return str(getattr(connection, "schema_name", ""))
-
 
 # --- shared rendering -------------------------------------------------------------------------
 
