@@ -1,0 +1,261 @@
+"""The web surfaces around the guard (issue 17): django-rq's pages, pickle in the web process,
+bad admin query strings, and the example project's defaults.
+
+Everything goes through the real middleware stack against the real PostgreSQL and Redis; the
+host decides the audience (``localhost``: operators, ``t1.localhost``: tenant t1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from kumiko_jobs.models import EscapeHatchUse, JobFailure, RejectedMessage
+from tests.conftest import work
+from tests.integration.test_admin import client_for, make_user
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.usefixtures("live_db")
+
+# --- bad query strings on every kumiko admin list (issue 17, item 8) ---------------------------
+
+OPERATOR_LISTS = (
+    "/admin/kumiko_jobs/jobrun/",
+    "/admin/kumiko_jobs/jobfailure/",
+    "/admin/kumiko_jobs/rejectedmessage/",
+    "/admin/kumiko_jobs/escapehatchuse/",
+)
+TENANT_LISTS = ("/admin/kumiko_jobs/jobrun/", "/admin/kumiko_jobs/jobfailure/")
+HUGE = "x" * 200_000
+BAD_QUERIES = (
+    {"job": "\x00"},
+    {"status__exact": "\x00"},
+    {"status__exact": "no-such-status"},
+    {"q": "\x00"},
+    {"q": "ab\x00cd"},
+    {"q": HUGE},
+    {"job": HUGE},
+    {"tenant": "\x00"},
+    {"tenant": HUGE},
+    {"grant": "\x00"},
+    {"queue": "\x00"},
+    {"job_name": "\x00"},
+    {"schema_name": "\x00"},
+    {"queued_at__gte": "not-a-date"},
+    {"queued_at__gte": "\x00"},
+    {"queued_at__lt": "2026-13-45"},
+    {"queued_at__isnull": "maybe"},
+    {"failed_at__gte": "99999-01-01"},
+    {"failed_at__lt": "\x00"},
+    {"received_at__gte": "yesterday"},
+    {"no_such_param": "1"},
+    {"\x00": "1"},
+    {"o": "\x00"},
+    {"o": "999"},
+    {"o": "1.-x"},
+    {"p": "\x00"},
+    {"p": "999999999999"},
+    {"p": "-1"},
+    {"_to_field": "payload"},
+    {"e": "\x00"},
+)
+
+
+def _query_id(query: dict[str, str]) -> str:
+    return "&".join(f"{k[:20]!r}={v[:20]!r}" for k, v in query.items())
+
+
+@pytest.fixture
+def some_history(tenants: dict[str, Any]) -> None:
+    """A run and a failure in t1 and t2, a rejected message and an escape hatch use, so every
+    list has rows to filter."""
+    from django.utils import timezone
+
+    jobs.probe.enqueue(tenant="t1", tag="t1-ok")
+    jobs.flaky.enqueue(tenant="t2", tag="t2-bad", fail_times=99)
+    work(scheduler_rounds=8)
+    assert JobFailure.objects.filter(schema_name="t2").exists()
+    RejectedMessage.objects.create(rq_job_id="kj-x", queue="default", reason="test", excerpt="{}")
+    now = timezone.now()
+    EscapeHatchUse.objects.update_or_create(  # not truncated between tests
+        job_name="billing.rebuild_prices",
+        grant="global_writes",
+        schema_name="t1",
+        actor="",
+        defaults={"reason": "test", "first_seen": now, "last_seen": now},
+    )
+
+
+def _unhandled(client: Client, path: str) -> list[str]:
+    """The bad queries ``path`` does not refuse cleanly. NUL characters and huge values get a
+    400; other bad input a 400, Django's "?e=1" redirect for a bad lookup, or a page (of
+    nothing, for a value that matches nothing); never a 500."""
+    client.raise_request_exception = False
+    problems = []
+    for query in BAD_QUERIES:
+        response = client.get(path, query)
+        status = response.status_code
+        if any("\x00" in t or len(t) > 1000 for t in (*query, *query.values())):
+            ok = status == 400  # refused before any query runs
+        else:
+            ok = status in (200, 400) or (status == 302 and "e=1" in response["Location"])
+        if not ok:
+            problems.append(f"{_query_id(query)} -> {status}")
+    return problems
+
+
+@pytest.mark.parametrize("path", OPERATOR_LISTS)
+def test_operator_lists_refuse_bad_query_strings(some_history, path):
+    operator = client_for("localhost", "public", make_user("public", "operator", superuser=True))
+    assert operator.get(path).status_code == 200  # calibration: the page itself works
+    assert _unhandled(operator, path) == []
+
+
+@pytest.mark.parametrize("path", TENANT_LISTS)
+def test_tenant_lists_refuse_bad_query_strings(some_history, path):
+    clerk = client_for(
+        "t1.localhost", "t1", make_user("t1", "clerk", perms=("view_jobrun", "view_jobfailure"))
+    )
+    assert clerk.get(path).status_code == 200
+    assert _unhandled(clerk, path) == []
+
+
+# --- django-rq's pages: operators only (issue 17, item 1) --------------------------------------
+
+RQ = "/django-rq/"
+PUBLIC_URLCONF = "example_project.urls_public"
+# A value for every converter django-rq's routes use; queue 0 is "default" (sorted by name).
+SAMPLE_KWARGS = {
+    "queue_index": 0,
+    "scheduler_index": 0,
+    "connection_index": 0,
+    "result_id": "r1",
+    "key": "w1",
+    "scheduler_name": "s1",
+    "cron_job_name": "c1",
+    "token": "not_the_token",
+}
+
+
+def rq_urls(job_id: str) -> list[str]:
+    """Every django-rq route (from django-rq's own URL list, so none is forgotten)."""
+    from django.urls import reverse
+
+    from kumiko_jobs.urls import django_rq_patterns
+
+    urls = set()
+    for pattern in django_rq_patterns():
+        converters = getattr(pattern.pattern, "converters", {})
+        kwargs = {k: job_id if k == "job_id" else SAMPLE_KWARGS[k] for k in converters}
+        urls.add(reverse(f"django_rq:{pattern.name}", kwargs=kwargs, urlconf=PUBLIC_URLCONF))
+    urls.add(f"{RQ}stats.json/not_the_token/")
+    return sorted(urls)
+
+
+@pytest.fixture
+def queued_message(tenants: dict[str, Any]) -> str:
+    """A committed t2 run whose message waits in the default queue; its RQ job id."""
+    from kumiko_jobs import transport
+
+    jobs.probe.enqueue(tenant="t2", tag="t2-waiting", payload={"secret": "t2-secret"})
+    ids = transport.get_queue("default").job_ids
+    assert len(ids) == 1
+    return str(ids[0])
+
+
+def assert_message_intact(job_id: str) -> None:
+    from kumiko_jobs import transport
+
+    queue = transport.get_queue("default")
+    assert queue.job_ids == [job_id]
+    assert queue.connection.exists(f"rq:job:{job_id}")
+
+
+@pytest.fixture(params=["example_project.urls_tenant", "tests.urls_tenant_rq_guarded"])
+def tenant_urlconf(request: Any, settings: Any) -> str:
+    """The example's tenants' URLconf, and one that (by mistake) includes kumiko's helper."""
+    settings.ROOT_URLCONF = request.param
+    return str(request.param)
+
+
+def test_a_tenant_domain_never_serves_django_rq(queued_message, tenant_urlconf):
+    boss = client_for("t1.localhost", "t1", make_user("t1", "t1-boss", superuser=True))
+    staff = client_for("t1.localhost", "t1", make_user("t1", "t1-staff"))
+    for client in (boss, staff):
+        for url in [*rq_urls(queued_message), "/admin/django_rq/dashboard/"]:
+            assert client.get(url).status_code == 404, url
+            assert client.post(url, {"job_ids": [queued_message]}).status_code == 404, url
+    assert_message_intact(queued_message)
+
+
+def test_calibration_unguarded_django_rq_lets_tenant_staff_empty_the_queue(
+    queued_message, settings
+):
+    """What the guard prevents: django-rq's own views admit any staff user, on any domain."""
+    from kumiko_jobs import transport
+    from kumiko_jobs.checks import check_django_rq_exposure
+
+    settings.ROOT_URLCONF = "tests.urls_tenant_rq_unguarded"
+    staff = client_for("t1.localhost", "t1", make_user("t1", "t1-staff"))
+    page = staff.get(f"{RQ}queues/0/")
+    assert page.status_code == 200 and queued_message in page.content.decode()
+    assert staff.post(f"{RQ}queues/0/empty/").status_code == 302
+    assert transport.get_queue("default").count == 0
+    # ... and the system check names that URLconf.
+    errors = [e for e in check_django_rq_exposure() if e.id == "kumiko_jobs.E009"]
+    assert len(errors) == 1 and "tests.urls_tenant_rq_unguarded" in errors[0].msg
+
+
+def test_operators_need_the_manage_queues_permission(queued_message):
+    staff = client_for("localhost", "public", make_user("public", "plain-staff"))
+    for url in rq_urls(queued_message):
+        # A URL carrying a token is judged by the token alone (a wrong one: 401).
+        denied = 401 if "not_the_token" in url else 403
+        assert staff.get(url).status_code == denied, url
+        assert staff.post(url, {"job_ids": [queued_message]}).status_code == denied, url
+    # A bearer token does not let the session's is_staff in: only a valid token would.
+    bearer = staff.get(f"{RQ}stats.json/", HTTP_AUTHORIZATION="Bearer wrong")
+    assert bearer.status_code == 401
+    assert_message_intact(queued_message)
+
+    anonymous = Client(HTTP_HOST="localhost")
+    response = anonymous.get(f"{RQ}queues/0/")
+    assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def test_operators_with_the_permission_use_django_rq_on_kumiko_messages(queued_message):
+    keeper = client_for(
+        "localhost", "public", make_user("public", "queue-keeper", perms=("manage_queues",))
+    )
+    for page in (
+        "",
+        "queues/0/",
+        "queues/0/details/",
+        "queues/0/failed/",
+        "queues/0/finished/",
+        "queues/0/scheduled/",
+        "queues/0/started/",
+        "queues/0/deferred/",
+        "workers/0/",
+        "schedulers/0/",
+        f"queues/0/{queued_message}/",
+        "stats.json/",
+    ):
+        assert keeper.get(f"{RQ}{page}").status_code == 200, page
+    detail = keeper.get(f"{RQ}queues/0/{queued_message}/").content.decode()
+    assert "kumiko_jobs.runner.execute" in detail
+
+
+def test_the_stats_token_still_works_without_a_session(queued_message, settings):
+    settings.RQ_API_TOKEN = "operators_token"
+    anonymous = Client(HTTP_HOST="localhost")
+    assert anonymous.get(f"{RQ}stats.json/operators_token/").status_code == 200
+    ok = anonymous.get(f"{RQ}stats.json/", HTTP_AUTHORIZATION="Bearer operators_token")
+    assert ok.status_code == 200
+    assert anonymous.get(f"{RQ}stats.json/wrong/").status_code == 401
+    # Never on a tenant's domain, token or not.
+    settings.ROOT_URLCONF = "tests.urls_tenant_rq_guarded"
+    tenant = Client(HTTP_HOST="t1.localhost")
+    assert tenant.get(f"{RQ}stats.json/operators_token/").status_code == 404
