@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from kumiko_jobs.models import EscapeHatchUse, JobFailure, RejectedMessage
+from kumiko_jobs.models import EscapeHatchUse, JobFailure, JobRun, RejectedMessage
 from tests.conftest import work
 from tests.integration.test_admin import client_for, make_user
 from tests.testapp import jobs
@@ -259,3 +259,158 @@ def test_the_stats_token_still_works_without_a_session(queued_message, settings)
     settings.ROOT_URLCONF = "tests.urls_tenant_rq_guarded"
     tenant = Client(HTTP_HOST="t1.localhost")
     assert tenant.get(f"{RQ}stats.json/operators_token/").status_code == 404
+
+
+# --- no pickle in the web process (issue 17, item 2) -------------------------------------------
+
+
+class _Planted:
+    """Unpickling this runs a shell command that creates the marker file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+PLANTED_ID = "planted-pickle"
+
+
+def plant_pickle_job(marker: str) -> None:
+    """A job hash written by someone with Redis access, listed wherever django-rq looks."""
+    import pickle
+    import zlib
+
+    from kumiko_jobs import transport
+
+    queue = transport.get_queue("default")
+    redis = queue.connection
+    payload = pickle.dumps(_Planted(marker))
+    redis.hset(
+        f"rq:job:{PLANTED_ID}",
+        mapping={
+            "data": zlib.compress(payload),
+            "meta": payload,
+            "result": payload,
+            "origin": "default",
+            "status": "failed",
+            "description": "planted",
+            "created_at": "2026-11-30T00:00:00.000000Z",
+            "enqueued_at": "2026-11-30T00:00:00.000000Z",
+        },
+    )
+    redis.rpush(queue.key, PLANTED_ID)
+    for registry in (
+        queue.failed_job_registry,
+        queue.finished_job_registry,
+        queue.started_job_registry,
+        queue.deferred_job_registry,
+        queue.scheduled_job_registry,
+    ):
+        redis.zadd(registry.key, {PLANTED_ID: 4_000_000_000})
+    redis.zadd(transport.scheduler_for("default").scheduled_jobs_key, {PLANTED_ID: 4_000_000_000})
+
+
+def test_django_rq_pages_never_unpickle_a_planted_job(tenants, tmp_path, settings):
+    marker = tmp_path / "pwned"
+    plant_pickle_job(str(marker))
+    operator = client_for("localhost", "public", make_user("public", "operator", superuser=True))
+    operator.raise_request_exception = False  # a page may refuse the forged job; it must not run it
+    for url in rq_urls(PLANTED_ID):
+        operator.get(url)  # 200 for lists; the job's own page refuses it (a 500 in django-rq)
+        assert not marker.exists(), url
+    operator.post(
+        f"{RQ}queues/confirm-action/0/", {"action": "delete", "_selected_action": [PLANTED_ID]}
+    )
+    assert not marker.exists()
+
+    # Calibration: the same pages with RQ_QUEUES as the README had it (no SERIALIZER) run it.
+    settings.RQ_QUEUES = {
+        name: {k: v for k, v in config.items() if k != "SERIALIZER"}
+        for name, config in settings.RQ_QUEUES.items()
+    }
+    operator.get(f"{RQ}queues/0/{PLANTED_ID}/")
+    assert marker.exists()
+
+
+def test_queue_serializer_check_names_the_fix(settings):
+    from kumiko_jobs.checks import check_queue_serializers
+
+    assert check_queue_serializers() == []  # the example's (and tests') settings
+    json_default = settings.RQ_QUEUES["default"]
+    settings.RQ_QUEUES = {
+        "default": {**json_default, "SERIALIZER": "rq.serializers.DefaultSerializer"},  # pickle
+        "low": {k: v for k, v in json_default.items() if k != "SERIALIZER"},  # unused by jobs
+        "elsewhere": json_default,
+    }
+    found = {(m.id, m.msg.split("'")[1]): m for m in check_queue_serializers()}
+    assert set(found) == {("kumiko_jobs.E010", "default"), ("kumiko_jobs.W002", "low")}
+    hint = found[("kumiko_jobs.E010", "default")].hint
+    assert hint == 'Add "SERIALIZER": "rq.serializers.JSONSerializer" to RQ_QUEUES[\'default\'].'
+
+
+# --- emptying queues loses no committed run, deleting cron entries no schedule -----------------
+
+
+@pytest.fixture
+def queue_keeper() -> Client:
+    return client_for(
+        "localhost", "public", make_user("public", "queue-keeper", perms=("manage_queues",))
+    )
+
+
+@pytest.mark.parametrize("how", ["empty the queue", "delete the message"])
+def test_the_relay_restores_messages_removed_through_django_rq(queue_keeper, queued_message, how):
+    from kumiko_jobs import transport
+    from kumiko_jobs.relay import relay_pending
+    from tests.conftest import probes
+
+    url = (
+        f"{RQ}queues/0/empty/"
+        if how == "empty the queue"
+        else f"{RQ}queues/0/{queued_message}/delete/"
+    )
+    assert queue_keeper.post(url).status_code == 302
+    assert transport.get_queue("default").count == 0
+    assert not transport.get_queue("default").connection.exists(f"rq:job:{queued_message}")
+    work()
+    assert probes("t2") == []  # gone from Redis: nothing ran
+    (run,) = JobRun.objects.all()
+    assert run.status == "queued"  # ... but the committed run still waits
+
+    assert relay_pending(grace=0).pushed == 1
+    work()
+    assert [p.tag for p in probes("t2")] == ["t2-waiting"]
+    run.refresh_from_db()
+    assert run.status == "succeeded"
+
+
+def test_the_scheduler_restores_cron_entries_deleted_through_django_rq(queue_keeper, tenants):
+    """rq-scheduler syncs kumiko's cron entries only when it starts; every later round of its
+    loop (``enqueue_jobs``, under its lock) now puts back what was deleted meanwhile."""
+    from kumiko_jobs import transport
+    from kumiko_jobs.schedules import sync_schedules
+
+    sync_schedules()
+    before = transport.cron_entries()
+    assert "kj-cron-kumiko_jobs_sweep_abandoned" in before  # housekeeping too
+    deleted_by_page, cancelled = sorted(before)[0], sorted(before)[1:]
+    response = queue_keeper.post(f"{RQ}queues/0/{deleted_by_page}/delete/")
+    assert response.status_code == 302
+    scheduler = transport.scheduler_for("default")
+    for sid in cancelled:
+        scheduler.cancel(sid)  # what "delete" on the scheduler's own registry amounts to
+    assert transport.cron_entries() == {}
+    assert transport.missing_cron_entries(sorted(before)) == sorted(before)
+
+    scheduler.enqueue_jobs()  # one round of the running rqscheduler's loop
+
+    assert transport.cron_entries() == before
+    assert transport.missing_cron_entries(sorted(before)) == []
+    # Restoring is idempotent: a second round changes nothing.
+    times = dict(scheduler.get_jobs(with_times=True))
+    scheduler.enqueue_jobs()
+    assert dict(scheduler.get_jobs(with_times=True)).keys() == times.keys()
