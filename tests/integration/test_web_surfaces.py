@@ -414,3 +414,99 @@ def test_the_scheduler_restores_cron_entries_deleted_through_django_rq(queue_kee
     times = dict(scheduler.get_jobs(with_times=True))
     scheduler.enqueue_jobs()
     assert dict(scheduler.get_jobs(with_times=True)).keys() == times.keys()
+
+
+def test_exposure_check_passes_the_example_and_fails_the_admin_link(settings):
+    import gc
+
+    from django.apps import apps
+    from django.contrib import admin
+
+    from kumiko_jobs.checks import check_django_rq_exposure
+
+    assert check_django_rq_exposure() == []  # the example: admin link off, helper in urls_public
+    # What RQ_SHOW_ADMIN_LINK=True does: django-rq's Dashboard on an admin site.
+    site = admin.AdminSite(name="with_rq_link")
+    site.register(apps.get_model("django_rq", "Dashboard"))
+    try:
+        (error,) = check_django_rq_exposure()
+        assert error.id == "kumiko_jobs.E008" and "'with_rq_link'" in error.msg
+        assert "RQ_SHOW_ADMIN_LINK = False" in error.hint
+    finally:
+        del site
+        gc.collect()
+    settings.PUBLIC_SCHEMA_URLCONF = "tests.urls_tenant_rq_guarded"  # guarded: still fine
+    assert check_django_rq_exposure() == []
+
+
+# --- the example project: safe by default (issue 17, item 8) -----------------------------------
+
+SYNC = "/invoices/{}/sync/"
+
+
+@pytest.fixture
+def invoice_id(tenants: dict[str, Any]) -> int:
+    from decimal import Decimal
+
+    from django_tenants.utils import schema_context
+
+    from example_project.billing.models import Invoice
+
+    with schema_context("t1"):
+        return int(Invoice.objects.create(number="INV-9", amount=Decimal("1.00")).pk)
+
+
+def test_sync_view_changes_state_only_by_post_from_signed_in_users(invoice_id):
+    url = SYNC.format(invoice_id)
+    anonymous = Client(HTTP_HOST="t1.localhost")
+    assert anonymous.get(url).status_code == 405
+    assert anonymous.post(url).status_code == 403
+    user = make_user("t1", "clerk")
+    signed_in = client_for("t1.localhost", "t1", user)
+    assert signed_in.get(url).status_code == 405
+    # Another tenant's session is no session here (users live in the tenant's schema).
+    assert (
+        client_for("t2.localhost", "t2", make_user("t2", "clerk"))
+        .post(url, HTTP_HOST="t1.localhost")
+        .status_code
+        == 403
+    )
+    assert not JobRun.objects.exists()
+
+    # CSRF is checked: no token, no enqueue; with the token, a run.
+    strict = Client(HTTP_HOST="t1.localhost", enforce_csrf_checks=True)
+    from django_tenants.utils import schema_context
+
+    with schema_context("t1"):
+        strict.force_login(user)
+    assert strict.post(url).status_code == 403
+    assert not JobRun.objects.exists()
+    token = "k" * 32
+    strict.cookies["csrftoken"] = token
+    response = strict.post(url, HTTP_X_CSRFTOKEN=token)
+    assert response.status_code == 200
+    run = JobRun.objects.get()
+    assert (run.schema_name, run.job_name) == ("t1", "billing.sync_invoice")
+    assert str(run.triggered_by) == str(user.pk)
+
+
+@pytest.mark.parametrize(("env", "debug"), [({}, False), ({"KUMIKO_EXAMPLE_DEBUG": "1"}, True)])
+def test_example_debug_is_off_unless_asked(env, debug):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("KUMIKO_EXAMPLE_DEBUG", "DJANGO_DEBUG")
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", "import example_project.settings as s; print(s.DEBUG)"],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == str(debug)
