@@ -292,7 +292,11 @@ def register_cron(spec: CronSpec, first_delay: float) -> None:
         queue_name=spec.queue,
         id=spec.schedule_id,
         timeout=spec.timeout,
-        result_ttl=conf.get().RESULT_TTL,
+        # The entry's job hash *is* the schedule: each tick runs this same RQ job, and a
+        # finite result TTL let the hash expire after the first tick, so rq-scheduler dropped
+        # the entry at the next one (cron jobs less frequent than RESULT_TTL ran once per
+        # scheduler start). -1 keeps it, as rq-scheduler's own cron() default does.
+        result_ttl=-1,
         meta={_TZ_META: spec.timezone},
     )
     scheduler.connection.zadd(

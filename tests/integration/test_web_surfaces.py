@@ -510,3 +510,22 @@ def test_example_debug_is_off_unless_asked(env, debug):
         check=True,
     )
     assert out.stdout.strip() == str(debug)
+
+
+def test_a_cron_entry_outlives_its_own_tick(tenants):
+    """Each tick runs the entry's own RQ job; its hash must not expire afterwards (it did, after
+    RESULT_TTL seconds, and rq-scheduler then dropped the entry at the next tick)."""
+    from kumiko_jobs import transport
+    from kumiko_jobs.schedules import sync_schedules
+
+    sync_schedules()
+    sid = "kj-cron-kumiko_jobs_delete_expired"  # daily: its next tick is hours away
+    scheduler = transport.scheduler_for("default")
+    redis = scheduler.connection
+    redis.zadd(scheduler.scheduled_jobs_key, {sid: 1})  # due now
+    assert transport.move_due_scheduled_jobs("default") == 1
+    work()
+    assert JobRun.objects.filter(job_name="kumiko_jobs.delete_expired").count() == 1
+    assert redis.ttl(f"rq:job:{sid}") == -1  # no expiry
+    assert transport.missing_cron_entries([sid]) == []
+    assert redis.zscore(scheduler.scheduled_jobs_key, sid) > 1  # rescheduled for its next tick
