@@ -649,7 +649,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say()
     say(how_to_run_for_real(queues, embedded))
     say(
-        "Admin (manage.py runserver): operators http://localhost:8000/admin/  "
+        # --insecure: serve the admin's CSS with DEBUG off (the example's default).
+        "Admin (manage.py runserver --insecure): operators http://localhost:8000/admin/  "
         f"tenant http://{tenants[0].schema_name}.localhost:8000/admin/  "
         "queues http://localhost:8000/django-rq/"
     )

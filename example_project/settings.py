@@ -32,8 +32,12 @@ def _database(url: str) -> dict[str, object]:
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret-kumiko-jobs")
 SECRET_KEY_FALLBACKS: list[str] = []
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
-ALLOWED_HOSTS = ["*"]
+# Off unless asked for (KUMIKO_EXAMPLE_DEBUG=1): Django's debug page shows settings and local
+# variables, database and Redis passwords included, to whoever triggers an error, a tenant's
+# user too.
+DEBUG = os.environ.get("KUMIKO_EXAMPLE_DEBUG", "") == "1"
+# The operators' domain and tenants' subdomains (django-tenants picks the schema by host).
+ALLOWED_HOSTS = ["localhost", ".localhost", "127.0.0.1", "testserver"]
 
 SHARED_APPS = [
     "django_tenants",
@@ -96,10 +100,17 @@ TEMPLATES = [
     },
 ]
 
+# JSON for every queue: kumiko's workers force it anyway, but django-rq's pages load jobs with
+# the serializer configured here (pickle by default), and a job hash someone planted in Redis
+# would run code in the web process (system check kumiko_jobs.E010).
+_JSON = "rq.serializers.JSONSerializer"
 RQ_QUEUES = {
-    "default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600},
-    "low": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 1800},
+    "default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "SERIALIZER": _JSON},
+    "low": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 1800, "SERIALIZER": _JSON},
 }
+# django-rq's admin link would put its pages on admin.site, which tenants' domains serve too,
+# behind is_staff only; urls_public.py serves them guarded instead (kumiko_jobs.E008).
+RQ_SHOW_ADMIN_LINK = False
 RQ = {
     # kumiko's SimpleWorker-based worker: JSON messages, per-run hygiene.
     "WORKER_CLASS": "kumiko_jobs.worker.Worker",

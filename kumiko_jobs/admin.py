@@ -24,9 +24,9 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.formats import date_format
@@ -37,23 +37,10 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from . import conf, operations
+from .audience import is_operator_request, tenant_schema
 from .exceptions import KumikoJobsError
 from .models import EscapeHatchUse, JobAttempt, JobFailure, JobRun, RejectedMessage, RunStatus
 from .registry import JobDefinition, registry
-
-# --- audience ---------------------------------------------------------------------------------
-
-
-def is_operator_request() -> bool:
-    """True on the public schema's domain (operators), False on a tenant's domain."""
-    return getattr(connection, "schema_name", conf.public_schema_name()) == (
-        conf.public_schema_name()
-    )
-
-
-def tenant_schema() -> str:
-    return str(getattr(connection, "schema_name", ""))
-
 
 # --- shared rendering -------------------------------------------------------------------------
 
@@ -228,6 +215,41 @@ class TenantFilter(admin.SimpleListFilter):
         return queryset.filter(schema_name="" if value == self.SYSTEM else value)
 
 
+# Longer filter or search values than any job name, subject or reason: refused before they cost
+# a query (a 200 KB search term would otherwise run as LIKE patterns over every row).
+MAX_QUERY_VALUE = 1000
+
+
+def bad_query_string(params: Any) -> str:
+    """Why a changelist query string cannot be served, or ``""`` if it can.
+
+    PostgreSQL refuses text with NUL characters, and the driver raises on them *after* the
+    admin has validated the lookups: without this, ``?job=%00`` or ``?q=%00`` is a 500 (and on
+    a debug server a page of settings). Refused as a whole, whatever parameter carries it.
+    """
+    for key, values in params.lists():
+        for text in (key, *values):
+            if "\x00" in text:
+                return gettext("Query parameters cannot contain NUL characters.")
+            if len(text) > MAX_QUERY_VALUE:
+                return gettext("A query parameter is longer than %(max)d characters.") % {
+                    "max": MAX_QUERY_VALUE
+                }
+    return ""
+
+
+class CleanQueryStrings:
+    """Changelists answer a malformed query string with 400 Bad Request, never a 500."""
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        problem = bad_query_string(request.GET)
+        if problem:
+            return HttpResponseBadRequest(problem, content_type="text/plain; charset=utf-8")
+        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+
+
 class ReadOnly:
     """Rows written by the runner, never by hand; the retention sweep is what deletes them."""
 
@@ -251,7 +273,7 @@ class OperatorsOnly:
         return is_operator_request() and super().has_view_permission(request, obj)  # type: ignore[misc]
 
 
-class TenantScopedAdmin(ReadOnly, admin.ModelAdmin):
+class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):
     """Read-only history: rows are written by the runner, never by hand.
 
     Subclasses describe both audiences; the methods below pick one per request.
@@ -900,7 +922,7 @@ class JobFailureAdmin(TenantScopedAdmin):
 
 
 @admin.register(RejectedMessage)
-class RejectedMessageAdmin(OperatorsOnly, ReadOnly, admin.ModelAdmin):
+class RejectedMessageAdmin(CleanQueryStrings, OperatorsOnly, ReadOnly, admin.ModelAdmin):
     list_display = ("received_at", "queue", "rq_job_id", "reason")
     list_filter = ("queue", ("received_at", admin.DateFieldListFilter))
     search_fields = ("rq_job_id", "reason")
@@ -918,7 +940,7 @@ class RejectedMessageAdmin(OperatorsOnly, ReadOnly, admin.ModelAdmin):
 
 
 @admin.register(EscapeHatchUse)
-class EscapeHatchUseAdmin(OperatorsOnly, ReadOnly, admin.ModelAdmin):
+class EscapeHatchUseAdmin(CleanQueryStrings, OperatorsOnly, ReadOnly, admin.ModelAdmin):
     """Every declared crossing of a tenant boundary that was used, with its reason."""
 
     list_display = ("job_name", "grant", "schema_name", "actor", "count", "last_seen", "reason")

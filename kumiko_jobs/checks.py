@@ -129,3 +129,113 @@ def _rq_class_errors() -> list[checks.CheckMessage]:
             )
         )
     return errors
+
+
+# --- django-rq's web pages and serializers (issue 17) -------------------------------------------
+
+
+@checks.register(checks.Tags.security, checks.Tags.urls)
+def check_django_rq_exposure(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """django-rq's pages show and delete every tenant's messages: operators only.
+
+    Its views admit any ``is_staff`` user, and django-tenants serves the same admin site and the
+    same views on every tenant's domain; ``kumiko_jobs.urls.django_rq_urls()`` is the guarded way
+    to serve them.
+    """
+    from django.contrib.admin.sites import all_sites
+
+    errors: list[checks.CheckMessage] = []
+    for site in list(all_sites):
+        if any(model._meta.app_label == "django_rq" for model in site._registry):
+            errors.append(
+                checks.Error(
+                    f"django-rq's pages are registered on the admin site {site.name!r} "
+                    "(RQ_SHOW_ADMIN_LINK defaults to True): any staff user, a tenant's too on "
+                    "the tenant's domain, can read, delete and empty every tenant's queue.",
+                    hint="Set RQ_SHOW_ADMIN_LINK = False and serve the pages with "
+                    'path("django-rq/", kumiko_jobs.urls.django_rq_urls()) in the public '
+                    "schema's URLconf.",
+                    id="kumiko_jobs.E008",
+                )
+            )
+    for urlconf in conf.urlconf_names():
+        exposed = sorted(set(_unguarded_django_rq_routes(urlconf)))
+        if exposed:
+            errors.append(
+                checks.Error(
+                    f"{urlconf} serves django-rq's views without kumiko's guard "
+                    f"({', '.join(exposed[:3])}{', ...' if len(exposed) > 3 else ''}): they "
+                    "admit any staff user, on tenants' domains too.",
+                    hint='Replace include("django_rq.urls") with '
+                    "kumiko_jobs.urls.django_rq_urls() (operators' domain, permission "
+                    "kumiko_jobs.manage_queues).",
+                    id="kumiko_jobs.E009",
+                )
+            )
+    return errors
+
+
+def _unguarded_django_rq_routes(urlconf: str) -> list[str]:
+    from django.urls import URLPattern, URLResolver, get_resolver
+
+    from .urls import is_guarded
+
+    found: list[str] = []
+
+    def walk(patterns: Any, prefix: str) -> None:
+        for entry in patterns:
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, prefix + str(entry.pattern))
+            elif isinstance(entry, URLPattern):
+                module = getattr(entry.callback, "__module__", "") or ""
+                if module.startswith("django_rq") and not is_guarded(entry.callback):
+                    found.append(prefix + str(entry.pattern))
+
+    try:
+        walk(get_resolver(urlconf).url_patterns, "")
+    except Exception:  # a broken URLconf is reported by Django's own checks
+        return []
+    # Views of django-rq's admin link are reported by E008.
+    return [route for route in found if "django_rq/dashboard" not in route]
+
+
+@checks.register()
+def check_queue_serializers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every queue kumiko uses reads and writes JSON, in every process, django-rq's pages too.
+
+    kumiko's own processes force JSON, but django-rq's views and any plain RQ tool load jobs
+    with the queue's configured serializer, pickle by default: a job hash planted in Redis would
+    run code in the web process when a queue page lists it.
+    """
+    from . import transport
+
+    try:
+        default_queue = conf.get().DEFAULT_QUEUE
+    except ImproperlyConfigured:
+        return []  # reported by check_settings
+    used = {default_queue, *((d.queue or default_queue) for d in registry)}
+    errors: list[checks.CheckMessage] = []
+    for name in conf.rq_queue_names():
+        if transport.is_json_serializer(conf.rq_queue_config(name).get("SERIALIZER")):
+            continue
+        fix = f'Add "SERIALIZER": "{transport.JSON_SERIALIZER_PATH}" to RQ_QUEUES[{name!r}].'
+        if name in used:
+            errors.append(
+                checks.Error(
+                    f"RQ_QUEUES[{name!r}] has no JSON SERIALIZER: django-rq's pages and plain "
+                    "RQ tools would unpickle what Redis holds for this kumiko queue.",
+                    hint=fix,
+                    id="kumiko_jobs.E010",
+                )
+            )
+        else:
+            errors.append(
+                checks.Warning(
+                    f"RQ_QUEUES[{name!r}] has no JSON SERIALIZER: django-rq's pages unpickle "
+                    "its jobs, so whoever can write to that Redis can run code in the web "
+                    "process.",
+                    hint=fix,
+                    id="kumiko_jobs.W002",
+                )
+            )
+    return errors

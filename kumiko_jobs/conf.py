@@ -261,3 +261,12 @@ def public_schema_name() -> str:
 
 def limit_set_calls() -> bool:
     return bool(getattr(settings, "TENANT_LIMIT_SET_CALLS", False))
+
+
+def urlconf_names() -> tuple[str, ...]:
+    """The URLconfs the project serves: tenants' (ROOT_URLCONF) and the public schema's."""
+    names = (
+        getattr(settings, "ROOT_URLCONF", None),
+        getattr(settings, "PUBLIC_SCHEMA_URLCONF", None),
+    )
+    return tuple(dict.fromkeys(str(n) for n in names if n))

@@ -65,6 +65,10 @@ class JobRun(models.Model):
         ordering = ("-queued_at",)
         verbose_name = _("job run")
         verbose_name_plural = _("job runs")
+        # Not about runs: the operators' right to django-rq's queue pages (kumiko_jobs.urls),
+        # which show and delete every tenant's raw messages. Declared here because a
+        # permission needs a model; is_staff alone is not enough for those pages.
+        permissions = (("manage_queues", _("Can use django-rq's queue pages")),)
         indexes = (
             models.Index(fields=("schema_name", "-queued_at"), name="kj_run_tenant_recent"),
             models.Index(fields=("status", "started_at"), name="kj_run_status_started"),

@@ -81,27 +81,32 @@ class SyncResult:
     unchanged: tuple[str, ...]
 
 
-def sync_schedules() -> SyncResult:
-    """Make rq-scheduler's cron entries match the registry (idempotent)."""
+def cron_spec(definition: JobDefinition) -> transport.CronSpec:
+    """The cron entry a cron job should have with rq-scheduler."""
     from .enqueueing import queue_of, timeout_of
 
+    assert definition.cron
+    return transport.CronSpec(
+        schedule_id=schedule_id(definition),
+        cron=definition.cron,
+        timezone=definition.timezone,
+        body=encode(template(definition)),
+        queue=queue_of(definition),
+        timeout=timeout_of(definition),
+    )
+
+
+def sync_schedules() -> SyncResult:
+    """Make rq-scheduler's cron entries match the registry (idempotent)."""
     existing = transport.cron_entries()
     created, updated, unchanged = [], [], []
     wanted = set()
     for definition in registry:
         if not definition.cron:
             continue
-        sid = schedule_id(definition)
+        spec = cron_spec(definition)
+        sid = spec.schedule_id
         wanted.add(sid)
-        body = encode(template(definition))
-        spec = transport.CronSpec(
-            schedule_id=sid,
-            cron=definition.cron,
-            timezone=definition.timezone,
-            body=body,
-            queue=queue_of(definition),
-            timeout=timeout_of(definition),
-        )
         current = existing.get(sid)
         if current == spec:
             unchanged.append(sid)
@@ -116,3 +121,22 @@ def sync_schedules() -> SyncResult:
     for sid in removed:
         transport.cancel_scheduled(sid)
     return SyncResult(tuple(created), tuple(updated), tuple(removed), tuple(unchanged))
+
+
+def restore_missing_cron() -> tuple[str, ...]:
+    """Re-register the cron entries that are gone from rq-scheduler; the others stay untouched.
+
+    Anyone with the queue pages (or a Redis client) can delete a cron entry, housekeeping's
+    included, and rq-scheduler would never tick it again: ``sync_schedules`` runs only when the
+    scheduler starts. ``transport.Scheduler`` calls this on every round, under rq-scheduler's
+    lock, at the cost of one Redis round trip. A restored entry resumes at its next tick; ticks
+    that fell while it was gone are not replayed.
+    """
+    wanted = {schedule_id(d): d for d in registry if d.cron}
+    missing = transport.missing_cron_entries(sorted(wanted))
+    for sid in missing:
+        spec = cron_spec(wanted[sid])
+        # Remove what is left (a hash without its slot, or a slot without its hash).
+        transport.cancel_scheduled(sid)
+        transport.register_cron(spec, seconds_until_next(spec.cron, spec.timezone))
+    return tuple(missing)

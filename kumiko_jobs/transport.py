@@ -122,6 +122,16 @@ class Scheduler(DjangoScheduler):
         with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
             self.connection.delete(self.key)
 
+    def enqueue_jobs(self) -> Any:
+        """One round of the loop (under rq-scheduler's lock): first put back any kumiko cron
+        entry someone deleted, e.g. from django-rq's pages, so it ticks without a restart."""
+        from .schedules import restore_missing_cron
+
+        restored = restore_missing_cron()
+        if restored:
+            self.log.warning("restored deleted cron entries: %s", ", ".join(restored))
+        return super().enqueue_jobs()
+
     def enqueue_job(self, job: Job) -> None:
         super().enqueue_job(job)
         zone = job.meta.get(_TZ_META)
@@ -282,12 +292,34 @@ def register_cron(spec: CronSpec, first_delay: float) -> None:
         queue_name=spec.queue,
         id=spec.schedule_id,
         timeout=spec.timeout,
-        result_ttl=conf.get().RESULT_TTL,
+        # The entry's job hash *is* the schedule: each tick runs this same RQ job, and a
+        # finite result TTL let the hash expire after the first tick, so rq-scheduler dropped
+        # the entry at the next one (cron jobs less frequent than RESULT_TTL ran once per
+        # scheduler start). -1 keeps it, as rq-scheduler's own cron() default does.
+        result_ttl=-1,
         meta={_TZ_META: spec.timezone},
     )
     scheduler.connection.zadd(
         scheduler.scheduled_jobs_key, {spec.schedule_id: int(time.time() + first_delay)}
     )
+
+
+def missing_cron_entries(schedule_ids: Sequence[str]) -> list[str]:
+    """The ids among ``schedule_ids`` that rq-scheduler would not tick: no slot in its
+    schedule, or no job hash (rq-scheduler drops such a slot when it comes due)."""
+    if not schedule_ids:
+        return []
+    scheduler = scheduler_for(conf.get().DEFAULT_QUEUE)
+    with scheduler.connection.pipeline(transaction=False) as pipe:
+        for sid in schedule_ids:
+            pipe.zscore(scheduler.scheduled_jobs_key, sid)
+            pipe.exists(Job.key_for(sid))
+        replies = pipe.execute()
+    return [
+        sid
+        for i, sid in enumerate(schedule_ids)
+        if replies[2 * i] is None or not replies[2 * i + 1]
+    ]
 
 
 def cancel_scheduled(job_id: str) -> None:
@@ -340,3 +372,27 @@ def queue_length(queue: str) -> int:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+# --- django-rq's web pages and queue configuration (kumiko_jobs.urls, checks.py) --------------
+
+
+def django_rq_urlpatterns() -> tuple[list[Any], list[Any]]:
+    """Fresh copies of django-rq's (token API patterns, page patterns), unguarded."""
+    from django_rq.urls import get_admin_urlpatterns, get_api_urlpatterns
+
+    return list(get_api_urlpatterns()), list(get_admin_urlpatterns())
+
+
+def is_json_serializer(value: Any) -> bool:
+    """Is an ``RQ_QUEUES[...]["SERIALIZER"]`` value RQ's JSON serializer (or a subclass)?"""
+    from django.utils.module_loading import import_string
+
+    try:
+        cls = import_string(value) if isinstance(value, str) else value
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, JSONSerializer)
+
+
+JSON_SERIALIZER_PATH = "rq.serializers.JSONSerializer"

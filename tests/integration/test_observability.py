@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import Client
 from django_tenants.utils import schema_context
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -37,6 +36,7 @@ from kumiko_jobs.envelope import Envelope
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.registry import registry
 from tests.conftest import ROOT, start_rqworker, work
+from tests.integration.test_admin import client_for, make_user
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -115,9 +115,9 @@ def test_request_trace_continues_in_the_worker(tenants, telemetry, caplog):
     caplog.set_level(logging.INFO, logger="kumiko_jobs")
     caplog.handler.addFilter(log_context.RunContextFilter())
 
-    response = Client(HTTP_HOST="t1.localhost").post(
-        f"/invoices/{invoice.pk}/sync/", HTTP_X_REQUEST_ID="req-obs-0001"
-    )
+    # The example's sync view takes POSTs from signed-in users only.
+    client = client_for("t1.localhost", "t1", make_user("t1", "obs-clerk"))
+    response = client.post(f"/invoices/{invoice.pk}/sync/", HTTP_X_REQUEST_ID="req-obs-0001")
     assert response.status_code == 200, response.content
     assert response["X-Request-ID"] == "req-obs-0001"
     run_id = response.json()["run_id"]
