@@ -537,3 +537,36 @@ def guard_installed(ctx: JobContext) -> None:
     for conn in connections.all():
         installed = any(isinstance(w, GuardWrapper) for w in conn.execute_wrappers)
         Finding.objects.create(key=conn.alias, value=str(installed))
+
+
+# --- the calibrated attack suite (tests/guardapp/attacks_*.py) --------------------------------
+
+from .attacks_base import Strategy, run_statements  # noqa: E402
+from .attacks_routes import ROUTE_STRATEGIES  # noqa: E402
+from .attacks_sql import SQL_STRATEGIES  # noqa: E402
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (*SQL_STRATEGIES, *ROUTE_STRATEGIES)}
+assert len(STRATEGIES) == len(SQL_STRATEGIES) + len(ROUTE_STRATEGIES), "duplicate names"
+
+
+@job
+def strategy(ctx: JobContext, *, name: str, mark: str) -> None:
+    """One calibrated attack strategy, run in t1 with no grant; ``mark`` names its victims."""
+    chosen = STRATEGIES[name]
+    if chosen.perform is not None:
+        chosen.perform(ctx, mark)
+    else:
+        run_statements(ctx, chosen.statements(mark), chosen.bound_params(mark))
+
+
+@job
+def victim(ctx: JobContext, *, mark: str) -> None:
+    """The next run on the worker, in t2: an ordinary write that must land in t2."""
+    Finding.objects.create(key=mark, value="victim")
+
+
+@job(system=True)
+def system_reprice(ctx: JobContext, *, name: str) -> None:
+    """A system job taking its arguments at face value (a tenant run must not start it)."""
+    with ctx.system_db():
+        Plan.objects.filter(name=name).update(monthly_price=Decimal("0.00"))
