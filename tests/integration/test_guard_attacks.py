@@ -414,14 +414,19 @@ def test_calibration_every_strategy_works_with_the_guard_off(tenants, world, gro
 def test_enforcement_no_strategy_has_its_effect(tenants, world, group):
     before = support.snapshot_outside_marks(world)
     outcomes = _attack(tenants, world, _names(group), GUARD_ON)
-    through = {n: o.evidence for n, o in outcomes.items() if o.evidence}
-    assert through == {}, "strategies that got through:\n" + "\n".join(
-        f"{n} [{jobs.STRATEGIES[n].cls}]: {e}" for n, e in sorted(through.items())
-    )
+    problems: dict[str, str] = {}
     for name, o in outcomes.items():
-        assert o.status != "running", (name, o)  # no run left stuck
-        assert o.attempts <= 1, (name, o)  # a denial is never retried
-        if jobs.STRATEGIES[name].refused:
-            assert (o.status, o.error_type) == ("failed", "DatabaseAccessDenied"), (name, o)
+        if o.evidence:  # read on the second connection: the attack worked
+            problems[name] = f"[{jobs.STRATEGIES[name].cls}] got through: {o.evidence}"
+        elif o.status in ("running", "queued", "missing") or o.attempts > 1:
+            problems[name] = f"run left {o.status} after {o.attempts} attempts"  # never retried
+        elif jobs.STRATEGIES[name].refused and (o.status, o.error_type) != (
+            "failed",
+            "DatabaseAccessDenied",
+        ):
+            problems[name] = f"not refused by the guard: {o.status} {o.error_type} {o.error[:150]}"
+    assert problems == {}, f"{len(problems)} of {len(outcomes)} strategies:\n" + "\n".join(
+        f"{n}: {p}" for n, p in sorted(problems.items())
+    )
     # Nothing else outside t1 changed either: t2's canary and rows, shared plans, schemas.
     assert support.snapshot_outside_marks(world) == before
