@@ -169,9 +169,9 @@ class Observer:
         self.conn.add_notify_handler(lambda n: self.notified.append(n.payload))
         self.sessions: list[Any] = []
 
-    def connect(self, **extra: Any) -> Any:
+    def connect(self, *, autocommit: bool = True, **extra: Any) -> Any:
         params = {k: v for k, v in self.params.items() if v is not None}
-        return self._psycopg.connect(**params, **extra, autocommit=True)
+        return self._psycopg.connect(**params, **extra, autocommit=autocommit)
 
     def rows(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
         cursor = self.conn.execute(query, params)
