@@ -11,7 +11,6 @@ from decimal import Decimal
 from typing import Any
 
 from asgiref.sync import sync_to_async
-
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.db.models.expressions import RawSQL
@@ -96,17 +95,21 @@ def stream_qualified(ctx: Any, mark: str) -> None:
 
 
 def copy_out(ctx: Any, mark: str) -> None:
-    with connection.cursor() as cursor, cursor.copy(
-        "COPY (SELECT value FROM t2.guardapp_secret) TO STDOUT"
-    ) as copy:
+    with (
+        connection.cursor() as cursor,
+        cursor.copy("COPY (SELECT value FROM t2.guardapp_secret) TO STDOUT") as copy,
+    ):
         data = b"".join(bytes(chunk) for chunk in copy)
     log_rows(ctx, data.decode())
 
 
 def copy_euro_dollar(ctx: Any, mark: str) -> None:
-    with connection.cursor() as cursor, cursor.copy(
-        "COPY (SELECT 1 AS a€$$, value AS b€$$ FROM t2.guardapp_secret) TO STDOUT"
-    ) as copy:
+    with (
+        connection.cursor() as cursor,
+        cursor.copy(
+            "COPY (SELECT 1 AS a€$$, value AS b€$$ FROM t2.guardapp_secret) TO STDOUT"
+        ) as copy,
+    ):
         data = b"".join(bytes(chunk) for chunk in copy)
     log_rows(ctx, data.decode())
 
@@ -134,7 +137,9 @@ def orm_raw(ctx: Any, mark: str) -> None:
 
 
 def orm_extra_select(ctx: Any, mark: str) -> None:
-    rows = Secret.objects.extra(select={"leak": "SELECT string_agg(value, ',') FROM t2.guardapp_secret"})
+    rows = Secret.objects.extra(
+        select={"leak": "SELECT string_agg(value, ',') FROM t2.guardapp_secret"}
+    )
     log_rows(ctx, list(rows.values_list("leak", flat=True)))
 
 
@@ -325,7 +330,13 @@ def set_local_search_path_then_orm(ctx: Any, mark: str) -> None:
 
 
 def set_search_path_appended_then_raw(ctx: Any, mark: str) -> None:
-    run_statements(ctx, ("SET search_path TO t2, t1, public", f"DELETE FROM guardapp_secret WHERE label = '{mark}'"))
+    run_statements(
+        ctx,
+        (
+            "SET search_path TO t2, t1, public",
+            f"DELETE FROM guardapp_secret WHERE label = '{mark}'",
+        ),
+    )
 
 
 def pg_settings_then_orm(ctx: Any, mark: str) -> None:
@@ -334,7 +345,9 @@ def pg_settings_then_orm(ctx: Any, mark: str) -> None:
 
 
 def pg_settings_then_orm_read(ctx: Any, mark: str) -> None:
-    run_statements(ctx, ("UPDATE pg_settings SET setting = 't2, public' WHERE name = 'search_path'",))
+    run_statements(
+        ctx, ("UPDATE pg_settings SET setting = 't2, public' WHERE name = 'search_path'",)
+    )
     log_rows(ctx, list(Secret.objects.values_list("value", flat=True)))
 
 
@@ -355,7 +368,9 @@ def atomic_never_left(ctx: Any, mark: str) -> None:
 
 
 def pg_settings_read_only(ctx: Any, mark: str) -> None:
-    run_statements(ctx, ("UPDATE pg_settings SET setting = 'on' WHERE name = 'default_transaction_read_only'",))
+    run_statements(
+        ctx, ("UPDATE pg_settings SET setting = 'on' WHERE name = 'default_transaction_read_only'",)
+    )
 
 
 def set_session_read_only(ctx: Any, mark: str) -> None:
@@ -371,7 +386,9 @@ def temp_table_shadows(ctx: Any, mark: str) -> None:
 
 
 def pg_temp_table_shadows(ctx: Any, mark: str) -> None:
-    run_statements(ctx, ("CREATE TABLE pg_temp.guardapp_finding (id serial, key text, value text)",))
+    run_statements(
+        ctx, ("CREATE TABLE pg_temp.guardapp_finding (id serial, key text, value text)",)
+    )
 
 
 def set_role(ctx: Any, mark: str) -> None:

@@ -215,6 +215,9 @@ def plant(observer: Observer, marks: dict[str, Any]) -> None:
         "LANGUAGE sql AS $$ SELECT string_agg(value, ',') FROM t2.guardapp_secret $$"
     )
     o.rows("CREATE OPERATOR t2.### (LEFTARG = int, RIGHTARG = int, FUNCTION = t2.gx_leak)")
+    # A view of t2 whose definition holds a value of t2 (the catalogs show definitions).
+    o.rows(f"CREATE VIEW t2.gx_view AS SELECT '{CANARY}'::text AS v")
+    o.rows(f"CREATE FUNCTION t2.gx_const() RETURNS text LANGUAGE sql AS $$ SELECT '{CANARY}' $$")
     # Statistics and on-disk pages hold t2's values; another t2 session's query text too.
     o.rows("ANALYZE t2.guardapp_secret")
     o.rows("CHECKPOINT")
@@ -236,6 +239,8 @@ def unplant(observer: Observer) -> None:
         "WHERE nspname = 't2' AND relname LIKE 'gx%%' AND relkind = 'S'"
     ):
         o.rows(f'DROP SEQUENCE IF EXISTS t2."{name}"')
+    o.rows("DROP VIEW IF EXISTS t2.gx_view")
+    o.rows("DROP FUNCTION IF EXISTS t2.gx_const()")
     o.rows("DROP FUNCTION IF EXISTS t2.gx_leak(int, int) CASCADE")
     o.rows("DELETE FROM public.catalog_plan WHERE name LIKE 'gx%%'")
     o.rows(
@@ -258,7 +263,9 @@ def leak_texts(observer: Observer, run_id: str, mark: str) -> list[str]:
         )
         for t in row
     ]
-    texts.append(str(o.value("SELECT error_message FROM kumiko_jobs_jobrun WHERE run_id = %s", (run_id,))))
+    texts.append(
+        str(o.value("SELECT error_message FROM kumiko_jobs_jobrun WHERE run_id = %s", (run_id,)))
+    )
     texts += [r[0] for r in o.rows("SELECT value FROM t1.guardapp_finding WHERE key = %s", (mark,))]
     return texts
 
@@ -347,8 +354,10 @@ def snapshot_outside_marks(observer: Observer) -> dict[str, Any]:
             "WHERE name NOT LIKE 'gx%%' ORDER BY id"
         ),
         "tenants": o.rows("SELECT id, schema_name, name FROM customers_client ORDER BY id"),
-        "schemata": o.rows("SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg_temp%%' "
-                           "AND nspname NOT LIKE 'pg_toast_temp%%' ORDER BY 1"),
+        "schemata": o.rows(
+            "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg_temp%%' "
+            "AND nspname NOT LIKE 'pg_toast_temp%%' ORDER BY 1"
+        ),
         "t2_tables": o.rows(
             "SELECT table_name, column_name FROM information_schema.columns "
             "WHERE table_schema = 't2' AND table_name NOT LIKE 'gx%%' ORDER BY 1, 2"

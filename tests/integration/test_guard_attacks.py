@@ -368,13 +368,17 @@ def world(tenants, guard_data) -> Iterator[support.Observer]:
         observer.close()
 
 
-def _attack(tenants: dict[str, Any], observer: support.Observer, names: list[str], mode: dict[str, Any]) -> dict[str, Outcome]:
+def _attack(
+    tenants: dict[str, Any], observer: support.Observer, names: list[str], mode: dict[str, Any]
+) -> dict[str, Outcome]:
     """Plant, run ``names`` in t1 (then one t2 run on the same worker), read every effect."""
     chosen = [jobs.STRATEGIES[n] for n in names]
     support.plant(observer, {MARKS[s.name]: s.effect for s in chosen})
     with override_settings(KUMIKO_JOBS=mode):
         with tenant_context(tenants["t1"]):
-            handles = {s.name: jobs.strategy.enqueue(name=s.name, mark=MARKS[s.name]) for s in chosen}
+            handles = {
+                s.name: jobs.strategy.enqueue(name=s.name, mark=MARKS[s.name]) for s in chosen
+            }
         with tenant_context(tenants["t2"]):
             for s in chosen:
                 if s.effect in NEEDS_VICTIM:
@@ -384,7 +388,8 @@ def _attack(tenants: dict[str, Any], observer: support.Observer, names: list[str
     for s in chosen:
         run_id = handles[s.name].run_id
         row = observer.rows(
-            "SELECT status, error_type, error_message, attempts FROM kumiko_jobs_jobrun WHERE run_id = %s",
+            "SELECT status, error_type, error_message, attempts FROM kumiko_jobs_jobrun "
+            "WHERE run_id = %s",
             (run_id,),
         )
         status, error_type, error, attempts = row[0] if row else ("missing", "", "", 0)

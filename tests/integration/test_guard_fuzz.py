@@ -86,7 +86,8 @@ PAYLOADS = [
     "; UPDATE catalog_plan SET monthly_price = monthly_price",
     "; UPDATE pg_settings SET setting = 't2' WHERE name = 'search_path'; TABLE guardapp_secret",
     "; SELECT most_common_vals::text, histogram_bounds::text FROM pg_stats",
-    f"; WITH RECURSIVE r(n) AS (SELECT 1) SEARCH DEPTH FIRST BY n SET o UPDATE {T2} SET value = value",
+    "; WITH RECURSIVE r(n) AS (SELECT 1) SEARCH DEPTH FIRST BY n SET o "
+    f"UPDATE {T2} SET value = value",
 ]
 
 
@@ -181,7 +182,9 @@ def _fuzz(classify: Callable[[str, Any], Any], policy: Any) -> Report:
     report = Report()
     observer = support.Observer()
     try:
-        observer.rows("INSERT INTO t2.guardapp_secret (label, value) VALUES ('canary', %s)", (CANARY,))
+        observer.rows(
+            "INSERT INTO t2.guardapp_secret (label, value) VALUES ('canary', %s)", (CANARY,)
+        )
         observer.rows("ANALYZE t2.guardapp_secret")
         conn = observer.connect(autocommit=False)
         observer.sessions.append(conn)  # closed with the observer, whatever happens
@@ -223,7 +226,9 @@ def _policy(module: ModuleType) -> Any:
 
 def _show(report: Report, label: str) -> str:
     lines = [report.summary(label)]
-    lines += [f"  BYPASS {sql!r}\n    PostgreSQL touched: {what}" for sql, what in report.bypasses[:25]]
+    lines += [
+        f"  BYPASS {sql!r}\n    PostgreSQL touched: {what}" for sql, what in report.bypasses[:25]
+    ]
     text = "\n".join(lines)
     print(text)
     return text
@@ -280,10 +285,15 @@ def test_the_fuzz_sees_a_read_of_another_schema_when_one_happens(fuzz_data):
     """The detector itself: a plain read of t2, run on the fuzz's connection, is reported."""
     observer = support.Observer()
     try:
-        observer.rows("INSERT INTO t2.guardapp_secret (label, value) VALUES ('canary', %s)", (CANARY,))
+        observer.rows(
+            "INSERT INTO t2.guardapp_secret (label, value) VALUES ('canary', %s)", (CANARY,)
+        )
         conn = observer.connect(autocommit=False)
         observer.sessions.append(conn)
-        assert _run_and_watch(conn, f"SELECT 1 FROM {T2} WHERE label <> ''") == (True, "t2.guardapp_secret")
+        assert _run_and_watch(conn, f"SELECT 1 FROM {T2} WHERE label <> ''") == (
+            True,
+            "t2.guardapp_secret",
+        )
         executed, what = _run_and_watch(conn, "SELECT 'x'; UPDATE catalog_plan SET name = name")
         assert (executed, what) == (True, "public.catalog_plan")
         assert _run_and_watch(conn, "SELECT value FROM guardapp_secret") == (True, "")
