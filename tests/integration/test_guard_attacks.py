@@ -1,7 +1,17 @@
-"""The DB guard's attack suite: ways a job running in tenant t1 could reach t2 or shared data.
+"""The DB guard's attack suites: ways a job running in tenant t1 could reach t2 or shared data.
 
-Every case is a real run of ``guardapp.attack`` (one job, the case as its argument) through a
-real RQ worker in tenant t1, with no escape hatch declared. For each case:
+**The calibrated suite** (at the end of this file; strategies in tests/guardapp/attacks_*.py,
+issue 11's classes 1-7 and more): every strategy is a real run of ``guardapp.strategy`` in t1,
+with no grant, through a real RQ worker, and names the effect that proves it worked, read on a
+second connection (support.Observer): t2's canary in the run's log, error text or t1's own
+rows, a row/table/sequence planted in t2 for the strategy, a shared row, a shared catalog row,
+a large object, a notification, kumiko's admission lock, another session killed, or the next
+t2 run on the same worker losing its write. With the guard off each strategy must have its
+effect (calibration: a strategy that does nothing on its own proves nothing); with the guard on
+none may, the refused ones fail with ``DatabaseAccessDenied`` at once (never retried), and
+nothing else outside t1 changed.
+
+**The denial-message suite** (``EXPECTED``, the ``attack`` job): for each case
 
 * the run is FAILED with ``DatabaseAccessDenied``, at once (never retried);
 * the message names the job, the statement kind, and the grant that would allow it, or says
