@@ -103,6 +103,14 @@ def copy_out(ctx: Any, mark: str) -> None:
     log_rows(ctx, data.decode())
 
 
+def copy_into_other(ctx: Any, mark: str) -> None:
+    with (
+        connection.cursor() as cursor,
+        cursor.copy("COPY t2.guardapp_secret (label, value) FROM STDIN") as copy,
+    ):
+        copy.write_row((mark, "planted"))
+
+
 def copy_euro_dollar(ctx: Any, mark: str) -> None:
     with (
         connection.cursor() as cursor,
@@ -411,6 +419,7 @@ _CALLABLES: list[tuple[Any, Class, Effect, dict[str, Any]]] = [
     (stream_qualified, Class.ROUTES, Effect.LEAK, {}),
     (copy_out, Class.ROUTES, Effect.LEAK, {}),
     (copy_euro_dollar, Class.ROUTES, Effect.LEAK, {}),
+    (copy_into_other, Class.ROUTES, Effect.T2_ROW, {}),
     (orm_raw_quoted_placeholder, Class.PLACEHOLDERS, Effect.LEAK, {}),
     (orm_extra_quoted_placeholder, Class.PLACEHOLDERS, Effect.LEAK, {}),
     (orm_rawsql_quoted_placeholder, Class.PLACEHOLDERS, Effect.LEAK, {}),

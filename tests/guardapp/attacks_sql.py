@@ -828,6 +828,21 @@ _ROWS: list[tuple[str, Class, Effect, str | tuple[str, ...], dict[str, object]]]
         "SELECT table_to_xml(to_regclass('t2.guardapp_secret'), true, false, '')",
         {},
     ),
+    (
+        "nextval_uescape_literal",
+        Class.LITERAL_NAMES,
+        Effect.T2_SEQ,
+        "SELECT nextval(U&'t!0032.{mark}_seq' UESCAPE '!')",
+        {},
+    ),
+    (
+        "set_config_local_in_transaction",
+        Class.FUNCTIONS,
+        W,
+        "BEGIN; SELECT set_config('search_path', 't2', true); "
+        "DELETE FROM guardapp_secret WHERE label = '{mark}'; COMMIT",
+        {},
+    ),
     # --- 5. placeholders inside quotes, and the server receiving something else ------------------
     (
         "quoted_placeholder_union",
