@@ -229,25 +229,21 @@ def plant(observer: Observer, marks: dict[str, Any]) -> None:
 
 def unplant(observer: Observer) -> None:
     o = observer
-    for (name,) in o.rows(
-        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE nspname = 't2' AND relname LIKE 'gx%%' AND relkind IN ('r', 'S')"
+    # The tables and sequences planted for (or created by) strategies are named gx<n>_...
+    for name, kind in o.rows(
+        "SELECT relname, relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE nspname = 't2' AND relname LIKE 'gx%' AND relkind IN ('r', 'S')"
     ):
-        o.rows(f'DROP TABLE IF EXISTS t2."{name}" CASCADE') if not name.endswith("_seq") else None
-    for (name,) in o.rows(
-        "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-        "WHERE nspname = 't2' AND relname LIKE 'gx%%' AND relkind = 'S'"
-    ):
-        o.rows(f'DROP SEQUENCE IF EXISTS t2."{name}"')
+        o.rows(f'DROP {"SEQUENCE" if kind == "S" else "TABLE"} IF EXISTS t2."{name}" CASCADE')
     o.rows("DROP VIEW IF EXISTS t2.gx_view")
     o.rows("DROP FUNCTION IF EXISTS t2.gx_const()")
     o.rows("DROP FUNCTION IF EXISTS t2.gx_leak(int, int) CASCADE")
-    o.rows("DELETE FROM public.catalog_plan WHERE name LIKE 'gx%%'")
+    o.rows("DELETE FROM public.catalog_plan WHERE name LIKE 'gx%'")
     o.rows(
         "SELECT lo_unlink(m.oid) FROM pg_largeobject_metadata m "
-        "WHERE convert_from(lo_get(m.oid), 'UTF8') LIKE 'gx%%'"
+        "WHERE convert_from(lo_get(m.oid), 'UTF8') LIKE 'gx%'"
     )
-    o.rows("DELETE FROM pg_description WHERE description LIKE 'gx%%'")
+    o.rows("DELETE FROM pg_description WHERE description LIKE 'gx%'")
     o.rows("SELECT pg_advisory_unlock_all()")
 
 
@@ -344,23 +340,23 @@ def snapshot_outside_marks(observer: Observer) -> dict[str, Any]:
     o = observer
     return {
         "t2": o.rows(
-            "SELECT id, label, value FROM t2.guardapp_secret WHERE label NOT LIKE 'gx%%' "
+            "SELECT id, label, value FROM t2.guardapp_secret WHERE label NOT LIKE 'gx%' "
             "AND label <> 'canary' ORDER BY id"
         ),
         "canary": o.rows("SELECT value FROM t2.guardapp_secret WHERE label = 'canary'")
         in ([], [(CANARY,)]),
         "plans": o.rows(
             "SELECT id, name, monthly_price FROM public.catalog_plan "
-            "WHERE name NOT LIKE 'gx%%' ORDER BY id"
+            "WHERE name NOT LIKE 'gx%' ORDER BY id"
         ),
         "tenants": o.rows("SELECT id, schema_name, name FROM customers_client ORDER BY id"),
         "schemata": o.rows(
-            "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg_temp%%' "
-            "AND nspname NOT LIKE 'pg_toast_temp%%' ORDER BY 1"
+            "SELECT nspname FROM pg_namespace WHERE nspname NOT LIKE 'pg_temp%' "
+            "AND nspname NOT LIKE 'pg_toast_temp%' ORDER BY 1"
         ),
         "t2_tables": o.rows(
             "SELECT table_name, column_name FROM information_schema.columns "
-            "WHERE table_schema = 't2' AND table_name NOT LIKE 'gx%%' ORDER BY 1, 2"
+            "WHERE table_schema = 't2' AND table_name NOT LIKE 'gx%' ORDER BY 1, 2"
         ),
     }
 
