@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The last commit whose guard.py is the hand-written lexer (the rewrite to pglast follows it).
 OLD_GUARD_COMMIT = "e233d1b"
 EXAMPLES = 400
-MIN_ALLOWED_AND_EXECUTED = 60
+MIN_ALLOWED_AND_EXECUTED = 50  # a parse-tree classifier sketch (pglast) allowed+ran 73
 
 T2 = "t2.guardapp_secret"
 # Statements a grant-less t1 run may send: each must be allowed and must run.
