@@ -537,3 +537,154 @@ def guard_installed(ctx: JobContext) -> None:
     for conn in connections.all():
         installed = any(isinstance(w, GuardWrapper) for w in conn.execute_wrappers)
         Finding.objects.create(key=conn.alias, value=str(installed))
+
+
+# --- the calibrated attack suite (tests/guardapp/attacks_*.py) --------------------------------
+
+from .attacks_base import Strategy, run_statements  # noqa: E402
+from .attacks_routes import ROUTE_STRATEGIES  # noqa: E402
+from .attacks_sql import SQL_STRATEGIES  # noqa: E402
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (*SQL_STRATEGIES, *ROUTE_STRATEGIES)}
+assert len(STRATEGIES) == len(SQL_STRATEGIES) + len(ROUTE_STRATEGIES), "duplicate names"
+
+
+@job
+def strategy(ctx: JobContext, *, name: str, mark: str) -> None:
+    """One calibrated attack strategy, run in t1 with no grant; ``mark`` names its victims."""
+    chosen = STRATEGIES[name]
+    if chosen.perform is not None:
+        chosen.perform(ctx, mark)
+    else:
+        run_statements(ctx, chosen.statements(mark), chosen.bound_params(mark))
+
+
+@job
+def victim(ctx: JobContext, *, mark: str) -> None:
+    """The next run on the worker, in t2: an ordinary write that must land in t2."""
+    Finding.objects.create(key=mark, value="victim")
+
+
+@job(system=True)
+def system_reprice(ctx: JobContext, *, name: str) -> None:
+    """A system job taking its arguments at face value (a tenant run must not start it)."""
+    with ctx.system_db():
+        Plan.objects.filter(name=name).update(monthly_price=Decimal("0.00"))
+
+
+# --- everyday ORM work: must run under 'enforce' without any grant -----------------------------
+
+
+def _everyday_cases() -> dict[str, Callable[[], object]]:
+    from django.db.models import Count, Exists, F, JSONField, Max, OuterRef, Q, Subquery, Window
+    from django.db.models.functions import Cast, Length, RowNumber
+
+    def skip_locked() -> object:
+        with transaction.atomic():
+            return [s.label for s in Secret.objects.select_for_update(skip_locked=True)]
+
+    def upsert() -> object:
+        Finding.objects.bulk_create(
+            [Finding(id=7001, key="upsert", value="first")],
+            update_conflicts=True,
+            unique_fields=["id"],
+            update_fields=["value"],
+        )
+        Finding.objects.bulk_create(
+            [Finding(id=7001, key="upsert", value="second")],
+            update_conflicts=True,
+            unique_fields=["id"],
+            update_fields=["value"],
+        )
+        return Finding.objects.get(id=7001).value
+
+    def json_lookup() -> object:
+        Finding.objects.create(key="json", value='{"kind": "a", "n": 2}')
+        rows = Finding.objects.filter(key="json").annotate(
+            data=Cast("value", output_field=JSONField())
+        )
+        return list(rows.filter(data__kind="a", data__n__gte=2).values_list("key", flat=True))
+
+    def raw_any() -> object:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT label FROM guardapp_secret WHERE label = ANY(%s)", [["t1-secret", "x"]]
+            )
+            return cursor.fetchall()
+
+    def own_sequence_and_xact_lock() -> object:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", ["billing-sync"])
+            cursor.execute("SELECT nextval('guardapp_finding_id_seq') > 0")
+            return cursor.fetchone()
+
+    def explain_and_show() -> object:
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN SELECT * FROM guardapp_secret WHERE id = 1")
+            plan = cursor.fetchall()
+            cursor.execute("SHOW statement_timeout")
+            return bool(plan), cursor.fetchone()
+
+    return {
+        "subquery_join": lambda: list(
+            Secret.objects.filter(
+                label__in=Finding.objects.filter(key="k").values("value")
+            ).values_list("label", flat=True)
+        ),
+        "aggregates": lambda: list(
+            Secret.objects.values("label").annotate(n=Count("id"), longest=Max(Length("value")))
+        ),
+        "window_function": lambda: list(
+            Secret.objects.annotate(rank=Window(RowNumber(), order_by=F("id").asc())).values_list(
+                "label", "rank"
+            )
+        ),
+        "exists_outerref": lambda: list(
+            Secret.objects.filter(
+                Exists(Finding.objects.filter(key=OuterRef("label"))) | Q(label__startswith="t1"),
+                id__in=Subquery(Secret.objects.values("id")),
+            ).values_list("label", flat=True)
+        ),
+        "skip_locked": skip_locked,
+        "upsert": upsert,
+        "json_lookup": json_lookup,
+        "iterator": lambda: [s.label for s in Secret.objects.order_by("id").iterator(chunk_size=1)],
+        "get_or_create": lambda: Finding.objects.get_or_create(key="once", value="v")[1],
+        "update_f_expression": lambda: Secret.objects.update(value=F("label")),
+        "nested_atomic": lambda: _nested_atomic(),
+        "raw_any": raw_any,
+        "own_sequence_and_xact_lock": own_sequence_and_xact_lock,
+        "explain_and_show": explain_and_show,
+        "shared_reads": lambda: (
+            sorted(Plan.objects.values_list("name", flat=True)),
+            Client.objects.filter(schema_name="t1").exists(),
+        ),
+        "count_exists_distinct": lambda: (
+            Secret.objects.count(),
+            Secret.objects.filter(label="t1-secret").exists(),
+            Secret.objects.values("label").distinct().count(),
+        ),
+    }
+
+
+def _nested_atomic() -> object:
+    with transaction.atomic():
+        Finding.objects.create(key="outer", value="kept")
+        try:
+            with transaction.atomic():
+                Finding.objects.create(key="inner", value="rolled back")
+                raise ValueError("roll back the savepoint")
+        except ValueError:
+            pass
+    return sorted(Finding.objects.filter(key__in=["outer", "inner"]).values_list("key", flat=True))
+
+
+def everyday_case_names() -> list[str]:
+    return sorted(_everyday_cases())
+
+
+@job
+def everyday(ctx: JobContext, *, case: str) -> None:
+    """Ordinary ORM work of a tenant job; records its result in its own tenant."""
+    result = _everyday_cases()[case]()
+    Finding.objects.create(key=f"everyday:{case}", value=repr(result))

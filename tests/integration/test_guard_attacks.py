@@ -1,7 +1,17 @@
-"""The DB guard's attack suite: ways a job running in tenant t1 could reach t2 or shared data.
+"""The DB guard's attack suites: ways a job running in tenant t1 could reach t2 or shared data.
 
-Every case is a real run of ``guardapp.attack`` (one job, the case as its argument) through a
-real RQ worker in tenant t1, with no escape hatch declared. For each case:
+**The calibrated suite** (at the end of this file; strategies in tests/guardapp/attacks_*.py,
+issue 11's classes 1-7 and more): every strategy is a real run of ``guardapp.strategy`` in t1,
+with no grant, through a real RQ worker, and names the effect that proves it worked, read on a
+second connection (support.Observer): t2's canary in the run's log, error text or t1's own
+rows, a row/table/sequence planted in t2 for the strategy, a shared row, a shared catalog row,
+a large object, a notification, kumiko's admission lock, another session killed, or the next
+t2 run on the same worker losing its write. With the guard off each strategy must have its
+effect (calibration: a strategy that does nothing on its own proves nothing); with the guard on
+none may, the refused ones fail with ``DatabaseAccessDenied`` at once (never retried), and
+nothing else outside t1 changed.
+
+**The denial-message suite** (``EXPECTED``, the ``attack`` job): for each case
 
 * the run is FAILED with ``DatabaseAccessDenied``, at once (never retried);
 * the message names the job, the statement kind, and the grant that would allow it, or says
@@ -16,14 +26,19 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections
+from django.test import override_settings
 from django_tenants.utils import tenant_context
 
 from kumiko_jobs.models import EscapeHatchUse, JobRun, RunStatus
 from tests.conftest import work
-from tests.guardapp import jobs, support
+from tests.guardapp import attacks_routes, jobs, support
+from tests.guardapp.attacks_base import NEEDS_VICTIM, Class
 from tests.guardapp.jobs import ATTACKS
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -318,3 +333,115 @@ def test_attack_with_the_covering_grant_is_allowed_and_audited(tenants, guard_da
     if grant != GW:
         # Reads and session settings: nothing outside the run changed.
         assert support.snapshot() == before
+
+
+# --- the calibrated suite: every strategy works with the guard off, and not with it on ----------
+#
+# Strategies live in tests/guardapp/attacks_*.py (jobs.STRATEGIES). Most run together in one
+# worker burst (each against its own planted victims, see attacks_base); the ones that change the
+# worker's session run alone, followed by a run of t2 on the same connection.
+
+GUARD_OFF = {**settings.KUMIKO_JOBS, "DB_GUARD": "off"}
+GUARD_ON = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce"}
+MARKS = {name: f"gx{i:03d}" for i, name in enumerate(sorted(jobs.STRATEGIES))}
+ISOLATED = sorted(n for n, s in jobs.STRATEGIES.items() if s.isolated or s.effect in NEEDS_VICTIM)
+BATCHED = sorted(set(jobs.STRATEGIES) - set(ISOLATED))
+GROUPS = ["batch", *ISOLATED]
+
+
+@pytest.mark.django_db
+def test_the_suite_is_large_and_covers_every_class():
+    assert len(jobs.STRATEGIES) >= 150
+    assert {s.cls for s in jobs.STRATEGIES.values()} == set(Class)
+
+
+@dataclass
+class Outcome:
+    status: str
+    error_type: str
+    error: str
+    attempts: int
+    evidence: str
+
+
+@pytest.fixture
+def world(tenants, guard_data) -> Iterator[support.Observer]:
+    observer = support.Observer()
+    try:
+        yield observer
+    finally:
+        for signal, uid in attacks_routes.CONNECTED_RECEIVERS:
+            signal.disconnect(dispatch_uid=uid)
+        attacks_routes.CONNECTED_RECEIVERS.clear()
+        support.discard_worker_connections()  # whatever session state an attack left there
+        support.unplant(observer)
+        observer.close()
+
+
+def _attack(
+    tenants: dict[str, Any], observer: support.Observer, names: list[str], mode: dict[str, Any]
+) -> dict[str, Outcome]:
+    """Plant, run ``names`` in t1 (then one t2 run on the same worker), read every effect."""
+    chosen = [jobs.STRATEGIES[n] for n in names]
+    support.plant(observer, {MARKS[s.name]: s.effect for s in chosen})
+    with override_settings(KUMIKO_JOBS=mode):
+        with tenant_context(tenants["t1"]):
+            handles = {
+                s.name: jobs.strategy.enqueue(name=s.name, mark=MARKS[s.name]) for s in chosen
+            }
+        with tenant_context(tenants["t2"]):
+            for s in chosen:
+                if s.effect in NEEDS_VICTIM:
+                    jobs.victim.enqueue(mark=MARKS[s.name])
+        work()
+    outcomes = {}
+    for s in chosen:
+        run_id = handles[s.name].run_id
+        row = observer.rows(
+            "SELECT status, error_type, error_message, attempts FROM kumiko_jobs_jobrun "
+            "WHERE run_id = %s",
+            (run_id,),
+        )
+        status, error_type, error, attempts = row[0] if row else ("missing", "", "", 0)
+        evidence = support.effect_evidence(observer, s.effect, MARKS[s.name], run_id)
+        outcomes[s.name] = Outcome(status, error_type, error, attempts, evidence)
+    return outcomes
+
+
+def _names(group: str) -> list[str]:
+    return BATCHED if group == "batch" else [group]
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_calibration_every_strategy_works_with_the_guard_off(tenants, world, group):
+    outcomes = _attack(tenants, world, _names(group), GUARD_OFF)
+    failed = {
+        name: (o.status, o.error_type, o.error[:200])
+        for name, o in outcomes.items()
+        if not o.evidence
+    }
+    assert failed == {}, "strategies that do not work on their own: " + "\n".join(
+        f"{n}: {v}" for n, v in sorted(failed.items())
+    )
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_enforcement_no_strategy_has_its_effect(tenants, world, group):
+    before = support.snapshot_outside_marks(world)
+    outcomes = _attack(tenants, world, _names(group), GUARD_ON)
+    problems: dict[str, str] = {}
+    for name, o in outcomes.items():
+        if o.evidence:  # read on the second connection: the attack worked
+            problems[name] = f"[{jobs.STRATEGIES[name].cls}] got through: {o.evidence}"
+        elif o.status in ("running", "queued", "missing") or o.attempts > 1:
+            problems[name] = f"run left {o.status} after {o.attempts} attempts"  # never retried
+        elif jobs.STRATEGIES[name].refused and (o.status, o.error_type) != (
+            "failed",
+            "DatabaseAccessDenied",
+        ):
+            problems[name] = f"not refused by the guard: {o.status} {o.error_type} {o.error[:150]}"
+    assert problems == {}, f"{len(problems)} of {len(outcomes)} strategies:\n" + "\n".join(
+        f"{n}: {p}" for n, p in sorted(problems.items())
+    )
+    # Nothing else outside t1 changed either: t2's canary and rows, shared plans, schemas.
+    assert support.snapshot_outside_marks(world) == before
