@@ -71,6 +71,9 @@ class RunState:
     guard_violations: list[str] = field(default_factory=list)
     audit_uses: list[tuple[str, str, str]] = field(default_factory=list)
     system_db_open: bool = False
+    # Set by the worker's death penalty when the attempt's timeout fires (its seconds): from then
+    # on the attempt is timed out, whatever the job's code catches or returns (runner.call_job).
+    timeout_fired: int | None = None
     subject: str = ""
 
     @property
