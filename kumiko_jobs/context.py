@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -23,6 +23,10 @@ logger = logging.getLogger("kumiko_jobs.job")
 _acting_user: ContextVar[Any] = ContextVar("kumiko_jobs_acting_user", default=None)
 # The run executing in this thread, for the logging filter and follow-up enqueues.
 current_run: ContextVar[RunState | None] = ContextVar("kumiko_jobs_current_run", default=None)
+# Cancels the job's timeout alarm; set by a kumiko worker's death penalty while it is armed. The
+# runner calls it when the job body is done: the timeout bounds the job's code, and must not
+# interrupt the history writes after it.
+job_alarm: ContextVar[Callable[[], None] | None] = ContextVar("kumiko_jobs_job_alarm", default=None)
 
 
 def current_user() -> Any:

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from . import envelope as envelope_mod
 from . import schedules, transport
-from .context import JobContext, RunState, current_run
+from .context import JobContext, RunState, current_run, job_alarm
 from .enqueueing import message_for, queue_of
 from .exceptions import EnvelopeError, JobNotRegistered
 from .models import JobRun, RejectedMessage, RunStatus
@@ -81,7 +81,14 @@ def _final_timeout(state: RunState) -> Iterator[None]:
         for conn in connections.all():
             stack.enter_context(conn.execute_wrapper(refuse_after_timeout))
         try:
-            yield
+            try:
+                yield
+            finally:
+                # The timeout bounds the job's code; the outcome's record after it must not be
+                # cut short by it (the worker's watchdog still bounds that).
+                cancel_alarm = job_alarm.get()
+                if cancel_alarm is not None:
+                    cancel_alarm()
         except BaseException as exc:
             if state.timeout_fired is None or isinstance(exc, transport.JobTimeout):
                 raise

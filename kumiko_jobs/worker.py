@@ -49,7 +49,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import boot, conf, telemetry_flush, transport
-from .context import current_run
+from .context import current_run, job_alarm
 from .steps.tenancy import reset_connections
 from .transport import (
     HOOK_FIELDS,
@@ -101,7 +101,8 @@ class _FinalTimeout(transport.DeathPenaltyBase):
     RQ raises its timeout inside the job; a job that catches ``Exception`` swallows it and would
     "succeed" late. The note, owned by the run, makes the timeout final (``runner.call_job``).
     RQ also uses this class for callbacks and for the forking worker's monitor; only the job's
-    own timeout is noted.
+    own timeout is noted. The runner cancels the alarm when the job body is done
+    (``context.job_alarm``), so the timeout never interrupts the writes of the run's outcome.
     """
 
     def __init__(self, timeout: Any, *args: Any, **kwargs: Any) -> None:
@@ -110,6 +111,16 @@ class _FinalTimeout(transport.DeathPenaltyBase):
         self._job_timeout = isinstance(exception, type) and issubclass(
             exception, transport.JobTimeout
         )
+
+    def setup_death_penalty(self) -> None:
+        super().setup_death_penalty()
+        if self._job_timeout:
+            job_alarm.set(self.cancel_death_penalty)
+
+    def cancel_death_penalty(self) -> None:
+        super().cancel_death_penalty()
+        if self._job_timeout:
+            job_alarm.set(None)
 
     def handle_death_penalty(self, signum: int, frame: Any) -> None:
         state = current_run.get() if self._job_timeout else None

@@ -12,8 +12,10 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -216,3 +218,17 @@ def test_without_liveness_the_timeout_rule_hands_back_only_runs_outside_rq(tenan
     assert sweep_abandoned() == (1, 0)
     assert status(in_rq.run_id) == RunStatus.RUNNING
     assert status(outside.run_id) == RunStatus.QUEUED
+
+
+def test_the_timeout_bounds_the_job_body_not_the_record_after_it(tenants):
+    """The worker's death penalty arms RQ's alarm around the whole message; once the body is
+    done the runner cancels it, so recording the outcome is never cut short by the timeout."""
+    from kumiko_jobs import runner, transport
+    from kumiko_jobs.worker import _FinalTimeout
+
+    note = SimpleNamespace(timeout_fired=None)  # the run's state: only its note is used
+    with _FinalTimeout(1, transport.JobTimeout):
+        with runner._final_timeout(note):  # type: ignore[arg-type]
+            pass  # the body returns at once
+        time.sleep(1.5)  # where the outcome is recorded: past the timeout, not interrupted
+    assert note.timeout_fired is None
