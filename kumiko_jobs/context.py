@@ -7,7 +7,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -29,6 +29,10 @@ ACTOR_MAX_LENGTH = 100
 _acting_user: ContextVar[Any] = ContextVar("kumiko_jobs_acting_user", default=None)
 # The run executing in this thread, for the logging filter and follow-up enqueues.
 current_run: ContextVar[RunState | None] = ContextVar("kumiko_jobs_current_run", default=None)
+# Cancels the job's timeout alarm; set by a kumiko worker's death penalty while it is armed. The
+# runner calls it when the job body is done: the timeout bounds the job's code, and must not
+# interrupt the history writes after it.
+job_alarm: ContextVar[Callable[[], None] | None] = ContextVar("kumiko_jobs_job_alarm", default=None)
 
 
 def current_user() -> Any:
@@ -80,6 +84,9 @@ class RunState:
     guard_violations: list[str] = field(default_factory=list)
     audit_uses: list[tuple[str, str, str]] = field(default_factory=list)
     system_db_open: bool = False
+    # Set by the worker's death penalty when the attempt's timeout fires (its seconds): from then
+    # on the attempt is timed out, whatever the job's code catches or returns (runner.call_job).
+    timeout_fired: int | None = None
     subject: str = ""
 
     @property

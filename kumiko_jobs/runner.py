@@ -7,16 +7,19 @@ fails its run closed. Neither is retried.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
+from django.db import connections
 from django.utils import timezone
 
 from . import envelope as envelope_mod
 from . import schedules, transport
-from .context import JobContext, RunState, current_run
+from .context import JobContext, RunState, current_run, job_alarm
 from .enqueueing import message_for, queue_of
 from .exceptions import EnvelopeError, JobNotRegistered
 from .models import JobRun, RejectedMessage, RunStatus
@@ -48,13 +51,57 @@ def call_job(state: RunState) -> None:
         return
     ctx = JobContext(state, conf.get().LOG_LINES_PER_ATTEMPT)
     state.ctx = ctx
-    result = state.definition.func(ctx, **state.envelope.kwargs)
+    with _final_timeout(state):
+        result = state.definition.func(ctx, **state.envelope.kwargs)
     if isinstance(result, Deferral):
         state.outcome = "deferred"
         state.deferral_seconds = result.seconds
     else:
         state.outcome = "succeeded"
         state.result = result
+
+
+@contextlib.contextmanager
+def _final_timeout(state: RunState) -> Iterator[None]:
+    """A timeout is final: once it fired, the body cannot turn the attempt into anything else.
+
+    A job that catches ``Exception`` swallows RQ's timeout; the worker's death penalty noted it
+    on the run (``state.timeout_fired``). From then on every SQL statement of the body raises
+    the timeout again (a swallowing job cannot go on writing its tenant's data), and however
+    the body ends, returning or raising something else, it ends in the timeout, which the
+    retry step then treats like any other (retried per ``retries``, never ``succeeded``).
+    """
+
+    def refuse_after_timeout(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
+        if state.timeout_fired is not None:
+            raise _timed_out(state, "a SQL statement after it")
+        return execute(sql, params, many, context)
+
+    with contextlib.ExitStack() as stack:
+        for conn in connections.all():
+            stack.enter_context(conn.execute_wrapper(refuse_after_timeout))
+        try:
+            try:
+                yield
+            finally:
+                # The timeout bounds the job's code; the outcome's record after it must not be
+                # cut short by it (the worker's watchdog still bounds that).
+                cancel_alarm = job_alarm.get()
+                if cancel_alarm is not None:
+                    cancel_alarm()
+        except BaseException as exc:
+            if state.timeout_fired is None or isinstance(exc, transport.JobTimeout):
+                raise
+            raise _timed_out(state, f"it raised {type(exc).__name__} instead") from exc
+    if state.timeout_fired is not None:
+        raise _timed_out(state, "it returned")
+
+
+def _timed_out(state: RunState, after: str) -> Exception:
+    return transport.JobTimeout(
+        f"the attempt exceeded its timeout of {state.timeout_fired} s; the job caught the "
+        f"timeout and went on ({after}), so the attempt is recorded as timed out"
+    )
 
 
 def execute(message: object) -> str:

@@ -6,12 +6,15 @@ A run is *abandoned* when
   execute (worker.py), so a run is abandoned ``WORKER_DEAD_AFTER`` seconds after its worker
   died (killed, OOM, machine lost), or at once when its live worker has moved on without
   recording an outcome (PostgreSQL was unreachable at the end of the attempt); or
-* it has been ``running`` for longer than its job's timeout plus a grace period, whatever the
-  liveness data says (the worker's own death penalty would have ended it by then). This is the
-  only rule for runs of other RQ worker classes, which do not beat.
+* it has been ``running`` for longer than its job's timeout plus a grace period, and no kumiko
+  worker may still execute it (none beats for it, and liveness is known). A kumiko worker ends
+  an attempt that outlives its timeout itself (worker.py's watchdog), so the next attempt never
+  starts while the previous one may still run; this rule is for runs of other RQ worker
+  classes, which do not beat, and for runs executed outside RQ.
 
 An abandoned run is retried when it has attempts left, otherwise it fails with a reason that
-says so. Workers run the sweep every ``MAINTENANCE_INTERVAL`` seconds (one at a time).
+says so. Workers run the sweep every ``MAINTENANCE_INTERVAL`` seconds (one at a time). A worker
+that ends an overrunning attempt records it here too (``record_timed_out``), as timed out.
 """
 
 from __future__ import annotations
@@ -84,57 +87,128 @@ def sweep_abandoned() -> tuple[int, int]:
         timeout = timeout_of(definition) if definition else conf.get().DEFAULT_TIMEOUT
         if run.started_at is None:
             continue
-        reason: str | None
-        if run.started_at + timedelta(seconds=timeout + grace) <= now:
+        reason = _unattended(run, alive, now)
+        if (
+            reason is None
+            and run.started_at + timedelta(seconds=timeout + grace) <= now
+            and not _may_still_run(run, alive)
+        ):
             reason = (
                 f"abandoned: running for more than {timeout + grace} s (timeout {timeout} s + "
                 f"grace {grace} s); its worker died"
             )
-        else:
-            reason = _unattended(run, alive, now)
         if reason is None:
             continue
-        with transaction.atomic():
-            # Claim the row: a worker that finishes meanwhile, or a second sweeper, wins.
-            claimed = (
-                JobRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, attempts=run.attempts)
-                .select_for_update()
-                .first()
-            )
-            if claimed is None:
-                continue
-            JobAttempt.objects.create(
-                run=claimed,
-                number=claimed.attempts,
-                started_at=claimed.started_at or now,
-                finished_at=now,
-                duration_ms=0,
-                outcome=JobAttempt.Outcome.FAILED,
-                error_type="Abandoned",
-                error_message=reason,
-            )
-            if definition is not None and claimed.attempts < claimed.max_attempts:
-                delay = definition.backoff.seconds_after(claimed.attempts)
-                claimed.status = RunStatus.QUEUED
-                claimed.scheduled_for = now + timedelta(seconds=delay)  # when the relay may check
-                claimed.error_type, claimed.error_message = "Abandoned", reason
-                claimed.save(
-                    update_fields=["status", "scheduled_for", "error_type", "error_message"]
-                )
+        outcome = _hand_back(run, definition, "Abandoned", reason, now, push=True)
+        if outcome is None:
+            continue
+        retried += outcome == RunStatus.QUEUED
+        abandoned += outcome == RunStatus.FAILED
+        logger.warning("run %s of %s: %s", run.run_id, run.job_name, reason)
+    return retried, abandoned
+
+
+# The error type of an attempt a worker ended for outliving its timeout: RQ's, as when the
+# timeout stops the job itself.
+TIMED_OUT = "JobTimeoutException"
+
+
+def record_timed_out(rq_job_id: str, reason: str, *, push: bool) -> str | None:
+    """Record that a worker ended the attempt of this RQ job for outliving its timeout.
+
+    A failed attempt, then a retry or the run's failure by its ``retries``, as for any timeout.
+    ``push=False`` leaves the retry's message to the relay: the in-process worker records this
+    just before it exits, and the next attempt must not start before it is gone. Returns the
+    run's new status, or None when the run was not running that attempt any more.
+    """
+    runs = JobRun.objects.filter(rq_job_id=rq_job_id, status=RunStatus.RUNNING)
+    if rq_job_id.startswith("kj-"):  # kj-<run id>-a<attempt>-...: look it up by primary key
+        runs = runs.filter(pk=uuid.UUID(rq_job_id[3:35]))
+    run = runs.first()
+    if run is None:
+        return None
+    try:
+        definition = registry.get(run.job_name)
+    except JobNotRegistered:
+        definition = None
+    # Outcome "retrying" when retried, as the runner records a timeout the job did not catch.
+    outcome = _hand_back(
+        run,
+        definition,
+        TIMED_OUT,
+        reason,
+        timezone.now(),
+        push=push,
+        retried_outcome=JobAttempt.Outcome.RETRYING,
+    )
+    logger.warning("run %s of %s: %s", run.run_id, run.job_name, reason)
+    return outcome
+
+
+def _hand_back(
+    run: JobRun,
+    definition: Any,
+    error_type: str,
+    reason: str,
+    now: datetime,
+    *,
+    push: bool,
+    retried_outcome: str = JobAttempt.Outcome.FAILED,
+) -> str | None:
+    """Fail the run's current attempt; retry the run or fail it. None: someone else won."""
+    with transaction.atomic():
+        # Claim the row: a worker that finishes meanwhile, or a second sweeper, wins.
+        claimed = (
+            JobRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING, attempts=run.attempts)
+            .select_for_update()
+            .first()
+        )
+        if claimed is None:
+            return None
+        retry = definition is not None and claimed.attempts < claimed.max_attempts
+        JobAttempt.objects.create(
+            run=claimed,
+            number=claimed.attempts,
+            started_at=claimed.started_at or now,
+            finished_at=now,
+            duration_ms=0,
+            outcome=retried_outcome if retry else JobAttempt.Outcome.FAILED,
+            error_type=error_type,
+            error_message=reason,
+        )
+        if retry:
+            delay = definition.backoff.seconds_after(claimed.attempts)
+            claimed.status = RunStatus.QUEUED
+            claimed.scheduled_for = now + timedelta(seconds=delay)  # when the relay may check
+            claimed.error_type, claimed.error_message = error_type, reason
+            claimed.save(update_fields=["status", "scheduled_for", "error_type", "error_message"])
+            if push:
                 message = message_for(
                     definition, envelope_of(claimed, attempt=claimed.attempts + 1), delay
                 )
                 # Redis down: the run is queued in PostgreSQL, and the relay pushes it later.
                 transaction.on_commit(functools.partial(transport.push, message), robust=True)
-                retried += 1
-            else:
-                claimed.status = RunStatus.FAILED
-                claimed.finished_at = now
-                claimed.error_type, claimed.error_message = "Abandoned", reason
-                claimed.save(update_fields=["status", "finished_at", "error_type", "error_message"])
-                abandoned += 1
-        logger.warning("run %s of %s: %s", run.run_id, run.job_name, reason)
-    return retried, abandoned
+        else:
+            claimed.status = RunStatus.FAILED
+            claimed.finished_at = now
+            claimed.error_type, claimed.error_message = error_type, reason
+            claimed.save(update_fields=["status", "finished_at", "error_type", "error_message"])
+        return str(claimed.status)
+
+
+def _may_still_run(run: JobRun, alive: Any) -> bool:
+    """Whether a kumiko worker may still be executing this run (so its timeout proves nothing).
+
+    A kumiko worker that executes the run beats for it, and ends an attempt that outlives its
+    timeout itself (worker.py's watchdog), so the timeout rule waits for the beats to stop. It
+    decides alone only for runs no kumiko worker beats for: executed outside RQ (a boot gate)
+    or by a live RQ worker of another class.
+    """
+    if not run.rq_job_id:
+        return False
+    if alive is None:
+        return True  # liveness unknown (Redis down or just emptied): no proof either way
+    return bool(alive.executes(run.rq_job_id, uuid.UUID(str(run.run_id)).hex))
 
 
 def _unattended(run: JobRun, alive: Any, now: datetime) -> str | None:

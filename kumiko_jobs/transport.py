@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, RateLimit, get_current_job
 from rq.job import Job
 from rq.serializers import JSONSerializer
+from rq.timeouts import JobTimeoutException, UnixSignalDeathPenalty
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQForkingWorker
 
@@ -34,6 +35,10 @@ RUNNER = "kumiko_jobs.runner.execute"
 SimpleWorkerBase = RQSimpleWorker
 ForkingWorkerBase = RQForkingWorker
 Serializer = JSONSerializer
+# For worker.py's death penalty, which notes on the run that its timeout fired (a job that
+# catches Exception swallows RQ's JobTimeoutException; the note makes the timeout final).
+DeathPenaltyBase = UnixSignalDeathPenalty
+JobTimeout = JobTimeoutException
 
 
 class JsonJob(Job):
@@ -346,6 +351,12 @@ def current_job_id() -> str:
 def current_job_enqueued_at() -> datetime | None:
     job = get_current_job()
     return job.enqueued_at if job is not None else None
+
+
+def timeout_of_job(job: Job) -> int | None:
+    """Seconds RQ's death penalty gives this job (None: no limit), as RQ computes it."""
+    timeout = job.timeout or Queue.DEFAULT_TIMEOUT
+    return None if timeout == -1 else int(timeout)
 
 
 def current_job_origin() -> str:

@@ -22,6 +22,12 @@ died (SIGKILL, OOM, a lost machine) from one that is merely long, within ``WORKE
 seconds instead of the job's timeout; a second thread runs the sweep and the outbox relay every
 ``MAINTENANCE_INTERVAL`` seconds, one worker at a time. A Redis outage does not end a worker: it
 waits and reconnects. A cold shutdown of the in-process worker is handled like a crash.
+
+A timeout is final (docs/reliability.md, Timeouts): their death penalty notes on the run that
+its timeout fired, so a job that swallows RQ's timeout exception is still recorded as timed out
+(runner.call_job); and a watchdog thread ends an attempt still running ``TIMEOUT_KILL_AFTER``
+seconds after its timeout: ``ForkingWorker`` kills the work horse, ``Worker`` records the attempt
+and exits, as after a crash, for its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ import contextlib
 import logging
 import os
 import random
+import signal
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -41,6 +49,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import boot, conf, telemetry_flush, transport
+from .context import current_run, job_alarm
 from .steps.tenancy import reset_connections
 from .transport import (
     HOOK_FIELDS,
@@ -84,6 +93,40 @@ def refusal(job: Any, redis: Any) -> str | None:
     if hooks:
         return f"the message sets RQ {', '.join(hooks)}, which kumiko never uses"
     return None
+
+
+class _FinalTimeout(transport.DeathPenaltyBase):
+    """RQ's SIGALRM death penalty, which first notes on the run that its timeout fired.
+
+    RQ raises its timeout inside the job; a job that catches ``Exception`` swallows it and would
+    "succeed" late. The note, owned by the run, makes the timeout final (``runner.call_job``).
+    RQ also uses this class for callbacks and for the forking worker's monitor; only the job's
+    own timeout is noted. The runner cancels the alarm when the job body is done
+    (``context.job_alarm``), so the timeout never interrupts the writes of the run's outcome.
+    """
+
+    def __init__(self, timeout: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(timeout, *args, **kwargs)
+        exception = args[0] if args else kwargs.get("exception")
+        self._job_timeout = isinstance(exception, type) and issubclass(
+            exception, transport.JobTimeout
+        )
+
+    def setup_death_penalty(self) -> None:
+        super().setup_death_penalty()
+        if self._job_timeout:
+            job_alarm.set(self.cancel_death_penalty)
+
+    def cancel_death_penalty(self) -> None:
+        super().cancel_death_penalty()
+        if self._job_timeout:
+            job_alarm.set(None)
+
+    def handle_death_penalty(self, signum: int, frame: Any) -> None:
+        state = current_run.get() if self._job_timeout else None
+        if state is not None:
+            state.timeout_fired = int(self._timeout)
+        super().handle_death_penalty(signum, frame)
 
 
 def _raw_text(raw: bytes | str) -> str:
@@ -166,6 +209,7 @@ _MAINTENANCE_LOCK = "kumiko:maintenance"
 _RQ_WORKER_MARK = "kumiko"
 _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
 _HEARTBEAT_AT_MOST_EVERY = 1.0  # seconds between RQ worker heartbeats sent on their own
+_WATCH_EVERY = 0.5  # seconds between the watchdog's looks at the attempt being executed
 
 
 def _text(value: bytes | str | None) -> str | None:
@@ -244,14 +288,22 @@ class _Heart:
     connection, closed when it ends.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, overran: Callable[[str], None] | None = None) -> None:
         self.name = name
         self.current = ""  # the RQ job id being executed; set by the worker's main thread
+        # (RQ job id, monotonic deadline) of the attempt being executed, one assignment so the
+        # watchdog never pairs one job's id with another's deadline. See _watch.
+        self.watched: tuple[str, float] | None = None
+        self._overran = overran
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def start(self, *, maintenance: bool) -> None:
         self._threads.append(threading.Thread(target=self._beat, name="kumiko-beat", daemon=True))
+        if self._overran is not None:
+            self._threads.append(
+                threading.Thread(target=self._watch, name="kumiko-watchdog", daemon=True)
+            )
         if maintenance and conf.get().MAINTENANCE_INTERVAL:
             self._threads.append(
                 threading.Thread(target=self._maintain, name="kumiko-maintenance", daemon=True)
@@ -291,6 +343,35 @@ class _Heart:
             if self._stop.wait(settings.WORKER_HEARTBEAT):
                 return
 
+    def watch(self, job_id: str, timeout: int | None) -> None:
+        """Watch the attempt the main thread starts now (None: it ended)."""
+        if timeout is None or not job_id:
+            self.watched = None
+            return
+        limit = timeout + conf.get().TIMEOUT_KILL_AFTER
+        self.watched = (job_id, time.monotonic() + limit)
+
+    def _watch(self) -> None:
+        """End an attempt that outlived its timeout by ``TIMEOUT_KILL_AFTER`` seconds.
+
+        Its job caught the timeout and went on, or sits in a call no signal interrupts. The
+        liveness beats go on meanwhile, so the sweep waits (docs/reliability.md, Timeouts);
+        this is what ends the wait. Checked every ``_WATCH_EVERY`` seconds.
+        """
+        ended = ""
+        while not self._stop.wait(_WATCH_EVERY):
+            watched = self.watched
+            if watched is None or watched[0] == ended or time.monotonic() < watched[1]:
+                continue
+            ended = watched[0]
+            try:
+                if self._overran is not None:
+                    self._overran(ended)
+            except Exception:
+                logger.exception("worker %s: could not end the overrunning %s", self.name, ended)
+            finally:
+                connections.close_all()
+
     def _maintain(self) -> None:
         interval = conf.get().MAINTENANCE_INTERVAL
         redis = _redis()
@@ -324,7 +405,7 @@ class _KeepsRunsAlive:
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         burst = bool(kwargs.get("burst", args[0] if args else False))
-        heart = self._heart = _Heart(self.name)
+        heart = self._heart = _Heart(self.name, self._overran)
         # Burst workers (tests, one-off drains) beat but leave maintenance to long-running ones.
         heart.start(maintenance=not burst)
         try:
@@ -340,6 +421,7 @@ class _KeepsRunsAlive:
         heart = self._heart
         if heart is not None:
             heart.current = job.id
+            heart.watch(job.id, transport.timeout_of_job(job))
         try:
             super().execute_job(job, queue)  # type: ignore[misc]
         except _REDIS_DOWN as exc:
@@ -352,10 +434,15 @@ class _KeepsRunsAlive:
             self._after_redis_loss()
         finally:
             if heart is not None:
+                heart.watch("", None)
                 heart.current = ""
 
     def _after_redis_loss(self) -> None:
         """Hook for the forking worker, whose work horse may still be running."""
+
+    def _overran(self, job_id: str) -> None:
+        """End the attempt of ``job_id``, which outlived its timeout (called by the watchdog)."""
+        raise NotImplementedError
 
     # RQ's worker loop quits on any Redis error outside its blocking dequeue. These calls
     # are bookkeeping that can wait for Redis to come back.
@@ -425,9 +512,47 @@ class _KeepsRunsAlive:
                 self.register_birth()
 
 
+def _record_overrun(job_id: str, how: str, *, push: bool) -> bool:
+    """Record the attempt of ``job_id`` as timed out. False: its outcome was already recorded
+    (the attempt ended just now, and only RQ's bookkeeping is left)."""
+    from .sweep import record_timed_out
+
+    kill_after = conf.get().TIMEOUT_KILL_AFTER
+    reason = (
+        f"the attempt was still running {kill_after} s after its timeout (the job caught the "
+        f"timeout, or sat in a call no signal interrupts): {how}"
+    )
+    try:
+        return record_timed_out(job_id, reason, push=push) is not None
+    except Exception:
+        # PostgreSQL is unreachable: the run stays running, and the sweep hands it back once
+        # it sees that no live worker executes it.
+        logger.exception("could not record the timed-out attempt of %s", job_id)
+        return True
+
+
 class Worker(_KeepsRunsAlive, _RefusesForeignMessages, SimpleWorkerBase):
+    death_penalty_class = _FinalTimeout
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **_json_only(kwargs))
+
+    def _overran(self, job_id: str) -> None:
+        # The job runs in this process, and a thread cannot stop it: the process leaves, as
+        # after a crash, once the attempt is recorded as timed out. The retry is left to the
+        # relay (no push here), so it cannot start before this process is gone.
+        if not _record_overrun(job_id, f"its worker {self.name} exited to end it", push=False):
+            return
+        logger.error(
+            "worker %s: %s would not stop %s s after its timeout; recorded it as timed out, "
+            "exiting (the supervisor starts a new worker)",
+            self.name,
+            job_id,
+            conf.get().TIMEOUT_KILL_AFTER,
+        )
+        if self._heart is not None:
+            self._heart.stop(timeout=1.0)
+        os._exit(1)
 
     def execute_job(self, job: Any, queue: Any) -> None:
         try:
@@ -454,8 +579,39 @@ class Worker(_KeepsRunsAlive, _RefusesForeignMessages, SimpleWorkerBase):
 
 
 class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase):
+    death_penalty_class = _FinalTimeout
+    # (RQ job id, pid) of the current work horse, and the RQ job whose horse the watchdog
+    # killed for outliving its timeout.
+    _horse_of: tuple[str, int] = ("", 0)
+    _killed_for_timeout = ""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **_json_only(kwargs))
+
+    def _overran(self, job_id: str) -> None:
+        # RQ's own monitor would kill the horse 60 to 90 s after the timeout (it checks every
+        # job_monitoring_interval, 30 s, for timeout + 60 s); the watchdog does it sooner. The
+        # horse called setpgrp, so its group is its pid: the kill takes its children too.
+        horse_job, pid = self._horse_of
+        if horse_job != job_id or not pid:
+            return
+        logger.error(
+            "worker %s: %s would not stop %s s after its timeout; killing its work horse %s",
+            self.name,
+            job_id,
+            conf.get().TIMEOUT_KILL_AFTER,
+            pid,
+        )
+        self._killed_for_timeout = job_id
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+    def handle_work_horse_killed(self, job: Any, retpid: Any, ret_val: Any, rusage: Any) -> None:
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+        if self._killed_for_timeout == job.id:
+            self._killed_for_timeout = ""
+            # The horse is dead and reaped: the retry may be pushed at once.
+            _record_overrun(job.id, f"its worker {self.name} killed the work horse", push=True)
 
     def _after_redis_loss(self) -> None:
         # Do not take the next message while the horse of this one may still be running.
@@ -463,9 +619,16 @@ class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase)
             if self.horse_pid:
                 self.wait_for_horse()
 
+    def execute_job(self, job: Any, queue: Any) -> None:
+        try:
+            super().execute_job(job, queue)
+        finally:
+            self._horse_of = ("", 0)
+
     def fork_work_horse(self, job: Any, queue: Any) -> None:
         connections.close_all()
         super().fork_work_horse(job, queue)
+        self._horse_of = (job.id, self.horse_pid)
 
     def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
         try:

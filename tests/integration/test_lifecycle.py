@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -16,6 +17,15 @@ from tests.conftest import probes, work
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
+
+
+def _no_worker_beats_for_it() -> None:
+    """Liveness data collected for an hour, in which no kumiko worker beats for the run: the
+    proof the sweep needs that its worker is gone (an overdue run a worker may still execute
+    is left to that worker; docs/reliability.md, Timeouts)."""
+    from kumiko_jobs import worker
+
+    transport.connection_for("default").set(worker._SINCE_KEY, time.time() - 3600)
 
 
 def test_deferral_resumes_the_same_run_in_the_same_tenant(tenants):
@@ -59,6 +69,7 @@ def test_sweep_retries_an_abandoned_run_with_attempts_left(tenants):
     JobRun.objects.filter(pk=handle.run_id).update(
         status=RunStatus.RUNNING, attempts=1, started_at=timezone.now() - timedelta(hours=2)
     )
+    _no_worker_beats_for_it()
 
     result = sweep()
 
@@ -80,6 +91,7 @@ def test_sweep_fails_an_abandoned_run_on_its_last_attempt(tenants):
     JobRun.objects.filter(pk=handle.run_id).update(
         status=RunStatus.RUNNING, attempts=1, started_at=timezone.now() - timedelta(hours=2)
     )
+    _no_worker_beats_for_it()
     recent = jobs.probe.enqueue(tenant="t1", tag="still-running")
     JobRun.objects.filter(pk=recent.run_id).update(
         status=RunStatus.RUNNING, attempts=1, started_at=timezone.now()
@@ -196,6 +208,7 @@ def test_housekeeping_runs_as_a_system_cron_job(tenants):
     JobRun.objects.filter(pk=handle.run_id).update(
         status=RunStatus.RUNNING, attempts=1, started_at=timezone.now() - timedelta(hours=2)
     )
+    _no_worker_beats_for_it()
 
     transport.push(message_for(sweeper, template(sweeper), 0))  # a cron tick
     work()

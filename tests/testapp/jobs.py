@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from django.db import connection
 
@@ -170,3 +171,39 @@ def send_receipt(ctx, *, invoice_id: int, fail_after_effect: bool = False) -> No
             ctx.log.info("receipt already sent by an earlier attempt", invoice=invoice_id)
     if fail_after_effect and ctx.attempt == 1:
         raise ConnectionError("the provider accepted the receipt, then the connection dropped")
+
+
+def _mark(path: str, attempt: int, event: str) -> None:
+    with open(path, "a") as marks:
+        marks.write(f"{attempt} {event} {time.time():.6f}\n")
+
+
+@job(timeout=1, retries=1, backoff={"type": "fixed", "delay": 0})
+def overruns(ctx, *, tag: str, marks: str, seconds: float, then: str = "return") -> None:
+    """On its first attempt, catches every Exception (RQ's timeout too) for ``seconds``.
+
+    Appends ``<attempt> <event> <time>`` lines to the file ``marks``: ``start``, a ``tick``
+    every 0.1 s, ``caught <type>`` for each exception it swallows, ``sql-ran`` or
+    ``sql-refused`` for a write tried after each, and ``end`` when it stops on its own; then
+    it returns, raises (``then="raise"``) or defers (``then="defer"``). Later attempts only
+    mark start and end.
+    """
+    _mark(marks, ctx.attempt, "start")
+    if ctx.attempt == 1:
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            try:
+                time.sleep(0.1)
+                _mark(marks, ctx.attempt, "tick")
+            except Exception as exc:
+                _mark(marks, ctx.attempt, f"caught {type(exc).__name__}")
+                try:
+                    _probe(ctx, tag, note="after the timeout")
+                    _mark(marks, ctx.attempt, "sql-ran")
+                except Exception:
+                    _mark(marks, ctx.attempt, "sql-refused")
+    _mark(marks, ctx.attempt, "end")
+    if ctx.attempt == 1 and then == "raise":
+        raise ValueError("something else went wrong after the timeout")
+    if ctx.attempt == 1 and then == "defer":
+        return ctx.defer(1)
