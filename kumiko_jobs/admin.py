@@ -828,6 +828,12 @@ class RunJobForm(forms.Form):
             raise forms.ValidationError(
                 gettext("Not valid JSON: %(error)s") % {"error": exc}
             ) from None
+        except RecursionError:
+            # json.loads recurses once per nesting level; thousands of levels exhaust the stack
+            # before enqueue's own MAX_ARGUMENT_DEPTH check could give its clearer message.
+            raise forms.ValidationError(
+                gettext("The arguments are nested too deeply; pass ids, not deep structures.")
+            ) from None
         if not isinstance(value, dict):
             raise forms.ValidationError(
                 gettext('Arguments must be a JSON object, e.g. {"invoice_id": 7}.')

@@ -299,6 +299,19 @@ def test_deep_arguments_in_the_run_a_job_form_are_a_form_error(tenants, declare,
     assert not JobRun.objects.exists()
 
 
+def test_arguments_deeper_than_json_can_parse_are_a_form_error(tenants, declare, operator):
+    """5,000 levels: json.loads itself raises RecursionError (a 500 before the form caught it)."""
+    declare(manual_blob, manual=True)
+    arguments = '{"blob": ' + "[" * 5000 + "]" * 5000 + "}"
+    response = operator.post(
+        "/admin/kumiko_jobs/jobrun/run-job/",
+        {"job": "limits.manual_blob", "tenant": "t1", "arguments": arguments},
+    )
+    assert response.status_code == 200
+    assert "nested too deeply" in response.content.decode()
+    assert not JobRun.objects.exists()
+
+
 # --- the failure line of a huge exception ---------------------------------------------------
 
 
