@@ -601,7 +601,7 @@ def test_version_1_messages_keep_version_1_shape_rules():
     ids=["v1-document-v2-salt", "v2-document-v1-salt", "v1-shape-claiming-v2"],
 )
 def test_a_version_is_read_only_under_its_own_salt(doc, salt):
-    with pytest.raises(EnvelopeError, match="says version .* but was signed as version"):
+    with pytest.raises(EnvelopeError, match=r"says version .* but was signed as version"):
         decode(sign(doc, salt=salt))
 
 
