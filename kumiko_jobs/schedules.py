@@ -30,7 +30,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from crontab import CronTab
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, close_old_connections, transaction
 
 from . import transport
 from .envelope import Envelope, encode
@@ -129,6 +129,9 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     definition = definition_for(alarm_id)
     if definition is None or definition.cron is None:
         return Firing(None, None)
+    # The scheduler is a long-lived process: a connection PostgreSQL dropped (restart, idle
+    # timeout) is replaced here, as Django does at the start of every request.
+    close_old_connections()
     now = now or datetime.now(UTC)
     tick = latest_tick(definition.cron, definition.timezone, now)
     env = Envelope(

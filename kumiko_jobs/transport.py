@@ -336,11 +336,6 @@ def current_job_id() -> str:
     return job.id if job is not None else ""
 
 
-def current_job_enqueued_at() -> datetime | None:
-    job = get_current_job()
-    return job.enqueued_at if job is not None else None
-
-
 def current_job_origin() -> str:
     job = get_current_job()
     return job.origin if job is not None else ""

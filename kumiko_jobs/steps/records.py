@@ -6,7 +6,8 @@ case, else one short transaction (attempt row, run row, tenant-visible failure, 
 The hot-path SQL lives in ``run_sql``.
 
 A run starts only for the one message it waits for. Any other (a repeated push, a stale attempt,
-a message for a cancelled or finished run) is dropped here, which makes redelivery harmless.
+a message for a cancelled or finished run) is dropped here, which makes redelivery harmless. A
+message without a run row is refused and recorded: a run is never recreated from a message.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from kumiko_jobs.envelope import Envelope
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.registry import registry
 from kumiko_jobs.schedules import (
+    latest_tick,
     schedule_id,
     seconds_until_next,
     sync_schedules,
@@ -106,6 +107,29 @@ def test_cron_timezone_is_respected():
     # In July Berlin is UTC+2: 00:30 UTC is 02:30 local, again 30 minutes away.
     summer = datetime(2026, 7, 15, 0, 30, tzinfo=UTC)
     assert seconds_until_next("0 3 * * *", "Europe/Berlin", summer) == 30 * 60
+
+
+@pytest.mark.parametrize(
+    ("now", "tick"),
+    [
+        (datetime(2026, 1, 15, 3, 0, 0, tzinfo=UTC), datetime(2026, 1, 15, 3, 0, tzinfo=UTC)),
+        (datetime(2026, 1, 15, 3, 0, 41, tzinfo=UTC), datetime(2026, 1, 15, 3, 0, tzinfo=UTC)),
+        # rq-scheduler keeps whole-second scores and may ring a moment early: the tick rung.
+        (
+            datetime(2026, 1, 15, 2, 59, 59, 400000, tzinfo=UTC),
+            datetime(2026, 1, 15, 3, 0, tzinfo=UTC),
+        ),
+    ],
+)
+def test_the_tick_is_the_latest_time_the_crontab_fired(now, tick):
+    assert latest_tick("* * * * *", "UTC", now) == tick
+
+
+def test_the_tick_is_read_in_the_job_s_time_zone():
+    # 03:10 in Berlin in January is 02:10 UTC: the 03:00 Berlin tick was 02:00 UTC.
+    assert latest_tick("0 3 * * *", "Europe/Berlin", datetime(2026, 1, 15, 2, 10, tzinfo=UTC)) == (
+        datetime(2026, 1, 15, 2, 0, tzinfo=UTC)
+    )
 
 
 def test_a_cron_tick_fans_out_once_even_if_its_alarm_rings_twice(tenants, redis_conn):
