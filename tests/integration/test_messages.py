@@ -280,3 +280,50 @@ def test_a_copied_alarm_under_another_id_fires_nothing(tenants, redis_conn):
     assert redis_conn.zscore(SCHEDULED, "kj-cron-stolen") is None
     for schema in TENANTS:
         assert tenant_tags(schema) == []
+
+
+# --- the previous envelope version ------------------------------------------------------------
+
+
+def _version_1_body(env: Any) -> str:
+    """A message exactly as the version 1 ``encode`` built it: no times, no tick, v1 salt."""
+    import json
+    from dataclasses import asdict
+
+    from django.core import signing
+
+    document = {"v": 1, **asdict(env)}
+    for key in ("tick", "signed_at", "due_at", "version"):
+        del document[key]
+    payload = json.dumps(document, separators=(",", ":"), sort_keys=True)
+    return signing.Signer(salt="kumiko_jobs.envelope.v1", algorithm="sha256").sign(payload)
+
+
+def test_a_version_1_message_queued_before_the_deploy_still_runs(tenants):
+    handle = jobs.probe.enqueue(tenant="t2", tag="from-v1")
+    queue = transport.get_queue("default")
+    job_id = queue.job_ids[0]
+    queue.empty()
+    env = envelope_of(JobRun.objects.get(pk=handle.run_id), attempt=1)
+    push_copy(_version_1_body(env), job_id)
+    work()
+    assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
+    assert tenant_tags("t2") == ["from-v1"]
+    assert RejectedMessage.objects.count() == 0
+
+
+def test_a_version_1_message_of_a_deleted_run_is_refused_too(tenants):
+    env = envelope_of(
+        JobRun(
+            run_id=uuid.uuid4(),
+            job_name=jobs.probe.name,
+            schema_name="t1",
+            payload={"tag": "v1-replay"},
+            trace_context={},
+        ),
+        attempt=1,
+    )
+    push_copy(_version_1_body(env), "v1-replay")
+    work()
+    assert tenant_tags("t1") == []
+    assert "history row is gone" in RejectedMessage.objects.get().reason
