@@ -63,9 +63,33 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="kumiko_jobs.E005",
             )
         )
+    errors += _message_age_errors(settings)
     errors += _queue_errors(settings.DEFAULT_QUEUE)
     errors += _rq_class_errors()
     return errors
+
+
+def _message_age_errors(settings: conf.KumikoSettings) -> list[checks.CheckMessage]:
+    """A message must expire before retention can delete the run it belongs to.
+
+    Otherwise a copy of a finished run's message outlives the run's history row, and nothing
+    but the missing row would tell a replay from a first delivery.
+    """
+    retention = settings.RETENTION_DAYS * 24 * 3600
+    if retention == 0 or retention > settings.MESSAGE_MAX_AGE:
+        return []
+    return [
+        checks.Error(
+            f"KUMIKO_JOBS['MESSAGE_MAX_AGE'] is {settings.MESSAGE_MAX_AGE} s, not less than "
+            f"RETENTION_DAYS={settings.RETENTION_DAYS} ({retention} s): a copy of a message "
+            "would still be accepted after retention deleted its run's history.",
+            hint=(
+                f"Lower MESSAGE_MAX_AGE below {retention} (e.g. {7 * 24 * 3600}, seven days) "
+                "or raise RETENTION_DAYS."
+            ),
+            id="kumiko_jobs.E011",
+        )
+    ]
 
 
 def _queue_errors(default_queue: str) -> list[checks.CheckMessage]:

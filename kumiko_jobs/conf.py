@@ -81,6 +81,10 @@ class KumikoSettings:
     RELAY_GRACE: int = 30
     HISTORY_SYNCHRONOUS_COMMIT: bool = True
     PUSH_FAILURE_PAUSE: int = 5
+    # Seconds after its due time a signed message is refused (envelope.py). Seven days: a
+    # weekend-plus outage's backlog still runs, while a copy of an old message is useless well
+    # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
+    MESSAGE_MAX_AGE: int = 7 * 24 * 3600
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -99,6 +103,7 @@ _POSITIVE_INTS = (
     "WORKER_HEARTBEAT",
     "WORKER_DEAD_AFTER",
     "TIMEOUT_KILL_AFTER",
+    "MESSAGE_MAX_AGE",
 )
 _NON_NEGATIVE_INTS = (
     "DEFAULT_RETRIES",

@@ -184,7 +184,8 @@ def timeout_of(definition: JobDefinition) -> int:
 def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> transport.Message:
     key, limit = rate_limit_of(definition, envelope.schema)
     return transport.Message(
-        body=encode(envelope),
+        # Signed now, due after the delay: the message expires MESSAGE_MAX_AGE after that.
+        body=encode(envelope, delay=delay),
         queue=queue_of(definition),
         job_id=envelope.rq_job_id,
         timeout=timeout_of(definition),

@@ -3,6 +3,16 @@
 RQ stores the signed string as the only argument of the runner. Nothing in it is trusted
 before the signature is checked: a forged or damaged message raises ``EnvelopeError`` and never
 reaches a tenant. Key rotation works through Django's ``SECRET_KEY_FALLBACKS``.
+
+Version 2 signs when the message was signed (``signed_at``) and when it is due (``due_at``, the
+signing time plus the push delay), and a cron tick's scheduled time (``tick``). A message
+*expires* ``MESSAGE_MAX_AGE`` seconds after its due time: counted from the due time, not the
+signing time, so ``enqueue_in(30 days)`` and a backlog after an outage are not lost, while a copy
+of an old message cannot be replayed for ever. A run still waiting for an expired message is not
+lost either: the worker refuses the message, and the relay signs its run's message anew.
+
+Version 1 messages (no times, no tick) still decode, with version 1's rules (they never expire),
+so messages queued before a deploy still run; see docs/reliability.md for the transition.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ import secrets
 import threading
 import time
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core import signing
@@ -20,11 +31,13 @@ from django.core import signing
 from . import conf
 from .exceptions import EnvelopeError
 
-VERSION = 1
-_SALT = "kumiko_jobs.envelope.v1"
+VERSION = 2
+PREVIOUS_VERSION = 1
+# One salt per version: a document is read with the rules of the version whose key signed it.
+_SALTS = {2: "kumiko_jobs.envelope.v2", 1: "kumiko_jobs.envelope.v1"}
 _RUN_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,62}$")
-_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+_V1_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "v": int,
     "job": str,
     "schema": (str, type(None)),
@@ -40,6 +53,14 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "origin": (dict, type(None)),
     "parent_run_id": (str, type(None)),
 }
+_FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
+    **_V1_FIELD_TYPES,
+    "tick": (str, type(None)),
+    "signed_at": (int, float),
+    "due_at": (int, float),
+}
+_FIELDS_OF = {2: _FIELD_TYPES, 1: _V1_FIELD_TYPES}
+_TICK_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\+00:00$")
 # The write origin the guard reads (origin.request_origin()); any other shape is forged.
 _ORIGIN_TYPES: dict[str, type] = {"anonymous": bool, "path": str, "public_intake": bool}
 
@@ -59,6 +80,14 @@ class Envelope:
     trace: dict[str, str] = field(default_factory=dict)
     origin: dict[str, Any] | None = None
     parent_run_id: str | None = None
+    # A cron tick's scheduled time (UTC, ISO 8601): with the job (and the schema of a fan-out
+    # child) the tick's identity, from which its run id is derived (schedules.tick_run_id).
+    tick: str | None = None
+    # Set by ``encode`` (what a caller passes is ignored) and read back by ``decode``; not part
+    # of what a message *means*, so two signings of one message compare equal.
+    signed_at: float = field(default=0.0, compare=False)
+    due_at: float = field(default=0.0, compare=False)
+    version: int = field(default=VERSION, compare=False)
 
     def next_attempt(self) -> Envelope:
         return replace(self, attempt=self.attempt + 1)
@@ -106,14 +135,42 @@ def new_run_id() -> str:
     return f"{value:032x}"
 
 
-def _signer() -> signing.Signer:
-    return signing.Signer(salt=_SALT, algorithm="sha256")
+def _signer(version: int = VERSION) -> signing.Signer:
+    return signing.Signer(salt=_SALTS[version], algorithm="sha256")
 
 
-def encode(envelope: Envelope) -> str:
-    document = {"v": VERSION, **asdict(envelope)}
+def encode(envelope: Envelope, *, delay: float = 0.0, now: float | None = None) -> str:
+    """Sign ``envelope`` as of ``now`` (default: the clock), due ``delay`` seconds later."""
+    signed_at = round(time.time() if now is None else now, 3)
+    document = {
+        **asdict(envelope),
+        "v": VERSION,
+        "signed_at": signed_at,
+        "due_at": round(signed_at + max(delay, 0.0), 3),
+    }
+    del document["version"]
     payload = json.dumps(document, separators=(",", ":"), sort_keys=True, allow_nan=False)
     return _signer().sign(payload)
+
+
+def expires_at(envelope: Envelope) -> float | None:
+    """When a decoded message stops being accepted (epoch seconds); None: never (version 1)."""
+    if envelope.version < 2:
+        return None
+    return envelope.due_at + conf.get().MESSAGE_MAX_AGE
+
+
+def _unsign(message: str) -> tuple[str, int]:
+    """The payload and the version whose salt signed it."""
+    try:
+        return _signer(VERSION).unsign(message), VERSION
+    except signing.BadSignature:
+        pass
+    try:
+        # Only a refused (or a version 1) message pays for this second check.
+        return _signer(PREVIOUS_VERSION).unsign(message), PREVIOUS_VERSION
+    except signing.BadSignature:
+        raise EnvelopeError("bad signature: the message was not signed by this project") from None
 
 
 def _has_nul(value: object) -> bool:
@@ -130,8 +187,8 @@ def _has_nul(value: object) -> bool:
 _MAX_LENGTHS = {"job": 200, "correlation_id": 64, "triggered_by": 64, "trigger": 200}
 
 
-def decode(message: object) -> Envelope:
-    """Check signature, size, version and shape; raise ``EnvelopeError`` on any doubt."""
+def decode(message: object, *, now: float | None = None) -> Envelope:
+    """Check signature, size, version, shape and age; raise ``EnvelopeError`` on any doubt."""
     if not isinstance(message, str):
         raise EnvelopeError(f"message is a {type(message).__name__}, not a signed envelope string")
     limit = conf.get().MAX_ENVELOPE_BYTES
@@ -143,23 +200,25 @@ def decode(message: object) -> Envelope:
         raise EnvelopeError("message is not valid Unicode text") from None
     if size > limit:
         raise EnvelopeError(f"message is {size} bytes, over the {limit}-byte limit")
-    try:
-        payload = _signer().unsign(message)
-    except signing.BadSignature:
-        raise EnvelopeError("bad signature: the message was not signed by this project") from None
+    payload, version = _unsign(message)
     try:
         document = json.loads(payload)
     except (ValueError, RecursionError):
         raise EnvelopeError("signed payload is not JSON (or nested too deeply)") from None
     if not isinstance(document, dict):
         raise EnvelopeError("envelope is not a JSON object")
-    if document.get("v") != VERSION:
+    claimed = document.get("v")
+    if type(claimed) is not int or claimed not in _SALTS:
         raise EnvelopeError(
-            f"unknown envelope version {document.get('v')!r} (this worker reads {VERSION})"
+            f"unknown envelope version {claimed!r} (this worker reads {VERSION} and "
+            f"{PREVIOUS_VERSION})"
         )
-    if set(document) != set(_FIELD_TYPES):
-        raise EnvelopeError(f"envelope fields {sorted(document)} do not match version {VERSION}")
-    for key, expected in _FIELD_TYPES.items():
+    if claimed != version:
+        raise EnvelopeError(f"envelope says version {claimed} but was signed as version {version}")
+    field_types = _FIELDS_OF[version]
+    if set(document) != set(field_types):
+        raise EnvelopeError(f"envelope fields {sorted(document)} do not match version {version}")
+    for key, expected in field_types.items():
         value = document[key]
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise EnvelopeError(f"envelope field {key!r} has the wrong type")
@@ -185,4 +244,28 @@ def decode(message: object) -> Envelope:
         # PostgreSQL text and jsonb cannot hold NUL; such a run could not be recorded.
         raise EnvelopeError("envelope contains a NUL character")
     del document["v"]
-    return Envelope(**document)
+    if version >= 2:
+        _check_times(document, now)
+    return Envelope(**document, version=version)
+
+
+def _check_times(document: dict[str, Any], now: float | None) -> None:
+    signed_at, due_at, tick = document["signed_at"], document["due_at"], document["tick"]
+    if isinstance(signed_at, bool) or isinstance(due_at, bool):
+        raise EnvelopeError("envelope times have the wrong type")
+    if not (0 <= signed_at <= due_at < 2**40):
+        raise EnvelopeError("envelope is due before it was signed (or its times are not times)")
+    if tick is not None and not _TICK_RE.fullmatch(tick):
+        raise EnvelopeError("envelope tick is not a UTC time like 2026-01-31T03:00:00+00:00")
+    max_age = conf.get().MESSAGE_MAX_AGE
+    now = time.time() if now is None else now
+    if now > due_at + max_age:
+        raise EnvelopeError(
+            f"expired: run {document['run_id']} was due at {_iso(due_at)} and messages expire "
+            f"MESSAGE_MAX_AGE={max_age} s after their due time; a run that still waits is "
+            "signed anew by the relay"
+        )
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")

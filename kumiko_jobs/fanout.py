@@ -64,6 +64,8 @@ def fan_out(state: RunState) -> int:
             trace=parent.trace,
             origin=parent.origin,
             parent_run_id=parent.run_id,
+            # (job, tick, tenant): the signed identity of a cron tick's child.
+            tick=parent.tick,
         )
         state.followups.append(
             (message_for(definition, child, 0.0), _row(definition, child, state.subject, 0.0))

@@ -8,7 +8,6 @@ fails its run closed. Neither is retried.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import socket
 from collections.abc import Callable, Iterator
@@ -118,9 +117,15 @@ def execute(message: object) -> str:
         _fail_unknown(env, str(exc))
         return "failed"
     if schedules.is_template(env):
-        # A cron tick: one run per job and tick minute, whoever enqueued the tick.
-        tick = transport.current_job_enqueued_at() or timezone.now()
-        env = dataclasses.replace(env, run_id=schedules.tick_run_id(env.job, tick))
+        # A cron alarm is not a run: only the scheduler turns it into a tick (schedules.fire),
+        # identified by signed data. A template in a queue is a copy (or a version 1 template
+        # queued before a deploy): running it would start a tick no schedule fired.
+        reject(
+            message,
+            f"cron template of {env.job} is not a run: kumiko's scheduler fires ticks",
+            rq_job_id,
+        )
+        return "rejected"
     state = RunState(
         envelope=env,
         definition=definition,
@@ -178,7 +183,6 @@ def _storable(text: str, limit: int) -> str:
 
 def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
     logger.error("run %s failed closed: %s", env.run_id, reason)
-    from django.utils import timezone
 
     updated = JobRun.objects.filter(pk=env.run_id).update(
         status=RunStatus.FAILED,

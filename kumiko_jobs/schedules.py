@@ -1,29 +1,49 @@
 """Cron schedules: validate at registration, register idempotently with rq-scheduler.
 
-Each cron job has one scheduled RQ job, id ``kj-cron-<name>``, whose message is a signed
-*template* envelope (``trigger="cron"``, a zero run id). When rq-scheduler moves it to the queue
-at a tick, the runner turns it into a run whose id is derived from the job name and the tick
-minute: should two schedulers ever both enqueue a tick (rq-scheduler's lock prevents it), the
-second message finds the run already there and is dropped.
+Each cron job has one scheduled RQ job, id ``kj-cron-<name>``: an alarm clock. Its message is a
+signed *template* envelope (``trigger="cron"``, a zero run id, signed as of the epoch so that it
+is both stable across syncs and long expired) that no worker ever runs. When the alarm rings,
+kumiko's scheduler (``transport.Scheduler``) calls ``fire``, which
+
+* identifies the tick by signed data only: the job (looked up by the alarm's id in the
+  registry, never read from the message) and the latest time the job's crontab fired, computed
+  from the registry's cron and time zone. Neither the alarm's score nor any RQ field is trusted:
+  a copied or re-scored alarm can at most fire the current tick again;
+* writes the tick's run row, whose id is derived from that identity (``tick_run_id``), before
+  any message exists: a second firing of the same tick (two schedulers, a replayed alarm) finds
+  the row and pushes nothing, and the row is the outbox the relay pushes from;
+* pushes an ordinary signed message for that run, carrying the tick's scheduled time.
+
+A per-tenant cron job's tick run fans out; each child's run id is derived from the tick's run id
+and the tenant's schema, and its message carries the tick too, so (job, tick, tenant) is the
+signed identity of every child.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from crontab import CronTab
+from django.db import IntegrityError, close_old_connections, transaction
 
 from . import transport
 from .envelope import Envelope, encode
 from .exceptions import InvalidJob
 from .registry import JobDefinition, registry
 
+logger = logging.getLogger("kumiko_jobs.schedules")
+
 CRON_PREFIX = "kj-cron-"
 TEMPLATE_RUN_ID = "0" * 32
+# rq-scheduler stores whole-second scores and may ring an alarm up to a second early; a crontab
+# time this close ahead of the clock is the tick being rung.
+_EARLY = 3.0
 _TICK_NAMESPACE = uuid.UUID("6f1c2b9e-3a57-4d0e-9a61-1c9f0b7f4e21")
 
 
@@ -69,8 +89,71 @@ def is_template(envelope: Envelope) -> bool:
 
 
 def tick_run_id(job_name: str, tick: datetime) -> str:
-    minute = tick.replace(second=0, microsecond=0).isoformat()
+    minute = tick.astimezone(UTC).replace(second=0, microsecond=0).isoformat()
     return uuid.uuid5(_TICK_NAMESPACE, f"{job_name}@{minute}").hex
+
+
+def latest_tick(cron: str, timezone: str, now: datetime) -> datetime:
+    """The latest time ``cron`` (read in ``timezone``) fired at or just before ``now``, in UTC."""
+    probe = (now + timedelta(seconds=_EARLY)).astimezone(ZoneInfo(timezone))
+    back = CronTab(cron).previous(now=probe, default_utc=False)  # negative seconds, strictly before
+    tick = probe + timedelta(seconds=float(back or 0.0))
+    return tick.astimezone(UTC).replace(microsecond=0)
+
+
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """An alarm rung: push ``message`` (if any), ring again at ``next_at``."""
+
+    message: transport.Message | None
+    next_at: float | None  # epoch seconds; None: the alarm belongs to no registered cron job
+    run_id: str = ""
+
+
+def definition_for(alarm_id: str) -> JobDefinition | None:
+    for definition in registry:
+        if definition.cron and schedule_id(definition) == alarm_id:
+            return definition
+    return None
+
+
+def fire(alarm_id: str, now: datetime | None = None) -> Firing:
+    """The tick an alarm rings for: its run row written, its message built (not pushed).
+
+    Raises ``django.db.DatabaseError`` when PostgreSQL is unreachable: the scheduler then leaves
+    the alarm due and rings it again on its next round, for the same tick.
+    """
+    from .enqueueing import _row, message_for
+    from .subject import build_subject
+
+    definition = definition_for(alarm_id)
+    if definition is None or definition.cron is None:
+        return Firing(None, None)
+    # The scheduler is a long-lived process: a connection PostgreSQL dropped (restart, idle
+    # timeout) is replaced here, as Django does at the start of every request.
+    close_old_connections()
+    now = now or datetime.now(UTC)
+    tick = latest_tick(definition.cron, definition.timezone, now)
+    env = Envelope(
+        job=definition.name,
+        schema=None,
+        kwargs={},
+        run_id=tick_run_id(definition.name, tick),
+        trigger="cron",
+        tick=tick.isoformat(),
+    )
+    after = seconds_until_next(definition.cron, definition.timezone, tick)
+    next_at = float(math.ceil(tick.timestamp() + after))
+    row = _row(definition, env, build_subject(definition, {}), 0.0)
+    try:
+        with transaction.atomic():
+            row.save(force_insert=True)
+    except IntegrityError:
+        # Fired already (another scheduler, or a replayed alarm): that firing pushed it, or
+        # the relay will; this one does nothing.
+        logger.info("cron tick %s of %s already fired", env.tick, definition.name)
+        return Firing(None, next_at, env.run_id)
+    return Firing(message_for(definition, env, 0.0), next_at, env.run_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +173,8 @@ def cron_spec(definition: JobDefinition) -> transport.CronSpec:
         schedule_id=schedule_id(definition),
         cron=definition.cron,
         timezone=definition.timezone,
-        body=encode(template(definition)),
+        # Signed as of the epoch: the same bytes at every sync, and expired for any worker.
+        body=encode(template(definition), now=0.0),
         queue=queue_of(definition),
         timeout=timeout_of(definition),
     )

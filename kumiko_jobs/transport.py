@@ -138,13 +138,38 @@ class Scheduler(DjangoScheduler):
         return super().enqueue_jobs()
 
     def enqueue_job(self, job: Job) -> None:
-        super().enqueue_job(job)
-        zone = job.meta.get(_TZ_META)
-        if zone and job.meta.get("cron_string"):
-            from .schedules import seconds_until_next
+        from .schedules import CRON_PREFIX
 
-            delay = seconds_until_next(job.meta["cron_string"], zone)
-            self.connection.zadd(self.scheduled_jobs_key, {job.id: int(time.time() + delay)})
+        if job.id.startswith(CRON_PREFIX):
+            self._fire_cron(job)
+            return
+        super().enqueue_job(job)
+
+    def _fire_cron(self, job: Job) -> None:
+        """A kumiko cron alarm rang: push the tick's own message, never the alarm itself.
+
+        The tick is identified by signed data (schedules.fire): the job the alarm's id names
+        in the registry and the time its crontab fired. The alarm's score, meta and body are
+        not trusted, so a copied or re-scored alarm can at most ring the current tick again,
+        which finds its run row and pushes nothing.
+        """
+        from django.db import DatabaseError
+
+        from .schedules import fire
+
+        try:
+            firing = fire(job.id)
+        except DatabaseError as exc:
+            # Left due: the next round rings it again, for the same tick.
+            self.log.warning("cron %s not fired, PostgreSQL unavailable (%s)", job.id, exc)
+            return
+        if firing.next_at is None:
+            self.log.warning("cron entry %s belongs to no registered cron job; removed", job.id)
+            self.cancel(job.id)
+            return
+        if firing.message is not None:
+            push(firing.message)
+        self.connection.zadd(self.scheduled_jobs_key, {job.id: int(firing.next_at)})
 
 
 _TZ_META = "kumiko_timezone"
@@ -346,11 +371,6 @@ def set_flag_once(key: str) -> bool:
 def current_job_id() -> str:
     job = get_current_job()
     return job.id if job is not None else ""
-
-
-def current_job_enqueued_at() -> datetime | None:
-    job = get_current_job()
-    return job.enqueued_at if job is not None else None
 
 
 def timeout_of_job(job: Job) -> int | None:

@@ -6,7 +6,8 @@ case, else one short transaction (attempt row, run row, tenant-visible failure, 
 The hot-path SQL lives in ``run_sql``.
 
 A run starts only for the one message it waits for. Any other (a repeated push, a stale attempt,
-a message for a cancelled or finished run) is dropped here, which makes redelivery harmless.
+a message for a cancelled or finished run) is dropped here, which makes redelivery harmless. A
+message without a run row is refused and recorded: a run is never recreated from a message.
 """
 
 from __future__ import annotations
@@ -78,8 +79,9 @@ def _start(state: RunState) -> bool:
     if not updated:
         row = JobRun.objects.filter(pk=env.run_id).values("status", "attempts").first()
         if row is None:
-            _create_missing(state, now)
-        elif row["status"] == RunStatus.RUNNING and row["attempts"] < env.attempt:
+            _refuse_without_row(state)
+            return False
+        if row["status"] == RunStatus.RUNNING and row["attempts"] < env.attempt:
             # The previous attempt's worker died after scheduling this one: take over.
             JobRun.objects.filter(pk=env.run_id).update(attempts=env.attempt, started_at=now)
         else:
@@ -120,26 +122,35 @@ def _why_not_waiting(state: RunState, status: str, attempts: int) -> str:
     return f"duplicate delivery: the run is already {status}"
 
 
-def _create_missing(state: RunState, now: Any) -> None:
-    """A message whose run row is gone (history deleted, or pushed by a relay): recreate it."""
+def _refuse_without_row(state: RunState) -> None:
+    """A message whose run has no history row: refused and recorded, never run.
+
+    Every path that pushes a message commits the run's row first (enqueue on commit, follow-ups
+    and fan-out children in the finishing transaction, retries by the sweep, cron ticks by the
+    scheduler, relayed messages from the row itself), so a missing row means it is gone:
+    deleted by retention or by hand. Recreating the run from the message would run a finished
+    job again from any copy of its message.
+    """
+    from ..runner import reject
+
     env = state.envelope
-    JobRun.objects.create(
-        run_id=uuid.UUID(env.run_id),
+    reason = (
+        f"no run {env.run_id} of {env.job}: its history row is gone (deleted by retention or by "
+        "hand); a run is never recreated from a message"
+    )
+    logger.warning("refused message for run %s: %s", env.run_id, reason)
+    state.outcome, state.drop_reason = "dropped", reason
+    excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
+    reject(excerpt, reason, state.rq_job_id, state.queue)
+    signals.send(
+        signals.job_dropped,
+        run_id=env.run_id,
         job_name=env.job,
-        schema_name=env.schema or "",
-        status=RunStatus.RUNNING,
-        queue=state.queue,
-        attempts=env.attempt,
-        max_attempts=state.max_attempts,
-        queued_at=now,
-        started_at=now,
-        payload=env.kwargs,
-        correlation_id=env.correlation_id,
-        trace_id=env.trace_id,
-        trace_context=env.trace,
-        triggered_by=env.triggered_by or "",
-        trigger=env.trigger or "",
-        rq_job_id=state.rq_job_id,
+        schema_name=env.schema,
+        attempt=env.attempt,
+        outcome="dropped",
+        error=None,
+        reason=reason,
     )
 
 

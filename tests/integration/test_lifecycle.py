@@ -197,9 +197,8 @@ def test_management_command_enqueue_list_and_sweep(tenants, capsys):
 
 
 def test_housekeeping_runs_as_a_system_cron_job(tenants):
-    from kumiko_jobs.enqueueing import message_for
     from kumiko_jobs.registry import registry
-    from kumiko_jobs.schedules import template
+    from kumiko_jobs.schedules import fire, schedule_id
 
     sweeper = registry.get("kumiko_jobs.sweep_abandoned")
     assert sweeper.system and sweeper.cron == "* * * * *"
@@ -210,7 +209,9 @@ def test_housekeeping_runs_as_a_system_cron_job(tenants):
     )
     _no_worker_beats_for_it()
 
-    transport.push(message_for(sweeper, template(sweeper), 0))  # a cron tick
+    firing = fire(schedule_id(sweeper))  # what the scheduler does when the alarm rings
+    assert firing.message is not None
+    transport.push(firing.message)
     work()
 
     tick = JobRun.objects.get(job_name="kumiko_jobs.sweep_abandoned")

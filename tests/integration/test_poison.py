@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import pickle
 import re
+import time
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -40,7 +41,7 @@ from tests.testapp import jobs
 from tests.testapp.models import Probe
 
 RUNNER = transport.RUNNER
-SALT = "kumiko_jobs.envelope.v1"
+SALT = "kumiko_jobs.envelope.v2"
 FUZZ = settings(
     max_examples=30,
     deadline=None,
@@ -102,6 +103,9 @@ def document(**changes: Any) -> dict[str, Any]:
         "trace": {},
         "origin": None,
         "parent_run_id": None,
+        "tick": None,
+        "signed_at": time.time(),
+        "due_at": time.time(),
     }
     doc.update(changes)
     return doc
@@ -407,7 +411,12 @@ def test_bad_envelopes_of_every_kind_are_rejected_before_any_tenant(tenants):
         ("\ud800:" + signature, "not valid Unicode"),
         ("x" * (512 * 1024 + 1), "over the 524288-byte limit"),
         (signed(document(kwargs={"tag": "x" * 600_000})), "over the 524288-byte limit"),
-        (signed(document(v=2)), "unknown envelope version"),
+        (signed(document(v=3)), "unknown envelope version"),
+        (signed(document(v=1)), "says version 1 but was signed as version 2"),
+        (
+            signed(document(signed_at=time.time() - 8 * 86400, due_at=time.time() - 8 * 86400)),
+            "expired: run ",
+        ),
         (signed(document(attempt=True)), "wrong type"),
         (signed(document(schema="public")), "public schema"),
         (signed(document(schema='t1"; SET search_path TO t2; --')), "not a valid schema"),
@@ -461,6 +470,18 @@ def test_a_signed_envelope_for_an_unknown_job_without_a_run_is_rejected(tenants)
     assert runs == []
 
 
+def _waiting_row(doc: dict[str, Any]) -> None:
+    """The queued run a forged message claims (as if its enqueue had committed)."""
+    JobRun.objects.create(
+        run_id=uuid.UUID(doc["run_id"]),
+        job_name=doc["job"],
+        schema_name=doc["schema"] or "",
+        status=RunStatus.QUEUED,
+        queue="default",
+        queued_at=timezone.now(),
+    )
+
+
 @pytest.mark.parametrize(
     ("changes", "reason"),
     [
@@ -475,6 +496,7 @@ def test_signed_envelopes_with_a_forged_tenant_or_arguments_fail_closed(tenants,
     """Signed with the key, well formed, but wrong: the run fails before its body, no fallback."""
     batch = Batch()
     doc = document(**changes)
+    _waiting_row(doc)  # a run row exists: the message is not refused for lack of one
     batch.add(push(signed(doc)))
     rejected, runs = batch.run()
     assert rejected == []
@@ -540,6 +562,9 @@ _FIELD_TYPES = {
     "trace": dict,
     "origin": (dict, type(None)),
     "parent_run_id": (str, type(None)),
+    "tick": (str, type(None)),
+    "signed_at": (int, float),
+    "due_at": (int, float),
 }
 
 
@@ -585,7 +610,8 @@ def test_fuzz_signed_envelopes_of_the_wrong_shape_are_rejected(tenants, document
     assert [r.rq_job_id for r in rejected] == batch.poison_ids
     for row in rejected:
         assert re.search(
-            r"unknown envelope version|do not match version|wrong type|not a JSON object",
+            r"unknown envelope version|do not match version|wrong type|not a JSON object"
+            r"|but was signed as version",
             row.reason,
         ), row.reason
     assert runs == []
@@ -630,10 +656,8 @@ def test_fuzz_forged_tenants_jobs_and_origins_never_run(tenants, forged):
     by_run = {run.run_id.hex: run for run in runs}
     reasons = iter(rejected)
     for kind, doc in forged:
-        if kind == "tenant":  # well formed, signed: the run fails closed in the gate
-            run = by_run.pop(doc["run_id"])
-            assert run.status == RunStatus.FAILED
-            assert f"tenant not found: no tenant has schema {doc['schema']!r}" in run.error_message
+        if kind == "tenant":  # well formed, signed, but no run waits for it: never recreated
+            assert "its history row is gone" in next(reasons).reason
         elif kind == "job":  # no run row to fail: recorded as a rejected message
             assert f"No job named {doc['job']!r}" in next(reasons).reason
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -16,10 +17,10 @@ from kumiko_jobs.envelope import Envelope
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.registry import registry
 from kumiko_jobs.schedules import (
+    latest_tick,
     schedule_id,
     seconds_until_next,
     sync_schedules,
-    template,
 )
 from tests.conftest import probes, work
 from tests.testapp import jobs
@@ -108,11 +109,40 @@ def test_cron_timezone_is_respected():
     assert seconds_until_next("0 3 * * *", "Europe/Berlin", summer) == 30 * 60
 
 
-def test_a_cron_tick_fans_out_once_even_if_enqueued_twice(tenants):
-    tick = message_for(jobs.every_minute, template(jobs.every_minute), 0)
-    # Two schedulers that both fired the same tick would push the template twice.
-    transport.push(tick)
-    transport.push(transport.Message(tick.body, tick.queue, tick.job_id + "-again", tick.timeout))
+@pytest.mark.parametrize(
+    ("now", "tick"),
+    [
+        (datetime(2026, 1, 15, 3, 0, 0, tzinfo=UTC), datetime(2026, 1, 15, 3, 0, tzinfo=UTC)),
+        (datetime(2026, 1, 15, 3, 0, 41, tzinfo=UTC), datetime(2026, 1, 15, 3, 0, tzinfo=UTC)),
+        # rq-scheduler keeps whole-second scores and may ring a moment early: the tick rung.
+        (
+            datetime(2026, 1, 15, 2, 59, 59, 400000, tzinfo=UTC),
+            datetime(2026, 1, 15, 3, 0, tzinfo=UTC),
+        ),
+    ],
+)
+def test_the_tick_is_the_latest_time_the_crontab_fired(now, tick):
+    assert latest_tick("* * * * *", "UTC", now) == tick
+
+
+def test_the_tick_is_read_in_the_job_s_time_zone():
+    # 03:10 in Berlin in January is 02:10 UTC: the 03:00 Berlin tick was 02:00 UTC.
+    assert latest_tick("0 3 * * *", "Europe/Berlin", datetime(2026, 1, 15, 2, 10, tzinfo=UTC)) == (
+        datetime(2026, 1, 15, 2, 0, tzinfo=UTC)
+    )
+
+
+def test_a_cron_tick_fans_out_once_even_if_its_alarm_rings_twice(tenants, redis_conn):
+    into_minute = time.time() % 60
+    if into_minute > 50:  # both rings must fall in one minute, else the second is a new tick
+        time.sleep(60 - into_minute + 0.5)
+    sync_schedules()
+    alarm = schedule_id(jobs.every_minute)
+    # Two schedulers that both rang the same tick (rq-scheduler's lock prevents it).
+    for _ in range(2):
+        redis_conn.zadd("rq:scheduler:scheduled_jobs", {alarm: int(time.time()) - 1})
+        assert transport.move_due_scheduled_jobs("default") == 1
+    assert transport.queue_length("default") == 1
     work()
     work()
     parents = JobRun.objects.filter(job_name="testapp.every_minute", schema_name="")

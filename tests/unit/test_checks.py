@@ -282,3 +282,41 @@ def test_w001_quiet_for_kumiko_workers(worker):
 def test_no_rq_setting_at_all(settings):
     del settings.RQ
     assert sorted(ids(checks.check_settings())) == ["kumiko_jobs.E007", "kumiko_jobs.W001"]
+
+
+# --- E011 messages must expire before retention deletes their runs ----------------------------
+
+
+@pytest.mark.parametrize(
+    "kumiko_jobs",
+    [
+        {"RETENTION_DAYS": 7},  # the default MESSAGE_MAX_AGE is exactly seven days: not less
+        {"RETENTION_DAYS": 30, "MESSAGE_MAX_AGE": 30 * 24 * 3600},
+        {"RETENTION_DAYS": 1, "MESSAGE_MAX_AGE": 90000},
+    ],
+)
+def test_e008_message_max_age_not_below_retention(kumiko_jobs):
+    error = only(run(KUMIKO_JOBS=kumiko_jobs), "kumiko_jobs.E011")
+    assert error.level == django_checks.ERROR
+    assert "MESSAGE_MAX_AGE" in error.msg and "RETENTION_DAYS" in error.msg
+    assert "Lower MESSAGE_MAX_AGE below" in error.hint and "raise RETENTION_DAYS" in error.hint
+
+
+@pytest.mark.parametrize(
+    "kumiko_jobs",
+    [
+        {},  # seven days against thirty
+        {"RETENTION_DAYS": 8},
+        {"RETENTION_DAYS": 1, "MESSAGE_MAX_AGE": 86399},
+        {"RETENTION_DAYS": 0, "MESSAGE_MAX_AGE": 10**9},  # history kept for ever
+    ],
+)
+def test_e008_quiet_when_messages_expire_first(kumiko_jobs):
+    assert "kumiko_jobs.E011" not in ids(run(KUMIKO_JOBS=kumiko_jobs))
+
+
+@pytest.mark.parametrize("value", [0, -1, True, "7d", 1.5])
+def test_message_max_age_must_be_a_positive_integer(value):
+    messages = run(KUMIKO_JOBS={"MESSAGE_MAX_AGE": value})
+    assert ids(messages) == ["kumiko_jobs.E001"]
+    assert "MESSAGE_MAX_AGE" in messages[0].msg and ">= 1" in messages[0].msg

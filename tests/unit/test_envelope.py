@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import uuid
 from dataclasses import asdict
 from typing import Any
@@ -13,9 +14,12 @@ from django.core import signing
 from django.test import override_settings
 
 from kumiko_jobs import EnvelopeError
-from kumiko_jobs.envelope import VERSION, Envelope, decode, encode
+from kumiko_jobs.envelope import VERSION, Envelope, decode, encode, expires_at
 
-SALT = "kumiko_jobs.envelope.v1"
+SALT = "kumiko_jobs.envelope.v2"
+V1_SALT = "kumiko_jobs.envelope.v1"
+MAX_AGE = 7 * 24 * 3600  # the MESSAGE_MAX_AGE default
+NOW = 1_800_000_000.0  # a fixed clock: 2027-01-15
 RUN_ID = "0123456789abcdef0123456789abcdef"
 RQ_JOB_ID_RE = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -43,6 +47,18 @@ def envelope(**changes: Any) -> Envelope:
 def document(**changes: Any) -> dict[str, Any]:
     """The JSON document ``encode`` signs, with changes (``None`` values are kept)."""
     doc = {"v": VERSION, **asdict(envelope())}
+    del doc["version"]
+    now = round(time.time(), 3)
+    doc.update(signed_at=now, due_at=now)
+    doc.update(changes)
+    return doc
+
+
+def v1_document(**changes: Any) -> dict[str, Any]:
+    """A document as version 1 built it (no times, no tick), before this deploy."""
+    doc = document(v=1)
+    for key in ("tick", "signed_at", "due_at"):
+        del doc[key]
     doc.update(changes)
     return doc
 
@@ -133,7 +149,7 @@ def test_unsigned_messages_are_refused(message):
 
 def test_a_different_salt_is_refused():
     with pytest.raises(EnvelopeError, match="bad signature"):
-        decode(sign(document(), salt="kumiko_jobs.envelope.v2"))
+        decode(sign(document(), salt="kumiko_jobs.envelope.v3"))
 
 
 def test_a_different_key_is_refused():
@@ -170,9 +186,9 @@ def test_secret_key_rotation_keeps_queued_messages_valid_until_the_fallback_goes
 # --- version and shape ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("version", [0, 2, 99, "1", 1.0, None, True, [1]])
+@pytest.mark.parametrize("version", [0, 3, 99, "2", 2.0, None, True, [2]])
 def test_unknown_versions_are_refused(version):
-    # 1.0 and True compare equal to 1: they are refused by the type check instead.
+    # 2.0 compares equal to 2 and True to 1: they are refused by the type check instead.
     with pytest.raises(EnvelopeError, match=r"unknown envelope version|field 'v' has the wrong"):
         decode(sign(document(v=version)))
 
@@ -472,3 +488,122 @@ def test_nul_characters_are_refused_but_a_literal_backslash_u_is_not():
         decode(encode(nul))
     text = Envelope(job="a.b", schema="t1", kwargs={"x": "\\u0000 is fine"}, run_id="a" * 32)
     assert decode(encode(text)).kwargs == {"x": "\\u0000 is fine"}
+
+
+# --- signing time, due time and expiry (version 2) --------------------------------------------
+
+DAY = 24 * 3600
+
+
+def test_the_signature_carries_the_signing_and_the_due_time():
+    message = encode(envelope(), delay=90.0, now=NOW)
+    doc = json.loads(split(message)[0])
+    assert (doc["signed_at"], doc["due_at"]) == (NOW, NOW + 90.0)
+    decoded = decode(message, now=NOW)
+    assert (decoded.signed_at, decoded.due_at, decoded.version) == (NOW, NOW + 90.0, VERSION)
+    assert expires_at(decoded) == NOW + 90.0 + MAX_AGE
+
+
+def test_a_message_is_accepted_up_to_max_age_after_its_due_time_and_refused_just_past_it():
+    message = encode(envelope(), now=NOW)
+    assert decode(message, now=NOW + MAX_AGE) == envelope()
+    with pytest.raises(EnvelopeError, match=r"expired: run 0123.* MESSAGE_MAX_AGE=604800 s"):
+        decode(message, now=NOW + MAX_AGE + 0.001)
+
+
+def test_expiry_counts_from_the_due_time_not_the_signing_time():
+    # enqueue_in(30 days): signed today, due in 30 days, long past MAX_AGE after its signing.
+    message = encode(envelope(), delay=30 * DAY, now=NOW)
+    assert decode(message, now=NOW + MAX_AGE + 1) == envelope()
+    assert decode(message, now=NOW + 30 * DAY + MAX_AGE) == envelope()
+    with pytest.raises(EnvelopeError, match="expired"):
+        decode(message, now=NOW + 30 * DAY + MAX_AGE + 0.001)
+
+
+def test_max_age_is_the_setting():
+    message = encode(envelope(), now=NOW)
+    with override_settings(KUMIKO_JOBS={"MESSAGE_MAX_AGE": 60}):
+        assert decode(message, now=NOW + 60) == envelope()
+        with pytest.raises(EnvelopeError, match="MESSAGE_MAX_AGE=60 s"):
+            decode(message, now=NOW + 61)
+
+
+def test_a_tampered_due_time_breaks_the_signature():
+    message = encode(envelope(), now=NOW)
+    payload, signature = split(message)
+    later = payload.replace(f'"due_at":{NOW}', f'"due_at":{NOW + 365 * DAY}')
+    assert later != payload
+    with pytest.raises(EnvelopeError, match="bad signature"):
+        decode(f"{later}:{signature}", now=NOW + MAX_AGE + 1)
+
+
+def test_a_message_signed_again_with_its_own_payload_swapped_in_is_refused():
+    # The times of a fresh message cannot be moved onto an old one's signature either.
+    old = encode(envelope(), now=NOW)
+    fresh = encode(envelope(), now=NOW + 10 * DAY)
+    with pytest.raises(EnvelopeError, match="bad signature"):
+        decode(f"{split(fresh)[0]}:{split(old)[1]}", now=NOW + 10 * DAY)
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"signed_at": 100.0, "due_at": 99.0}, "due before it was signed"),
+        ({"signed_at": -1, "due_at": 5}, "due before it was signed"),
+        ({"due_at": 2.0**41}, "not times"),
+        ({"due_at": True}, "wrong type"),
+        ({"signed_at": "1800000000"}, "wrong type"),
+        ({"due_at": None}, "wrong type"),
+        ({"tick": "2026-01-31 03:00"}, "tick is not a UTC time"),
+        ({"tick": "2026-01-31T03:00:00+01:00"}, "tick is not a UTC time"),
+        ({"tick": 1800000000}, "wrong type"),
+    ],
+)
+def test_signed_times_and_ticks_of_the_wrong_shape_are_refused(changes, reason):
+    with pytest.raises(EnvelopeError, match=reason):
+        decode(sign(document(**changes)), now=100.0)
+
+
+def test_a_signed_nan_due_time_is_refused():
+    doc = json.dumps(document(due_at=0.0)).replace('"due_at": 0.0', '"due_at": NaN')
+    assert "NaN" in doc
+    with pytest.raises(EnvelopeError, match="not times"):
+        decode(sign(doc))
+
+
+def test_a_cron_tick_round_trips():
+    tick = envelope(tick="2026-01-31T03:00:00+00:00")
+    assert decode(encode(tick)).tick == "2026-01-31T03:00:00+00:00"
+
+
+# --- the previous version, queued before the deploy -------------------------------------------
+
+
+def test_a_message_built_the_version_1_way_still_decodes_with_version_1_rules():
+    # Built exactly as the previous encode did: no times, no tick, the v1 salt.
+    old = sign(v1_document(), salt=V1_SALT)
+    decoded = decode(old, now=NOW + 10 * 365 * DAY)  # version 1 never expires
+    assert decoded == envelope()
+    assert decoded.version == 1 and decoded.tick is None
+    assert expires_at(decoded) is None
+
+
+def test_version_1_messages_keep_version_1_shape_rules():
+    with pytest.raises(EnvelopeError, match="do not match version 1"):
+        decode(sign(v1_document(due_at=NOW), salt=V1_SALT))
+    with pytest.raises(EnvelopeError, match="do not match version 1"):
+        decode(sign({k: v for k, v in v1_document().items() if k != "kwargs"}, salt=V1_SALT))
+
+
+@pytest.mark.parametrize(
+    ("doc", "salt"),
+    [(v1_document(), SALT), (document(), V1_SALT), (v1_document(v=2), V1_SALT)],
+    ids=["v1-document-v2-salt", "v2-document-v1-salt", "v1-shape-claiming-v2"],
+)
+def test_a_version_is_read_only_under_its_own_salt(doc, salt):
+    with pytest.raises(EnvelopeError, match=r"says version .* but was signed as version"):
+        decode(sign(doc, salt=salt))
+
+
+def test_new_messages_are_version_2():
+    assert json.loads(split(encode(envelope()))[0])["v"] == 2 == VERSION
