@@ -254,6 +254,8 @@ class _Walker:
         self.unverifiable = ""
         self.forbidden = ""
         self.forbidden_catalogs: list[str] = []
+        self.params: list[int] = []  # the number of every ParamRef met
+        self.walked = False  # the whole statement was walked (a query statement)
 
     # generic descent: a node is {"TypeName": {fields}}, lists hold nodes or values
     def walk(self, value: Any, skip: str = "") -> None:
@@ -465,6 +467,9 @@ class _Walker:
         self.locks = True
         self.fields(node)
 
+    def param(self, node: dict[str, Any]) -> None:
+        self.params.append(int(node.get("number", 0)))
+
 
 _HANDLERS: dict[str, Any] = {
     "RangeVar": _Walker.relation,
@@ -487,6 +492,7 @@ _HANDLERS: dict[str, Any] = {
     "MergeStmt": _Walker.merge,
     "intoClause": _Walker.into,
     "LockingClause": _Walker.locking,
+    "ParamRef": _Walker.param,
 }
 
 
@@ -510,7 +516,8 @@ def _query_shape(node_type: str, node: dict[str, Any], walker: _Walker) -> Shape
     try:
         walker.walk({node_type: node})
     except _Unverifiable as exc:
-        return _unverifiable(kind, str(exc))
+        return _unverifiable(kind, str(exc))  # walker.walked stays False: params counted anew
+    walker.walked = True
     verbs = [w.verb for w in walker.writes if w.verb in ("insert", "update", "delete", "merge")]
     if kind in ("select", "values") and verbs:
         kind = verbs[0]  # a data-modifying CTE makes the statement a write
@@ -601,10 +608,16 @@ def statement_shape(sql: str, parameters: bool = True) -> Shape:
     if not statements:
         return Shape("empty")
     source = text.encode()
-    shapes = [_statement_shape(stmt, _Walker(source)) for stmt in statements]
+    shapes: list[Shape] = []
+    found: list[int] = []
+    for stmt in statements:
+        walker = _Walker(source)
+        shapes.append(_statement_shape(stmt, walker))
+        # Query statements were walked whole; the others (utility statements) are not, so
+        # their parameter nodes are counted here.
+        found.extend(walker.params if walker.walked else _params(stmt))
     # Every placeholder must be a parameter node, and no parameter node may come from the text.
-    found = sorted(_params(tree))
-    if parameters and found != sorted(expected):
+    if parameters and sorted(found) != sorted(expected):
         return _unverifiable(
             "unparseable",
             "a placeholder inside a literal, comment, dollar quote or identifier (or a $n in "
