@@ -94,7 +94,8 @@ abbrev broadcast family host hostmask masklen netmask network set_masklen inet_m
 inet_same_family gen_random_uuid uuidv4 uuidv7 uuid_extract_timestamp uuid_extract_version
 current_setting current_schema current_schemas current_database version pg_typeof
 pg_column_size format_type txid_current pg_current_xact_id hashtext hashtextextended
-pg_collation_for xmlcomment xpath xpath_exists xml_is_well_formed xml_is_well_formed_document
+pg_collation_for system_user xmlcomment xmlexists xpath xpath_exists xml_is_well_formed
+xml_is_well_formed_document
 xml_is_well_formed_content
 """
 # What Django's introspection (connection.introspection.get_table_list, get_constraints, ...)

@@ -242,6 +242,9 @@ def _int_constant(node: Any) -> int | None:
     return int(const["ival"].get("ival", 0))
 
 
+_CONTAINERS = (dict, list)  # json.loads builds exactly these (type(), not isinstance: faster)
+
+
 class _Walker:
     """One pass over a query statement's tree, collecting what it touches."""
 
@@ -258,24 +261,23 @@ class _Walker:
         self.walked = False  # the whole statement was walked (a query statement)
 
     # generic descent: a node is {"TypeName": {fields}}, lists hold nodes or values
-    def walk(self, value: Any, skip: str = "") -> None:
-        if isinstance(value, dict):
+    def walk(self, value: Any) -> None:
+        if type(value) is dict:
+            handlers = _HANDLERS
             for key, child in value.items():
-                if key == skip:
-                    continue
-                handler = _HANDLERS.get(key)
+                handler = handlers.get(key)
                 if handler is not None:
                     handler(self, child)
-                elif isinstance(child, dict | list):
+                elif type(child) in _CONTAINERS:
                     self.walk(child)
-        elif isinstance(value, list):
+        else:
             for item in value:
-                if isinstance(item, dict | list):
+                if type(item) in _CONTAINERS:
                     self.walk(item)
 
     def fields(self, node: dict[str, Any], *skip: str) -> None:
         for key, child in node.items():
-            if key not in skip and isinstance(child, dict | list):
+            if type(child) in _CONTAINERS and key not in skip:
                 self.walk({key: child} if key in _HANDLERS else child)
 
     # --- objects named in the tree --------------------------------------------------------
@@ -353,8 +355,11 @@ class _Walker:
                 raise _Unverifiable(f"{name}() with two keys needs a constant first key")
             if key_class == ADMISSION_LOCK_CLASS:
                 self.forbidden = f"{name}({key_class}, ...) takes kumiko's own admission lock class"
-        # One bigint key: a separate key space in PostgreSQL ("these two key spaces do not
-        # overlap", docs: Advisory Lock Functions), so it can never meet kumiko's keys.
+        # One bigint key: a separate key space. PostgreSQL's docs, Advisory Lock Functions
+        # (https://www.postgresql.org/docs/current/functions-admin.html#FUNCTIONS-ADVISORY-LOCKS):
+        # a resource is identified "either by a single 64-bit key value or two 32-bit key
+        # values (note that these two key spaces do not overlap)"; pg_locks tells them apart
+        # by objsubid (1: one int8 key, 2: two int4 keys). So no bigint meets kumiko's keys.
 
     def type_name(self, node: dict[str, Any]) -> None:
         names = _names(node.get("names", []))
