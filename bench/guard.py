@@ -20,6 +20,11 @@ cost of one guard call on its own (a no-op ``execute``).
 
     python -m bench.guard [--ops 5000] [--rounds 5] [--warmup 500] [--block 100] [--atomic]
                           [--json]
+    python -m bench.guard --classify-only     # the pure classifier alone, no database
+
+The classifier alone (``guard.classify``, also printed by the full run): microseconds per call
+on a cache hit (the same ORM statement again, as a job loop sends it) and on a cache miss (a
+distinct statement text each call, so the parse tree is built and walked every time).
 
 A benchmark, not a test: it asserts nothing about speed, but it does check that the guard is
 really in place (a cross-tenant select is refused) and that every insert landed.
@@ -196,6 +201,41 @@ def guard_call_cost(state: Any, count: int) -> float:
     return timed(lambda i: wrapper(noop, sql, params, False, context), count)[0]
 
 
+# Statements as the ORM sends them; "{n}" makes each text of the miss loop distinct (a
+# constant in the statement), so that no call there hits the cache.
+CLASSIFY_SAMPLES = (
+    'SELECT "billing_activitylog"."id", "billing_activitylog"."job", '
+    '"billing_activitylog"."message", "billing_activitylog"."created_at" '
+    'FROM "billing_activitylog" WHERE "billing_activitylog"."id" = %s LIMIT {n}',
+    'INSERT INTO "billing_activitylog" ("job", "message", "created_at") VALUES (%s, {n}, %s) '
+    'RETURNING "billing_activitylog"."id"',
+    'SELECT "billing_invoice"."id", "billing_customer"."name" FROM "billing_invoice" '
+    'INNER JOIN "billing_customer" ON ("billing_invoice"."customer_id" = "billing_customer"."id")'
+    ' WHERE ("billing_invoice"."amount" > {n} AND "billing_customer"."email" IN (%s, %s))',
+)
+
+
+def classify_cost(count: int) -> dict[str, float]:
+    """Microseconds per ``guard.classify`` call: cache hit and cache miss (distinct texts)."""
+    from kumiko_jobs import guard
+
+    policy = guard.Policy(schema="t1", shared_tables=frozenset({"kumiko_jobs_jobrun"}))
+    hit_sql = CLASSIFY_SAMPLES[0].format(n=21)
+    assert guard.classify(hit_sql, policy).allowed
+    start = time.perf_counter()
+    for _ in range(count):
+        guard.classify(hit_sql, policy)
+    hit = (time.perf_counter() - start) / count * 1e6
+    texts = [CLASSIFY_SAMPLES[i % 3].format(n=i + 1) for i in range(count)]
+    assert all(guard.classify(text, policy).allowed for text in texts[:3])
+    guard.statement_shape.cache_clear()
+    start = time.perf_counter()
+    for text in texts:
+        guard.classify(text, policy)
+    miss = (time.perf_counter() - start) / count * 1e6
+    return {"cache_hit_us": round(hit, 2), "cache_miss_us": round(miss, 2)}
+
+
 def check_guard_is_live(state: Any) -> None:
     """A fast wrong answer is not a number: the installed wrapper must refuse a crossing."""
     from django.db import connection
@@ -218,7 +258,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=100, help="ops per interleaved block")
     parser.add_argument("--atomic", action="store_true", help="each mode in one transaction")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--classify-only", action="store_true", help="only the pure classifier, no database"
+    )
     args = parser.parse_args(argv)
+    if args.classify_only:
+        sys.path.insert(0, str(ROOT))
+        costs = [classify_cost(4000) for _ in range(5)]
+        result = {key: statistics.median(c[key] for c in costs) for key in costs[0]}
+        print(
+            json.dumps(result)
+            if args.json
+            else (
+                f"guard.classify: cache hit {result['cache_hit_us']:.2f} µs/call, "
+                f"cache miss {result['cache_miss_us']:.2f} µs/call (median of 5 x 4000 calls)"
+            )
+        )
+        return 0
 
     admin_url = prepare_environment()
     try:
@@ -241,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             if written != expected:
                 raise SystemExit(f"expected {expected} inserted rows, found {written}")
             call_us = guard_call_cost(state, 20000)
+            costs = classify_cost(4000)
         connection.close()
     finally:
         drop_database(admin_url)
@@ -252,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "block": args.block,
         "python": platform.python_version(),
         "guard_call_us": round(call_us, 2),
+        **costs,
     }
     for op in ("select", "insert"):
         off = statistics.median(r[op]["off_us"] for r in rounds)
@@ -291,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         "CPU added: guard - off process time per op"
     )
     print(f"one guard call on an ORM select (no-op execute): {call_us:.2f} µs")
+    print(
+        f"guard.classify alone: cache hit {costs['cache_hit_us']:.2f} µs, "
+        f"cache miss (distinct texts) {costs['cache_miss_us']:.2f} µs"
+    )
     worst = max(summary[op]["overhead_pct"] for op in ("select", "insert"))
     verdict = "within" if worst <= TARGET_OVERHEAD * 100 else "ABOVE"
     print(f"target <= {TARGET_OVERHEAD:.0%}: {verdict} (worst {worst:+.2f}%)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -85,6 +86,7 @@ class KumikoSettings:
     # weekend-plus outage's backlog still runs, while a copy of an old message is useless well
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
     MESSAGE_MAX_AGE: int = 7 * 24 * 3600
+    GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -192,6 +194,8 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
         raise ImproperlyConfigured(
             "settings.KUMIKO_JOBS['TENANT_CONCURRENCY'] must be None or an integer >= 1."
         )
+    if "GUARD_EXTRA_FUNCTIONS" in values:
+        values["GUARD_EXTRA_FUNCTIONS"] = _function_names(values["GUARD_EXTRA_FUNCTIONS"])
     for key in ("EXTRA_SHARED_TABLES", "SENSITIVE_KEYS"):
         if key in values:
             seq = values[key]
@@ -203,6 +207,29 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
                 )
             values[key] = tuple(v.lower() for v in seq)
     return KumikoSettings(**values)
+
+
+_FUNCTION_NAME = re.compile(r"(?:[a-z_][a-z0-9_$]*\.)?[a-z_][a-z0-9_$]*")
+
+
+def _function_names(raw: Any) -> tuple[str, ...]:
+    """``GUARD_EXTRA_FUNCTIONS``: ``name`` or ``schema.name``, as PostgreSQL folds them."""
+    if not isinstance(raw, list | tuple | set | frozenset) or not all(
+        isinstance(v, str) for v in raw
+    ):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['GUARD_EXTRA_FUNCTIONS'] must be a list of function names "
+            "such as ['unaccent', 'similarity', 'public.st_distance']."
+        )
+    names = tuple(v.strip().lower() for v in raw)
+    for name in names:
+        if not _FUNCTION_NAME.fullmatch(name):
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS['GUARD_EXTRA_FUNCTIONS'] has {name!r}: use a function "
+                f"name ('unaccent') or a schema-qualified one ('extensions.unaccent'), without "
+                f"parentheses or argument types."
+            )
+    return names
 
 
 @cache
@@ -264,6 +291,11 @@ def tenant_model_label() -> str:
 
 def public_schema_name() -> str:
     return str(getattr(settings, "PUBLIC_SCHEMA_NAME", "public"))
+
+
+def extra_search_paths() -> tuple[str, ...]:
+    """django-tenants' ``PG_EXTRA_SEARCH_PATHS``: schemas appended to every search path."""
+    return tuple(str(s) for s in getattr(settings, "PG_EXTRA_SEARCH_PATHS", ()) or ())
 
 
 def limit_set_calls() -> bool:

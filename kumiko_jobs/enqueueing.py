@@ -27,6 +27,7 @@ from . import conf, origin, signals, telemetry, transport
 from .context import RunState, current_run
 from .envelope import Envelope, encode, new_run_id
 from .exceptions import InvalidJob
+from .guard_allowlists import ADMISSION_LOCK_CLASS
 from .models import JobRun, RunStatus
 from .registry import JobDefinition, registry
 from .subject import build_subject
@@ -317,9 +318,11 @@ def admission(definition: JobDefinition, schema: str | None) -> Iterator[bool]:
         return
     with transaction.atomic():
         with connection.cursor() as cursor:
+            # Two int4 keys under kumiko's reserved class id: the DB guard refuses that class
+            # to tenant SQL, so a tenant job cannot hold (or wait on) this lock.
             cursor.execute(
-                "SELECT pg_advisory_xact_lock(hashtext(%s))",
-                [f"kumiko_jobs:{definition.name}:{schema}"],
+                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                [ADMISSION_LOCK_CLASS, f"kumiko_jobs:{definition.name}:{schema}"],
             )
         active = JobRun.objects.filter(
             job_name=definition.name, schema_name=schema, status__in=_ACTIVE

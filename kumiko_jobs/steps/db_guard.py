@@ -153,6 +153,8 @@ class GuardWrapper:
                 personal_data_columns=personal_data_columns(),
                 deny_personal_data_writes=self.deny_personal,
                 protected_tables=protected_tables(),
+                extra_functions=frozenset(conf.get().GUARD_EXTRA_FUNCTIONS),
+                extra_schemas=conf.extra_search_paths(),
             )
             self._policies[key] = policy
         return policy
@@ -170,11 +172,11 @@ class GuardWrapper:
             return execute(sql, params, many, context)
         text = sql if isinstance(sql, str) else _composed_text(sql, context)
         policy = self.policy()
-        verdict = classify(text, policy)
+        verdict = classify(text, policy, parameters=params is not None)
         grants = verdict.grants_used
         switched_to = _switched_schema(context["connection"], policy) if verdict.allowed else None
         if switched_to is not None:
-            verdict, grants = self._judge_switch(text, switched_to, policy, verdict)
+            verdict, grants = self._judge_switch(text, params, switched_to, policy, verdict)
         if verdict.allowed:
             for grant in grants:
                 audit.record_use(state, str(grant))
@@ -193,7 +195,7 @@ class GuardWrapper:
         )
 
     def _judge_switch(
-        self, text: str, schema: str, policy: Policy, verdict: Verdict
+        self, text: str, params: Any, schema: str, policy: Policy, verdict: Verdict
     ) -> tuple[Verdict, tuple[Grant, ...]]:
         """A statement on a connection that django-tenants points at another ``schema``.
 
@@ -202,7 +204,7 @@ class GuardWrapper:
         cursor). As the schema is known, only plain reads may follow when it is another tenant's:
         unqualified names mean that tenant, and no grant allows writing outside the run's schema.
         """
-        switched = classify(f'SET search_path = "{schema}"', policy)
+        switched = classify(f'SET search_path = "{schema}"', policy, parameters=False)
         if not switched.allowed:
             return switched, ()
         if schema != conf.public_schema_name():
@@ -213,8 +215,10 @@ class GuardWrapper:
                     shared_tables=shared_tables(),
                     active_grants=frozenset({Grant.CROSS_TENANT_READS}),
                     readable_schema=schema,
+                    extra_functions=policy.extra_functions,
+                    extra_schemas=policy.extra_schemas,
                 )
-            reading = classify(text, read_only)
+            reading = classify(text, read_only, parameters=params is not None)
             if not reading.allowed:
                 reason = (
                     f"the connection is switched to schema '{schema}' (django-tenants): a tenant "

@@ -266,3 +266,27 @@ def test_missing_rq_settings_read_as_empty(settings):
     del settings.RQ
     assert conf.rq_queue_names() == ()
     assert conf.rq_option("WORKER_CLASS") is None
+
+
+# --- GUARD_EXTRA_FUNCTIONS --------------------------------------------------------------------
+
+
+def test_guard_extra_functions_are_folded_and_kept():
+    settings = _validate({"GUARD_EXTRA_FUNCTIONS": ["unaccent", " Similarity ", "ext.ST_Distance"]})
+    assert settings.GUARD_EXTRA_FUNCTIONS == ("unaccent", "similarity", "ext.st_distance")
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["unaccent", ["unaccent()"], ["a.b.c"], ["similarity(text, text)"], [""], [3], None],
+)
+def test_guard_extra_functions_refuse_what_is_not_a_function_name(value):
+    message = refused({"GUARD_EXTRA_FUNCTIONS": value}, "GUARD_EXTRA_FUNCTIONS")
+    assert "unaccent" in message  # names an example of what to write
+
+
+def test_extra_search_paths_are_read_from_django_tenants_setting(settings):
+    settings.PG_EXTRA_SEARCH_PATHS = ["extensions"]
+    assert conf.extra_search_paths() == ("extensions",)
+    del settings.PG_EXTRA_SEARCH_PATHS
+    assert conf.extra_search_paths() == ()

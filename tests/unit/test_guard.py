@@ -1,10 +1,18 @@
-"""Unit tests for the pure SQL guard: no Django, no database."""
+"""Unit tests for the pure SQL guard: no database.
+
+Django is used only to compile real ORM querysets to SQL (``sql_with_params()``), which needs no
+connection; pytest-django would refuse one.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from kumiko_jobs.guard import Grant, Policy, Verdict, classify, statement_shape
+from kumiko_jobs.guard_allowlists import ADMISSION_LOCK_CLASS
 
 SHARED = frozenset({"kumiko_jobs_jobrun", "example_shared_plan"})
 BASE = Policy(schema="t1", shared_tables=SHARED)
@@ -88,7 +96,7 @@ ALLOWED_PLAIN = [
     ),
     ("VALUES (1, 'a'), (2, 'b')", "values"),
     ("TABLE app_model", "select"),
-    ("SELECT %(name)s::text, $1::int, 5 % 2", "select"),
+    ("SELECT %(name)s::text, %(name)s || 'x', 5 %% 2", "select"),
     # shared tables may be read, unqualified or public-qualified
     ('SELECT "kumiko_jobs_jobrun"."id" FROM "kumiko_jobs_jobrun"', "select"),
     ("SELECT * FROM public.example_shared_plan p JOIN app_model m ON m.plan_id = p.id", "select"),
@@ -160,7 +168,6 @@ NEEDS_GRANT = [
     ("SELECT * FROM a JOIN (b CROSS JOIN t2.c) ON true", "select", READS, "cross_schema"),
     ("SELECT x FROM a WHERE id IN (SELECT id FROM t2.b)", "select", READS, "cross_schema"),
     ("SELECT t2.app_model.name FROM a", "select", READS, "cross_schema"),
-    ("SELECT t2.f(1)", "select", READS, "cross_schema"),
     ("SELECT 1 UNION TABLE t2.x", "select", READS, "cross_schema"),
     ("SELECT * FROM pg_toast.pg_toast_1234", "select", READS, "cross_schema"),
     # unverifiable
@@ -210,7 +217,7 @@ NEEDS_GRANT = [
     ("SELECT $x$ never closed", "unparseable", UNSAFE, "unverifiable"),
     ("SELECT (1", "unparseable", UNSAFE, "unverifiable"),
     ("SELECT ARRAY[1)", "unparseable", UNSAFE, "unverifiable"),
-    ('SELECT * FROM U&"t\\0032".x', "unparseable", UNSAFE, "unverifiable"),
+    ("SELECT 1 FROM", "unparseable", UNSAFE, "unverifiable"),
 ]
 
 
@@ -457,6 +464,16 @@ def personal_policy(*grants: Grant, deny: bool = True) -> Policy:
         (
             "MERGE INTO app_person p USING s ON p.id = s.id "
             "WHEN MATCHED THEN UPDATE SET visits = 1",
+            True,
+        ),
+        (
+            "MERGE INTO app_person p USING s ON p.id = s.id "
+            "WHEN MATCHED THEN UPDATE SET email = s.email",
+            False,
+        ),
+        (
+            "MERGE INTO app_person p USING s ON p.id = s.id "
+            "WHEN NOT MATCHED THEN INSERT VALUES (s.id, s.name)",
             False,
         ),
         ('DELETE FROM "app_person"', True),
@@ -521,3 +538,735 @@ def test_protected_tables_are_never_written_even_with_global_writes(sql: str) ->
     assert (verdict.rule, verdict.grant_needed) == ("protected", None)
     # An ordinary shared table stays writable with the grant.
     assert classify('UPDATE "catalog_plan" SET "name" = %s', policy).allowed
+
+
+# --- issue 11, class 1: the lexer disagreed with PostgreSQL's --------------------------------
+
+ALL_GRANTS = policy(UNSAFE, WRITES, READS, readable="t2")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        # PostgreSQL ends a -- comment at \r as well as \n: the DELETE is real.
+        "SELECT 1 -- harmless\r; DELETE FROM t2.guardapp_secret",
+        "SELECT 1 --\r\x0c; DELETE FROM t2.guardapp_secret",
+        # Bytes >= 0x80 continue an identifier, so "x€$$" is one name, not a dollar quote.
+        "SELECT 1 AS x€$$; DELETE FROM t2.guardapp_secret; SELECT $$",
+        "SELECT 1 AS a\u00a0$$; DELETE FROM t2.guardapp_secret; SELECT $$",
+        "SELECT 1 AS é$x$; UPDATE t2.guardapp_secret SET value = 'x'; SELECT $x$",
+    ],
+)
+def test_lexer_traps_hide_no_write_into_another_schema(sql: str) -> None:
+    assert_denied(classify(sql, BASE), UNSAFE, "unverifiable")  # several statements
+    # Even with every grant, statement 2 writes t2: no grant allows that.
+    verdict = classify(sql, ALL_GRANTS)
+    assert not verdict.allowed
+    assert verdict.rule in ("cross_schema", "read_only")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 1 -- c\rFROM t2.guardapp_secret",
+        "SELECT x€$$ FROM t2.guardapp_secret -- $$",
+        "SELECT 1 AS x\u00a0$$, value FROM t2.guardapp_secret -- $$",
+        "SELECT 1 /* a */ FROM /* b /* c */ d */ t2.guardapp_secret",
+        "SELECT 1 FROM\x0ct2.guardapp_secret",
+    ],
+)
+def test_lexer_traps_read_of_another_schema_is_seen(sql: str) -> None:
+    assert_denied(classify(sql, BASE), READS, "cross_schema")
+
+
+def test_percent_text_without_parameters_is_judged_verbatim() -> None:
+    # psycopg sends the text as is when params is None: "%(...)s" is no placeholder then.
+    sql = "SELECT 10 %(SELECT count(*) FROM t2.guardapp_secret)s"
+    assert_denied(classify(sql, BASE, parameters=False), READS, "cross_schema")
+    # With parameters psycopg would substitute it, leaving "SELECT 10 $1": not even SQL.
+    assert_denied(classify(sql, BASE, parameters=True), UNSAFE, "unverifiable")
+
+
+# --- issue 11, class 2: grammar the old scanner did not follow ---------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "grant", "rule"),
+    [
+        (
+            "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+            "SEARCH DEPTH FIRST BY n SET ord DELETE FROM t2.guardapp_secret",
+            None,
+            "cross_schema",
+        ),
+        (
+            "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+            "CYCLE n SET is_cycle USING path SELECT * FROM t2.guardapp_secret",
+            READS,
+            "cross_schema",
+        ),
+        (
+            "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3) "
+            "SEARCH BREADTH FIRST BY n SET o UPDATE t2.guardapp_secret SET value = 'x'",
+            None,
+            "cross_schema",
+        ),
+        ("SELECT * FROM ONLY (t2.guardapp_secret)", READS, "cross_schema"),
+        ("DELETE FROM ONLY t2.guardapp_secret", None, "cross_schema"),
+        (
+            "SELECT * FROM ((app_model a JOIN other b ON true) "
+            "JOIN (t2.guardapp_secret s CROSS JOIN c) ON true)",
+            READS,
+            "cross_schema",
+        ),
+        ("SELECT * FROM app_model set, t2.guardapp_secret", READS, "cross_schema"),
+        ("UPDATE app_model AS set SET a = 1 FROM t2.guardapp_secret", None, "cross_schema"),
+        ('SELECT "x" IS DISTINCT FROM "y", 1 FROM t2.guardapp_secret', READS, "cross_schema"),
+        ('SELECT "is" distinct FROM t2.guardapp_secret', READS, "cross_schema"),
+        ("SELECT * FROM app_model, LATERAL (SELECT * FROM t2.x) s", READS, "cross_schema"),
+        ("SELECT 1 INTERSECT SELECT 1 FROM t2.x EXCEPT SELECT 2", READS, "cross_schema"),
+        ("SELECT * FROM app_model WHERE x = ANY (SELECT y FROM t2.x)", READS, "cross_schema"),
+        ("SELECT (SELECT y FROM t2.x LIMIT 1) AS y", READS, "cross_schema"),
+        ("SELECT * FROM t2.x TABLESAMPLE SYSTEM (50)", READS, "cross_schema"),
+        ("SELECT * FROM app_model TABLESAMPLE t2.method (50)", READS, "cross_schema"),
+        ("SELECT x COLLATE t2.c FROM app_model", READS, "cross_schema"),
+        ("SELECT 1 OPERATOR(t2.+) 2", READS, "cross_schema"),
+        ("SELECT * FROM app_model ORDER BY x USING OPERATOR(t2.<)", READS, "cross_schema"),
+        ("SELECT * FROM unnest(%s) AS r(a t2.mytype)", READS, "cross_schema"),
+        ("SELECT CAST(x AS t2.mytype) FROM app_model", READS, "cross_schema"),
+        ("SELECT t2.guardapp_secret.value FROM app_model", READS, "cross_schema"),
+        ('SELECT "db".t2.x.value FROM app_model', READS, "cross_schema"),
+        ('SELECT * FROM U&"t\\0032".guardapp_secret', READS, "cross_schema"),
+        (
+            "INSERT INTO app_model (a) VALUES (1) ON CONFLICT (a) DO UPDATE "
+            "SET a = (SELECT max(a) FROM t2.x)",
+            None,
+            "cross_schema",
+        ),
+        (
+            "MERGE INTO app_model m USING t2.x s ON m.id = s.id "
+            "WHEN MATCHED THEN UPDATE SET a = s.a",
+            None,
+            "cross_schema",
+        ),
+        ("EXPLAIN ANALYZE SELECT * FROM t2.x", READS, "cross_schema"),
+        ("EXPLAIN (ANALYZE, BUFFERS) DELETE FROM t2.x", None, "cross_schema"),
+    ],
+)
+def test_grammar_corners_are_followed(sql: str, grant: Grant | None, rule: str) -> None:
+    assert_denied(classify(sql, BASE), grant, rule)
+
+
+# --- issue 11, class 3: catalog names ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE pg_settings SET setting = 't2' WHERE name = 'search_path'",
+        'UPDATE "pg_settings" SET setting = %s WHERE name = %s',
+        "UPDATE pg_catalog.pg_settings SET setting = 't2'",
+        "WITH s AS (UPDATE pg_settings SET setting = 't2' RETURNING 1) SELECT * FROM s",
+        "DELETE FROM pg_class",
+        "INSERT INTO pg_largeobject VALUES (1, 0, '')",
+        "TRUNCATE pg_description",
+    ],
+)
+def test_catalog_writes_are_never_allowed(sql: str) -> None:
+    for verdict in (classify(sql, BASE), classify(sql, policy(*ALL))):
+        assert_denied(verdict, None, "cross_schema")
+        assert "pg_catalog" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM pg_stats",
+        'SELECT * FROM "pg_stats" WHERE tablename = %s',
+        "SELECT histogram_bounds FROM pg_catalog.pg_stats",
+        "SELECT * FROM pg_statistic",
+        "SELECT * FROM pg_stats_ext_exprs",
+        "SELECT query FROM pg_stat_activity",
+        "SELECT * FROM pg_stat_statements",
+        "SELECT n_live_tup FROM pg_stat_user_tables",
+        "SELECT last_value FROM pg_sequences",
+        "SELECT * FROM pg_locks",
+        "SELECT statement FROM pg_prepared_statements",
+        "SELECT * FROM pg_cursors",
+        "SELECT * FROM pg_authid",
+        "SELECT * FROM pg_user_mappings",
+        "SELECT * FROM pg_future_view_of_pg19",  # unknown pg_*: conservatively a catalog
+        "SELECT * FROM app_model WHERE id IN (SELECT 1 FROM pg_stat_activity)",
+    ],
+)
+def test_catalog_relations_with_other_tenants_values_are_denied(sql: str) -> None:
+    assert_denied(classify(sql, BASE), None, "catalog")
+    assert_denied(classify(sql, policy(*ALL)), None, "catalog")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT relname FROM pg_class WHERE relkind = 'r'",
+        "SELECT nspname FROM pg_namespace",
+        "SELECT attname FROM pg_catalog.pg_attribute WHERE attrelid = %s",
+        "SELECT typname FROM pg_type",
+        "SELECT * FROM pg_index JOIN pg_constraint ON true",
+        "SELECT setting FROM pg_settings WHERE name = 'TimeZone'",
+        "SELECT * FROM information_schema.columns WHERE table_name = %s",
+        "SELECT * FROM information_schema.tables",
+    ],
+)
+def test_catalog_definitions_are_readable(sql: str) -> None:
+    assert_allowed(classify(sql, BASE))
+
+
+# --- issue 11, class 4: functions by allowlist, names inside literals --------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT pg_notify('jobs', 'x')",
+        "SELECT * FROM pg_ls_waldir()",
+        "SELECT * FROM ts_stat('SELECT to_tsvector(value) FROM t2.guardapp_secret')",
+        "SELECT query_to_xml('SELECT * FROM t2.x', true, false, '')",
+        "SELECT table_to_xml('t2.guardapp_secret', true, false, '')",
+        "SELECT schema_to_xml('t2', true, false, '')",
+        "SELECT database_to_xml(true, false, '')",
+        "SELECT cursor_to_xml('c', 10, true, false, '')",
+        "SELECT pg_stat_get_live_tuples(%s)",
+        "SELECT pg_get_viewdef(%s)",
+        "SELECT pg_get_functiondef(%s)",
+        "SELECT set_config('search_path', 't2', false)",
+        "SELECT pg_catalog.set_config(%s, %s, false)",
+        "SELECT * FROM dblink('dbname=x', 'select 1') AS t(a int)",
+        "SELECT lo_import('/etc/passwd')",
+        "SELECT pg_read_file('/etc/passwd')",
+        "SELECT pg_advisory_lock(1)",
+        "SELECT pg_try_advisory_lock(1, 2)",
+        "SELECT pg_advisory_unlock_all()",
+        "SELECT lastval()",
+        "SELECT to_regclass('t2.guardapp_secret')",
+        "SELECT pg_relation_size('t2.guardapp_secret')",
+        "SELECT pg_sleep(10)",
+        "SELECT my_function(1)",
+        "SELECT public.my_function(1)",
+        "SELECT t1.my_function(1)",
+        "SELECT * FROM app_model WHERE lower(name) = ts_rewrite('a', 'SELECT 1')::text",
+    ],
+)
+def test_functions_outside_the_allowlist_need_unsafe_raw(sql: str) -> None:
+    verdict = classify(sql, BASE)
+    assert_denied(verdict, UNSAFE, "unverifiable")
+    assert verdict.kind == "call_function"
+    assert_allowed(classify(sql, policy(UNSAFE)), UNSAFE)
+
+
+def test_function_of_another_schema_needs_both_grants() -> None:
+    sql = "SELECT t2.f(1)"
+    assert_denied(classify(sql, BASE), READS, "cross_schema")
+    assert_denied(classify(sql, policy(READS, readable="t2")), UNSAFE, "unverifiable")
+    verdict = classify(sql, policy(READS, UNSAFE, readable="t2"))
+    assert verdict.allowed
+    assert set(verdict.grants_used) == {READS, UNSAFE}
+
+
+def extra_policy(*grants: Grant) -> Policy:
+    return Policy(
+        schema="t1",
+        shared_tables=SHARED,
+        active_grants=frozenset(grants),
+        extra_functions=frozenset({"unaccent", "extensions.similarity"}),
+        extra_schemas=("extensions",),
+    )
+
+
+@pytest.mark.parametrize(
+    ("sql", "allowed"),
+    [
+        ("SELECT * FROM app_model WHERE unaccent(name) = unaccent(%s)", True),
+        ("SELECT public.unaccent(name) FROM app_model", True),
+        ("SELECT extensions.unaccent(name) FROM app_model", True),
+        ("SELECT extensions.similarity(a, b) FROM app_model", True),
+        ("SELECT extensions.anything_there(a) FROM app_model", True),  # PG_EXTRA_SEARCH_PATHS
+        ("SELECT * FROM extensions.spatial_ref_sys", True),
+        ("SELECT similarity(a, b) FROM app_model", False),  # only extensions.similarity listed
+        ("SELECT t2.unaccent(name) FROM app_model", False),
+        ("SELECT public.other(name) FROM app_model", False),
+        ("UPDATE extensions.spatial_ref_sys SET srtext = ''", False),  # a shared write
+    ],
+)
+def test_extra_functions_and_schemas_extend_the_allowlist(sql: str, allowed: bool) -> None:
+    assert classify(sql, extra_policy()).allowed is allowed
+    assert not classify("SELECT unaccent(name) FROM app_model", BASE).allowed
+
+
+@pytest.mark.parametrize(
+    ("sql", "grant", "rule"),
+    [
+        ("SELECT nextval('t2.app_model_id_seq')", None, "cross_schema"),
+        ('SELECT nextval(\'"t2"."app_model_id_seq"\')', None, "cross_schema"),
+        ("SELECT nextval(' T2 . app_model_id_seq ')", None, "cross_schema"),
+        ("SELECT nextval('t2.s'::regclass)", None, "cross_schema"),
+        ("SELECT setval('t2.app_model_id_seq', 1)", None, "cross_schema"),
+        ("SELECT currval('t2.app_model_id_seq')", READS, "cross_schema"),
+        ("SELECT nextval('public.shared_id_seq')", WRITES, "shared_write"),
+        ("SELECT nextval(%s)", UNSAFE, "unverifiable"),
+        ("SELECT nextval(name) FROM app_model", UNSAFE, "unverifiable"),
+        ("SELECT nextval('t2.x.y.z')", UNSAFE, "unverifiable"),
+        ("SELECT 't2.guardapp_secret'::regclass", READS, "cross_schema"),
+        ("SELECT CAST('t2.guardapp_secret' AS regclass)", READS, "cross_schema"),
+        ("SELECT regclass 't2.guardapp_secret'", READS, "cross_schema"),
+        ("SELECT '\"t2\".x'::pg_catalog.regclass", READS, "cross_schema"),
+        ("SELECT 't2.f'::regproc", READS, "cross_schema"),
+        ("SELECT 't2.f(integer)'::regprocedure", READS, "cross_schema"),
+        ("SELECT 't2'::regnamespace", READS, "cross_schema"),
+        ("SELECT 't2.mytype'::regtype", READS, "cross_schema"),
+        ("SELECT 't2.+'::regoper", READS, "cross_schema"),
+        ("SELECT 't2.english'::regconfig", READS, "cross_schema"),
+        ("SELECT %s::regclass", UNSAFE, "unverifiable"),
+        ("SELECT name::regclass FROM app_model", UNSAFE, "unverifiable"),
+        ("SELECT ('t2' || '.x')::regclass", UNSAFE, "unverifiable"),
+    ],
+)
+def test_names_inside_literals_are_judged_like_names(
+    sql: str, grant: Grant | None, rule: str
+) -> None:
+    assert_denied(classify(sql, BASE), grant, rule)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT nextval('app_model_id_seq')",
+        "SELECT nextval('t1.app_model_id_seq')",
+        "SELECT nextval('\"app_model_id_seq\"'::regclass)",
+        "SELECT setval('app_model_id_seq', 10, true)",
+        "SELECT currval('app_model_id_seq')",
+        "SELECT 'app_model'::regclass",
+        "SELECT 'integer'::regtype, 'double precision'::regtype, 'text[]'::regtype",
+        "SELECT 'postgres'::regrole, '+'::regoper, 'lower(text)'::regprocedure",
+        "SELECT 'pg_catalog.lower'::regproc",
+    ],
+)
+def test_own_names_inside_literals_pass(sql: str) -> None:
+    assert_allowed(classify(sql, BASE))
+
+
+# --- issue 11, class 5: judge what the server receives ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM app_model WHERE name = '%s'",
+        "SELECT * FROM app_model WHERE name = E'\\\\%s'",
+        "SELECT * FROM app_model WHERE name = $$%s$$",
+        "SELECT * FROM app_model WHERE name = $q$ %s $q$",
+        'SELECT 1 AS "%s"',
+        "SELECT 1 /* %s */",
+        "SELECT 1 -- %s",
+        "SELECT %s, '%(x)s'",
+        "SELECT x%s FROM app_model",  # "x$1" is one identifier
+        "SELECT $1, %s",  # a parameter node psycopg never fills
+        "SELECT $2",
+    ],
+)
+def test_placeholders_that_are_not_parameter_nodes_are_refused(sql: str) -> None:
+    # With client-side binding the quoted value would be pasted INTO that token.
+    verdict = classify(sql, BASE, parameters=True)
+    assert_denied(verdict, UNSAFE, "unverifiable")
+    assert "placeholder" in verdict.reason or "psycopg" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM app_model WHERE name = '%s'",
+        "SELECT 1 -- %s",
+        'SELECT 1 AS "%(x)s"',
+        "SELECT 5 % 2",
+    ],
+)
+def test_without_parameters_percent_is_an_ordinary_character(sql: str) -> None:
+    assert_allowed(classify(sql, BASE, parameters=False))
+
+
+@pytest.mark.parametrize(
+    ("sql", "allowed"),
+    [
+        ("SELECT %s, %s FROM app_model WHERE id = %s", True),
+        ("SELECT %(a)s, %(b)s, %(a)s", True),
+        ("SELECT %b, %t", True),
+        ("SELECT 5 %% 2, '100%%' LIKE %s", True),
+        ("SELECT 5 %\n 2", True),  # psycopg leaves a "%" before a newline alone
+        ("SELECT 5 % 2", False),  # psycopg: incomplete placeholder
+        ("SELECT %x", False),  # psycopg: only %s, %b, %t
+        ("SELECT %s, %(a)s", False),  # psycopg: positional and named mixed
+        ("SELECT %(a", False),
+    ],
+)
+def test_placeholders_follow_psycopgs_rules(sql: str, allowed: bool) -> None:
+    verdict = classify(sql, BASE, parameters=True)
+    assert verdict.allowed is allowed, verdict.reason
+
+
+def test_psycopg_splitter_behaves_as_the_guard_assumes() -> None:
+    """Pins the private psycopg function sql_tree relies on (fails on an incompatible upgrade)."""
+    from psycopg import ProgrammingError
+    from psycopg._queries import _split_query
+
+    parts = _split_query(b"SELECT %s, %s %% 1 %\n", "utf-8")
+    assert [p.item for p in parts[:-1]] == [0, 1]
+    assert parts[-1].pre == b" % 1 %\n"
+    named = _split_query(b"%(a)s %(b)s %(a)s", "utf-8")
+    assert [p.item for p in named[:-1]] == ["a", "b", "a"]
+    with pytest.raises(ProgrammingError):
+        _split_query(b"SELECT 5 % 2", "utf-8")
+
+
+def test_verdicts_are_cached_per_text_and_parameters() -> None:
+    sql = "SELECT * FROM app_model WHERE name = '%s'"
+    assert statement_shape(sql, True) is statement_shape("".join([sql[:5], sql[5:]]), True)
+    assert statement_shape(sql, True) is not statement_shape(sql, False)
+    assert not classify(sql, BASE).allowed
+    assert classify(sql, BASE, parameters=False).allowed
+    assert not classify(sql, BASE).allowed
+
+
+# --- advisory locks ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT pg_advisory_xact_lock(42)",
+        "SELECT pg_advisory_xact_lock(hashtext(%s))",
+        "SELECT pg_try_advisory_xact_lock(%s)",
+        "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))",
+        "SELECT pg_advisory_xact_lock(1, 2)",
+        "SELECT pg_try_advisory_xact_lock(7, hashtext(%s))",
+        "SELECT pg_try_advisory_xact_lock_shared(-1, %s)",
+        "SELECT pg_catalog.pg_advisory_xact_lock(3, 4)",
+    ],
+)
+def test_transaction_level_advisory_locks_pass(sql: str) -> None:
+    assert_allowed(classify(sql, BASE))
+
+
+def test_kumikos_admission_lock_class_is_refused_whatever_the_grants() -> None:
+    for name in ("pg_advisory_xact_lock", "pg_try_advisory_xact_lock_shared"):
+        sql = f"SELECT {name}({ADMISSION_LOCK_CLASS}, hashtext(%s))"
+        assert_denied(classify(sql, BASE), None, "protected")
+        assert_denied(classify(sql, policy(*ALL)), None, "protected")
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",  # kumiko's own statement
+        "SELECT pg_advisory_xact_lock(19000 + 274, 1)",
+        "SELECT pg_advisory_xact_lock(id, 1) FROM app_model",
+        "SELECT pg_advisory_xact_lock(19274::int, 1)",
+    ],
+)
+def test_two_key_advisory_locks_need_a_constant_class(sql: str) -> None:
+    assert_denied(classify(sql, BASE), UNSAFE, "unverifiable")
+
+
+def test_admission_lock_statement_uses_the_reserved_class() -> None:
+    import inspect
+
+    from kumiko_jobs import enqueueing
+
+    source = inspect.getsource(enqueueing.admission)
+    assert "pg_advisory_xact_lock(%s, hashtext(%s))" in source
+    assert "ADMISSION_LOCK_CLASS" in source
+
+
+# --- utility statements ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "kind"),
+    [
+        ("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY", "set"),
+        ("SET TIME ZONE 'UTC'", "set"),
+        ("RESET search_path", "reset"),
+        ("DISCARD ALL", "discard"),
+        ("LISTEN jobs", "notify"),
+        ("UNLISTEN *", "notify"),
+        ("DEALLOCATE ALL", "prepared_statement"),
+        ("DECLARE c CURSOR FOR SELECT 1", "cursor"),
+        ("FETCH 10 FROM c", "cursor"),
+        ("CLOSE c", "cursor"),
+        ("CHECKPOINT", "maintenance"),
+        ("ANALYZE app_model", "maintenance"),
+        ("PREPARE TRANSACTION 'x'", "transaction"),
+        ("ROLLBACK PREPARED 'x'", "transaction"),
+        ("CREATE TEMP TABLE scratch (n int)", "ddl"),
+        ("CREATE TABLE x AS SELECT 1", "ddl"),
+        ("SELECT 1 AS n INTO TEMP scratch", "ddl"),
+        ("REFRESH MATERIALIZED VIEW v", "ddl"),
+        ("LOAD 'plpgsql'", "ddl"),
+        ("COPY (SELECT 1) TO STDOUT", "copy"),
+        ("CALL p()", "call"),
+        ("EXPLAIN EXECUTE q", "prepared_statement"),
+        ("SELECT 0x1F", "select"),  # PostgreSQL 15 reads "0 AS x1F"
+        ("SELECT 1_000", "select"),
+    ],
+)
+def test_unverifiable_statements_need_unsafe_raw(sql: str, kind: str) -> None:
+    verdict = classify(sql, BASE)
+    assert_denied(verdict, UNSAFE, "unverifiable")
+    assert verdict.kind == kind
+
+
+@pytest.mark.parametrize(
+    ("sql", "kind"),
+    [
+        ("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", "transaction"),
+        ("SET CONSTRAINTS ALL DEFERRED", "transaction"),
+        ("SHOW TIME ZONE", "show"),
+        ("SHOW ALL", "show"),
+        ("START TRANSACTION READ ONLY", "transaction"),
+        ("END", "transaction"),
+        ("ABORT", "transaction"),
+        ("", "empty"),
+        ("-- only a comment", "empty"),
+        (";", "empty"),
+    ],
+)
+def test_transaction_control_and_reading_settings_pass(sql: str, kind: str) -> None:
+    verdict = classify(sql, BASE)
+    assert_allowed(verdict)
+    assert verdict.kind == kind
+
+
+def test_search_path_with_extra_search_paths() -> None:
+    extra = extra_policy()
+    assert classify('SET search_path = "t1","public","extensions"', extra, parameters=False).allowed
+    assert classify('SET search_path = "t1","extensions"', extra).allowed
+    assert not classify('SET search_path = "t1","public","t2"', extra).allowed
+    assert not classify('SET search_path = "t1","public","extensions"', BASE).allowed
+
+
+# --- everyday SQL: must pass without any grant -------------------------------------------------
+
+EVERYDAY_RAW = [
+    'SELECT "app_model"."id" FROM "app_model" WHERE "app_model"."id" = %s FOR UPDATE SKIP LOCKED',
+    'SELECT "app_model"."id" FROM "app_model" ORDER BY "app_model"."id" ASC LIMIT 10 '
+    "FOR NO KEY UPDATE OF app_model NOWAIT",
+    'INSERT INTO "app_model" ("name", "n") VALUES (%s, %s), (%s, %s) ON CONFLICT DO NOTHING',
+    'INSERT INTO "app_model" ("key", "n") SELECT * FROM unnest(%s::varchar[], %s::int[]) '
+    'ON CONFLICT("key") DO UPDATE SET "n" = EXCLUDED."n" RETURNING "app_model"."id"',
+    'SELECT "app_model"."id" FROM "app_model" WHERE "app_model"."id" = ANY(%s)',
+    'SELECT "app_model"."id" FROM "app_model" WHERE "app_model"."tags" && %s::text[]',
+    "SELECT jsonb_build_object('a', 1, 'b', %s::jsonb) -> 'a', to_jsonb(%s::text)",
+    'SELECT "app_model"."data" -> %s, jsonb_path_query_first("app_model"."data", %s) '
+    'FROM "app_model" WHERE ("app_model"."data" @> %s::jsonb AND "app_model"."data" ? %s)',
+    "SELECT * FROM jsonb_each_text(%s::jsonb) AS j(k, v)",
+    "SELECT json_agg(x) FROM (SELECT 1 AS x) s",
+    "SELECT JSON_OBJECT('a': 1), JSON_ARRAY(1, 2), %s::jsonb IS JSON OBJECT",
+    "SELECT nextval('app_model_id_seq')",
+    "SELECT pg_advisory_xact_lock(hashtext(%s))",
+    "SELECT pg_try_advisory_xact_lock(12, %s)",
+    'EXPLAIN SELECT "app_model"."id" FROM "app_model"',
+    'EXPLAIN (ANALYZE, FORMAT JSON) SELECT "app_model"."id" FROM "app_model"',
+    "SHOW search_path",
+    "SHOW TimeZone",
+    "SELECT current_setting('TimeZone'), now(), clock_timestamp(), CURRENT_DATE",
+    "SELECT gen_random_uuid(), random(), md5(%s), lower(%s), upper(%s)",
+    "SELECT to_tsvector('english', \"app_model\".\"name\") @@ plainto_tsquery('english', %s), "
+    'ts_rank(to_tsvector(%s), websearch_to_tsquery(%s)) FROM "app_model"',
+    "SELECT date_trunc('month', %s::timestamptz AT TIME ZONE 'UTC'), extract(epoch FROM now())",
+    "SELECT string_agg(name, ', ' ORDER BY name), array_agg(DISTINCT n) FROM app_model",
+    "SELECT row_number() OVER (PARTITION BY a ORDER BY b DESC), rank() OVER w FROM app_model "
+    "WINDOW w AS (ORDER BY b)",
+    "SELECT COALESCE(a, b), NULLIF(a, ''), GREATEST(1, 2), LEAST(1, 2) FROM app_model",
+    "SELECT * FROM generate_series(1, 10) AS g(n)",
+    "SELECT substring(name FROM 1 FOR 3), trim(BOTH FROM name), position('a' IN name), "
+    "overlay(name PLACING 'x' FROM 1) FROM app_model",
+    "SELECT name SIMILAR TO 'a%%' FROM app_model WHERE name ILIKE %s",
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 5) "
+    "SEARCH DEPTH FIRST BY n SET ord SELECT n FROM r ORDER BY ord",
+    "SELECT c.relname FROM pg_catalog.pg_class c "
+    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+    "WHERE pg_catalog.pg_table_is_visible(c.oid) AND c.relkind IN ('r', 'p', 'v')",
+    "SELECT obj_description(c.oid, 'pg_class'), col_description(c.oid, 1) FROM pg_class c",
+    "SELECT pg_get_indexdef(i.indexrelid), pg_get_expr(d.adbin, d.adrelid), "
+    "format_type(a.atttypid, a.atttypmod) "
+    "FROM pg_index i, pg_attrdef d, pg_attribute a",
+    "SELECT 1 FROM app_model WHERE id = %s FOR SHARE",
+    "UPDATE app_model SET n = n + 1 WHERE id = %s RETURNING n",
+    "DELETE FROM app_model WHERE created < now() - interval '30 days'",
+    "MERGE INTO app_model m USING (VALUES (1, 'a')) AS s(id, name) ON m.id = s.id "
+    "WHEN MATCHED THEN UPDATE SET name = s.name WHEN NOT MATCHED THEN INSERT (id, name) "
+    "VALUES (s.id, s.name)",
+    "SELECT 'app_model'::regclass::oid",
+    "SAVEPOINT s1",
+    "ROLLBACK TO SAVEPOINT s1",
+    'SELECT "app_model"."id" FROM "app_model" WHERE "app_model"."ip" = %s::inet '
+    'AND HOST("app_model"."ip") = %s',
+    "SELECT x FROM app_model WHERE x BETWEEN SYMMETRIC 1 AND 5 AND y IS NOT DISTINCT FROM %s",
+    "SELECT CASE WHEN a > 0 THEN 'p' ELSE 'n' END, a::numeric(10, 2), CAST(a AS text) "
+    "FROM app_model",
+]
+
+
+@pytest.mark.parametrize("sql", EVERYDAY_RAW)
+def test_everyday_sql_passes_without_grants(sql: str) -> None:
+    verdict = classify(sql, BASE)
+    assert_allowed(verdict)
+
+
+def _orm_querysets() -> list[tuple[str, Callable[[], Any]]]:
+    from django.contrib.auth.models import User
+    from django.contrib.postgres.aggregates import ArrayAgg, JSONBAgg
+    from django.db.models import (
+        Avg,
+        Case,
+        Count,
+        DecimalField,
+        Exists,
+        F,
+        IntegerField,
+        Max,
+        Min,
+        OuterRef,
+        Q,
+        StringAgg,
+        Subquery,
+        Sum,
+        Value,
+        When,
+        Window,
+    )
+    from django.db.models.functions import (
+        MD5,
+        Abs,
+        Cast,
+        Coalesce,
+        Concat,
+        Greatest,
+        Length,
+        Lower,
+        Now,
+        Rank,
+        Replace,
+        Round,
+        RowNumber,
+        StrIndex,
+        Substr,
+        TruncDate,
+        TruncMonth,
+    )
+
+    from example_project.billing.models import ActivityLog, Customer, Invoice
+    from kumiko_jobs.models import JobRun
+
+    inv = Invoice.objects
+    return [
+        ("get", lambda: inv.filter(number="x")[:21]),
+        ("in", lambda: inv.filter(number__in=["a", "b"]).values_list("id", flat=True)),
+        ("icontains", lambda: inv.filter(number__icontains="a")),
+        ("iexact", lambda: inv.filter(number__iexact="x").values("id")),
+        ("istartswith", lambda: inv.filter(number__istartswith="x").values("id")),
+        ("regex", lambda: inv.filter(number__iregex="^a").only("id")),
+        ("year", lambda: inv.filter(synced_at__year=2024)),
+        ("week_day", lambda: inv.filter(synced_at__week_day=2).values("id")),
+        ("date", lambda: JobRun.objects.filter(queued_at__date="2024-01-01").values("run_id")),
+        ("range", lambda: inv.filter(sync_attempts__range=(1, 5))),
+        ("isnull_slice", lambda: inv.filter(synced_at__isnull=True).order_by("-id")[10:20]),
+        ("random_order", lambda: inv.order_by("?").values("id")[:3]),
+        ("q_objects", lambda: inv.filter(Q(number="a") | ~Q(amount=1)).values("id")),
+        ("f_expr", lambda: inv.filter(amount__gt=F("sync_attempts") + 1).values("id")),
+        (
+            "exists",
+            lambda: inv.filter(Exists(Customer.objects.filter(name=OuterRef("number")))),
+        ),
+        (
+            "subquery",
+            lambda: inv.filter(id__in=Subquery(inv.filter(amount__lt=5).values("id")[:5])),
+        ),
+        (
+            "trunc_month",
+            lambda: inv.annotate(m=TruncMonth("synced_at")).values("m").annotate(c=Count("id")),
+        ),
+        (
+            "trunc_date",
+            lambda: inv.annotate(d=TruncDate("synced_at")).values("d").annotate(n=Count("*")),
+        ),
+        (
+            "aggregates",
+            lambda: inv.values("number").annotate(
+                t=Sum("amount"), a=Avg("amount"), mx=Max("synced_at"), mn=Min("sync_attempts")
+            ),
+        ),
+        (
+            "postgres_aggregates",
+            lambda: inv.annotate(
+                a=ArrayAgg("number"), s=StringAgg("number", Value(",")), j=JSONBAgg("number")
+            ).values("a", "s", "j"),
+        ),
+        (
+            "window",
+            lambda: inv.annotate(
+                r=Window(RowNumber(), order_by=F("amount").desc()),
+                k=Window(Rank(), partition_by=F("number"), order_by="amount"),
+            ).values("r", "k"),
+        ),
+        (
+            "case",
+            lambda: inv.annotate(
+                k=Case(When(amount__gt=10, then=Value(1)), default=Value(0)),
+            ).values("k"),
+        ),
+        (
+            "functions",
+            lambda: inv.annotate(
+                g=Greatest("amount", Value(1), output_field=DecimalField()),
+                c=Coalesce("synced_at", Now()),
+                s=Substr("number", 1, 3),
+                ln=Length("number"),
+                r=Round("amount", 2),
+                ab=Abs("amount"),
+                lo=Lower("number"),
+                co=Concat("number", Value("-")),
+            ).values("g", "c", "s", "ln", "r", "ab", "lo", "co"),
+        ),
+        (
+            "more_functions",
+            lambda: inv.annotate(
+                i=StrIndex("number", Value("x")),
+                rp=Replace("number", Value("a"), Value("b")),
+                m=MD5("number"),
+                cs=Cast("amount", IntegerField()),
+            ).values("i", "rp", "m", "cs"),
+        ),
+        ("json_contains", lambda: JobRun.objects.filter(payload__contains={"a": 1})),
+        ("json_path", lambda: JobRun.objects.filter(payload__a__b=1).values("run_id")),
+        ("json_has_key", lambda: JobRun.objects.filter(payload__has_key="x").values("run_id")),
+        ("json_any_keys", lambda: JobRun.objects.filter(payload__has_any_keys=["a", "b"])),
+        ("m2m", lambda: User.objects.filter(groups__name="staff").values("id")),
+        ("month", lambda: User.objects.filter(date_joined__month=3).values("id")),
+        ("activity", lambda: ActivityLog.objects.filter(job__startswith="b").order_by("-id")),
+    ]
+
+
+def _compiled(make: Callable[[], Any]) -> str:
+    sql, _params = make().query.sql_with_params()
+    return str(sql)
+
+
+@pytest.mark.parametrize(("name", "make"), _orm_querysets(), ids=lambda v: str(v)[:20])
+def test_everyday_orm_querysets_pass_without_grants(name: str, make: Callable[[], Any]) -> None:
+    sql = _compiled(make)
+    verdict = classify(sql, BASE)
+    assert verdict.allowed, f"{name}: {verdict.reason}\n{sql}"
+    assert verdict.grants_used == ()
+
+
+def test_everyday_list_is_long_enough() -> None:
+    assert len(EVERYDAY_RAW) + len(_orm_querysets()) >= 40
