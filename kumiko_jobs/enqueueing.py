@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from . import conf, origin, signals, telemetry, transport
 from .context import RunState, current_run
-from .envelope import Envelope, encode, new_run_id
+from .envelope import WIDEST_SIGNING_TIME, Envelope, encode, new_run_id
 from .exceptions import InvalidJob
 from .guard_allowlists import ADMISSION_LOCK_CLASS
 from .models import JobRun, RunStatus
@@ -472,9 +472,10 @@ def _growth_bound(definition: JobDefinition) -> int:
 def _check_size(definition: JobDefinition, env: Envelope, message: transport.Message) -> None:
     limit = conf.get().MAX_ENVELOPE_BYTES
     size = len(message.body)  # signed ASCII JSON: one byte per character
-    if size <= limit < size + _growth_bound(definition):
-        # Close to the limit: measure the largest envelope exactly (a second encode).
-        size = len(encode(largest_reachable(definition, env)))
+    if limit < size + _growth_bound(definition):
+        # Close to or past the limit: measure the largest envelope exactly (a second encode),
+        # signed at the widest time, as a relayed or deferred copy may be re-signed any time.
+        size = len(encode(largest_reachable(definition, env), now=WIDEST_SIGNING_TIME))
     if size > limit:
         raise InvalidJob(
             f"Job {definition.name!r}: arguments make a message of up to {size} bytes (at its "

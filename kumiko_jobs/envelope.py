@@ -139,6 +139,12 @@ def _signer(version: int = VERSION) -> signing.Signer:
     return signing.Signer(salt=_SALTS[version], algorithm="sha256")
 
 
+# A signing time whose JSON is as long as any before 2100 (10 digits, 3 decimals). Times are
+# floats, and ``json.dumps`` drops trailing zeros, so the same envelope signed a moment later can
+# be a few bytes longer: size limits are measured with this, never with the clock.
+WIDEST_SIGNING_TIME = 4102444799.999
+
+
 def encode(envelope: Envelope, *, delay: float = 0.0, now: float | None = None) -> str:
     """Sign ``envelope`` as of ``now`` (default: the clock), due ``delay`` seconds later."""
     signed_at = round(time.time() if now is None else now, 3)

@@ -18,8 +18,6 @@ from django.test import Client
 from django_tenants.utils import schema_context
 
 from kumiko_jobs import EscapeHatch, InvalidJob, TenantVisibleError, transport
-from kumiko_jobs.enqueueing import largest_reachable
-from kumiko_jobs.envelope import Envelope, encode
 from kumiko_jobs.exceptions import FALLBACK_MESSAGE_KEY
 from kumiko_jobs.models import (
     EscapeHatchUse,
@@ -129,16 +127,15 @@ def always_fails(ctx: Any, *, blob: str) -> None:
 
 def _blob_length_for(job: JobDefinition, limit: int) -> int:
     """The blob length whose largest reachable message is exactly ``limit`` bytes, read from
-    the refusal of an oversized enqueue (run ids, correlation ids: all fixed length)."""
+    the refusal of an oversized enqueue, which reports the probe's largest reachable size
+    (run ids, correlation ids and the signing times it is measured with: all fixed length)."""
     probe_length = limit * 2
     with pytest.raises(InvalidJob) as refused:
         job.enqueue(tenant="t1", blob="x" * probe_length)
     match = re.search(r"message of up to (\d+) bytes", str(refused.value))
     assert match, refused.value
-    body = int(match.group(1))
-    sample = Envelope(job=job.name, schema="t1", kwargs={}, run_id="0" * 32)
-    growth = len(encode(largest_reachable(job, sample))) - len(encode(sample))
-    return probe_length - (body + growth - limit)
+    largest = int(match.group(1))  # the probe's message at its last attempt
+    return probe_length - (largest - limit)
 
 
 def test_a_message_at_the_bound_for_its_last_attempt_runs_every_attempt(tenants, declare, settings):
