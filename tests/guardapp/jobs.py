@@ -389,9 +389,9 @@ def _raw_psycopg_connection(ctx: JobContext) -> None:
 
 ATTACKS["cursor_copy"] = _cursor_copy
 ATTACKS["cursor_stream"] = _cursor_stream
+ATTACKS["name_in_string_literal"] = _name_in_string_literal
 
 KNOWN_GAPS: dict[str, Callable[[JobContext], None]] = {
-    "name_in_string_literal": _name_in_string_literal,
     "other_thread": _other_thread,
     "raw_psycopg_connection": _raw_psycopg_connection,
 }
