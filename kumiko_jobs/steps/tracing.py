@@ -7,13 +7,12 @@ that does escape (a cold shutdown, a timeout) is recorded too and re-raised.
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from .. import telemetry
-from ..context import RunState
+from ..context import RunState, render_error
 from ..log_context import scrub
 from ..pipeline import Next
 
@@ -33,7 +32,7 @@ def tracing(state: RunState, call_next: Next) -> None:
         try:
             call_next(state)
         except BaseException as exc:
-            _record_error(span, exc, escaped=True)
+            _record_error(span, state, exc, escaped=True)
             raise
         if not span.is_recording():
             return
@@ -42,7 +41,7 @@ def tracing(state: RunState, call_next: Next) -> None:
         if outcome in _FAILED:
             span.set_attribute("kumiko.job.final_attempt", outcome == "failed")
             if state.error is not None:
-                _record_error(span, state.error, escaped=False, stacktrace=state.error_traceback)
+                _record_error(span, state, state.error, escaped=False)
             else:
                 span.set_status(Status(StatusCode.ERROR, outcome))
         elif outcome == "dropped" and state.drop_reason:
@@ -76,11 +75,23 @@ def _attributes(state: RunState) -> dict[str, Any]:
     return attributes
 
 
-def _record_error(span: Span, error: BaseException, *, escaped: bool, stacktrace: str = "") -> None:
+class RenderedException(Exception):
+    """What the span records instead of the job's exception, which must not be rendered here
+    (outside its tenant and the guard: its ``__str__`` may run SQL)."""
+
+
+def _record_error(span: Span, state: RunState, error: BaseException, *, escaped: bool) -> None:
     if not span.is_recording():
         return
-    message = scrub(str(error))
-    stacktrace = stacktrace or "".join(traceback.format_exception(error))
-    attributes = {"exception.message": message, "exception.stacktrace": scrub(stacktrace)}
-    span.record_exception(error, attributes=attributes, escaped=escaped)
-    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {message}"[:500]))
+    rendered = state.rendered_error
+    if rendered is None or rendered.error is not error:
+        rendered = render_error(error)  # not the job's: one of kumiko's own, or an interruption
+    message = scrub(rendered.message)
+    stacktrace = state.error_traceback if state.error is error else ""
+    attributes = {
+        "exception.type": rendered.type_name,
+        "exception.message": message,
+        "exception.stacktrace": scrub(stacktrace or rendered.traceback),
+    }
+    span.record_exception(RenderedException(message), attributes=attributes, escaped=escaped)
+    span.set_status(Status(StatusCode.ERROR, f"{rendered.type_name}: {message}"[:500]))
