@@ -31,6 +31,7 @@ from ..pipeline import Next
 logger = logging.getLogger("kumiko_jobs.guard")
 
 PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
+_UNSAFE_RAW = str(Grant.UNSAFE_RAW)
 
 
 @cache
@@ -340,11 +341,15 @@ class GuardWrapper:
         if verdict.allowed:
             for grant in grants:
                 audit.record_use(state, str(grant))
-            if Grant.UNSAFE_RAW in grants or _server_side(context):
+            if Grant.UNSAFE_RAW in grants or _UNSAFE_RAW in state.active_grants:
                 # What the guard allows only under unsafe_raw (SET, set_config, session
-                # advisory locks, PREPARE, LISTEN, temporary tables, ...) and cursors held past
-                # the transaction may outlive the run: the tenancy step resets this session.
+                # advisory locks, PREPARE, LISTEN, temporary tables, ...) may outlive the run:
+                # the tenancy step resets this session. Any statement inside the block counts,
+                # not only those that needed the grant: the reset must not depend on the
+                # classifier seeing every way a statement changes the session.
                 state.dirty_sessions.add(conn.alias)
+            elif _server_side(context):
+                state.dirty_sessions.add(conn.alias)  # a cursor Django may hold past the tx
             return execute(sql, params, many, context)
         message = denial_message(state, verdict)
         if not self.enforce:

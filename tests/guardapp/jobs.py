@@ -537,3 +537,6 @@ def guard_installed(ctx: JobContext) -> None:
     for conn in connections.all():
         installed = any(isinstance(w, GuardWrapper) for w in conn.execute_wrappers)
         Finding.objects.create(key=conn.alias, value=str(installed))
+
+
+from . import route_jobs  # noqa: E402,F401  (jobs of the route and run-hygiene suites)
