@@ -45,8 +45,7 @@ def run_boot_gates() -> None:
             described = state.described_error()
             error = f"{described.type_name}({described.message!r})" if described else None
             raise BootGateFailed(
-                f"boot gate {definition.name!r} {state.outcome}: {error}; "
-                "the worker does not start"
+                f"boot gate {definition.name!r} {state.outcome}: {error}; the worker does not start"
             )
 
 

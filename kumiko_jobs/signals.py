@@ -16,7 +16,6 @@ from django.dispatch import Signal
 logger = logging.getLogger("kumiko_jobs.signals")
 
 
-
 class RunSignal(Signal):
     """A signal whose receivers cannot be changed from inside a run.
 

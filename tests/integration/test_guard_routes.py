@@ -114,9 +114,7 @@ ROUTES: dict[str, Route] = {
     "exception_cause": Route(
         lambda: plan_exists("via-exception-str"), "RuntimeError", "the outer error"
     ),
-    "exception_group": Route(
-        lambda: plan_exists("via-exception-str"), "ExceptionGroup", "several"
-    ),
+    "exception_group": Route(lambda: plan_exists("via-exception-str"), "ExceptionGroup", "several"),
     "dbshell": Route(lambda: t2_secrets() == [], "DatabaseAccessDenied", "dbshell"),
 }
 
@@ -209,9 +207,7 @@ def test_a_job_cannot_connect_a_receiver(tenants, guard_data, mode):
     assert run.error_type == "InvalidJob"
     assert "AppConfig.ready()" in run.error_message
     assert JobRun.objects.get(pk=later.run_id).status == RunStatus.SUCCEEDED
-    assert route_jobs._receiver_writes_plan not in [
-        r[1] for r in signals.job_succeeded.receivers
-    ]
+    assert route_jobs._receiver_writes_plan not in [r[1] for r in signals.job_succeeded.receivers]
     assert not plan_exists("via-receiver")
 
 
