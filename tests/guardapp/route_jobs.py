@@ -197,6 +197,12 @@ def route_system_open(ctx: JobContext, *, name: str) -> None:
 # --- session state left behind ----------------------------------------------------------------
 
 
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
 def _raw(statement: str) -> None:
     with connection.cursor() as cursor:
         cursor.execute(statement)
@@ -221,6 +227,7 @@ PLANTS: dict[str, str] = {
 )
 def plant(ctx: JobContext, *, kind: str) -> None:
     """Leave one kind of state on the worker's connection."""
+    _note("pid", str(_backend_pid()))  # before the state: a planted search_path moves findings
     if kind == "raw_begin":
         with ctx.unsafe_raw():
             _raw("BEGIN")
@@ -245,6 +252,8 @@ def observe(ctx: JobContext) -> None:
         "temp_table": "SELECT count(*) FROM pg_class WHERE relname = 'planted_temp'",
         "held_cursor": "SELECT count(*) FROM pg_cursors",
         "transaction": "SELECT now() = statement_timestamp()",
+        "time_zone": "SELECT current_setting('TimeZone')",
+        "pid": "SELECT pg_backend_pid()",
     }
     with ctx.unsafe_raw(), connection.cursor() as cursor:
         for key, query in queries.items():
