@@ -9,7 +9,8 @@ behind by one run, any of them reaches the next, of whatever tenant.
 * An open transaction (a raw ``BEGIN``, an ``atomic()`` never exited, autocommit switched off)
   is always looked for; the check is client-side (psycopg knows the server's transaction state
   from every reply), so it costs no round trip. It is rolled back, and the run fails.
-* Everything else is reset with one ``DISCARD ALL``, sent only when the run may have left
+* Everything else is reset with ``DISCARD ALL`` (spelled out, so that Django's time zone is
+  set again in the same statement), one round trip, sent only when the run may have left
   something: the guard marks a session when it allows a statement only under ``unsafe_raw``,
   lets ``system_db`` code run unwatched, or passes a held cursor; every session when the guard
   is off. Statements the guard allows without a grant change nothing beyond their
@@ -26,6 +27,7 @@ from typing import Any
 
 from django.db import connections
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantDatabaseWrapper
+from psycopg import ClientCursor
 from psycopg.pq import TransactionStatus
 
 from .context import RunState
@@ -100,22 +102,44 @@ def roll_back(conn: Any) -> None:
         conn.set_autocommit(autocommit)
 
 
-def discard(conn: Any) -> None:
-    """``DISCARD ALL``, then what Django and django-tenants set up on a new connection.
+# DISCARD ALL, spelled out: DISCARD ALL itself refuses to run in a multi-statement query,
+# and Django's time zone (and role) must be set again after it, in the same round trip.
+DISCARD_ALL = (
+    "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
+    "SELECT pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; DISCARD SEQUENCES"
+)
 
-    ``DISCARD ALL`` also resets ``TimeZone`` and the role, which Django sets after connecting:
-    ``_configure_connection`` sets them again when they differ (the server reports
-    ``TimeZone`` with every change, so that check is client-side). psycopg clears its own
-    prepared-statement cache when it sees ``DISCARD ALL`` go through; django-tenants forgets
-    the search path it believes set, and sends it again on the next cursor.
+
+def reset_statement(conn: Any) -> str:
+    """``DISCARD ALL`` and what Django sets up on a new connection, as one simple query.
+
+    ``RESET ALL`` also resets ``TimeZone`` and the role, which Django sets after connecting
+    (``_configure_connection``): both are set again here, with Django's own statements.
     """
+    statements = [DISCARD_ALL]
+    # Quoted client-side: Django's ops.compose_sql() would open a (django-tenants) cursor.
+    quote = ClientCursor(conn.connection).mogrify
+    time_zone = getattr(conn, "timezone_name", None)
+    if time_zone and hasattr(conn.ops, "set_time_zone_sql"):
+        statements.append(quote(conn.ops.set_time_zone_sql(), [time_zone]))
+    role = conn.settings_dict.get("OPTIONS", {}).get("assume_role")
+    if role:
+        statements.append(quote("SET ROLE %s", [role]))  # as Django sets it
+    return "; ".join(statements)
+
+
+def discard(conn: Any) -> None:
+    """Back to a session as new, in one round trip (see ``reset_statement``).
+
+    psycopg clears its own prepared-statement cache when it sees ``DEALLOCATE ALL`` go through;
+    django-tenants forgets the search path it believes set, and sends it again on the next
+    cursor (as it does after every run anyway).
+    """
+    statement = reset_statement(conn)
     with plain_cursor(conn) as cursor:
-        cursor.execute("DISCARD ALL")
+        cursor.execute(statement)
     if hasattr(conn, "search_path_set_schemas"):
         conn.search_path_set_schemas = None
-    configure = getattr(conn, "_configure_connection", None)
-    if configure is not None:
-        configure(conn.connection)
 
 
 @contextlib.contextmanager

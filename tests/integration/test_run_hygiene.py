@@ -23,6 +23,7 @@ from django_tenants.utils import tenant_context
 from example_project.customers.models import Client
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobRun, RunStatus
+from kumiko_jobs.session import DISCARD_ALL as DISCARD
 from tests.conftest import work
 from tests.guardapp import jobs, route_jobs, support
 
@@ -116,7 +117,7 @@ def test_session_state_of_one_run_never_reaches_the_next(tenants, guard_data, ki
     assert seen["listen"] == "0"
     assert seen["temp_table"] == "0"
     assert seen["held_cursor"] == "0"
-    assert seen["time_zone"] == "UTC"  # Django's, set again after DISCARD ALL reset it
+    assert seen["time_zone"] == "UTC"  # Django's, set again after RESET ALL reset it
     assert _advisory_locks() == 0
     assert findings("t2") == {}  # nothing of B landed in t2 through a planted search_path
 
@@ -193,14 +194,14 @@ def test_a_clean_run_costs_no_statement_more_and_a_dirty_one_a_single_discard(te
     for handle in (clean, clean_again):
         statements = _of(seen, handle.run_id)
         assert len(statements) == 4, statements  # start, SET search_path, the UPDATE, finish
-        assert "DISCARD ALL" not in statements
+        assert not [sql for sql in statements if sql.startswith(DISCARD)]
     statements = _of(seen, dirty.run_id)
-    assert statements.count("DISCARD ALL") == 1
+    resets = [i for i, sql in enumerate(statements) if sql.startswith(DISCARD)]
+    assert len(resets) == 1, statements
     # After the job's statements, before the outcome is written (a planted setting such as
     # default_transaction_read_only must not reach the history's own writes).
     history = [i for i, sql in enumerate(statements) if "kumiko_jobs_jobattempt" in sql]
-    assert statements.index("DISCARD ALL") < history[0]
-    assert statements.index("SET work_mem = '77MB'") < statements.index("DISCARD ALL")
+    assert statements.index("SET work_mem = '77MB'") < resets[0] < history[0]
 
 
 def test_with_the_guard_off_every_run_is_reset(tenants, guard_data):
@@ -211,4 +212,4 @@ def test_with_the_guard_off_every_run_is_reset(tenants, guard_data):
         statements_by_job() as seen,
     ):
         work()
-    assert _of(seen, handle.run_id).count("DISCARD ALL") == 1
+    assert len([sql for sql in _of(seen, handle.run_id) if sql.startswith(DISCARD)]) == 1
