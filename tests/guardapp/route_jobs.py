@@ -220,13 +220,40 @@ PLANTS: dict[str, str] = {
 }
 
 
+OBSERVATIONS: dict[str, str] = {
+    "work_mem": "SELECT current_setting('work_mem')",
+    "statement_timeout": "SELECT current_setting('statement_timeout')",
+    "search_path": "SELECT current_setting('search_path')",
+    "advisory_lock": (
+        f"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = {ADVISORY_KEY}"
+    ),
+    "prepared": "SELECT count(*) FROM pg_prepared_statements",
+    "listen": "SELECT count(*) FROM pg_listening_channels()",
+    "temp_table": "SELECT count(*) FROM pg_class WHERE relname = 'planted_temp'",
+    "held_cursor": "SELECT count(*) FROM pg_cursors",
+    "transaction": "SELECT now() = statement_timestamp()",
+    "time_zone": "SELECT current_setting('TimeZone')",
+    "pid": "SELECT pg_backend_pid()",
+}
+
+
+def _observations() -> dict[str, str]:
+    """What the session looks like (read-only catalog and settings queries)."""
+    found = {}
+    with connection.cursor() as cursor:
+        for key, query in OBSERVATIONS.items():
+            cursor.execute(query)
+            found[key] = str(cursor.fetchone()[0])
+    return found
+
+
 @job(
     escape_hatch=EscapeHatch(
         reason="run-hygiene suite: plants session state", grants=["unsafe_raw"]
     )
 )
 def plant(ctx: JobContext, *, kind: str) -> None:
-    """Leave one kind of state on the worker's connection."""
+    """Leave one kind of state on the worker's connection; note what the session then shows."""
     _note("pid", str(_backend_pid()))  # before the state: a planted search_path moves findings
     if kind == "raw_begin":
         with ctx.unsafe_raw():
@@ -238,25 +265,29 @@ def plant(ctx: JobContext, *, kind: str) -> None:
     else:
         with ctx.unsafe_raw():
             _raw(PLANTS[kind])
+            after = _observations()
+        # Qualified: the planted search_path must not move the calibration into t2.
+        with connection.cursor() as cursor:
+            for key, value in after.items():
+                cursor.execute(
+                    f'INSERT INTO "{ctx.schema_name}".guardapp_finding (key, value) '
+                    "VALUES (%s, %s)",
+                    [f"after:{key}", value],
+                )
 
 
 @job(escape_hatch=EscapeHatch(reason="run-hygiene suite: reads the session", grants=["unsafe_raw"]))
 def observe(ctx: JobContext) -> None:
-    """What the session looks like to a later run (read-only catalog and settings queries)."""
-    queries = {
-        "work_mem": "SELECT current_setting('work_mem')",
-        "statement_timeout": "SELECT current_setting('statement_timeout')",
-        "search_path": "SELECT current_setting('search_path')",
-        "prepared": "SELECT count(*) FROM pg_prepared_statements",
-        "listen": "SELECT count(*) FROM pg_listening_channels()",
-        "temp_table": "SELECT count(*) FROM pg_class WHERE relname = 'planted_temp'",
-        "held_cursor": "SELECT count(*) FROM pg_cursors",
-        "transaction": "SELECT now() = statement_timestamp()",
-        "time_zone": "SELECT current_setting('TimeZone')",
-        "pid": "SELECT pg_backend_pid()",
-    }
-    with ctx.unsafe_raw(), connection.cursor() as cursor:
-        for key, query in queries.items():
-            cursor.execute(query)
-            _note(key, str(cursor.fetchone()[0]))
+    """What the session looks like to a later run."""
+    with ctx.unsafe_raw():
+        seen = _observations()
+    for key, value in seen.items():
+        _note(key, value)
     Secret.objects.create(label="observed", value=str(ctx.schema_name))
+
+
+@job(escape_hatch=EscapeHatch(reason="run-hygiene suite: a raw BEGIN", grants=["unsafe_raw"]))
+def leave_open(ctx: JobContext) -> None:
+    """Returns normally with a transaction open on the worker's connection."""
+    with ctx.unsafe_raw():
+        _raw("BEGIN")

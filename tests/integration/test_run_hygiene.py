@@ -95,6 +95,17 @@ def _advisory_locks() -> int:
 
 
 SESSION_STATE = sorted(route_jobs.PLANTS)
+# kind -> (observation, value) that run A sees right after planting (the calibration)
+PLANTED: dict[str, tuple[str, str]] = {
+    "work_mem": ("work_mem", "77MB"),
+    "search_path": ("search_path", "t2"),
+    "pg_settings": ("statement_timeout", "4242ms"),
+    "advisory_lock": ("advisory_lock", "1"),
+    "prepared": ("prepared", "1"),
+    "listen": ("listen", "1"),
+    "temp_table": ("temp_table", "1"),
+    "held_cursor": ("held_cursor", "1"),
+}
 
 
 @pytest.mark.parametrize("kind", SESSION_STATE)
@@ -106,10 +117,14 @@ def test_session_state_of_one_run_never_reaches_the_next(tenants, guard_data, ki
         assert planted.error_type == "DatabaseAccessDenied", planted.error_message
     else:
         assert planted.status == RunStatus.SUCCEEDED, (planted.error_type, planted.error_message)
+        # Calibration: the state is there in A's session at the end of A's body.
+        observation, value = PLANTED[kind]
+        assert findings("t1")[f"after:{observation}"] == value
     assert observing.status == RunStatus.SUCCEEDED, (observing.error_type, observing.error_message)
     seen = findings("t3")
     # The same session: what A left would still be there had nothing reset it.
     assert findings("t1")["pid"] == seen["pid"]
+    assert seen["advisory_lock"] == "0"
     assert seen["work_mem"] == defaults["work_mem"]
     assert seen["statement_timeout"] == defaults["statement_timeout"]
     assert "t2" not in seen["search_path"]
@@ -213,3 +228,35 @@ def test_with_the_guard_off_every_run_is_reset(tenants, guard_data):
     ):
         work()
     assert len([sql for sql in _of(seen, handle.run_id) if sql.startswith(DISCARD)]) == 1
+
+
+@pytest.fixture
+def without_tenancy_step() -> Iterator[None]:
+    """A pipeline without the tenancy step (a project's own list of steps)."""
+    from kumiko_jobs import runner
+    from kumiko_jobs.pipeline import compose
+    from kumiko_jobs.steps import DEFAULT_STEPS
+    from kumiko_jobs.steps.tenancy import tenancy
+
+    steps = [step for step in DEFAULT_STEPS if step is not tenancy]
+    runner.reset_pipeline(lambda: compose(steps, runner.call_job))
+    try:
+        yield
+    finally:
+        runner.reset_pipeline()
+
+
+def test_the_outcome_commits_even_when_no_step_ended_the_transaction(
+    tenants, guard_data, without_tenancy_step
+):
+    with tenant_context(_tenant("t1")):
+        handle = route_jobs.leave_open.enqueue()
+        after = jobs.rename_people.enqueue(name="x")
+    work()
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert run.status == RunStatus.FAILED
+    assert run.error_type == "Unrecoverable"
+    assert "left a transaction open" in run.error_message
+    assert status_seen_elsewhere(str(handle.run_id)) == RunStatus.FAILED
+    assert status_seen_elsewhere(str(after.run_id)) in (RunStatus.SUCCEEDED, RunStatus.FAILED)
+    assert connection.connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
