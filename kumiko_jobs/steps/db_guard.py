@@ -138,7 +138,8 @@ class GuardSession:
             return  # a guarded connection that reconnected
         state = self.state
         if threading.get_ident() != self.thread:
-            _close(conn)
+            if self.enforce:  # in log mode the refusal is only logged
+                _close(conn)
             _refuse(
                 state,
                 self.enforce,
@@ -151,7 +152,8 @@ class GuardSession:
             )
             return
         if state.tenant is not None and not hasattr(conn, "set_tenant"):
-            _close(conn)
+            if self.enforce:
+                _close(conn)
             _refuse(
                 state,
                 self.enforce,
