@@ -240,3 +240,12 @@ def test_tenant_may_start_is_for_system_jobs_only():
     with pytest.raises(InvalidJob, match="tenant_may_start must be True or False"):
         build_definition(tenant_job, {"system": True, "tenant_may_start": "yes"})
     assert build_definition(tenant_job, {"system": True, "tenant_may_start": True}).tenant_may_start
+
+
+def test_log_mode_only_logs_a_refused_route(tenants, guard_data, caplog):
+    with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "DB_GUARD": "log"}):
+        run = _run_route("async_orm")
+    assert run.status == RunStatus.SUCCEEDED, run.error_message
+    assert "DB guard (log mode) would deny" in caplog.text
+    assert "another thread" in caplog.text
+    assert plan_exists("via-async-orm")  # the route was taken, as log mode promises
