@@ -149,7 +149,7 @@ def _finish(state: RunState) -> None:
     if run_sql.end_stray_transaction():
         logger.error("run %s left a transaction open; rolled back before its outcome", env.run_id)
         if state.outcome in ("succeeded", "deferred"):
-            state.outcome = "failed"
+            state.outcome, state.reschedule = "failed", None
             state.error = state.error or Unrecoverable(
                 "the run left a transaction open; it was rolled back, nothing in it committed"
             )
