@@ -42,9 +42,10 @@ def run_boot_gates() -> None:
         _insert_row(state)
         run_state(state)
         if state.outcome != "succeeded":
+            described = state.described_error()
+            error = f"{described.type_name}({described.message!r})" if described else None
             raise BootGateFailed(
-                f"boot gate {definition.name!r} {state.outcome}: {state.error!r}; "
-                "the worker does not start"
+                f"boot gate {definition.name!r} {state.outcome}: {error}; the worker does not start"
             )
 
 

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -45,6 +46,36 @@ class Deferral:
     """Returned by ``ctx.defer``; the job returns it to ask for a later resumption."""
 
     seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedError:
+    """An exception of the job body, turned into text where it was raised.
+
+    Rendering runs the exception's own code (``__str__``, ``__repr__`` of its causes and notes):
+    the ``db_guard`` step renders it while the run's tenant and the guard are still in place,
+    and everything after the body (history, logs, spans) uses this text instead of rendering
+    the exception again in the public schema, outside the guard.
+    """
+
+    error: BaseException
+    type_name: str
+    message: str
+    traceback: str
+
+
+def render_error(error: BaseException) -> RenderedError:
+    """``error`` as text; an exception whose rendering fails still gives a message."""
+    name = type(error).__name__
+    try:
+        message = str(error)
+    except Exception as exc:  # a broken (or refused: DatabaseAccessDenied) __str__
+        message = f"<the {name} could not be rendered: {type(exc).__name__}>"
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception as exc:
+        text = f"{name}: {message}\n<traceback not rendered: {type(exc).__name__}>"
+    return RenderedError(error, name, message, text)
 
 
 @dataclass(slots=True)
@@ -88,6 +119,27 @@ class RunState:
     # on the attempt is timed out, whatever the job's code catches or returns (runner.call_job).
     timeout_fired: int | None = None
     subject: str = ""
+    # The job body's exception, rendered inside the guarded tenant context (db_guard step).
+    rendered_error: RenderedError | None = None
+    # Aliases whose session the body may have changed beyond its transaction (statements the
+    # guard allowed under unsafe_raw or inside system_db, server-side cursors); all of them
+    # when the guard did not watch (DB_GUARD="off"). The tenancy step resets those sessions.
+    dirty_sessions: set[str] = field(default_factory=set)
+    unwatched_sessions: bool = False
+    # The db_guard step's installation while the body runs (it adopts connections opened
+    # meanwhile); None outside the body and with DB_GUARD="off".
+    guard: Any = None
+
+    def described_error(self) -> RenderedError | None:
+        """``error`` as text: the job's exception as the db_guard step rendered it, or one of
+        kumiko's own exceptions (gates, deferral), which are safe to render anywhere."""
+        error = self.error
+        if error is None:
+            return None
+        rendered = self.rendered_error
+        if rendered is not None and rendered.error is error:
+            return rendered
+        return render_error(error)
 
     @property
     def final_attempt(self) -> bool:

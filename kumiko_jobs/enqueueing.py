@@ -548,6 +548,15 @@ def prepare_followup(
         )
     subject = _validated(definition, kwargs)
     parent = state.envelope
+    if definition.system and parent.schema is not None and not definition.tenant_may_start:
+        # A system job runs in public, outside any tenant, with the arguments it is given: a
+        # tenant run (whose arguments and code paths tenants influence) may not choose them.
+        raise InvalidJob(
+            f"Job {parent.job!r} (a tenant run, {parent.schema}) may not enqueue the system job "
+            f"{definition.name!r}. If tenant runs may start it, declare "
+            f"@job(system=True, tenant_may_start=True) on {definition.name!r}, and have it "
+            "check its arguments as coming from a tenant."
+        )
     if definition.system:
         schema = None
     elif definition.per_tenant and tenant is None and parent.schema is None:

@@ -104,11 +104,11 @@ def log_failed_attempt(state: RunState, outcome: str) -> None:
     Only names, counters and the scrubbed error reach the log: the arguments of the job (its
     payload) and the traceback stay in the operator-only attempt record.
     """
-    env, error = state.envelope, state.error
+    env, described = state.envelope, state.described_error()
     final = outcome == "failed"
-    error_type = type(error).__name__ if error is not None else _NONE
+    error_type = described.type_name if described is not None else _NONE
     # Truncated before it is scrubbed: the text may be megabytes (scrubbing.py).
-    message = scrub(str(error), limit=_MAX_MESSAGE) if error is not None else ""
+    message = scrub(described.message, limit=_MAX_MESSAGE) if described is not None else ""
     fields = {
         "kumiko_job": env.job,
         "kumiko_run_id": env.run_id,

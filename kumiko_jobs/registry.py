@@ -112,6 +112,8 @@ class JobDefinition:
     tenant_concurrency: int | None = None
     run_on_boot: bool = False
     boot_gate: bool = False
+    # A system job that tenant runs may enqueue (as follow-ups) with arguments of their choosing.
+    tenant_may_start: bool = False
 
     # --- enqueue API (delegates to kumiko_jobs.enqueueing) ----------------------------------
 
@@ -186,6 +188,7 @@ _OPTION_TYPES: dict[str, str] = {
     "tenant_concurrency": "int >= 1",
     "run_on_boot": "bool",
     "boot_gate": "bool",
+    "tenant_may_start": "bool (system jobs only)",
 }
 
 
@@ -290,7 +293,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
             f"queue must be the name of an RQ_QUEUES entry (at most {QUEUE_MAX_LENGTH} "
             f"characters), got {queue!r:.120}.",
         )
-    for flag in ("system", "manual"):
+    for flag in ("system", "manual", "tenant_may_start"):
         if not isinstance(options.get(flag, False), bool):
             raise _fail(where, f"{flag} must be True or False, got {options[flag]!r}.")
     escape_hatch = options.get("escape_hatch")
@@ -303,6 +306,13 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
     failure = _parse_failure(where, options.get("tenant_visible_failure"), params)
     if system and (tenant_visible_run or failure):
         raise _fail(where, "system jobs run for no tenant; drop tenant_visible_run/_failure.")
+    tenant_may_start = bool(options.get("tenant_may_start", False))
+    if tenant_may_start and not system:
+        raise _fail(
+            where,
+            "tenant_may_start=True lets tenant runs start a system job; this job is a tenant "
+            "job, which tenant runs start anyway. Drop the option, or declare system=True.",
+        )
     description = options.get("description") or inspect.getdoc(func) or ""
     triggers = _trigger_options(where, options, system)
     return JobDefinition(
@@ -317,6 +327,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         escape_hatch=escape_hatch,
         system=system,
         manual=bool(options.get("manual", False)),
+        tenant_may_start=tenant_may_start,
         max_defers=_int_option(
             where, "max_defers", options.get("max_defers"), 0, maximum=MAX_DEFERS_LIMIT
         ),

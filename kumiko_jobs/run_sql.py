@@ -212,6 +212,24 @@ def find_tenant(schema: str) -> Any:
     return None if row is None else _tenant_from(row)
 
 
+def end_stray_transaction() -> bool:
+    """Roll back a transaction left open on the history's connection; True if there was one.
+
+    The tenancy step already ends what a job leaves open (and fails the run); this is the
+    history's own guarantee, for pipelines without that step: a run's outcome must commit,
+    never join a transaction that nobody will commit. A transaction Django knows of (an inline
+    run inside a caller's ``atomic()``) is the caller's, and left alone. The check is
+    client-side: no round trip.
+    """
+    from . import session
+
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    if wrapper.in_atomic_block or not session.in_transaction(wrapper):
+        return False
+    session.roll_back(wrapper)
+    return True
+
+
 def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> None:
     """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement."""
     qn = connection.ops.quote_name

@@ -8,18 +8,61 @@ receiver that raises is logged and ignored: a broken receiver never changes a ru
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.dispatch import Signal
 
 logger = logging.getLogger("kumiko_jobs.signals")
 
-job_queued = Signal()
-job_started = Signal()
-job_succeeded = Signal()
-job_failed = Signal()
-job_deferred = Signal()
-job_dropped = Signal()
+
+class RunSignal(Signal):
+    """A signal whose receivers cannot be changed from inside a run.
+
+    Receivers run for every later run, after its guard and tenant are gone: one connected by a
+    job would run with every other tenant's run ids and errors, outside any guard, and one
+    disconnected by a job would silence the project's own receivers for every tenant.
+    """
+
+    def connect(
+        self,
+        receiver: Callable[..., Any],
+        sender: object | None = None,
+        weak: bool = True,
+        dispatch_uid: Any | None = None,
+    ) -> None:
+        _refuse_inside_a_run("connect")
+        super().connect(receiver, sender, weak, dispatch_uid)
+
+    def disconnect(
+        self,
+        receiver: Callable[..., Any] | None = None,
+        sender: object | None = None,
+        dispatch_uid: Any | None = None,
+    ) -> bool:
+        _refuse_inside_a_run("disconnect")
+        return bool(super().disconnect(receiver, sender, dispatch_uid))
+
+
+def _refuse_inside_a_run(action: str) -> None:
+    from .context import current_run
+    from .exceptions import InvalidJob
+
+    state = current_run.get()
+    if state is not None:
+        raise InvalidJob(
+            f"Job {state.envelope.job!r} tried to {action} a kumiko_jobs signal receiver during "
+            "its run. Connect receivers once, at start-up (in an AppConfig.ready()), never "
+            "inside a job."
+        )
+
+
+job_queued = RunSignal()
+job_started = RunSignal()
+job_succeeded = RunSignal()
+job_failed = RunSignal()
+job_deferred = RunSignal()
+job_dropped = RunSignal()
 
 
 def send(signal: Signal, **kwargs: Any) -> None:

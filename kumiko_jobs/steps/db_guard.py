@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from typing import Any
 
 from django.apps import apps
 from django.db import connections
+from django.db.backends.signals import connection_created
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
+from psycopg import ServerCursor
+from psycopg import sql as psycopg_sql
 
 from .. import audit, conf
-from ..context import RunState
+from ..context import RunState, current_run, render_error
 from ..exceptions import DatabaseAccessDenied
 from ..guard import Grant, Policy, Verdict, classify
 from ..pipeline import Next
@@ -27,6 +31,7 @@ from ..pipeline import Next
 logger = logging.getLogger("kumiko_jobs.guard")
 
 PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
+_UNSAFE_RAW = str(Grant.UNSAFE_RAW)
 
 
 @cache
@@ -71,32 +76,170 @@ def personal_data_columns() -> Mapping[str, frozenset[str]]:
 def db_guard(state: RunState, call_next: Next) -> None:
     mode = conf.get().DB_GUARD
     if mode == "off":
-        call_next(state)
+        state.unwatched_sessions = True  # nothing watched the body: its sessions are reset
+        _call_body(state, call_next)
         return
-    wrapper = GuardWrapper(state, enforce=mode == "enforce")
-    with contextlib.ExitStack() as stack:
-        for conn in connections.all():
-            stack.enter_context(conn.execute_wrapper(wrapper))
-            stack.enter_context(_guarded_cursors(conn, wrapper))
+    with GuardSession(state, enforce=mode == "enforce"):
+        _call_body(state, call_next)
+
+
+def _call_body(state: RunState, call_next: Next) -> None:
+    try:
         call_next(state)
+    except BaseException as exc:
+        # Rendered here, in the run's tenant and under the guard: ``str()`` and the traceback
+        # run the exception's own code, which must not run later in public, unguarded.
+        state.rendered_error = render_error(exc)
+        raise
+
+
+class GuardSession:
+    """The guard on every connection the job body can use, for the body only.
+
+    Installed on every alias at the start; a connection opened during the body (an alias
+    added at run time, a wrapper made anew) is adopted when it connects (``connection_created``)
+    and put in the run's schema; one opened in another thread that carries the run's context
+    (the async ORM, ``asyncio.to_thread``) is refused, because the guard could not be removed
+    from it once the run ends.
+    """
+
+    def __init__(self, state: RunState, *, enforce: bool) -> None:
+        self.state = state
+        self.enforce = enforce
+        self.wrapper = GuardWrapper(state, enforce=enforce)
+        self.thread = threading.get_ident()
+        self._stack = contextlib.ExitStack()
+        self._guarded: list[Any] = []
+
+    def __enter__(self) -> GuardSession:
+        for conn in connections.all():
+            self._install(conn)
+        self.state.guard = self
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.state.guard = None
+        self._stack.close()
+        for conn in self._guarded:
+            if getattr(_thread_connections(), conn.alias, None) is not conn:
+                # Not (or no longer) the thread's connection for its alias: a wrapper the job
+                # made or replaced. Closed, so that a reference the job kept cannot carry an
+                # open, unguarded session into a later run: it connects again, and is adopted.
+                _close(conn)
+
+    def _install(self, conn: Any) -> None:
+        self._stack.enter_context(conn.execute_wrapper(self.wrapper))
+        self._stack.enter_context(_guarded_routes(conn, self.wrapper))
+        self._guarded.append(conn)
+
+    def adopt(self, conn: Any) -> None:
+        """``conn`` has just connected during the body (``connection_created``)."""
+        if any(conn is guarded for guarded in self._guarded):
+            return  # a guarded connection that reconnected
+        state = self.state
+        if threading.get_ident() != self.thread:
+            if self.enforce:  # in log mode the refusal is only logged
+                _close(conn)
+            _refuse(
+                state,
+                self.enforce,
+                "database",
+                f"a connection (alias {conn.alias!r}) was opened in another thread during the "
+                "run: the async ORM (`asyncio.run(Model.objects.aget(...))`), "
+                "`asyncio.to_thread` or `sync_to_async` run queries on a connection of their "
+                "own, in the public schema, which the guard cannot follow. Use the synchronous "
+                "ORM in the job (or `async_to_sync`, which runs the query in the job's thread).",
+            )
+            return
+        if state.tenant is not None and not hasattr(conn, "set_tenant"):
+            if self.enforce:
+                _close(conn)
+            _refuse(
+                state,
+                self.enforce,
+                "database",
+                f"alias {conn.alias!r} is not a django-tenants connection, so the guard cannot "
+                "tell which schema its unqualified names mean. Tenant runs use django-tenants "
+                "aliases only.",
+            )
+            return
+        self._install(conn)
+        if state.tenant is not None:
+            conn.set_tenant(state.tenant)
+
+
+def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
+    # A thread that carries the run's context (contextvars) sees the run here, also in
+    # sync_to_async's executor thread; a plain thread does not (docs/guard.md, Not covered).
+    state = current_run.get()
+    session = state.guard if state is not None else None
+    if session is not None:
+        session.adopt(connection)
+
+
+connection_created.connect(_on_connection_created, dispatch_uid="kumiko_jobs.db_guard")
+
+
+def _thread_connections() -> Any:
+    """This thread's wrappers by alias, without creating any (``connections[alias]`` would)."""
+    return getattr(connections, "_connections")  # noqa: B009 (private to Django's handler)
+
+
+def _close(conn: Any) -> None:
+    """Close ``conn`` whatever Django thinks of it (in an atomic block, another thread)."""
+    raw = conn.connection
+    conn.in_atomic_block, conn.atomic_blocks, conn.savepoint_ids = False, [], []
+    conn.needs_rollback = False
+    conn.connection = None
+    if raw is not None:
+        with contextlib.suppress(Exception):
+            raw.close()
+
+
+def _refuse(state: RunState, enforce: bool, kind: str, reason: str) -> None:
+    message = f"Job {state.envelope.job!r} (tenant {state.envelope.schema or 'public'}): {reason}"
+    if not enforce:
+        logger.warning("DB guard (log mode) would deny: %s", message)
+        return
+    state.guard_violations.append(message)
+    raise DatabaseAccessDenied(message, job_name=state.envelope.job, kind=kind)
 
 
 @contextlib.contextmanager
-def _guarded_cursors(conn: Any, wrapper: GuardWrapper) -> Iterator[None]:
-    """Route psycopg's ``cursor.copy()`` and ``cursor.stream()`` through the guard too.
+def _guarded_routes(conn: Any, wrapper: GuardWrapper) -> Iterator[None]:
+    """Routes past the execute wrappers, closed for the body.
 
-    Django's cursor wrapper hands unknown attributes straight to psycopg, so those two would
-    reach PostgreSQL without passing any execute wrapper.
+    Django's cursor wrapper hands unknown attributes straight to psycopg, so ``cursor.copy()``
+    and ``cursor.stream()`` would reach PostgreSQL without passing any execute wrapper, and
+    ``callproc()`` builds its statement inside psycopg's cursor. ``manage.py dbshell`` starts
+    ``psql`` with the project's credentials: refused.
     """
     conn.make_cursor = lambda cursor: GuardedCursor(cursor, conn, wrapper)
     conn.make_debug_cursor = lambda cursor: GuardedDebugCursor(cursor, conn, wrapper)
+    client = conn.client
+    shell = client.runshell
+
+    def refused_shell(parameters: Any) -> None:
+        _refuse(
+            wrapper.state,
+            wrapper.enforce,
+            "shell",
+            f"`dbshell` on alias {conn.alias!r} would start a database client with the "
+            "project's credentials, outside the guard and the tenant's schema. Subprocesses "
+            "are outside the guard; a job does not start them.",
+        )
+        shell(parameters)  # log mode
+
+    client.runshell = refused_shell
     try:
         yield
     finally:
         del conn.make_cursor, conn.make_debug_cursor  # back to the class's methods
+        with contextlib.suppress(AttributeError):
+            del client.runshell
 
 
-class _GuardsCopyAndStream:
+class _GuardsOtherRoutes:
     cursor: Any
     db: Any
     _guard: GuardWrapper
@@ -116,16 +259,26 @@ class _GuardsCopyAndStream:
         self._check(query, params)
         return self.cursor.stream(query, params, **kwargs)
 
+    def callproc(self, procname: Any, params: Any = None, kparams: Any = None) -> Any:
+        """The statement Django's psycopg cursor would build, sent through ``execute``."""
+        if kparams is not None:
+            return super().callproc(procname, params, kparams)  # type: ignore[misc]
+        name = procname if isinstance(procname, psycopg_sql.Identifier) else None
+        name = name or psycopg_sql.Identifier(procname)
+        args = psycopg_sql.SQL(",").join(psycopg_sql.Literal(arg) for arg in params or ())
+        self.execute(psycopg_sql.SQL("SELECT * FROM {}({})").format(name, args))  # type: ignore[attr-defined]
+        return params
+
 
 def _checked_only(sql: Any, params: Any, many: bool, context: Any) -> None:
     """The guard's ``execute`` for copy/stream: the caller runs the statement itself."""
 
 
-class GuardedCursor(_GuardsCopyAndStream, CursorWrapper):
+class GuardedCursor(_GuardsOtherRoutes, CursorWrapper):
     pass
 
 
-class GuardedDebugCursor(_GuardsCopyAndStream, CursorDebugWrapper):
+class GuardedDebugCursor(_GuardsOtherRoutes, CursorDebugWrapper):
     pass
 
 
@@ -168,8 +321,20 @@ class GuardWrapper:
         context: Mapping[str, Any],
     ) -> Any:
         state = self.state
+        conn = context["connection"]
         if state.system_db_open:
+            state.dirty_sessions.add(conn.alias)  # unwatched: its session is reset after the run
             return execute(sql, params, many, context)
+        if state.tenant is not None and getattr(conn, "schema_name", None) is None:
+            _refuse(
+                state,
+                self.enforce,
+                "database",
+                f"alias {conn.alias!r} is not a django-tenants connection, so the guard cannot "
+                "tell which schema its unqualified names mean. Tenant runs use django-tenants "
+                "aliases only.",
+            )
+            return execute(sql, params, many, context)  # log mode
         text = sql if isinstance(sql, str) else _composed_text(sql, context)
         policy = self.policy()
         verdict = classify(text, policy, parameters=params is not None)
@@ -180,10 +345,20 @@ class GuardWrapper:
         if verdict.allowed:
             for grant in grants:
                 audit.record_use(state, str(grant))
+            if Grant.UNSAFE_RAW in grants or _UNSAFE_RAW in state.active_grants:
+                # What the guard allows only under unsafe_raw (SET, set_config, session
+                # advisory locks, PREPARE, LISTEN, temporary tables, ...) may outlive the run:
+                # the tenancy step resets this session. Any statement inside the block counts,
+                # not only those that needed the grant: the reset must not depend on the
+                # classifier seeing every way a statement changes the session.
+                state.dirty_sessions.add(conn.alias)
+            elif _server_side(context):
+                state.dirty_sessions.add(conn.alias)  # a cursor Django may hold past the tx
             return execute(sql, params, many, context)
         message = denial_message(state, verdict)
         if not self.enforce:
             logger.warning("DB guard (log mode) would deny: %s", message)
+            state.dirty_sessions.add(conn.alias)
             return execute(sql, params, many, context)
         # Kept on the run, so a job that catches the exception still fails.
         state.guard_violations.append(message)
@@ -226,6 +401,12 @@ class GuardWrapper:
                 )
                 return Verdict(False, reading.kind, None, None, reason, "cross_schema"), ()
         return verdict, (*verdict.grants_used, *switched.grants_used)
+
+
+def _server_side(context: Mapping[str, Any]) -> bool:
+    """A named cursor (``QuerySet.iterator()``): in autocommit, Django declares it WITH HOLD."""
+    cursor = getattr(context.get("cursor"), "cursor", None)
+    return isinstance(cursor, ServerCursor)
 
 
 def _switched_schema(conn: Any, policy: Policy) -> str | None:

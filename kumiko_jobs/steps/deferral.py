@@ -6,8 +6,6 @@ written, so a quick next attempt can never overtake the record of the previous o
 
 from __future__ import annotations
 
-import traceback
-
 from .. import conf
 from ..context import RunState
 from ..exceptions import (
@@ -49,7 +47,9 @@ def deferral(state: RunState, call_next: Next) -> None:
 
 def _failed(state: RunState, exc: Exception) -> None:
     state.error = exc
-    state.error_traceback = "".join(traceback.format_exception(exc))
+    # Rendered by the db_guard step inside the run's tenant when the job raised it.
+    described = state.described_error()
+    state.error_traceback = described.traceback if described else ""
     retryable = not isinstance(exc, _NEVER_RETRY)
     if isinstance(exc, TenantVisibleError):
         state.failure_key = _storable_key(state, exc)

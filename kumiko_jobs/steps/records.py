@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from .. import audit, run_sql, signals, telemetry
 from ..context import RunState
+from ..exceptions import Unrecoverable
 from ..models import JobAttempt, JobFailure, JobRun, RunStatus
 from ..pipeline import Next
 
@@ -156,19 +157,28 @@ def _refuse_without_row(state: RunState) -> None:
 
 def _finish(state: RunState) -> None:
     env, definition = state.envelope, state.definition
+    if run_sql.end_stray_transaction():
+        logger.error("run %s left a transaction open; rolled back before its outcome", env.run_id)
+        if state.outcome in ("succeeded", "deferred"):
+            state.outcome, state.reschedule = "failed", None
+            state.error = state.error or Unrecoverable(
+                "the run left a transaction open; it was rolled back, nothing in it committed"
+            )
     now = timezone.now()
     duration_ms = (time.monotonic() - state.started_monotonic) * 1000
     outcome = state.outcome or "failed"
     error = state.error
+    # The job's exception as it was rendered inside its tenant and guard (never str() here).
+    described = state.described_error()
     status = _STATUS_FOR[outcome]
     run_update: dict[str, Any] = {"status": status, "duration_ms": duration_ms}
     if outcome in ("succeeded", "failed", "dropped"):
         run_update["finished_at"] = now
     if state.reschedule is not None:
         run_update["scheduled_for"] = now + timedelta(seconds=state.reschedule[1])
-    if error is not None:
-        run_update["error_type"] = type(error).__name__
-        run_update["error_message"] = str(error)[:4000]
+    if described is not None:
+        run_update["error_type"] = described.type_name
+        run_update["error_message"] = described.message[:4000]
     elif outcome == "succeeded":
         run_update["error_type"] = ""
         run_update["error_message"] = ""
@@ -181,8 +191,8 @@ def _finish(state: RunState) -> None:
         "finished_at": now,
         "duration_ms": duration_ms,
         "outcome": outcome if outcome != "dropped" else JobAttempt.Outcome.DROPPED,
-        "error_type": type(error).__name__ if error else "",
-        "error_message": str(error)[:4000] if error else "",
+        "error_type": described.type_name if described else "",
+        "error_message": described.message[:4000] if described else "",
         "traceback": state.error_traceback[-20000:],
         "log": state.log_lines,
         "worker": state.worker_name,

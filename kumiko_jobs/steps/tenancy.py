@@ -1,30 +1,59 @@
 """Enter the run's tenant schema for the job body, and always come back clean.
 
 The worker process serves every tenant; whatever a job does to the connection (switches
-schema and forgets to switch back, breaks the transaction) must not reach the next run.
+schema and forgets to switch back, breaks the transaction, leaves one open, changes the
+session) must not reach the next run: ``kumiko_jobs.session`` resets it, and a run that left
+a transaction open fails (its transaction is rolled back).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from django.db import connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django_tenants.utils import tenant_context
 
+from .. import session
 from ..context import RunState
+from ..exceptions import Unrecoverable
 from ..pipeline import Next
 
 
 def tenancy(state: RunState, call_next: Next) -> None:
-    if state.tenant is None:  # a system run stays in public
-        try:
-            call_next(state)
-        finally:
-            reset_connections()
-        return
+    busy = session.busy_aliases()
     try:
-        with tenant_context(state.tenant):
+        if state.tenant is None:  # a system run stays in public
             call_next(state)
+        else:
+            with tenant_context(state.tenant):
+                _other_aliases_in(state.tenant)
+                call_next(state)
+    except BaseException:
+        _leave(state, busy)
+        raise
+    left_open = _leave(state, busy)
+    if left_open:
+        raise Unrecoverable(
+            f"the job left a transaction open on database alias {', '.join(map(repr, left_open))} "
+            "(a raw BEGIN, a transaction.atomic() block never exited, or autocommit switched "
+            "off); it was rolled back, so nothing the job wrote in it was committed. Exit every "
+            "atomic() block (`with transaction.atomic():`) and end raw transactions with COMMIT."
+        )
+
+
+def _other_aliases_in(tenant: Any) -> None:
+    """Every django-tenants alias in the run's schema, not only the default one that
+    ``tenant_context`` switches: ``QuerySet.using(alias)`` must not read or write public."""
+    for conn in connections.all():
+        if conn.alias != DEFAULT_DB_ALIAS and hasattr(conn, "set_tenant"):
+            conn.set_tenant(tenant)
+
+
+def _leave(state: RunState, busy: frozenset[str]) -> list[str]:
+    """End of the body: no transaction, no session state, public schema (module doc)."""
+    try:
+        return session.clean_up(state, busy)
     finally:
         reset_connections()
 

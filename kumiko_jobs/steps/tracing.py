@@ -7,13 +7,12 @@ that does escape (a cold shutdown, a timeout) is recorded too and re-raised.
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from .. import telemetry
-from ..context import RunState
+from ..context import RunState, render_error
 from ..log_context import scrub
 from ..pipeline import Next
 
@@ -33,7 +32,7 @@ def tracing(state: RunState, call_next: Next) -> None:
         try:
             call_next(state)
         except BaseException as exc:
-            _record_error(span, exc, escaped=True)
+            _record_error(span, state, exc, escaped=True)
             raise
         if not span.is_recording():
             return
@@ -42,7 +41,7 @@ def tracing(state: RunState, call_next: Next) -> None:
         if outcome in _FAILED:
             span.set_attribute("kumiko.job.final_attempt", outcome == "failed")
             if state.error is not None:
-                _record_error(span, state.error, escaped=False, stacktrace=state.error_traceback)
+                _record_error(span, state, state.error, escaped=False)
             else:
                 span.set_status(Status(StatusCode.ERROR, outcome))
         elif outcome == "dropped" and state.drop_reason:
@@ -82,38 +81,31 @@ MESSAGE_LIMIT = 1000
 STACKTRACE_LIMIT = 16_384
 
 
-def _record_error(span: Span, error: BaseException, *, escaped: bool, stacktrace: str = "") -> None:
-    """The ``exception`` event, built here: the SDK's ``record_exception`` would read
-    ``str(error)`` and format the traceback itself, unscrubbed and untruncated.
+def _record_error(span: Span, state: RunState, error: BaseException, *, escaped: bool) -> None:
+    """The ``exception`` event, built here from the error as the db_guard step rendered it.
 
-    Everything is truncated before it is scrubbed, so this stays cheap even when a job timed
-    out (RQ's alarm is spent) with megabytes of exception text.
+    The SDK's ``record_exception`` would call ``str(error)`` and format the traceback itself:
+    outside the run's tenant and the guard (an exception's ``__str__`` may run SQL), unscrubbed
+    and untruncated. Everything is truncated before it is scrubbed, so this stays cheap even
+    when a job timed out (RQ's alarm is spent) with megabytes of exception text.
     """
     if not span.is_recording():
         return
-    message = scrub(_text(error), limit=MESSAGE_LIMIT)
-    if not stacktrace:
-        try:
-            stacktrace = "".join(traceback.format_exception(error))
-        except Exception:  # a broken __str__ in the chain: the type is still worth recording
-            stacktrace = type(error).__name__
+    rendered = state.rendered_error
+    if rendered is None or rendered.error is not error:
+        rendered = render_error(error)  # not the job's: one of kumiko's own, or an interruption
+    message = scrub(rendered.message, limit=MESSAGE_LIMIT)
+    stacktrace = (state.error_traceback if state.error is error else "") or rendered.traceback
     span.add_event(
         "exception",
         {
-            "exception.type": type(error).__name__,
+            "exception.type": rendered.type_name,
             "exception.message": message,
             "exception.stacktrace": scrub(_tail(stacktrace, STACKTRACE_LIMIT)),
             "exception.escaped": escaped,
         },
     )
-    span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {message}"[:500]))
-
-
-def _text(error: BaseException) -> str:
-    try:
-        return str(error)
-    except Exception:
-        return f"<{type(error).__name__} whose str() raised>"
+    span.set_status(Status(StatusCode.ERROR, f"{rendered.type_name}: {message}"[:500]))
 
 
 def _tail(text: str, limit: int) -> str:

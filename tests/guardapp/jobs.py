@@ -688,3 +688,6 @@ def everyday(ctx: JobContext, *, case: str) -> None:
     """Ordinary ORM work of a tenant job; records its result in its own tenant."""
     result = _everyday_cases()[case]()
     Finding.objects.create(key=f"everyday:{case}", value=repr(result))
+
+
+from . import route_jobs  # noqa: E402,F401  (jobs of the route and run-hygiene suites)

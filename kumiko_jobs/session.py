@@ -1,0 +1,156 @@
+"""Nothing outlives a run: the worker's connections go back to a clean session after each one.
+
+The in-process worker keeps its connections from run to run (that is its speed), and a
+PostgreSQL session keeps more than data: an open transaction, settings (``SET``,
+``set_config(..., false)``, ``UPDATE pg_settings``), session advisory locks, prepared
+statements, ``LISTEN`` channels, temporary tables, cursors held past their transaction. Left
+behind by one run, any of them reaches the next, of whatever tenant.
+
+* An open transaction (a raw ``BEGIN``, an ``atomic()`` never exited, autocommit switched off)
+  is always looked for; the check is client-side (psycopg knows the server's transaction state
+  from every reply), so it costs no round trip. It is rolled back, and the run fails.
+* Everything else is reset with ``DISCARD ALL`` (spelled out, so that Django's time zone is
+  set again in the same statement), one round trip, sent only when the run may have left
+  something: the guard marks a session when it allows a statement only under ``unsafe_raw``,
+  lets ``system_db`` code run unwatched, or passes a held cursor; every session when the guard
+  is off. Statements the guard allows without a grant change nothing beyond their
+  transaction, so a clean run costs nothing more.
+
+docs/guard.md ("Nothing outlives a run") has the reasoning and the costs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from django.db import connections
+from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantDatabaseWrapper
+from psycopg import ClientCursor
+from psycopg.pq import TransactionStatus
+
+from .context import RunState
+
+logger = logging.getLogger("kumiko_jobs.session")
+
+
+def in_transaction(conn: Any) -> bool:
+    """Whether ``conn`` is inside a transaction: Django's atomic block or the server's own."""
+    if conn.in_atomic_block:
+        return True
+    raw = conn.connection
+    if raw is None:
+        return False
+    return bool(raw.info.transaction_status != TransactionStatus.IDLE)
+
+
+def busy_aliases() -> frozenset[str]:
+    """Aliases already inside a transaction before the run: a caller's (a run executed inline
+    in a test's ``atomic()``), not the run's to end."""
+    return frozenset(
+        conn.alias for conn in connections.all(initialized_only=True) if in_transaction(conn)
+    )
+
+
+def clean_up(state: RunState, busy: frozenset[str]) -> list[str]:
+    """Reset what the run left on its connections; returns the aliases it left in a transaction.
+
+    Never raises: a connection that cannot be cleaned is closed (the next run reconnects).
+    """
+    left_open = []
+    for conn in connections.all(initialized_only=True):
+        if conn.alias in busy or conn.connection is None:
+            continue
+        try:
+            dirty = state.unwatched_sessions or conn.alias in state.dirty_sessions
+            if in_transaction(conn):
+                left_open.append(conn.alias)
+                roll_back(conn)
+                dirty = True
+            if dirty:
+                discard(conn)
+        except Exception as exc:
+            logger.warning("closing connection %r: it could not be reset (%r)", conn.alias, exc)
+            forget_transaction(conn)
+            with contextlib.suppress(Exception):
+                conn.close()
+    return left_open
+
+
+def forget_transaction(conn: Any) -> None:
+    """Django's bookkeeping of a transaction the run left: atomic blocks it never exited,
+    savepoints, and ``on_commit`` callbacks, which must never run."""
+    conn.in_atomic_block = False
+    conn.atomic_blocks = []
+    conn.savepoint_ids = []
+    conn.savepoint_state = 0
+    conn.needs_rollback = False
+    conn.commit_on_exit = True
+    conn.closed_in_transaction = False
+    conn.run_on_commit = []
+
+
+def roll_back(conn: Any) -> None:
+    """End the transaction the run left open, whatever opened it."""
+    forget_transaction(conn)
+    conn.connection.rollback()  # psycopg sends ROLLBACK unless the server is idle
+    if hasattr(conn, "search_path_set_schemas"):
+        conn.search_path_set_schemas = None  # as django-tenants' own rollback() does
+    autocommit = conn.settings_dict["AUTOCOMMIT"]
+    if conn.get_autocommit() != autocommit:
+        conn.set_autocommit(autocommit)
+
+
+# DISCARD ALL, spelled out: DISCARD ALL itself refuses to run in a multi-statement query,
+# and Django's time zone (and role) must be set again after it, in the same round trip.
+DISCARD_ALL = (
+    "CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; DEALLOCATE ALL; UNLISTEN *; "
+    "SELECT pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; DISCARD SEQUENCES"
+)
+
+
+def reset_statement(conn: Any) -> str:
+    """``DISCARD ALL`` and what Django sets up on a new connection, as one simple query.
+
+    ``RESET ALL`` also resets ``TimeZone`` and the role, which Django sets after connecting
+    (``_configure_connection``): both are set again here, with Django's own statements.
+    """
+    statements = [DISCARD_ALL]
+    # Quoted client-side: Django's ops.compose_sql() would open a (django-tenants) cursor.
+    quote = ClientCursor(conn.connection).mogrify
+    time_zone = getattr(conn, "timezone_name", None)
+    if time_zone and hasattr(conn.ops, "set_time_zone_sql"):
+        statements.append(quote(conn.ops.set_time_zone_sql(), [time_zone]))
+    role = conn.settings_dict.get("OPTIONS", {}).get("assume_role")
+    if role:
+        statements.append(quote("SET ROLE %s", [role]))  # as Django sets it
+    return "; ".join(statements)
+
+
+def discard(conn: Any) -> None:
+    """Back to a session as new, in one round trip (see ``reset_statement``).
+
+    psycopg clears its own prepared-statement cache when it sees ``DEALLOCATE ALL`` go through;
+    django-tenants forgets the search path it believes set, and sends it again on the next
+    cursor (as it does after every run anyway).
+    """
+    statement = reset_statement(conn)
+    with plain_cursor(conn) as cursor:
+        cursor.execute(statement)
+    if hasattr(conn, "search_path_set_schemas"):
+        conn.search_path_set_schemas = None
+
+
+@contextlib.contextmanager
+def plain_cursor(conn: Any) -> Any:
+    """Django's cursor for ``conn`` (wrappers, error translation), without the ``SET
+    search_path`` django-tenants would send first: the statements sent on it name no table."""
+    if isinstance(conn, TenantDatabaseWrapper):
+        cursor = super(TenantDatabaseWrapper, conn)._cursor()
+    else:
+        cursor = conn.cursor()
+    try:
+        yield cursor
+    finally:
+        cursor.close()
