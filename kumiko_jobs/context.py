@@ -75,7 +75,9 @@ def render_error(error: BaseException) -> RenderedError:
         text = "".join(traceback.format_exception(error))
     except Exception as exc:
         text = f"{name}: {message}\n<traceback not rendered: {type(exc).__name__}>"
-    return RenderedError(error, name, message, text)
+    # Storable from the start: a NUL in an exception's text made the history's final write
+    # fail, which left the run ``running``.
+    return RenderedError(error, name, storable(message), storable(text))
 
 
 @dataclass(slots=True)

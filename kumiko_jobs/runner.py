@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from . import envelope as envelope_mod
 from . import schedules, transport
-from .context import JobContext, RunState, current_run, job_alarm
+from .context import JobContext, RunState, current_run, job_alarm, storable
 from .enqueueing import message_for, queue_of
 from .exceptions import EnvelopeError, JobNotRegistered
 from .models import JobRun, RejectedMessage, RunStatus
@@ -177,8 +177,7 @@ def reject(message: object, reason: str, rq_job_id: str = "", queue: str = "") -
 
 def _storable(text: str, limit: int) -> str:
     """Forged text as PostgreSQL can store it: NUL and lone surrogates escaped, not fatal."""
-    text = text[:limit].replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
+    return storable(text[:limit])[:limit]
 
 
 def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:

@@ -165,6 +165,27 @@ def test_a_message_one_byte_past_the_bound_is_refused_at_enqueue(tenants, declar
     assert transport.queue_length("default") == 0
 
 
+# --- error text PostgreSQL cannot store ------------------------------------------------------
+
+
+def raises_with_nul(ctx: Any) -> None:
+    raise ValueError("bad byte \x00 and a lone surrogate \ud800 in the text")
+
+
+def test_an_exception_text_with_nul_fails_the_run_instead_of_leaving_it_running(tenants, declare):
+    """PostgreSQL refuses NUL in text: the final history write failed and the run stayed
+    ``running``. The rendered error is made storable where it is rendered."""
+    job = declare(raises_with_nul)
+    handle = job.enqueue(tenant="t1")
+    work()
+    run = the_run(handle)
+    assert run.status == RunStatus.FAILED
+    assert run.error_type == "ValueError"
+    assert "bad byte \\x00 and a lone surrogate \\ud800" in run.error_message
+    attempt = JobAttempt.objects.get(run=run)
+    assert "\\x00" in attempt.traceback
+
+
 # --- ctx.log --------------------------------------------------------------------------------
 
 
