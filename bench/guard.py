@@ -63,7 +63,7 @@ def prepare_environment() -> str:
 
     base = os.environ.get("DATABASE_URL") or DEFAULT_DATABASE_URL
     os.environ["DATABASE_URL"] = _with_path(base, f"/{BENCH_DATABASE}")
-    os.environ["DJANGO_DEBUG"] = "0"  # DEBUG keeps every query in memory
+    os.environ["KUMIKO_EXAMPLE_DEBUG"] = "0"  # DEBUG keeps every query in memory
     os.environ.setdefault("KUMIKO_LOG", "CRITICAL")
     ensure_services(verbose=False, create_database=False)
     admin_url = _with_path(os.environ["DATABASE_URL"], "/postgres")

@@ -71,7 +71,7 @@ def prepare_environment(database: str, redis_db: int) -> str:
     os.environ["DATABASE_URL"] = _with_path(base_db, f"/{database}")
     os.environ["REDIS_URL"] = _with_path(base_redis, f"/{redis_db}")
     # DEBUG keeps every query in memory and would tax the pipeline that makes more of them.
-    os.environ["DJANGO_DEBUG"] = "0"
+    os.environ["KUMIKO_EXAMPLE_DEBUG"] = "0"
     os.environ.setdefault("KUMIKO_LOG", "CRITICAL")
     os.environ.setdefault("RQ_LOG", "ERROR")
     ensure_services(verbose=True, create_database=False)
