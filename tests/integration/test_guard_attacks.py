@@ -407,8 +407,32 @@ def _names(group: str) -> list[str]:
     return BATCHED if group == "batch" else [group]
 
 
+@pytest.fixture
+def protections_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calibration runs without kumiko's defences, as the code before issue 11 did: the guard
+    off (GUARD_OFF) and, for the strategies that plant session state for the next run, no
+    session reset (``session.clean_up``) and no roll-back of a transaction left open before
+    the outcome is written (``run_sql.end_stray_transaction``). Only then does "it worked"
+    prove anything about what enforcement stops. The two route rules that hold whatever
+    DB_GUARD says are lifted too: receivers connected inside a run, and a tenant run starting a
+    system job that does not declare ``tenant_may_start``."""
+    import dataclasses
+
+    from kumiko_jobs import run_sql, session, signals
+    from kumiko_jobs.registry import registry
+
+    monkeypatch.setattr(session, "clean_up", lambda state, busy: [])
+    monkeypatch.setattr(run_sql, "end_stray_transaction", lambda: False)
+    monkeypatch.setattr(signals, "_refuse_inside_a_run", lambda action: None)
+    accepting = dataclasses.replace(jobs.system_reprice, tenant_may_start=True)
+    monkeypatch.setitem(registry._jobs, accepting.name, accepting)
+    monkeypatch.setattr(jobs, "system_reprice", accepting)
+
+
 @pytest.mark.parametrize("group", GROUPS)
-def test_calibration_every_strategy_works_with_the_guard_off(tenants, world, group):
+def test_calibration_every_strategy_works_with_the_guard_off(
+    tenants, world, group, protections_off
+):
     outcomes = _attack(tenants, world, _names(group), GUARD_OFF)
     failed = {
         name: (o.status, o.error_type, o.error[:200])
