@@ -143,8 +143,8 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
             pushed, failed = pushed + p, failed + f
     if pushed or failed:
         logger.warning(
-            "relay: pushed %d message(s) Redis did not hold, failed %d run(s) of unknown jobs "
-            "(%d waiting run(s) checked)",
+            "relay: pushed %d message(s) Redis did not hold, failed closed %d run(s) (unknown "
+            "jobs, oversized messages; %d waiting run(s) checked)",
             pushed,
             failed,
             checked,
@@ -242,6 +242,19 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
                 failed += 1
                 continue
             message = _message_for(run, definition, entry)
+            limit = conf.get().MAX_ENVELOPE_BYTES
+            if len(message.body) > limit:
+                # Every worker would refuse it, and each round would push it again, forever
+                # (a run enqueued before sizes were checked at the last attempt, or under a
+                # larger limit): fail it closed once, like a worker would.
+                _fail_closed(
+                    run,
+                    "EnvelopeError",
+                    f"its message is {len(message.body)} bytes at attempt {run.attempts + 1}, "
+                    f"over MAX_ENVELOPE_BYTES={limit}: no worker would accept it",
+                )
+                failed += 1
+                continue
             messages.append(message)
             forget.extend((entry.queue, job_id) for job_id in entry.dead)
         _forget(forget)
@@ -284,12 +297,16 @@ def _deferred_by_gate(run: JobRun) -> bool:
 
 
 def _fail_unknown(run: JobRun, reason: str) -> None:
+    _fail_closed(run, "JobNotRegistered", reason)
+
+
+def _fail_closed(run: JobRun, error_type: str, reason: str) -> None:
     # What a worker would do with the message (fail closed), without the round trip.
     logger.error("run %s failed closed by the relay: %s", run.run_id, reason)
     JobRun.objects.filter(pk=run.pk).update(
         status=RunStatus.FAILED,
         finished_at=timezone.now(),
-        error_type="JobNotRegistered",
+        error_type=error_type,
         error_message=reason[:4000],
     )
 

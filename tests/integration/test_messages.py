@@ -100,6 +100,25 @@ def test_an_expired_message_is_refused_recorded_and_never_runs(tenants):
     assert JobRun.objects.get(pk=run_id).status == RunStatus.QUEUED
 
 
+def test_the_relay_fails_closed_a_waiting_run_whose_message_no_worker_would_accept(
+    tenants, settings
+):
+    """A run enqueued under a larger MAX_ENVELOPE_BYTES (or before sizes were checked at the
+    last attempt): every worker refuses its message, and the relay used to push it again every
+    round, forever. Now the relay fails it closed once and pushes nothing."""
+    handle = jobs.probe.enqueue(tenant="t1", tag="big", payload={"blob": "x" * 3000})
+    transport.get_queue("default").empty()
+    settings.KUMIKO_JOBS = {**settings.KUMIKO_JOBS, "MAX_ENVELOPE_BYTES": 2048}
+    result = relay_pending(grace=0)
+    assert (result.pushed, result.failed) == (0, 1)
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert (run.status, run.error_type) == (RunStatus.FAILED, "EnvelopeError")
+    assert "over MAX_ENVELOPE_BYTES=2048: no worker would accept it" in run.error_message
+    assert transport.queue_length("default") == 0
+    assert relay_pending(grace=0).failed == 0  # once: the run no longer waits
+    assert tenant_tags("t1") == []
+
+
 def test_the_relay_signs_an_expired_waiting_run_anew_and_it_runs(tenants):
     run_id = _waiting_run_with_an_expired_message("resigned")
     work()
