@@ -188,3 +188,25 @@ def redis_round_trips() -> Iterator[dict[str, int]]:
     finally:
         Redis.execute_command = command  # type: ignore[method-assign]
         Pipeline.execute = execute  # type: ignore[method-assign]
+
+
+@pytest.fixture
+def declare(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
+    """Register jobs for one test (the registry is frozen after start-up, on purpose).
+
+    Jobs are named ``<JOB_PREFIX>.<function>``, with the test module's ``JOB_PREFIX``.
+    """
+    from kumiko_jobs.registry import build_definition, registry
+
+    prefix = getattr(request.module, "JOB_PREFIX", "test")
+    added: list[str] = []
+
+    def add(func: Any, **options: Any) -> Any:
+        definition = build_definition(func, {"name": f"{prefix}.{func.__name__}", **options})
+        registry._jobs[definition.name] = definition
+        added.append(definition.name)
+        return definition
+
+    yield add
+    for name in added:
+        registry._jobs.pop(name, None)

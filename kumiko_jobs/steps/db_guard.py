@@ -158,9 +158,7 @@ class GuardSession:
                 state,
                 self.enforce,
                 "database",
-                f"alias {conn.alias!r} is not a django-tenants connection, so the guard cannot "
-                "tell which schema its unqualified names mean. Tenant runs use django-tenants "
-                "aliases only.",
+                _not_a_tenant_alias(conn),
             )
             return
         self._install(conn)
@@ -194,6 +192,13 @@ def _close(conn: Any) -> None:
     if raw is not None:
         with contextlib.suppress(Exception):
             raw.close()
+
+
+def _not_a_tenant_alias(conn: Any) -> str:
+    return (
+        f"alias {conn.alias!r} is not a django-tenants connection, so the guard cannot tell "
+        "which schema its unqualified names mean. Tenant runs use django-tenants aliases only."
+    )
 
 
 def _refuse(state: RunState, enforce: bool, kind: str, reason: str) -> None:
@@ -330,9 +335,7 @@ class GuardWrapper:
                 state,
                 self.enforce,
                 "database",
-                f"alias {conn.alias!r} is not a django-tenants connection, so the guard cannot "
-                "tell which schema its unqualified names mean. Tenant runs use django-tenants "
-                "aliases only.",
+                _not_a_tenant_alias(conn),
             )
             return execute(sql, params, many, context)  # log mode
         text = sql if isinstance(sql, str) else _composed_text(sql, context)

@@ -373,3 +373,19 @@ def discard_worker_connections() -> None:
             conn.needs_rollback = False
             conn.closed_in_transaction = False
         conn.close()
+
+
+def observed(query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Rows as a second, independent connection sees them (committed data only)."""
+    import psycopg
+
+    s = connection.settings_dict
+    with psycopg.connect(
+        dbname=s["NAME"],
+        user=s["USER"],
+        password=s["PASSWORD"],
+        host=s["HOST"] or None,
+        port=s["PORT"] or None,
+        autocommit=True,
+    ) as conn:
+        return list(conn.execute(query, params).fetchall())

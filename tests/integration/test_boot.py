@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from kumiko_jobs import InvalidJob, transport
 from kumiko_jobs.boot import BootGateFailed, enqueue_boot_jobs
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.registry import JobDefinition, build_definition, registry
+from kumiko_jobs.registry import build_definition
 from tests.conftest import probes, work
 
 pytestmark = pytest.mark.usefixtures("live_db")
 calls: list[str] = []
+
+JOB_PREFIX = "boot"  # conftest.declare names jobs "boot.<function>"
 
 
 def _gate_ok(ctx) -> None:
@@ -31,19 +34,9 @@ def _on_boot(ctx, **kwargs: object) -> None:
 
 
 @pytest.fixture
-def declare() -> Iterator[object]:
-    """Register jobs for one test (the registry is frozen after start-up, on purpose)."""
-    added: list[str] = []
-
-    def add(func: object, **options: object) -> JobDefinition:
-        definition = build_definition(func, {"name": f"boot.{func.__name__}", **options})
-        registry._jobs[definition.name] = definition
-        added.append(definition.name)
-        return definition
-
-    yield add
-    for name in added:
-        registry._jobs.pop(name, None)
+def declare(declare: Any) -> Iterator[Any]:
+    """conftest's ``declare``, and the calls the boot jobs noted are forgotten."""
+    yield declare
     calls.clear()
 
 

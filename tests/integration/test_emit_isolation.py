@@ -6,7 +6,6 @@ hold is read through a second database connection, not through the ORM the jobs 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -17,11 +16,12 @@ from psycopg import sql
 
 from kumiko_jobs import InvalidJob, emit, transport
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.registry import JobDefinition, build_definition, registry
 from tests.conftest import TENANTS, work
 
 pytestmark = pytest.mark.usefixtures("live_db")
 EVENT = "limits.invoice_paid"
+
+JOB_PREFIX = "limits"  # conftest.declare names jobs "limits.<function>"
 
 
 def _record(ctx: Any, kind: str, tag: str) -> None:
@@ -42,20 +42,6 @@ def system_listener(ctx: Any, *, tag: str) -> None:
     pass
 
 
-@pytest.fixture
-def declare() -> Iterator[Callable[..., JobDefinition]]:
-    """Register jobs for one test (the registry is frozen after start-up, on purpose)."""
-    added: list[str] = []
-
-    def add(func: Any, **options: Any) -> JobDefinition:
-        definition = build_definition(func, {"name": f"limits.{func.__name__}", **options})
-        registry._jobs[definition.name] = definition
-        added.append(definition.name)
-        return definition
-
-    yield add
-    for name in added:
-        registry._jobs.pop(name, None)
 
 
 def tags_seen_by_another_connection(schema: str) -> list[str]:

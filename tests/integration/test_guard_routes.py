@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -59,18 +58,7 @@ def guard_data(live_db: None) -> Iterator[None]:
     support.clean()
 
 
-def observed(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    """Rows as a second, independent connection sees them (committed data only)."""
-    s = connection.settings_dict
-    with psycopg.connect(
-        dbname=s["NAME"],
-        user=s["USER"],
-        password=s["PASSWORD"],
-        host=s["HOST"] or None,
-        port=s["PORT"] or None,
-        autocommit=True,
-    ) as conn:
-        return list(conn.execute(query, params).fetchall())
+observed = support.observed
 
 
 def plan_exists(name: str) -> bool:

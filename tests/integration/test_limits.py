@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -27,27 +26,15 @@ from kumiko_jobs.models import (
     RejectedMessage,
     RunStatus,
 )
-from kumiko_jobs.registry import JobDefinition, build_definition, registry
+from kumiko_jobs.registry import JobDefinition
 from tests.conftest import TENANTS, probes, work
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
+JOB_PREFIX = "limits"  # conftest.declare names jobs "limits.<function>"
 
-@pytest.fixture
-def declare() -> Iterator[Callable[..., JobDefinition]]:
-    """Register jobs for one test (the registry is frozen after start-up, on purpose)."""
-    added: list[str] = []
 
-    def add(func: Any, **options: Any) -> JobDefinition:
-        definition = build_definition(func, {"name": f"limits.{func.__name__}", **options})
-        registry._jobs[definition.name] = definition
-        added.append(definition.name)
-        return definition
-
-    yield add
-    for name in added:
-        registry._jobs.pop(name, None)
 
 
 def the_run(handle: Any) -> JobRun:

@@ -42,18 +42,7 @@ def guard_data(live_db: None) -> Iterator[None]:
     support.clean()
 
 
-def observed(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    """Rows as a second, independent connection sees them (committed data only)."""
-    s = connection.settings_dict
-    with psycopg.connect(
-        dbname=s["NAME"],
-        user=s["USER"],
-        password=s["PASSWORD"],
-        host=s["HOST"] or None,
-        port=s["PORT"] or None,
-        autocommit=True,
-    ) as conn:
-        return list(conn.execute(query, params).fetchall())
+observed = support.observed
 
 
 def findings(schema: str) -> dict[str, str]:
