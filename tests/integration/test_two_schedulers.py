@@ -20,11 +20,8 @@ from typing import IO, Any
 import pytest
 
 from kumiko_jobs import transport
-from kumiko_jobs.enqueueing import queue_of, timeout_of
-from kumiko_jobs.envelope import encode
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.registry import JobDefinition
-from kumiko_jobs.schedules import schedule_id, template
+from kumiko_jobs.schedules import cron_spec
 from tests.conftest import ROOT, TENANTS, probes, work, worker_env
 from tests.testapp import jobs
 
@@ -36,18 +33,6 @@ WATCH = 3.0  # seconds both schedulers keep polling after the tick was moved
 # the next "* * * * *" tick would legitimately be moved as well.
 MINUTE_MARGIN = 2 * DEADLINE + WATCH
 
-
-def cron_spec(definition: JobDefinition) -> transport.CronSpec:
-    """The entry ``kumiko_jobs.schedules.sync_schedules`` registers for ``definition``."""
-    assert definition.cron
-    return transport.CronSpec(
-        schedule_id=schedule_id(definition),
-        cron=definition.cron,
-        timezone=definition.timezone,
-        body=encode(template(definition), now=0.0),
-        queue=queue_of(definition),
-        timeout=timeout_of(definition),
-    )
 
 
 def start_rqscheduler(log: IO[str]) -> subprocess.Popen[str]:
