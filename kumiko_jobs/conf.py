@@ -238,6 +238,20 @@ def get() -> KumikoSettings:
     return _validate(getattr(settings, "KUMIKO_JOBS", {}))
 
 
+def get_or_none() -> KumikoSettings | None:
+    """The settings, or None while they are invalid.
+
+    For code that runs while Django starts (the app's ready(), ``@job`` at import time): a
+    broken ``KUMIKO_JOBS`` is reported by the system check ``kumiko_jobs.E001`` as one clean
+    error, not as a traceback out of whichever import met it first. Everything that runs jobs
+    calls ``get()`` and still raises.
+    """
+    try:
+        return get()
+    except ImproperlyConfigured:
+        return None
+
+
 @receiver(setting_changed)
 def _reset(*, setting: str, **_: object) -> None:
     if setting in {"KUMIKO_JOBS", "RQ_QUEUES", "RQ", "TENANT_APPS", "SHARED_APPS"}:
