@@ -687,7 +687,18 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
             extra_context["kumiko_run_job_url"] = reverse(
                 f"{self.admin_site.name}:kumiko_jobs_jobrun_run_job"
             )
+        if is_operator_request() and request.method == "GET":
+            self._warn_if_scheduler_missing(request)
         return super().changelist_view(request, extra_context)
+
+    def _warn_if_scheduler_missing(self, request: HttpRequest) -> None:
+        """A banner on the operators' run list when delayed work is overdue (no scheduler):
+        otherwise retries and enqueue_in runs just sit in "queued" and nothing says why."""
+        from .scheduler_liveness import overdue_problem
+
+        problem = overdue_problem()
+        if problem:
+            messages.warning(request, gettext("Scheduler: %(problem)s") % {"problem": problem})
 
     def run_job_view(self, request: HttpRequest) -> HttpResponse:
         from django.core.exceptions import PermissionDenied

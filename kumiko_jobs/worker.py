@@ -323,9 +323,14 @@ class _Heart:
             pipe.execute()
 
     def _beat(self) -> None:
+        from .scheduler_liveness import RateLimitedWarning
+
         settings = conf.get()
         redis = _redis()
         failing = False
+        # Delayed work overdue because no rqscheduler runs: said in this worker's log, at most
+        # every ten minutes while it lasts (the check itself runs every 30 s at most).
+        scheduler_warning = RateLimitedWarning()
         while True:
             try:
                 with redis.pipeline(transaction=False) as pipe:
@@ -340,6 +345,10 @@ class _Heart:
                 if not failing:
                     logger.warning("worker %s: liveness beat failed (%s)", self.name, exc)
                 failing = True
+            try:
+                scheduler_warning.poll(self.name)
+            except Exception as exc:  # never let the report stop the beats
+                logger.debug("worker %s: scheduler liveness check failed: %r", self.name, exc)
             if self._stop.wait(settings.WORKER_HEARTBEAT):
                 return
 
