@@ -32,7 +32,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
-from django.utils.timezone import localtime
+from django.utils.timezone import localtime, now
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
@@ -402,6 +402,14 @@ class RunDisplay:
 
     @admin.display(description=_("status"), ordering="status")
     def status_label(self, run: JobRun) -> SafeString:
+        # A run waiting for a retry's back-off or an enqueue_in delay is "queued" (the same
+        # word as in code and the CLI); the time says it is not due yet.
+        if run.status == RunStatus.QUEUED and run.scheduled_for and run.scheduled_for > now():
+            return format_html(
+                '{} <span class="kj-until" style="font-size:0.85em;white-space:nowrap">{}</span>',
+                status_badge(run.status),
+                gettext("until %(time)s") % {"time": short_time(run.scheduled_for)},
+            )
         return status_badge(run.status)
 
     @admin.display(description=_("attempts"))
