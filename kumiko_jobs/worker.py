@@ -436,6 +436,9 @@ class _KeepsRunsAlive:
     key: str
     _heart: _Heart | None = None
     _redis_lost = False
+    # RQ's "job <RQ id> result is kept for N seconds" after every message: the run's own line
+    # (kumiko_jobs.runs) says what matters, and the result of a kumiko message is not read.
+    log_result_lifespan = False
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         burst = bool(kwargs.get("burst", args[0] if args else False))
