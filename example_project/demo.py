@@ -550,6 +550,48 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+DEMO_PASSWORD = "kumiko-demo"  # a demo database's logins only; printed at the end
+
+
+def demo_logins(tenants: Sequence[Client]) -> list[tuple[str, str, str]]:
+    """Admin logins for the demo (idempotent; the password is reset on every run).
+
+    An operator (a superuser of the public schema, which sees every tenant's runs) and a
+    staff user of the first tenant who may view that tenant's runs and failures. Users live
+    in each schema's own auth tables (auth is a tenant app too). Returns (who, url, username).
+    """
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+    from django_tenants.utils import schema_context
+
+    def ensure(schema: str, username: str, *, superuser: bool) -> None:
+        with schema_context(schema):
+            user_model = get_user_model()
+            user = user_model.objects.filter(username=username).first() or user_model(
+                username=username
+            )
+            user.is_staff = True
+            user.is_superuser = superuser
+            user.set_password(DEMO_PASSWORD)
+            user.save()
+            if not superuser:
+                user.user_permissions.set(
+                    Permission.objects.filter(
+                        content_type__app_label="kumiko_jobs",
+                        codename__in=("view_jobrun", "view_jobfailure"),
+                    )
+                )
+
+    ensure("public", "operator", superuser=True)
+    logins = [("operators", "http://localhost:8000/admin/", "operator")]
+    if tenants:
+        schema = tenants[0].schema_name
+        ensure(schema, f"{schema}-staff", superuser=False)
+        logins.append((f"tenant {schema}", f"http://{schema}.localhost:8000/admin/",
+                       f"{schema}-staff"))
+    return logins
+
+
 def how_to_run_for_real(queues: Sequence[str], embedded: bool) -> str:
     """One copy-pasteable line that starts the real worker and scheduler on the demo's data."""
     commands = (
@@ -646,14 +688,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({report.retried} retried); total {fmt_seconds(time.monotonic() - started)}"
         )
     )
+    logins = demo_logins(tenants)
     say()
-    say(how_to_run_for_real(queues, embedded))
-    say(
-        # --insecure: serve the admin's CSS with DEBUG off (the example's default).
-        "Admin (manage.py runserver --insecure): operators http://localhost:8000/admin/  "
-        f"tenant http://{tenants[0].schema_name}.localhost:8000/admin/  "
-        "queues http://localhost:8000/django-rq/"
-    )
+    say(out.bold("Next"))
+    say(f"  {how_to_run_for_real(queues, embedded)}")
+    # --insecure: serve the admin's CSS with DEBUG off (the example's default).
+    say("  Admin: python manage.py runserver --insecure, then log in with")
+    width = max(len(who) for who, _, _ in logins)
+    url_width = max(len(url) for _, url, _ in logins)
+    user_width = max(len(username) for _, _, username in logins)
+    for who, url, username in logins:
+        say(
+            f"    {who.ljust(width)}  {url.ljust(url_width)}  "
+            f"user {out.bold(username.ljust(user_width))}  password {out.bold(DEMO_PASSWORD)}"
+        )
+    say(f"    {'queues'.ljust(width)}  http://localhost:8000/django-rq/ (as operator)")
+    if embedded:
+        note = "    (with PostgreSQL and Redis running; the embedded ones stop with the demo)"
+        say(out.dim(note))
     return 0
 
 

@@ -32,7 +32,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
-from django.utils.timezone import localtime
+from django.utils.timezone import localtime, now
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
@@ -402,6 +402,14 @@ class RunDisplay:
 
     @admin.display(description=_("status"), ordering="status")
     def status_label(self, run: JobRun) -> SafeString:
+        # A run waiting for a retry's back-off or an enqueue_in delay is "queued" (the same
+        # word as in code and the CLI); the time says it is not due yet.
+        if run.status == RunStatus.QUEUED and run.scheduled_for and run.scheduled_for > now():
+            return format_html(
+                '{} <span class="kj-until" style="font-size:0.85em;white-space:nowrap">{}</span>',
+                status_badge(run.status),
+                gettext("until %(time)s") % {"time": short_time(run.scheduled_for)},
+            )
         return status_badge(run.status)
 
     @admin.display(description=_("attempts"))
@@ -687,7 +695,18 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
             extra_context["kumiko_run_job_url"] = reverse(
                 f"{self.admin_site.name}:kumiko_jobs_jobrun_run_job"
             )
+        if is_operator_request() and request.method == "GET":
+            self._warn_if_scheduler_missing(request)
         return super().changelist_view(request, extra_context)
+
+    def _warn_if_scheduler_missing(self, request: HttpRequest) -> None:
+        """A banner on the operators' run list when delayed work is overdue (no scheduler):
+        otherwise retries and enqueue_in runs just sit in "queued" and nothing says why."""
+        from .scheduler_liveness import overdue_problem
+
+        problem = overdue_problem()
+        if problem:
+            messages.warning(request, gettext("Scheduler: %(problem)s") % {"problem": problem})
 
     def run_job_view(self, request: HttpRequest) -> HttpResponse:
         from django.core.exceptions import PermissionDenied

@@ -12,9 +12,18 @@ class KumikoJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the system checks
+        from . import checks, conf  # noqa: F401 - checks registers the system checks
         from .registry import registry
 
+        if conf.get_or_none() is None:
+            # A broken KUMIKO_JOBS (a typo'd key, a wrong type) is the system check
+            # kumiko_jobs.E001, which `manage.py check` and every command that runs the checks
+            # (runserver, migrate, rqworker, rqscheduler, kumiko_jobs, ...) print as one clean
+            # error with its did-you-mean. Discovering the jobs now would raise it inside
+            # django.setup() instead, as a traceback before any command starts. Nothing can run
+            # a job meanwhile: every use of the settings (enqueue, the worker) raises the same
+            # ImproperlyConfigured.
+            return
         # Every installed app's jobs.py, so web processes and workers know the same jobs.
         autodiscover_modules("jobs")
         registry.freeze()

@@ -263,3 +263,27 @@ def check_queue_serializers(app_configs: Any = None, **kwargs: Any) -> list[chec
                 )
             )
     return errors
+
+
+@checks.register(checks.Tags.compatibility, deploy=True)
+def check_scheduler_running(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``manage.py check --deploy``: delayed work overdue because no rqscheduler moves it.
+
+    A deploy check because it reads Redis, which a plain ``check`` (run by every command)
+    should not need; it says nothing when Redis cannot be read.
+    """
+    from .scheduler_liveness import overdue_problem
+
+    if conf.get_or_none() is None:
+        return []  # E001 says why
+    problem = overdue_problem()
+    if not problem:
+        return []
+    return [
+        checks.Warning(
+            problem,
+            hint="Run `python manage.py rqscheduler` next to the workers (README, Quickstart); "
+            "KUMIKO_JOBS['SCHEDULER_OVERDUE_AFTER'] sets how late is overdue.",
+            id="kumiko_jobs.W003",
+        )
+    ]

@@ -82,6 +82,10 @@ class KumikoSettings:
     RELAY_GRACE: int = 30
     HISTORY_SYNCHRONOUS_COMMIT: bool = True
     PUSH_FAILURE_PAUSE: int = 5
+    # Seconds past its due time a scheduled message (retry, enqueue_in, deferral, cron tick)
+    # may wait before the worker log, the admin and check W003 say that no scheduler moves it
+    # (rqscheduler moves due messages every --interval seconds, 60 by default). 0: never say.
+    SCHEDULER_OVERDUE_AFTER: int = 120
     # Seconds after its due time a signed message is refused (envelope.py). Seven days: a
     # weekend-plus outage's backlog still runs, while a copy of an old message is useless well
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
@@ -120,6 +124,7 @@ _NON_NEGATIVE_INTS = (
     "MAINTENANCE_INTERVAL",
     "RELAY_GRACE",
     "PUSH_FAILURE_PAUSE",
+    "SCHEDULER_OVERDUE_AFTER",
 )
 
 
@@ -236,6 +241,20 @@ def _function_names(raw: Any) -> tuple[str, ...]:
 def get() -> KumikoSettings:
     """The validated ``KUMIKO_JOBS`` settings (raises ``ImproperlyConfigured`` when invalid)."""
     return _validate(getattr(settings, "KUMIKO_JOBS", {}))
+
+
+def get_or_none() -> KumikoSettings | None:
+    """The settings, or None while they are invalid.
+
+    For code that runs while Django starts (the app's ready(), ``@job`` at import time): a
+    broken ``KUMIKO_JOBS`` is reported by the system check ``kumiko_jobs.E001`` as one clean
+    error, not as a traceback out of whichever import met it first. Everything that runs jobs
+    calls ``get()`` and still raises.
+    """
+    try:
+        return get()
+    except ImproperlyConfigured:
+        return None
 
 
 @receiver(setting_changed)

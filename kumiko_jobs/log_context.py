@@ -95,6 +95,37 @@ def scrub(text: str, patterns: tuple[str, ...] | None = None, *, limit: int = DE
     )
 
 
+# --- the outcome lines ----------------------------------------------------------------------
+
+
+def log_attempt_outcome(state: RunState, outcome: str, duration_ms: float) -> None:
+    """One INFO line for an attempt that did not fail: what ran, for whom, and how it ended.
+
+    It replaces RQ's own lines, which name the message by its RQ id and a truncated JSON
+    envelope and say "Job OK" even after a failed attempt (kumiko records the failure and
+    returns normally; the worker hides those lines). Failed attempts get the line below.
+    """
+    env = state.envelope
+    tenant = env.schema or "public"
+    logger.info(
+        "run %s: job=%s tenant=%s run_id=%s attempt=%d/%d duration_ms=%.0f",
+        outcome,
+        env.job,
+        tenant,
+        env.run_id,
+        env.attempt,
+        state.max_attempts,
+        duration_ms,
+        extra={
+            "kumiko_job": env.job,
+            "kumiko_run_id": env.run_id,
+            "kumiko_tenant": tenant,
+            "kumiko_attempt": env.attempt,
+            "kumiko_outcome": outcome,
+        },
+    )
+
+
 # --- the failure line -----------------------------------------------------------------------
 
 

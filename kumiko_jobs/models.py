@@ -13,10 +13,14 @@ from django.utils.translation import gettext_lazy as _
 
 
 class RunStatus(models.TextChoices):
+    # One vocabulary everywhere: the labels (admin badges and filters, translated) are the
+    # values' own words, the ones the CLI, the logs, the demo and the docs use. A run waiting
+    # for a retry or an enqueue_in delay is "queued" (scheduled_for says until when); "deferred"
+    # is only a run whose job returned ctx.defer().
     QUEUED = "queued", _("queued")
     RUNNING = "running", _("running")
-    DEFERRED = "deferred", _("waiting")
-    SUCCEEDED = "succeeded", _("done")
+    DEFERRED = "deferred", _("deferred")
+    SUCCEEDED = "succeeded", _("succeeded")
     FAILED = "failed", _("failed")
     CANCELLED = "cancelled", _("cancelled")
 

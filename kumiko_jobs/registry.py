@@ -247,9 +247,11 @@ def _int_option(
 def _bounded_retries(where: str, value: Any) -> int | None:
     from . import conf
 
-    limit = conf.get().MAX_RETRIES
+    settings = conf.get_or_none()
     retries = _int_option(where, "retries", value, 0)
-    if retries is not None and retries > limit:
+    # Invalid settings: the bound is unknown, and check E001 stops every command that runs jobs.
+    limit = settings.MAX_RETRIES if settings is not None else None
+    if retries is not None and limit is not None and retries > limit:
         raise _fail(
             where,
             f"retries={retries} is over KUMIKO_JOBS['MAX_RETRIES']={limit}. Retry less, or "

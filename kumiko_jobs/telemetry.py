@@ -214,8 +214,10 @@ def run_finished(state: RunState, duration_ms: float) -> None:
             _last_success[job] = time.time()
         elif outcome == "deferred":
             _deferrals.add(1, {"job": job, "by": "gate" if state.deferred_by_gate else "job"})
-        elif outcome in ("failed", "retrying"):
+        if outcome in ("failed", "retrying"):
             log_context.log_failed_attempt(state, outcome)
+        else:
+            log_context.log_attempt_outcome(state, outcome, duration_ms)
     except Exception:  # telemetry must never change the outcome of a run
         logger.warning(
             "could not record telemetry for run %s", state.envelope.run_id, exc_info=True

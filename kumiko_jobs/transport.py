@@ -397,6 +397,52 @@ def move_due_scheduled_jobs(queue: str) -> int:
     return len(due)
 
 
+@dataclass(frozen=True, slots=True)
+class SchedulerLag:
+    """What rq-scheduler's Redis keys say about delayed work (scheduler_liveness.py)."""
+
+    overdue: int  # scheduled messages due more than `after` seconds ago
+    oldest_due: float | None  # unix time the oldest of them was due
+    scheduler_registered: bool  # a live rqscheduler registration (expires interval + 10 s)
+
+
+def scheduler_lag(after: float) -> SchedulerLag:
+    """Scheduled messages overdue by more than ``after`` seconds, over every Redis that one of
+    ``RQ_QUEUES`` uses (rq-scheduler keeps one sorted set per Redis, scored by due time).
+
+    A running rqscheduler empties the due part of that set every ``--interval`` seconds, so
+    entries older than that mean no scheduler is running against this Redis (or it is stuck).
+    Raises redis' errors when Redis is unreachable; callers decide how loud to be.
+    """
+    cutoff = time.time() - after
+    seen: set[tuple[Any, ...]] = set()
+    overdue, oldest, registered = 0, None, False
+    for name in conf.rq_queue_names():
+        redis = get_queue(name).connection
+        kwargs = redis.connection_pool.connection_kwargs
+        where = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db"))
+        if where in seen:
+            continue
+        seen.add(where)
+        key = Scheduler.scheduled_jobs_key
+        with redis.pipeline(transaction=False) as pipe:
+            pipe.zcount(key, 0, cutoff)
+            pipe.zrangebyscore(key, 0, cutoff, start=0, num=1, withscores=True)
+            count, first = pipe.execute()
+        overdue += int(count)
+        if first:
+            due = float(first[0][1])
+            oldest = due if oldest is None else min(oldest, due)
+        if count and not registered:
+            # A handful of keys at most: one per running rqscheduler process.
+            prefix = Scheduler.redis_scheduler_namespace_prefix
+            for instance in redis.scan_iter(match=prefix + "*", count=100):
+                if not redis.hexists(instance, "death"):
+                    registered = True
+                    break
+    return SchedulerLag(overdue=overdue, oldest_due=oldest, scheduler_registered=registered)
+
+
 def queue_length(queue: str) -> int:
     return int(get_queue(queue).count)
 

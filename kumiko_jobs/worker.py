@@ -68,7 +68,32 @@ def _json_only(kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs["serializer"] = Serializer
     # Its own job class, which notes the RQ hook fields a message carries (see refusal()).
     kwargs["job_class"] = WorkerJob
+    # RQ's description of a message is the runner's call with the whole signed envelope,
+    # truncated: noise in the log. RQ then logs the RQ job id; kumiko's own lines name the run.
+    kwargs["log_job_description"] = False
     return kwargs
+
+
+class _HideRQOutcomeLines(logging.Filter):
+    """Drops RQ's per-message outcome lines from the ``rq.worker`` logger.
+
+    Kumiko records a failed attempt and returns normally, so RQ would log "Job OK" and
+    "Successfully completed job" after it. The runner logs one line per attempt instead
+    (``kumiko_jobs.log_context``: ``run succeeded: job=... tenant=... run_id=...`` or
+    ``attempt failed: ...``). Installed on the shared logger once; in a kumiko worker process
+    every RQ message is a kumiko run, so nothing else is hidden.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if str(record.msg).startswith("Successfully completed"):
+            return False
+        args = record.args if isinstance(record.args, tuple) else ()
+        return not any("Job OK" in str(arg) for arg in args)
+
+
+def _hide_rq_outcome_lines(log: logging.Logger) -> None:
+    if not any(isinstance(f, _HideRQOutcomeLines) for f in log.filters):
+        log.addFilter(_HideRQOutcomeLines())
 
 
 def refusal(job: Any, redis: Any) -> str | None:
@@ -323,9 +348,14 @@ class _Heart:
             pipe.execute()
 
     def _beat(self) -> None:
+        from .scheduler_liveness import RateLimitedWarning
+
         settings = conf.get()
         redis = _redis()
         failing = False
+        # Delayed work overdue because no rqscheduler runs: said in this worker's log, at most
+        # every ten minutes while it lasts (the check itself runs every 30 s at most).
+        scheduler_warning = RateLimitedWarning()
         while True:
             try:
                 with redis.pipeline(transaction=False) as pipe:
@@ -340,6 +370,10 @@ class _Heart:
                 if not failing:
                     logger.warning("worker %s: liveness beat failed (%s)", self.name, exc)
                 failing = True
+            try:
+                scheduler_warning.poll(self.name)
+            except Exception as exc:  # never let the report stop the beats
+                logger.debug("worker %s: scheduler liveness check failed: %r", self.name, exc)
             if self._stop.wait(settings.WORKER_HEARTBEAT):
                 return
 
@@ -402,6 +436,9 @@ class _KeepsRunsAlive:
     key: str
     _heart: _Heart | None = None
     _redis_lost = False
+    # RQ's "job <RQ id> result is kept for N seconds" after every message: the run's own line
+    # (kumiko_jobs.runs) says what matters, and the result of a kumiko message is not read.
+    log_result_lifespan = False
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         burst = bool(kwargs.get("burst", args[0] if args else False))
@@ -536,6 +573,7 @@ class Worker(_KeepsRunsAlive, _RefusesForeignMessages, SimpleWorkerBase):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **_json_only(kwargs))
+        _hide_rq_outcome_lines(self.log)
 
     def _overran(self, job_id: str) -> None:
         # The job runs in this process, and a thread cannot stop it: the process leaves, as
@@ -587,6 +625,7 @@ class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **_json_only(kwargs))
+        _hide_rq_outcome_lines(self.log)
 
     def _overran(self, job_id: str) -> None:
         # RQ's own monitor would kill the horse 60 to 90 s after the timeout (it checks every

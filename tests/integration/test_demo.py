@@ -144,3 +144,38 @@ def test_demo_again_starts_from_a_clean_slate(demo_env: dict[str, str], first_ou
     assert "(1 new)" in output  # only the fourth tenant had to be created
     assert {row.tenant for row in rows} == {"acme", "globex", "initech", "umbrella"}
     assert len(rows) == 12  # the first run's 11 are gone; the new tenant adds one
+
+
+def test_demo_prints_admin_logins_that_work(demo_env: dict[str, str], first_output: str) -> None:
+    """The demo ends with logins for the admin, and they authenticate in their own schema."""
+    output = first_output
+    assert re.search(
+        r"operators\s+http://localhost:8000/admin/\s+user operator\s+password kumiko-demo", output
+    ), output
+    assert re.search(r"tenant acme\s+http://acme.localhost:8000/admin/\s+user acme-staff\s+"
+                     r"password kumiko-demo", output), output
+    script = (
+        "from django.contrib.auth import authenticate\n"
+        "from django_tenants.utils import schema_context\n"
+        "for schema, user in (('public', 'operator'), ('acme', 'acme-staff')):\n"
+        "    with schema_context(schema):\n"
+        "        u = authenticate(username=user, password='kumiko-demo')\n"
+        "        print(schema, user, bool(u and u.is_staff), bool(u and u.is_superuser),\n"
+        "              bool(u and u.has_perm('kumiko_jobs.view_jobrun')))\n"
+        "with schema_context('acme'):\n"
+        "    print('wrong', authenticate(username='acme-staff', password='nope') is None)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", script],
+        cwd=ROOT, env=demo_env, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    # (Django 6's shell first says what it imported: skip that line)
+    said = [
+        line for line in result.stdout.splitlines() if line.startswith(("public", "acme", "wrong"))
+    ]
+    assert said == [
+        "public operator True True True",
+        "acme acme-staff True False True",
+        "wrong True",
+    ], result.stdout + result.stderr

@@ -1,16 +1,56 @@
-"""``manage.py kumiko_jobs list | schedule | sweep | relay | enqueue``."""
+"""``manage.py kumiko_jobs list | enqueue | runs | retry | cancel | schedule | sweep | relay``.
+
+Every subcommand is documented in docs/reference.md (Management commands).
+"""
 
 from __future__ import annotations
 
 import json
+import re
+import uuid
+from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from ...enqueueing import enqueue, queue_of
 from ...exceptions import KumikoJobsError
+from ...models import JobRun, RunStatus
 from ...registry import registry
 from ...sweep import sweep
+
+_SINCE = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def _as_cli_text(message: str) -> str:
+    """The library's errors name the Python keyword (``tenant=``); here it is a flag."""
+    message = message.replace("tenant=<Tenant or schema name>", "--tenant <schema name>")
+    return message.replace("without tenant=", "without --tenant").replace(
+        "takes no tenant=", "takes no --tenant"
+    )
+
+
+def _since(value: str) -> timedelta:
+    match = _SINCE.match(value.strip())
+    if not match:
+        raise CommandError(
+            f"--since {value!r}: give a number and a unit, s, m, h or d (e.g. 30m, 2h, 7d)."
+        )
+    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
+def _run(run_id: str) -> JobRun:
+    try:
+        pk = uuid.UUID(run_id.strip())
+    except ValueError:
+        raise CommandError(f"{run_id!r} is not a run id (a UUID).") from None
+    run = JobRun.objects.filter(pk=pk).first()
+    if run is None:
+        raise CommandError(f"No run {pk}.")
+    return run
 
 
 class Command(BaseCommand):
@@ -35,6 +75,18 @@ class Command(BaseCommand):
         run.add_argument("job")
         run.add_argument("--tenant", help="schema name (omit for system jobs)")
         run.add_argument("--kwargs", default="{}", help="JSON object of keyword arguments")
+        runs = sub.add_parser("runs", help="recent runs, newest first, with filters")
+        runs.add_argument("--job", help="job name, e.g. billing.sync_invoice")
+        runs.add_argument("--tenant", help="schema name; '-' for system runs (no tenant)")
+        runs.add_argument(
+            "--status", action="append", choices=RunStatus.values, help="repeatable"
+        )
+        runs.add_argument("--since", help="queued within this long: 30m, 2h, 7d")
+        runs.add_argument("--limit", type=int, default=20, help="rows (default 20)")
+        retry = sub.add_parser("retry", help="start a new run of a failed or cancelled run")
+        retry.add_argument("run_id")
+        cancel = sub.add_parser("cancel", help="cancel a run that has not started")
+        cancel.add_argument("run_id")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -70,11 +122,75 @@ class Command(BaseCommand):
             try:
                 handle = enqueue(options["job"], tenant=options["tenant"], **kwargs)
             except KumikoJobsError as exc:
-                raise CommandError(str(exc)) from None
+                raise CommandError(_as_cli_text(str(exc))) from None
             self.stdout.write(
-                f"queued run {handle.run_id} of {handle.job_name} "
+                f"queued run {uuid.UUID(handle.run_id)} of {handle.job_name} "
                 f"for {handle.schema_name or 'system'}"
             )
+        elif action == "runs":
+            self._runs(options)
+        elif action == "retry":
+            self._retry(options["run_id"])
+        elif action == "cancel":
+            self._cancel(options["run_id"])
+
+    def _runs(self, options: dict[str, Any]) -> None:
+        if options["limit"] < 1:
+            raise CommandError("--limit must be at least 1.")
+        runs = JobRun.objects.order_by("-queued_at")
+        if options["job"]:
+            runs = runs.filter(job_name=options["job"])
+        if options["tenant"]:
+            runs = runs.filter(schema_name="" if options["tenant"] == "-" else options["tenant"])
+        if options["status"]:
+            runs = runs.filter(status__in=options["status"])
+        if options["since"]:
+            runs = runs.filter(queued_at__gte=timezone.now() - _since(options["since"]))
+        rows = [("run id", "job", "tenant", "status", "attempts", "queued at", "error")]
+        for run in runs[: options["limit"]]:
+            error = f"{run.error_type}: {run.error_message}".strip(": ").replace("\n", " ")
+            rows.append(
+                (
+                    str(run.run_id),
+                    run.job_name,
+                    run.schema_name or "-",
+                    run.status,
+                    str(run.attempts),
+                    timezone.localtime(run.queued_at).strftime("%Y-%m-%d %H:%M:%S"),
+                    error[:60] or "-",
+                )
+            )
+        if len(rows) == 1:
+            self.stdout.write("no runs match")
+            return
+        self._table(rows)
+
+    def _retry(self, run_id: str) -> None:
+        from ...operations import retry_run
+
+        run = _run(run_id)
+        try:
+            handle = retry_run(run)
+        except KumikoJobsError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(f"run {run.run_id} retried as run {uuid.UUID(handle.run_id)}")
+
+    def _cancel(self, run_id: str) -> None:
+        from ...operations import cancel_run
+
+        run = _run(run_id)
+        if not cancel_run(run):
+            raise CommandError(
+                f"Run {run.run_id} is {run.status}; only queued or deferred runs (not started "
+                "yet) can be cancelled."
+            )
+        self.stdout.write(f"run {run.run_id} cancelled")
+
+    def _table(self, rows: Sequence[Sequence[str]]) -> None:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
+            self.stdout.write(line.rstrip())
 
     def _relay(self, loop: bool, interval: float | None, grace: float | None) -> None:
         import time
@@ -116,6 +232,4 @@ class Command(BaseCommand):
                     ",".join(d.grants) or "-",
                 )
             )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            self.stdout.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        self._table(rows)
