@@ -87,6 +87,8 @@ class KumikoSettings:
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
     MESSAGE_MAX_AGE: int = 7 * 24 * 3600
     GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
+    # Bytes of JSON a job's return value may take on its run (kumiko_jobs.results); 0 keeps none.
+    MAX_RESULT_BYTES: int = 64 * 1024
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -120,6 +122,7 @@ _NON_NEGATIVE_INTS = (
     "MAINTENANCE_INTERVAL",
     "RELAY_GRACE",
     "PUSH_FAILURE_PAUSE",
+    "MAX_RESULT_BYTES",
 )
 
 

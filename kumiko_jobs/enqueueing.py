@@ -40,21 +40,46 @@ logger = logging.getLogger("kumiko_jobs.enqueueing")
 
 @dataclass(frozen=True, slots=True)
 class RunHandle:
-    """What an enqueue returns: the run's id and where it will run."""
+    """What an enqueue returns: the run's id and where it will run.
+
+    ``status``, ``scheduled_for`` and ``result`` are what was known when the handle was made
+    (or last refreshed); ``refresh()`` reads the run's history row again and updates them.
+    """
 
     run_id: str
     job_name: str
     schema_name: str | None
     status: str = RunStatus.QUEUED
     scheduled_for: datetime | None = None
+    # What the job returned, once the run succeeded (see kumiko_jobs.results for the marker
+    # stored instead of a result that could not be kept). None before that.
+    result: Any = None
 
     @property
     def skipped(self) -> bool:
         return self.status == "skipped"
 
+    @property
+    def finished(self) -> bool:
+        return self.status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
     def refresh(self) -> JobRunModel:
-        """The run's current history row."""
-        return JobRun.objects.get(pk=self.run_id)
+        """Read the run's history row: updates ``status``, ``scheduled_for`` and ``result``,
+        and returns the row (``JobRun``) for everything else."""
+        if not self.run_id:
+            raise InvalidJob("This enqueue was skipped (concurrency/max_per_tenant): no run.")
+        row = JobRun.objects.get(pk=self.run_id)
+        # A frozen dataclass, so handles stay hashable; the refresh is its one mutation.
+        object.__setattr__(self, "status", row.status)
+        object.__setattr__(self, "scheduled_for", row.scheduled_for)
+        object.__setattr__(self, "result", row.result)
+        return row
+
+    async def arefresh(self) -> JobRunModel:
+        """``refresh()`` for async code."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.refresh)()
 
 
 def resolve(job: JobDefinition | str) -> JobDefinition:
