@@ -55,7 +55,7 @@ def test_a_circular_value_is_a_marker_not_a_crash() -> None:
 
 def test_the_cap_counts_ascii_json_and_stops_early() -> None:
     assert storable("x" * 8, 10) == ("x" * 8, "")  # "xxxxxxxx" is 10 bytes with its quotes
-    kept, reason = storable("x" * 9, 10)
+    _kept, reason = storable("x" * 9, 10)
     assert reason == "the result is larger than MAX_RESULT_BYTES=10"
     # A non-ASCII character counts as its escape (6 bytes): an upper bound of the stored size.
     assert is_marker(storable("é" * 2, 10)[0])
