@@ -13,7 +13,7 @@ from django.test import TestCase, override_settings
 from django_tenants.utils import schema_context
 
 from kumiko_jobs.models import JobAttempt, RunStatus
-from kumiko_jobs.testing import KumikoJobs, TooManyRuns, kumiko_jobs, run_jobs  # noqa: F401
+from kumiko_jobs.testing import KumikoJobs, TooManyRuns, run_jobs
 from tests.conftest import probes
 from tests.testapp import async_jobs, jobs
 
@@ -22,7 +22,7 @@ GUARD_OFF = {**settings.KUMIKO_JOBS, "DB_GUARD": "off"}
 
 
 @pytest.mark.django_db
-def test_run_jobs_inside_the_db_fixtures_transaction(kumiko_jobs: KumikoJobs) -> None:  # noqa: F811
+def test_run_jobs_inside_the_db_fixtures_transaction(kumiko_jobs: KumikoJobs) -> None:
     assert connection.in_atomic_block  # the test's own transaction, never committed
     handle = jobs.probe.enqueue(tenant="t1", tag="in-db")
     kumiko_jobs.assert_enqueued(jobs.probe, tenant="t1", tag="in-db", count=1)
@@ -40,7 +40,7 @@ def test_run_jobs_inside_the_db_fixtures_transaction(kumiko_jobs: KumikoJobs) ->
 
 
 @pytest.mark.django_db
-def test_retries_follow_ups_and_async_jobs_run_in_one_call(kumiko_jobs: KumikoJobs) -> None:  # noqa: F811
+def test_retries_follow_ups_and_async_jobs_run_in_one_call(kumiko_jobs: KumikoJobs) -> None:
     flaky = jobs.flaky.enqueue(tenant="t2", tag="f", fail_times=1)
     parent = jobs.with_followup.enqueue(tenant="t2", tag="p")
     aio = async_jobs.async_probe.enqueue(tenant="t3", tag="a")
@@ -62,7 +62,7 @@ def test_retries_follow_ups_and_async_jobs_run_in_one_call(kumiko_jobs: KumikoJo
 
 
 @pytest.mark.django_db
-def test_a_deferral_waits_for_its_time_unless_the_clock_moves(kumiko_jobs: KumikoJobs) -> None:  # noqa: F811
+def test_a_deferral_waits_for_its_time_unless_the_clock_moves(kumiko_jobs: KumikoJobs) -> None:
     handle = jobs.defers_once.enqueue(tenant="t1", tag="d")
     assert [r.outcome for r in kumiko_jobs.run()] == ["deferred"]
     assert handle.refresh().status == RunStatus.DEFERRED
@@ -72,7 +72,7 @@ def test_a_deferral_waits_for_its_time_unless_the_clock_moves(kumiko_jobs: Kumik
 
 
 @pytest.mark.django_db
-def test_delayed_runs_run_when_the_clock_passes_them(kumiko_jobs: KumikoJobs) -> None:  # noqa: F811
+def test_delayed_runs_run_when_the_clock_passes_them(kumiko_jobs: KumikoJobs) -> None:
     from datetime import timedelta
 
     later = jobs.probe.enqueue_in(timedelta(hours=1), tenant="t1", tag="later")
@@ -83,7 +83,7 @@ def test_delayed_runs_run_when_the_clock_passes_them(kumiko_jobs: KumikoJobs) ->
 
 @pytest.mark.django_db
 def test_the_guard_still_refuses_and_a_failed_sql_statement_does_not_poison_the_test(
-    kumiko_jobs: KumikoJobs,  # noqa: F811
+    kumiko_jobs: KumikoJobs,
 ) -> None:
     with override_settings(KUMIKO_JOBS=GUARD_ON):
         attack = async_jobs.async_writes_other.enqueue(tenant="t2", tag="x", other="t1")
@@ -97,7 +97,7 @@ def test_the_guard_still_refuses_and_a_failed_sql_statement_does_not_poison_the_
 
 @pytest.mark.django_db
 def test_a_failed_sql_statement_does_not_poison_the_tests_transaction(
-    kumiko_jobs: KumikoJobs,  # noqa: F811
+    kumiko_jobs: KumikoJobs,
 ) -> None:
     with override_settings(KUMIKO_JOBS=GUARD_OFF):
         broken = async_jobs.async_writes_other.enqueue(tenant="t2", tag="y", other="nowhere")
@@ -111,7 +111,7 @@ def test_a_failed_sql_statement_does_not_poison_the_tests_transaction(
 
 
 @pytest.mark.django_db
-def test_a_job_that_keeps_deferring_is_stopped_with_a_clear_error(kumiko_jobs: KumikoJobs) -> None:  # noqa: F811
+def test_a_job_that_keeps_deferring_is_stopped_with_a_clear_error(kumiko_jobs: KumikoJobs) -> None:
     jobs.defers_forever.enqueue(tenant="t1", tag="loop")
     with pytest.raises(TooManyRuns, match="Pass max_runs="):
         kumiko_jobs.run(include_scheduled=True, max_runs=2)
@@ -119,7 +119,7 @@ def test_a_job_that_keeps_deferring_is_stopped_with_a_clear_error(kumiko_jobs: K
 
 @pytest.mark.django_db
 def test_on_commit_pushes_are_captured_not_sent(
-    kumiko_jobs: KumikoJobs,  # noqa: F811
+    kumiko_jobs: KumikoJobs,
     django_capture_on_commit_callbacks: Any,
 ) -> None:
     with django_capture_on_commit_callbacks(execute=True):
@@ -131,7 +131,7 @@ def test_on_commit_pushes_are_captured_not_sent(
 
 
 @pytest.mark.django_db
-def test_a_test_inside_a_tenant_stays_there(kumiko_jobs: KumikoJobs) -> None:  # noqa: F811
+def test_a_test_inside_a_tenant_stays_there(kumiko_jobs: KumikoJobs) -> None:
     with schema_context("t2"):
         jobs.probe.enqueue(tag="from-t2")  # the tenant is the connection's
         kumiko_jobs.run()
@@ -142,7 +142,7 @@ def test_a_test_inside_a_tenant_stays_there(kumiko_jobs: KumikoJobs) -> None:  #
 def test_with_real_commits_nothing_reaches_redis(
     live_db: None,
     redis_conn: Any,
-    kumiko_jobs: KumikoJobs,  # noqa: F811
+    kumiko_jobs: KumikoJobs,
 ) -> None:
     assert not connection.in_atomic_block
     handle = jobs.probe.enqueue(tenant="t1", tag="committed")  # commits (autocommit)
