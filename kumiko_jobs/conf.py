@@ -312,3 +312,16 @@ def urlconf_names() -> tuple[str, ...]:
         getattr(settings, "PUBLIC_SCHEMA_URLCONF", None),
     )
     return tuple(dict.fromkeys(str(n) for n in names if n))
+
+
+KUMIKO_TASK_BACKEND = "kumiko_jobs.tasks.KumikoBackend"
+
+
+def kumiko_task_backends() -> dict[str, Mapping[str, Any]]:
+    """``settings.TASKS`` entries (Django 6's task framework) that use kumiko's backend."""
+    configured = getattr(settings, "TASKS", None) or {}
+    return {
+        str(alias): params
+        for alias, params in configured.items()
+        if isinstance(params, Mapping) and params.get("BACKEND") == KUMIKO_TASK_BACKEND
+    }

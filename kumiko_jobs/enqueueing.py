@@ -218,7 +218,17 @@ def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> 
         delay=delay,
         rate_limit_key=key,
         rate_limit=limit,
+        at_front=_at_front(definition, envelope),
     )
+
+
+def _at_front(definition: JobDefinition, envelope: Envelope) -> bool:
+    """A Django task's priority (kumiko_jobs.tasks): above the default 0, the front of the
+    queue, for every push of the run (first, retries, relayed): RQ has no other order."""
+    from .task_jobs import is_task_job
+
+    priority = envelope.kwargs.get("priority", 0)
+    return is_task_job(definition.name) and isinstance(priority, int) and priority > 0
 
 
 def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, int]:
