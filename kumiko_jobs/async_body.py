@@ -85,12 +85,11 @@ def call_async(
         # The alarm raised here, in this thread, while the coroutine was still running: cancel
         # it and wait for it to end (it may still await ORM calls while it unwinds, so keep
         # serving them). Only then may the runner record the outcome.
-        if not running.ended.done():
+        # A coroutine not yet started (task None) never runs a line: body() sees the fired
+        # timeout and cancels its task before the first step.
+        if running.task is not None and not running.ended.done():
             running.cancel()
-            if running.executor is not None:
-                running.executor.run_until_future(running.ended)
-            else:
-                running.ended.result()
+            running.executor.run_until_future(running.ended)
         raise
     finally:
         state.timeout_hooks.remove(running.cancel)
