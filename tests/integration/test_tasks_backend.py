@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.db import transaction
 from django.tasks import TaskResultStatus, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
 from django.utils import timezone
@@ -36,8 +37,12 @@ def test_the_backend_is_kumikos_and_says_what_it_supports() -> None:
 def test_a_task_runs_in_the_tenant_it_was_enqueued_in(tenants: Any) -> None:
     with schema_context("t2"):
         result = tasks.add.enqueue(2, 3)
-    assert result.status == TaskResultStatus.READY
+    # What Django's own tests expect of a queued result (tests/tasks, dummy backend).
+    assert result.status == TaskResultStatus.READY and not result.is_finished
     assert result.args == [2, 3] and result.kwargs == {}
+    assert result.enqueued_at is not None and result.backend == "default"
+    assert result.started_at is None and result.last_attempted_at is None
+    assert result.finished_at is None and result.errors == [] and result.worker_ids == []
     with pytest.raises(ValueError, match="not finished"):
         result.return_value  # noqa: B018
     run = JobRun.objects.get(pk=result.id)
@@ -135,3 +140,15 @@ def test_cancelled_and_unknown_results(tenants: Any) -> None:
     for unknown in ("not-a-uuid", "0" * 32):
         with pytest.raises(TaskResultDoesNotExist):
             backend.get_result(unknown)
+
+
+def test_an_invalid_queue_is_refused_and_a_rolled_back_enqueue_leaves_nothing(
+    tenants: Any,
+) -> None:
+    with pytest.raises(InvalidTask, match="Queue 'nowhere' is not valid"):
+        tasks.add.using(queue_name="nowhere")
+    with schema_context("t1"), transaction.atomic():
+        tasks.add.enqueue(1, 2)
+        transaction.set_rollback(True)
+    assert JobRun.objects.count() == 0
+    assert transport.queue_length("default") == 0  # pushed on commit only
