@@ -1,4 +1,5 @@
-"""``async def`` jobs for tests/integration/test_async_jobs.py (imported by jobs.py)."""
+"""``async def`` jobs (test_async_jobs.py) and a job returning values of every kind
+(test_results.py); imported by jobs.py."""
 
 from __future__ import annotations
 
