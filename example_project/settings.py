@@ -111,6 +111,15 @@ RQ_QUEUES = {
 # django-rq's admin link would put its pages on admin.site, which tenants' domains serve too,
 # behind is_staff only; urls_public.py serves them guarded instead (kumiko_jobs.E008).
 RQ_SHOW_ADMIN_LINK = False
+# Django 6's task framework on kumiko (docs/tasks.md): @task functions run as kumiko runs.
+# Django 5.2 has no task framework (and no TASKS setting).
+TASKS = {
+    "default": {
+        "BACKEND": "kumiko_jobs.tasks.KumikoBackend",
+        "QUEUES": ["default", "low"],
+        "OPTIONS": {"RETRIES": 2, "BACKOFF": {"type": "fixed", "delay": 0}},
+    }
+}
 RQ = {
     # kumiko's SimpleWorker-based worker: JSON messages, per-run hygiene.
     "WORKER_CLASS": "kumiko_jobs.worker.Worker",

@@ -440,6 +440,14 @@ class RunDisplay:
     def payload_block(self, run: JobRun) -> SafeString:
         return pretty_json(run.payload)
 
+    @admin.display(description=_("result"))
+    def result_block(self, run: JobRun) -> SafeString | str:
+        # Operators only (not in the tenant's fieldsets): what the job returned, or the marker
+        # saying why it was not kept (kumiko_jobs.results).
+        if run.result is None:
+            return "—"
+        return pretty_json(run.result)
+
     @admin.display(description=_("error"))
     def error_block(self, run: JobRun) -> SafeString | str:
         if not run.error_type and not run.error_message:
@@ -543,6 +551,7 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
             },
         ),
         (_("Arguments"), {"fields": ("payload_block",)}),
+        (_("Result"), {"fields": ("result_block",)}),
         (_("Error"), {"fields": ("error_block",)}),
     )
 

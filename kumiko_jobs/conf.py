@@ -91,6 +91,8 @@ class KumikoSettings:
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
     MESSAGE_MAX_AGE: int = 7 * 24 * 3600
     GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
+    # Bytes of JSON a job's return value may take on its run (kumiko_jobs.results); 0 keeps none.
+    MAX_RESULT_BYTES: int = 64 * 1024
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -125,6 +127,7 @@ _NON_NEGATIVE_INTS = (
     "RELAY_GRACE",
     "PUSH_FAILURE_PAUSE",
     "SCHEDULER_OVERDUE_AFTER",
+    "MAX_RESULT_BYTES",
 )
 
 
@@ -328,3 +331,16 @@ def urlconf_names() -> tuple[str, ...]:
         getattr(settings, "PUBLIC_SCHEMA_URLCONF", None),
     )
     return tuple(dict.fromkeys(str(n) for n in names if n))
+
+
+KUMIKO_TASK_BACKEND = "kumiko_jobs.tasks.KumikoBackend"
+
+
+def kumiko_task_backends() -> dict[str, Mapping[str, Any]]:
+    """``settings.TASKS`` entries (Django 6's task framework) that use kumiko's backend."""
+    configured = getattr(settings, "TASKS", None) or {}
+    return {
+        str(alias): params
+        for alias, params in configured.items()
+        if isinstance(params, Mapping) and params.get("BACKEND") == KUMIKO_TASK_BACKEND
+    }

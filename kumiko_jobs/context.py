@@ -120,6 +120,9 @@ class RunState:
     # Set by the worker's death penalty when the attempt's timeout fires (its seconds): from then
     # on the attempt is timed out, whatever the job's code catches or returns (runner.call_job).
     timeout_fired: int | None = None
+    # Called (in the run's thread, from the alarm's signal handler) when the timeout fires:
+    # an async body registers the cancellation of its coroutine here (async_body.call_async).
+    timeout_hooks: list[Callable[[], None]] = field(default_factory=list)
     subject: str = ""
     # The job body's exception, rendered inside the guarded tenant context (db_guard step).
     rendered_error: RenderedError | None = None
@@ -131,6 +134,12 @@ class RunState:
     # The db_guard step's installation while the body runs (it adopts connections opened
     # meanwhile); None outside the body and with DB_GUARD="off".
     guard: Any = None
+
+    def note_timeout(self, seconds: int) -> None:
+        """The attempt's timeout fired: from now on it is timed out (runner._final_timeout)."""
+        self.timeout_fired = seconds
+        for hook in list(self.timeout_hooks):
+            hook()
 
     def described_error(self) -> RenderedError | None:
         """``error`` as text: the job's exception as the db_guard step rendered it, or one of

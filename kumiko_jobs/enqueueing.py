@@ -40,21 +40,46 @@ logger = logging.getLogger("kumiko_jobs.enqueueing")
 
 @dataclass(frozen=True, slots=True)
 class RunHandle:
-    """What an enqueue returns: the run's id and where it will run."""
+    """What an enqueue returns: the run's id and where it will run.
+
+    ``status``, ``scheduled_for`` and ``result`` are what was known when the handle was made
+    (or last refreshed); ``refresh()`` reads the run's history row again and updates them.
+    """
 
     run_id: str
     job_name: str
     schema_name: str | None
     status: str = RunStatus.QUEUED
     scheduled_for: datetime | None = None
+    # What the job returned, once the run succeeded (see kumiko_jobs.results for the marker
+    # stored instead of a result that could not be kept). None before that.
+    result: Any = None
 
     @property
     def skipped(self) -> bool:
         return self.status == "skipped"
 
+    @property
+    def finished(self) -> bool:
+        return self.status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
     def refresh(self) -> JobRunModel:
-        """The run's current history row."""
-        return JobRun.objects.get(pk=self.run_id)
+        """Read the run's history row: updates ``status``, ``scheduled_for`` and ``result``,
+        and returns the row (``JobRun``) for everything else."""
+        if not self.run_id:
+            raise InvalidJob("This enqueue was skipped (concurrency/max_per_tenant): no run.")
+        row = JobRun.objects.get(pk=self.run_id)
+        # A frozen dataclass, so handles stay hashable; the refresh is its one mutation.
+        object.__setattr__(self, "status", row.status)
+        object.__setattr__(self, "scheduled_for", row.scheduled_for)
+        object.__setattr__(self, "result", row.result)
+        return row
+
+    async def arefresh(self) -> JobRunModel:
+        """``refresh()`` for async code."""
+        from asgiref.sync import sync_to_async
+
+        return await sync_to_async(self.refresh)()
 
 
 def resolve(job: JobDefinition | str) -> JobDefinition:
@@ -193,7 +218,17 @@ def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> 
         delay=delay,
         rate_limit_key=key,
         rate_limit=limit,
+        at_front=_at_front(definition, envelope),
     )
+
+
+def _at_front(definition: JobDefinition, envelope: Envelope) -> bool:
+    """A Django task's priority (kumiko_jobs.tasks): above the default 0, the front of the
+    queue, for every push of the run (first, retries, relayed): RQ has no other order."""
+    from .task_jobs import is_task_job
+
+    priority = envelope.kwargs.get("priority", 0)
+    return is_task_job(definition.name) and isinstance(priority, int) and priority > 0
 
 
 def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, int]:

@@ -12,6 +12,7 @@ from typing import Any
 from . import conf
 from .registry import job
 from .sweep import delete_expired, sweep_abandoned
+from .task_jobs import register_task_jobs
 
 if conf.get().HOUSEKEEPING:
 
@@ -29,3 +30,8 @@ if conf.get().HOUSEKEEPING:
         with ctx.system_db():
             runs, rejections = delete_expired()
         ctx.log.info("expired history deleted", runs=runs, rejected_messages=rejections)
+
+
+# The kumiko jobs that run Django tasks (kumiko_jobs.tasks.KumikoBackend in settings.TASKS),
+# registered with the other jobs at start-up so that every worker knows them.
+register_task_jobs()

@@ -64,6 +64,9 @@ class JobRun(models.Model):
     error_type = models.CharField(max_length=200, blank=True)
     error_message = models.TextField(blank=True)
     rq_job_id = models.CharField(max_length=128, blank=True)
+    # What the job returned when it succeeded (JSON, at most MAX_RESULT_BYTES), or a marker
+    # saying why it was not kept (kumiko_jobs.results). Operators only: never shown to tenants.
+    result = models.JSONField(_("result"), null=True, blank=True)
 
     class Meta:
         ordering = ("-queued_at",)

@@ -16,8 +16,8 @@ from typing import Any
 from django.db import connections
 from django.utils import timezone
 
+from . import async_body, results, schedules, transport
 from . import envelope as envelope_mod
-from . import schedules, transport
 from .context import JobContext, RunState, current_run, job_alarm, storable
 from .enqueueing import message_for, queue_of
 from .exceptions import EnvelopeError, JobNotRegistered
@@ -50,14 +50,20 @@ def call_job(state: RunState) -> None:
         return
     ctx = JobContext(state, conf.get().LOG_LINES_PER_ATTEMPT)
     state.ctx = ctx
+    func = state.definition.func
     with _final_timeout(state):
-        result = state.definition.func(ctx, **state.envelope.kwargs)
+        if async_body.is_async(func):
+            # In this thread's tenant, guard and connection; cancelled by the timeout.
+            result = async_body.call_async(state, func, ctx, **state.envelope.kwargs)
+        else:
+            result = func(ctx, **state.envelope.kwargs)
     if isinstance(result, Deferral):
         state.outcome = "deferred"
         state.deferral_seconds = result.seconds
     else:
         state.outcome = "succeeded"
-        state.result = result
+        # Encoded here, still in the tenant and under the guard (results.py says why).
+        state.result = results.keep(state.envelope.run_id, state.envelope.job, result)
 
 
 @contextlib.contextmanager

@@ -200,6 +200,9 @@ class Message:
     # RQ RateLimit: at most ``rate_limit`` messages with this key queued-or-running at once.
     rate_limit_key: str = ""
     rate_limit: int = 0
+    # Put it at the front of its queue (a Django task with a priority above 0); a delayed one
+    # joins the back when rq-scheduler moves it to the queue.
+    at_front: bool = False
 
 
 _queues: dict[tuple[str, int], Queue] = {}
@@ -272,6 +275,7 @@ def push_many(messages: Iterable[Message]) -> None:
                 result_ttl=settings.RESULT_TTL,
                 failure_ttl=settings.FAILURE_TTL,
                 rate_limit=RateLimit(msg.rate_limit_key, msg.rate_limit),
+                at_front=msg.at_front,
             )
         else:
             batches.setdefault(msg.queue, []).append(msg)
@@ -287,6 +291,7 @@ def push_many(messages: Iterable[Message]) -> None:
                         timeout=m.timeout,
                         result_ttl=settings.RESULT_TTL,
                         failure_ttl=settings.FAILURE_TTL,
+                        at_front=m.at_front,
                     )
                     for m in batch[start : start + 500]
                 ]

@@ -150,7 +150,7 @@ class _FinalTimeout(transport.DeathPenaltyBase):
     def handle_death_penalty(self, signum: int, frame: Any) -> None:
         state = current_run.get() if self._job_timeout else None
         if state is not None:
-            state.timeout_fired = int(self._timeout)
+            state.note_timeout(int(self._timeout))
         super().handle_death_penalty(signum, frame)
 
 

@@ -20,6 +20,9 @@ from typing import Any
 
 import pytest
 
+# The testing API's fixtures (kumiko_jobs), as a project using kumiko_jobs would load them.
+pytest_plugins = ["kumiko_jobs.testing"]
+
 ROOT = Path(__file__).resolve().parent.parent
 TENANTS = ("t1", "t2", "t3")
 

@@ -182,6 +182,9 @@ def _finish(state: RunState) -> None:
     elif outcome == "succeeded":
         run_update["error_type"] = ""
         run_update["error_message"] = ""
+    if outcome == "succeeded":
+        # Already plain JSON (or a marker), made in runner.call_job; in the same statement.
+        run_update["result"] = state.result
     if outcome == "dropped":
         run_update["error_message"] = state.drop_reason
     attempt = {

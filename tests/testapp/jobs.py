@@ -207,3 +207,6 @@ def overruns(ctx, *, tag: str, marks: str, seconds: float, then: str = "return")
         raise ValueError("something else went wrong after the timeout")
     if ctx.attempt == 1 and then == "defer":
         return ctx.defer(1)
+
+
+from . import async_jobs  # noqa: E402,F401 - registers the async test jobs

@@ -1,0 +1,248 @@
+"""``KumikoBackend``: Django 6's task framework (``django.tasks``) on kumiko_jobs.
+
+``settings.TASKS = {"default": {"BACKEND": "kumiko_jobs.tasks.KumikoBackend"}}`` makes every
+``@task`` function enqueue a kumiko run: in the current tenant (never silently public), with
+its history, the database guard, retries (``OPTIONS["RETRIES"]``), timeouts and the push on
+commit. docs/tasks.md describes the mapping; in short:
+
+- ``enqueue()`` returns a ``TaskResult`` whose ``id`` is the run id; ``get_result(id)`` reads
+  the run: queued or deferred -> READY, running -> RUNNING, succeeded -> SUCCESSFUL (with the
+  kept result as ``return_value``), failed and cancelled -> FAILED (one ``TaskError`` per failed
+  attempt, and one ``TaskCancelled`` for a cancellation).
+- ``priority`` above 0 puts the run's message at the front of its RQ queue; RQ has no other
+  order within a queue (for lanes, use ``queue_name`` and list queues in order to the worker).
+- ``queue_name`` is the RQ queue (one of the backend's ``QUEUES``); ``run_after`` delays the run
+  through rq-scheduler; ``takes_context`` passes a ``TaskContext`` whose ``attempt`` is the
+  run's attempt.
+
+This module needs Django >= 6.0; on Django 5.2 importing it raises ImportError, and nothing
+else in kumiko_jobs imports it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import uuid
+from datetime import datetime
+from inspect import iscoroutinefunction
+from typing import Any
+
+import django
+
+try:
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import (
+        Task,
+        TaskContext,
+        TaskError,
+        TaskResult,
+        TaskResultStatus,
+    )
+    from django.tasks.exceptions import InvalidTask, TaskException, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued
+except ImportError as exc:  # Django 5.2: no task framework
+    raise ImportError(
+        "kumiko_jobs.tasks.KumikoBackend needs Django's task framework (django.tasks, Django "
+        f"6.0 or later); this is Django {django.get_version()}. Remove it from "
+        "settings.TASKS, or declare the work as a kumiko @job."
+    ) from exc
+
+from django.utils import timezone
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+
+from . import async_body, task_jobs
+from .context import current_run
+from .exceptions import InvalidJob, JobNotRegistered, Unrecoverable
+from .models import JobAttempt, JobRun, RunStatus
+from .registry import registry
+
+__all__ = ["KumikoBackend", "TaskCancelled"]
+
+
+class TaskCancelled(TaskException):
+    """The error of a task whose run was cancelled (by an operator, or replaced)."""
+
+
+_STATUS = {
+    RunStatus.QUEUED: TaskResultStatus.READY,
+    RunStatus.DEFERRED: TaskResultStatus.READY,
+    RunStatus.RUNNING: TaskResultStatus.RUNNING,
+    RunStatus.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    RunStatus.FAILED: TaskResultStatus.FAILED,
+    RunStatus.CANCELLED: TaskResultStatus.FAILED,
+}
+
+
+class KumikoBackend(BaseTaskBackend):
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        self.validate_task(task)
+        try:
+            definition = registry.get(task_jobs.job_name(self.alias, task.queue_name))
+        except JobNotRegistered as exc:
+            raise InvalidTask(
+                f"Queue {task.queue_name!r} of task backend {self.alias!r} has no kumiko job: "
+                "task jobs are registered at start-up from settings.TASKS; restart after "
+                f"changing it. ({exc})"
+            ) from None
+        call_args: Any = normalize_json(list(args))  # tuples to lists, as Django does
+        call_kwargs: Any = normalize_json(dict(kwargs))
+        call = {
+            "task": task.module_path,
+            "args": call_args,
+            "kwargs": call_kwargs,
+            "priority": task.priority,
+            "run_after": task.run_after.isoformat() if task.run_after else None,
+        }
+        try:
+            if task.run_after is not None:
+                handle = definition.enqueue_at(task.run_after, **call)
+            else:
+                handle = definition.enqueue(**call)
+        except InvalidJob as exc:
+            # The tenant is the current schema's (a tenant's request, or tenant_context()):
+            # from public, there is none, and a task never runs there silently.
+            raise InvalidTask(str(exc)) from exc
+        result: TaskResult[Any, Any] = TaskResult(
+            task=task,
+            id=handle.run_id,
+            status=TaskResultStatus.READY,
+            enqueued_at=timezone.now(),
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=call_args,
+            kwargs=call_kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            run_id = uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        run = JobRun.objects.filter(
+            pk=run_id, job_name__startswith=task_jobs.job_name(self.alias, "")
+        ).first()
+        if run is None:
+            raise TaskResultDoesNotExist(result_id)
+        payload = run.payload
+        try:
+            task = _task_at(payload["task"]).using(
+                priority=payload.get("priority", 0),
+                queue_name=run.queue,
+                run_after=_parse(payload.get("run_after")),
+                backend=self.alias,
+            )
+        except (KeyError, ImportError, TypeError, ValueError, InvalidTask) as exc:
+            raise TaskResultDoesNotExist(f"{result_id}: its task cannot be loaded ({exc})") from exc
+        attempts = list(
+            JobAttempt.objects.filter(run=run)
+            .order_by("number", "started_at")
+            .values_list("outcome", "traceback", "error_type", "error_message", "worker")
+        )
+        errors = [
+            TaskError(exception_class_path=_class_path(kind, text), traceback=text or message)
+            for outcome, text, kind, message, _ in attempts
+            if outcome in (JobAttempt.Outcome.FAILED, JobAttempt.Outcome.RETRYING)
+        ]
+        if run.status == RunStatus.CANCELLED:
+            errors.append(
+                TaskError(
+                    exception_class_path=f"{__name__}.TaskCancelled",
+                    traceback=f"TaskCancelled: {run.error_message or 'cancelled'}",
+                )
+            )
+        elif run.status == RunStatus.FAILED and not errors:  # failed closed without an attempt
+            errors.append(
+                TaskError(
+                    exception_class_path=_class_path(run.error_type, ""),
+                    traceback=f"{run.error_type}: {run.error_message}",
+                )
+            )
+        result: TaskResult[Any, Any] = TaskResult(
+            task=task,
+            id=run_id.hex,
+            status=_STATUS[RunStatus(run.status)],
+            enqueued_at=run.queued_at,
+            started_at=run.started_at,
+            finished_at=run.finished_at,
+            last_attempted_at=run.started_at,
+            args=payload.get("args", []),
+            kwargs=payload.get("kwargs", {}),
+            backend=self.alias,
+            errors=errors,
+            worker_ids=[
+                worker
+                for outcome, _, _, _, worker in attempts
+                if outcome != JobAttempt.Outcome.DEFERRED and outcome != JobAttempt.Outcome.DROPPED
+            ],
+        )
+        if run.status == RunStatus.SUCCEEDED:
+            object.__setattr__(result, "_return_value", run.result)
+        return result
+
+
+def _task_at(path: str) -> Task:
+    found = import_string(path)
+    if not isinstance(found, Task):
+        raise TypeError(f"{path} is not a Django task (@task)")
+    return found
+
+
+def _parse(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def _class_path(type_name: str, traceback: str) -> str:
+    """The exception's dotted path: Python's traceback names it (``module.Class: message``)
+    unless it is a builtin; the run keeps only the class name."""
+    lines = [line for line in traceback.splitlines() if line.strip()]
+    head = lines[-1].split(":", 1)[0].strip() if lines else type_name
+    if "." in head and " " not in head:
+        return head
+    name = head or type_name
+    if isinstance(getattr(builtins, name, None), type):
+        return f"builtins.{name}"
+    return "builtins.Exception"  # unknown: still a class TaskError.exception_class resolves
+
+
+def call_task(ctx: Any, path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+    """In the worker: call the task's function, in the run's tenant and under its guard."""
+    try:
+        task = _task_at(path)
+    except (ImportError, TypeError) as exc:
+        raise Unrecoverable(f"the Django task {path} cannot be loaded: {exc}") from exc
+    call_args = list(args)
+    if task.takes_context:
+        running: TaskResult[Any, Any] = TaskResult(
+            task=task,
+            id=ctx.run_id,
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=None,
+            started_at=timezone.now(),
+            finished_at=None,
+            last_attempted_at=timezone.now(),
+            args=args,
+            kwargs=kwargs,
+            backend=task.backend,
+            errors=[],
+            # TaskContext.attempt is len(worker_ids): the run's attempt number.
+            worker_ids=[""] * ctx.attempt,
+        )
+        call_args.insert(0, TaskContext(task_result=running))
+    if iscoroutinefunction(task.func):
+        state = current_run.get()
+        if state is None:  # pragma: no cover - call_task runs only inside a run
+            raise Unrecoverable("a Django task ran outside a kumiko run")
+        return async_body.call_async(state, task.func, *call_args, **kwargs)
+    return task.func(*call_args, **kwargs)
