@@ -52,6 +52,8 @@ _BADGE_COLOURS: dict[str, str] = {
     RunStatus.SUCCEEDED: "#1a7f37",
     RunStatus.FAILED: "#cf222e",
     RunStatus.CANCELLED: "#6e7781",
+    RunStatus.SKIPPED: "#8c959f",
+    RunStatus.CAPPED: "#bc4c00",
 }
 
 

@@ -123,7 +123,7 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     Raises ``django.db.DatabaseError`` when PostgreSQL is unreachable: the scheduler then leaves
     the alarm due and rings it again on its next round, for the same tick.
     """
-    from .enqueueing import _row, message_for
+    from .enqueueing import _row, admission, message_for, record_refusal
     from .subject import build_subject
 
     definition = definition_for(alarm_id)
@@ -144,14 +144,33 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     )
     after = seconds_until_next(definition.cron, definition.timezone, tick)
     next_at = float(math.ceil(tick.timestamp() + after))
-    row = _row(definition, env, build_subject(definition, {}), 0.0)
+    subject = build_subject(definition, {})
+    row = _row(definition, env, subject, 0.0)
     try:
-        with transaction.atomic():
-            row.save(force_insert=True)
+        with transaction.atomic(), admission(definition, None) as refused:
+            # A system cron's tick is an enqueue like any other: its concurrency options apply
+            # (the tenant of a system job is the system). A refused tick is still recorded
+            # under the tick's run id, so a second scheduler ringing it finds the row.
+            if refused is not None:
+                record_refusal(
+                    definition,
+                    None,
+                    {},
+                    subject,
+                    "cron",
+                    refused,
+                    run_id=env.run_id,
+                    tick=env.tick,
+                )
+            else:
+                row.save(force_insert=True)
     except IntegrityError:
         # Fired already (another scheduler, or a replayed alarm): that firing pushed it, or
         # the relay will; this one does nothing.
         logger.info("cron tick %s of %s already fired", env.tick, definition.name)
+        return Firing(None, next_at, env.run_id)
+    if refused is not None:
+        logger.info("cron tick %s of %s %s", env.tick, definition.name, refused)
         return Firing(None, next_at, env.run_id)
     return Firing(message_for(definition, env, 0.0), next_at, env.run_id)
 

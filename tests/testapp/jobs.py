@@ -207,3 +207,44 @@ def overruns(ctx, *, tag: str, marks: str, seconds: float, then: str = "return")
         raise ValueError("something else went wrong after the timeout")
     if ctx.attempt == 1 and then == "defer":
         return ctx.defer(1)
+
+
+# --- job semantics (issue 14) -----------------------------------------------------------------
+
+
+def _wait_for_a_sibling(ctx, seconds: float) -> bool:
+    """Wait (bounded) until another run of this job is running; True if one was seen.
+
+    Two runs that both see each other overlapped; a sequential job's runs never can."""
+    from kumiko_jobs.models import JobRun, RunStatus
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        others = JobRun.objects.filter(job_name=ctx.job_name, status=RunStatus.RUNNING)
+        if others.exclude(pk=ctx.run_id).exists():
+            ctx.log.info("a sibling run is running")
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@job(cron="0 4 * * *", system=True, concurrency="sequential")
+def sequential_system_cron(ctx) -> None:
+    """A long system cron that must never overlap itself."""
+    _wait_for_a_sibling(ctx, 2.0)
+
+
+@job(cron="0 4 * * *", system=True)
+def parallel_system_cron(ctx) -> None:
+    """The same cron without concurrency options: its ticks may overlap (calibration)."""
+    _wait_for_a_sibling(ctx, 30.0)
+
+
+@job(cron="0 5 * * *", system=True, concurrency="skip")
+def skipping_system_cron(ctx) -> None:
+    """A system cron whose tick is skipped while the previous one is still active."""
+
+
+@job(system=True, max_per_tenant=1)
+def capped_system(ctx, *, tag: str) -> None:
+    """At most one waiting-or-running run of the system at once."""
