@@ -69,6 +69,9 @@ class KumikoSettings:
     HOUSEKEEPING: bool = True
     RUNNING_TIMEOUT_GRACE: int = 60
     TIMEOUT_KILL_AFTER: int = 10
+    # Seconds a forking worker's work horse gets to end a cancelled run itself before it is
+    # killed (docs/reliability.md, Cancellation).
+    CANCEL_GRACE: int = 10
     LOG_LINES_PER_ATTEMPT: int = 200
     LOG_LINE_BYTES: int = 4096
     LOG_BYTES_PER_ATTEMPT: int = 256 * 1024
@@ -105,6 +108,7 @@ _POSITIVE_INTS = (
     "WORKER_HEARTBEAT",
     "WORKER_DEAD_AFTER",
     "TIMEOUT_KILL_AFTER",
+    "CANCEL_GRACE",
     "MESSAGE_MAX_AGE",
 )
 _NON_NEGATIVE_INTS = (

@@ -118,6 +118,8 @@ class RunState:
     # Set by the worker's death penalty when the attempt's timeout fires (its seconds): from then
     # on the attempt is timed out, whatever the job's code catches or returns (runner.call_job).
     timeout_fired: int | None = None
+    # The job acknowledged a cancellation (ctx.check_cancelled() raised): the run ends cancelled.
+    cancel_acknowledged: bool = False
     subject: str = ""
     # The job body's exception, rendered inside the guarded tenant context (db_guard step).
     rendered_error: RenderedError | None = None
@@ -307,6 +309,25 @@ class JobContext:
         self.correlation_id = env.correlation_id
         self.trigger_name = env.trigger
         self.log = JobLog(state, log_limit)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once an operator asked to cancel this running run (read from process memory:
+        the worker's liveness beat brings the request, so checking costs no I/O)."""
+        from . import cancellation
+
+        return cancellation.requested_by(self.run_id) is not None
+
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if an operator asked to cancel this run; call it between
+        units of work. The run then ends ``cancelled`` and is not retried."""
+        from . import cancellation
+        from .exceptions import JobCancelled
+
+        who = cancellation.requested_by(self.run_id)
+        if who is not None:
+            self._state.cancel_acknowledged = True
+            raise JobCancelled(cancellation.message(who))
 
     @property
     def idempotency_key(self) -> str:

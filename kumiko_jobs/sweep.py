@@ -145,6 +145,27 @@ def record_timed_out(rq_job_id: str, reason: str, *, push: bool) -> str | None:
     return outcome
 
 
+def record_cancelled(rq_job_id: str, reason: str) -> str | None:
+    """Record that a worker stopped the attempt of this RQ job because its run was cancelled.
+
+    The run ends ``cancelled`` (no retry). Returns its new status, or None when the run was
+    not running that attempt any more (it ended by itself meanwhile, and that outcome stands).
+    """
+    runs = JobRun.objects.filter(rq_job_id=rq_job_id, status=RunStatus.RUNNING)
+    if rq_job_id.startswith("kj-"):
+        runs = runs.filter(pk=uuid.UUID(rq_job_id[3:35]))
+    run = runs.first()
+    if run is None:
+        return None
+    outcome = _hand_back(run, None, CANCELLED, reason, timezone.now(), push=False)
+    logger.warning("run %s of %s cancelled: %s", run.run_id, run.job_name, reason)
+    return outcome
+
+
+# The error type of an attempt stopped because its run was cancelled.
+CANCELLED = "JobCancelled"
+
+
 def _hand_back(
     run: JobRun,
     definition: Any,
@@ -165,6 +186,9 @@ def _hand_back(
         )
         if claimed is None:
             return None
+        if claimed.cancel_requested_at is not None:
+            # An operator asked to cancel it: whatever ended the attempt, nothing retries it.
+            return _end_cancelled(claimed, error_type, reason, now)
         retry = definition is not None and claimed.attempts < claimed.max_attempts
         JobAttempt.objects.create(
             run=claimed,
@@ -194,6 +218,26 @@ def _hand_back(
             claimed.error_type, claimed.error_message = error_type, reason
             claimed.save(update_fields=["status", "finished_at", "error_type", "error_message"])
         return str(claimed.status)
+
+
+def _end_cancelled(claimed: JobRun, error_type: str, reason: str, now: datetime) -> str:
+    who = claimed.cancel_requested_by
+    text = f"cancelled on request{f' by {who}' if who else ''}: {reason}"[:4000]
+    JobAttempt.objects.create(
+        run=claimed,
+        number=claimed.attempts,
+        started_at=claimed.started_at or now,
+        finished_at=now,
+        duration_ms=0,
+        outcome=JobAttempt.Outcome.CANCELLED,
+        error_type=error_type,
+        error_message=text,
+    )
+    claimed.status = RunStatus.CANCELLED
+    claimed.finished_at = now
+    claimed.error_type, claimed.error_message = CANCELLED, text
+    claimed.save(update_fields=["status", "finished_at", "error_type", "error_message"])
+    return str(claimed.status)
 
 
 def _may_still_run(run: JobRun, alive: Any) -> bool:

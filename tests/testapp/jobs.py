@@ -248,3 +248,62 @@ def skipping_system_cron(ctx) -> None:
 @job(system=True, max_per_tenant=1)
 def capped_system(ctx, *, tag: str) -> None:
     """At most one waiting-or-running run of the system at once."""
+
+
+# Bound of every wait below: a test that breaks fails in a minute instead of hanging.
+_WAIT_BOUND = 60.0
+
+
+def _wait_for_cancel_request(ctx) -> bool:
+    deadline = time.monotonic() + _WAIT_BOUND
+    while time.monotonic() < deadline:
+        if ctx.cancel_requested:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def cancellable(ctx, *, tag: str) -> str:
+    """Works in small steps and checks for a cancellation between them."""
+    _probe(ctx, tag, note="started")
+    deadline = time.monotonic() + _WAIT_BOUND
+    while time.monotonic() < deadline:
+        ctx.check_cancelled()
+        time.sleep(0.05)
+    return "never cancelled"
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def completes_despite_cancel(ctx, *, tag: str) -> str:
+    """Sees the request, but finishes its work and returns: success wins the race."""
+    _probe(ctx, tag, note=f"saw request: {_wait_for_cancel_request(ctx)}")
+    return "done"
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def fails_after_cancel(ctx, *, tag: str) -> None:
+    """Sees the request, then fails some other way: cancelled all the same, never retried."""
+    _probe(ctx, tag, note=f"saw request: {_wait_for_cancel_request(ctx)}")
+    raise RuntimeError("broke while stopping")
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def swallows_cancel(ctx, *, tag: str) -> str:
+    """Catches JobCancelled and returns: the acknowledged cancellation still ends the run."""
+    from kumiko_jobs import JobCancelled
+
+    _wait_for_cancel_request(ctx)
+    try:
+        ctx.check_cancelled()
+    except JobCancelled:
+        _probe(ctx, tag, note="caught")
+    return "pretends to be done"
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def ignores_cancel(ctx, *, tag: str) -> str:
+    """Never checks: only a forking worker can stop it (after CANCEL_GRACE)."""
+    _probe(ctx, tag, note="started")
+    time.sleep(_WAIT_BOUND)
+    return "ran to its end"

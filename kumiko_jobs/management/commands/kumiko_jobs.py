@@ -1,4 +1,4 @@
-"""``manage.py kumiko_jobs list | schedule | sweep | relay | enqueue``."""
+"""``manage.py kumiko_jobs list | schedule | sweep | relay | enqueue | cancel``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ class Command(BaseCommand):
         relay.add_argument(
             "--grace", type=float, default=None, help="seconds a run must be due (RELAY_GRACE)"
         )
+        cancel = sub.add_parser(
+            "cancel",
+            help="cancel a waiting run, or ask a running one to stop (ctx.cancel_requested)",
+        )
+        cancel.add_argument("run_id", help="the run's id (with or without dashes)")
         run = sub.add_parser("enqueue", help="enqueue a job by name")
         run.add_argument("job")
         run.add_argument("--tenant", help="schema name (omit for system jobs)")
@@ -60,6 +65,8 @@ class Command(BaseCommand):
                 f"deleted {result.deleted_runs} expired run row(s) and "
                 f"{result.deleted_rejections} rejected message(s)"
             )
+        elif action == "cancel":
+            self._cancel(options["run_id"])
         elif action == "enqueue":
             try:
                 kwargs = json.loads(options["kwargs"])
@@ -102,6 +109,32 @@ class Command(BaseCommand):
             if not loop:
                 return
             time.sleep(pause)
+
+    def _cancel(self, run_id: str) -> None:
+        import getpass
+        import uuid
+
+        from ...models import JobRun
+        from ...operations import CANCELLED, cancel_run
+
+        try:
+            run = JobRun.objects.get(pk=uuid.UUID(run_id.strip()))
+        except (ValueError, JobRun.DoesNotExist):
+            raise CommandError(f"no run {run_id!r}") from None
+        try:
+            who = f"manage.py ({getpass.getuser()})"
+        except Exception:  # no user name in this environment
+            who = "manage.py"
+        result = cancel_run(run, by=who)
+        if not result:
+            raise CommandError(f"run {run.run_id} has already finished ({run.status})")
+        if result == CANCELLED:
+            self.stdout.write(f"cancelled run {run.run_id} (it had not started)")
+        else:
+            self.stdout.write(
+                f"asked running run {run.run_id} to stop; it ends cancelled when the job "
+                "checks ctx.cancel_requested (a forking worker stops it after CANCEL_GRACE)"
+            )
 
     def _list(self) -> None:
         rows = [("job", "queue", "retries", "kind", "grants")]
