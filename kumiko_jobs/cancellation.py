@@ -58,13 +58,25 @@ def publish(redis: Any, run_id: str, who: str, ttl: int) -> None:
     redis.set(key_for(run_id), who or "-", ex=max(ttl, 1))
 
 
-def install_horse_handler(run_id: str) -> None:
-    """In a forking worker's work horse: mark ``run_id`` when the parent sends ``SIGNAL``."""
+# The run the work horse in this process executes (set in the horse only).
+_horse_run: str | None = None
 
-    def on_signal(signum: int, frame: Any) -> None:
-        mark(run_id, "")
 
-    signal.signal(SIGNAL, on_signal)
+def _on_signal(signum: int, frame: Any) -> None:
+    if _horse_run is not None:
+        mark(_horse_run, "")
+
+
+def listen_for_signal() -> None:
+    """In a forking worker before it forks: the handler every work horse inherits, so a
+    request signalled right after the fork cannot hit the default action (terminate)."""
+    signal.signal(SIGNAL, _on_signal)
+
+
+def horse_executes(run_id: str) -> None:
+    """In a work horse: the run whose cancellation ``SIGNAL`` means."""
+    global _horse_run
+    _horse_run = run_id
 
 
 def settle(state: RunState) -> bool:

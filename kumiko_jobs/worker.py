@@ -671,6 +671,10 @@ class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
 
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        cancellation.listen_for_signal()
+        return bool(super().work(*args, **kwargs))
+
     def _cancel_seen(self, job_id: str, who: str) -> None:
         # The body runs in the work horse: signal it (its handler marks the run there). Its
         # grace period starts now; see _cancel_overran.
@@ -745,7 +749,7 @@ class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase)
             if self.is_horse:
                 run_id = cancellation.run_of(job.id)
                 if run_id is not None:
-                    cancellation.install_horse_handler(run_id)
+                    cancellation.horse_executes(run_id)
             return bool(super().perform_job(job, queue, execution))
         finally:
             if self.is_horse:
