@@ -350,7 +350,7 @@ def _trigger_options(where: str, options: Mapping[str, Any], system: bool) -> di
     if cron is not None:
         from .schedules import check_cron, check_timezone
 
-        out["cron"] = check_cron(where, cron)
+        out["cron"] = check_cron(where, cron, per_tenant=out["per_tenant"])
         out["timezone"] = check_timezone(where, options.get("timezone", "UTC"))
         if not (system or out["per_tenant"]):
             raise _fail(

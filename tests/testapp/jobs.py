@@ -307,3 +307,9 @@ def ignores_cancel(ctx, *, tag: str) -> str:
     _probe(ctx, tag, note="started")
     time.sleep(_WAIT_BOUND)
     return "ran to its end"
+
+
+@job(cron="*/2 * * * * * *", system=True, queue="low")
+def every_two_seconds(ctx) -> None:
+    """A seconds crontab (7 fields): one tick every even second. On the "low" queue, so that
+    tests running schedulers for other cron jobs do not see its ticks on "default"."""
