@@ -72,6 +72,10 @@ class KumikoSettings:
     # Seconds a forking worker's work horse gets to end a cancelled run itself before it is
     # killed (docs/reliability.md, Cancellation).
     CANCEL_GRACE: int = 10
+    # Seconds one attempt of a boot gate may run (it runs before RQ's own timeouts apply), and
+    # after which a warning says the worker is still waiting for it.
+    BOOT_GATE_TIMEOUT: int = 60
+    BOOT_GATE_WARN_AFTER: int = 10
     LOG_LINES_PER_ATTEMPT: int = 200
     LOG_LINE_BYTES: int = 4096
     LOG_BYTES_PER_ATTEMPT: int = 256 * 1024
@@ -109,6 +113,8 @@ _POSITIVE_INTS = (
     "WORKER_DEAD_AFTER",
     "TIMEOUT_KILL_AFTER",
     "CANCEL_GRACE",
+    "BOOT_GATE_TIMEOUT",
+    "BOOT_GATE_WARN_AFTER",
     "MESSAGE_MAX_AGE",
 )
 _NON_NEGATIVE_INTS = (

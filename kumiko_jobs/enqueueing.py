@@ -276,7 +276,10 @@ def submit(
     *,
     delay: float,
     trigger: str | None = None,
+    run_id: str | None = None,
 ) -> RunHandle:
+    """The enqueue path. ``run_id``: a deterministic id (boot jobs), so that a second submit
+    of the same run fails on the primary key instead of starting it twice."""
     state = current_run.get()
     if state is not None:
         # Inside a run the guard forbids writes to shared tables: follow-ups are recorded and
@@ -288,8 +291,10 @@ def submit(
         delay = max(delay, definition.debounce)
     with admission(definition, schema) as refused:
         if refused is not None:
-            return record_refusal(definition, schema, kwargs, subject, trigger, refused)
-        return _submit_admitted(definition, schema, kwargs, subject, delay, trigger)
+            return record_refusal(
+                definition, schema, kwargs, subject, trigger, refused, run_id=run_id
+            )
+        return _submit_admitted(definition, schema, kwargs, subject, delay, trigger, run_id)
 
 
 _REFUSAL_REASONS = {
@@ -353,13 +358,14 @@ def _submit_admitted(
     subject: str,
     delay: float,
     trigger: str | None,
+    run_id: str | None = None,
 ) -> RunHandle:
     with telemetry.producer_span(queue_of(definition), definition.name, trigger) as trace_context:
         env = Envelope(
             job=definition.name,
             schema=schema,
             kwargs=kwargs,
-            run_id=new_run_id(),
+            run_id=run_id or new_run_id(),
             correlation_id=origin.correlation_id(),
             triggered_by=origin.triggered_by(),
             trigger=trigger,

@@ -151,8 +151,17 @@ class _RefusesForeignMessages:
     def work(self, *args: Any, **kwargs: Any) -> bool:
         # Boot gates and boot jobs run once the worker is configured and before the first
         # message; a failing boot gate raises and the worker never starts.
-        boot.on_worker_start()
+        boot.on_worker_start(
+            set(self.queue_names()),  # type: ignore[attr-defined]
+            self._boot_gate_bound,
+        )
         return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+
+    def _boot_gate_bound(self, seconds: int) -> Any:
+        # The worker's own death penalty: a boot gate's timeout is final like a run's.
+        return self.death_penalty_class(  # type: ignore[attr-defined]
+            seconds, transport.JobTimeout, job_id="boot"
+        )
 
     def execute_job(self, job: Any, queue: Any) -> None:
         reason = refusal(job, self.connection)
