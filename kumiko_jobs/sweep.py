@@ -29,11 +29,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import conf, transport
+from . import conf, retention, transport
 from .enqueueing import message_for, timeout_of
 from .envelope import Envelope
 from .exceptions import JobNotRegistered
-from .models import FINISHED_STATUSES, JobAttempt, JobRun, RejectedMessage, RunStatus
+from .models import JobAttempt, JobRun, RunStatus
 from .registry import registry
 
 logger = logging.getLogger("kumiko_jobs.sweep")
@@ -45,12 +45,16 @@ class SweepResult:
     abandoned: int = 0
     deleted_runs: int = 0
     deleted_rejections: int = 0
+    deleted_failures: int = 0
+    deleted_audit: int = 0
 
 
 def sweep() -> SweepResult:
     retried, abandoned = sweep_abandoned()
-    runs, rejections = delete_expired()
-    return SweepResult(retried, abandoned, runs, rejections)
+    deleted = retention.delete_expired()
+    return SweepResult(
+        retried, abandoned, deleted.runs, deleted.rejections, deleted.failures, deleted.audit
+    )
 
 
 def envelope_of(run: JobRun, *, attempt: int) -> Envelope:
@@ -276,10 +280,7 @@ def _unattended(run: JobRun, alive: Any, now: datetime) -> str | None:
 
 
 def delete_expired() -> tuple[int, int]:
-    days = conf.get().RETENTION_DAYS
-    if days == 0:
-        return 0, 0
-    cutoff = timezone.now() - timedelta(days=days)
-    runs, _ = JobRun.objects.filter(status__in=FINISHED_STATUSES, finished_at__lt=cutoff).delete()
-    rejections, _ = RejectedMessage.objects.filter(received_at__lt=cutoff).delete()
-    return runs, rejections
+    """Expired runs and rejected messages (and, with them, failures and audit rows past their
+    own retention: retention.py). Returns (runs, rejected messages) deleted."""
+    deleted = retention.delete_expired()
+    return deleted.runs, deleted.rejections

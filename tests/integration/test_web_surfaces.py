@@ -343,11 +343,13 @@ def test_queue_serializer_check_names_the_fix(settings):
     json_default = settings.RQ_QUEUES["default"]
     settings.RQ_QUEUES = {
         "default": {**json_default, "SERIALIZER": "rq.serializers.DefaultSerializer"},  # pickle
-        "low": {k: v for k, v in json_default.items() if k != "SERIALIZER"},  # unused by jobs
+        # "low" is used by a test job (testapp.every_two_seconds), "spare" by none.
+        "low": json_default,
+        "spare": {k: v for k, v in json_default.items() if k != "SERIALIZER"},
         "elsewhere": json_default,
     }
     found = {(m.id, m.msg.split("'")[1]): m for m in check_queue_serializers()}
-    assert set(found) == {("kumiko_jobs.E010", "default"), ("kumiko_jobs.W002", "low")}
+    assert set(found) == {("kumiko_jobs.E010", "default"), ("kumiko_jobs.W002", "spare")}
     hint = found[("kumiko_jobs.E010", "default")].hint
     assert hint == 'Add "SERIALIZER": "rq.serializers.JSONSerializer" to RQ_QUEUES[\'default\'].'
 

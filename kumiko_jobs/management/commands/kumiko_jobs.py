@@ -62,8 +62,9 @@ class Command(BaseCommand):
             result = sweep()
             self.stdout.write(
                 f"retried {result.retried} abandoned run(s), failed {result.abandoned}, "
-                f"deleted {result.deleted_runs} expired run row(s) and "
-                f"{result.deleted_rejections} rejected message(s)"
+                f"deleted {result.deleted_runs} expired run row(s), "
+                f"{result.deleted_rejections} rejected message(s), "
+                f"{result.deleted_failures} failure(s) and {result.deleted_audit} audit row(s)"
             )
         elif action == "cancel":
             self._cancel(options["run_id"])
