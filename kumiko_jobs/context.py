@@ -165,13 +165,27 @@ class JobLog:
     bound.
     """
 
-    def __init__(self, state: RunState, limit: int):
+    def __init__(self, state: RunState, limit: int, bound: Mapping[str, Any] | None = None):
         self._state = state
         self._limit = limit
+        self._bound: dict[str, Any] = dict(bound or {})
+
+    def child(self, **bound: Any) -> JobLog:
+        """A log for one part of the job: every line carries ``bound`` (the call's own fields
+        win on a clash). Lines go to the same attempt record, under the same caps."""
+        return JobLog(self._state, self._limit, {**self._bound, **bound})
 
     def _emit(self, level: int, msg: str, data: dict[str, Any]) -> None:
         from . import conf
 
+        if level < logging.INFO and not logger.isEnabledFor(level):
+            # Debug lines follow the kumiko_jobs.job logger's level, on the attempt record too:
+            # a job may log verbosely in a loop without filling its record (and scrubbing
+            # costs nothing) unless someone turned debug logging on. Info and above are always
+            # kept: the record is the operators' view whatever the logging setup.
+            return
+        if self._bound:
+            data = {**self._bound, **data}
         settings = conf.get()
         entry = log_entry(level, msg, data, settings.SENSITIVE_KEYS, settings.LOG_LINE_BYTES)
         self._keep(entry, settings.LOG_BYTES_PER_ATTEMPT)

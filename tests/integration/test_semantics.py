@@ -162,3 +162,35 @@ def test_concurrency_combinations_without_a_meaning_are_refused_at_registration(
     # The same options on a system job that is enqueued mean what they mean for a tenant job.
     for option in ({"concurrency": "skip"}, {"max_per_tenant": 1}, {"tenant_concurrency": 2}):
         assert build_definition(gate, {"system": True, "cron": "0 3 * * *", **option})
+
+
+@pytest.fixture
+def job_logger_level() -> Any:
+    import logging
+
+    logger = logging.getLogger("kumiko_jobs.job")
+    before = logger.level
+    yield logger.setLevel
+    logger.setLevel(before)
+
+
+def _lines(run_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+    return [(e["level"], e["msg"], e["data"]) for e in JobAttempt.objects.get(run_id=run_id).log]
+
+
+def test_log_child_binds_fields_and_debug_lines_follow_the_logger_level(tenants, job_logger_level):
+    import logging
+
+    job_logger_level(logging.INFO)
+    quiet = jobs.logs_in_parts.enqueue(tenant="t1", tag="q")
+    work()
+    assert _lines(quiet.run_id) == [
+        ("INFO", "charging", {"step": "charge", "invoice": 7, "amount": 12}),
+        ("WARNING", "again", {"step": "retry-charge", "invoice": 7, "attempt_no": 2}),
+        ("INFO", "done", {}),
+    ]
+    job_logger_level(logging.DEBUG)
+    verbose = jobs.logs_in_parts.enqueue(tenant="t1", tag="v")
+    work()
+    assert ("DEBUG", "noisy detail", {"tag": "v"}) in _lines(verbose.run_id)
+    assert len(_lines(verbose.run_id)) == 4

@@ -313,3 +313,13 @@ def ignores_cancel(ctx, *, tag: str) -> str:
 def every_two_seconds(ctx) -> None:
     """A seconds crontab (7 fields): one tick every even second. On the "low" queue, so that
     tests running schedulers for other cron jobs do not see its ticks on "default"."""
+
+
+@job
+def logs_in_parts(ctx, *, tag: str) -> None:
+    """ctx.log.child(): bound fields on every line of a part of the job; debug lines."""
+    charge = ctx.log.child(step="charge", invoice=7)
+    charge.info("charging", amount=12)
+    charge.child(attempt_no=2, step="retry-charge").warning("again")
+    ctx.log.debug("noisy detail", tag=tag)
+    ctx.log.info("done")
