@@ -44,6 +44,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connections
+from psycopg.pq import TransactionStatus
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -61,6 +62,8 @@ from .transport import (
 )
 
 logger = logging.getLogger("kumiko_jobs.worker")
+# A statement is in progress on the connection.
+_PQ_ACTIVE = TransactionStatus.ACTIVE
 
 
 def _json_only(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -126,7 +129,34 @@ class _FinalTimeout(transport.DeathPenaltyBase):
         state = current_run.get() if self._job_timeout else None
         if state is not None:
             state.timeout_fired = int(self._timeout)
+            if _cancel_running_statements():
+                # The body waits in a statement. Raising the timeout here would abandon
+                # psycopg's wait: the statement would run on in PostgreSQL (holding its locks)
+                # and the session would be left mid-query. Instead PostgreSQL cancels it, its
+                # error ends the body, and runner.call_job records the attempt as timed out
+                # (timeout_fired); the session is clean for the next run.
+                return
         super().handle_death_penalty(signum, frame)
+
+
+def _cancel_running_statements() -> bool:
+    """Ask PostgreSQL to cancel the statement each of this thread's connections is executing;
+    True if there was one. Runs in a signal handler: libpq's cancel request is made for that
+    (its own short connection to the server; the busy one is not touched)."""
+    cancelled = False
+    for conn in connections.all(initialized_only=True):
+        raw = getattr(conn, "connection", None)
+        pgconn = getattr(raw, "pgconn", None)
+        if pgconn is None or raw is None or raw.closed:
+            continue
+        if pgconn.transaction_status == _PQ_ACTIVE:
+            try:
+                raw.cancel()
+            except Exception:
+                logger.exception("could not cancel the statement of a timed-out attempt")
+                continue
+            cancelled = True
+    return cancelled
 
 
 def _raw_text(raw: bytes | str) -> str:

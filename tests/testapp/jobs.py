@@ -7,7 +7,7 @@ import time
 
 from django.db import connection
 
-from kumiko_jobs import TenantVisibleError, Unrecoverable, job
+from kumiko_jobs import EscapeHatch, TenantVisibleError, Unrecoverable, job
 
 from .models import Probe
 
@@ -323,3 +323,33 @@ def logs_in_parts(ctx, *, tag: str) -> None:
     charge.child(attempt_no=2, step="retry-charge").warning("again")
     ctx.log.debug("noisy detail", tag=tag)
     ctx.log.info("done")
+
+
+_RAW = EscapeHatch(reason="tests: server-side sleeps and backend ids", grants=["unsafe_raw"])
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+@job(timeout=1, escape_hatch=_RAW)
+def sleeps_in_postgres(ctx, *, tag: str) -> None:
+    """Blocks in one statement far beyond its timeout."""
+    with ctx.unsafe_raw():
+        _probe(ctx, tag, note=f"pid {_backend_pid()}")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(30) /* kumiko-timeout-probe */")
+    _probe(ctx, tag, note="woke up")
+
+
+@job(escape_hatch=_RAW)
+def reports_backend(ctx, *, tag: str) -> None:
+    with ctx.unsafe_raw():
+        _probe(ctx, tag, note=f"pid {_backend_pid()}")
+
+
+@job
+def final_attempt_probe(ctx, *, tag: str) -> None:
+    _probe(ctx, tag, note=f"attempt {ctx.attempt} final {ctx.final_attempt}")
