@@ -353,3 +353,28 @@ def reports_backend(ctx, *, tag: str) -> None:
 @job
 def final_attempt_probe(ctx, *, tag: str) -> None:
     _probe(ctx, tag, note=f"attempt {ctx.attempt} final {ctx.final_attempt}")
+
+
+@job(concurrency="sequential")
+def sequential_may_fail(ctx, *, tag: str, fail: bool = False) -> None:
+    _probe(ctx, tag)
+    if fail:
+        raise RuntimeError("the sequential run failed")
+
+
+def _fail_on_first_attempt(ctx) -> None:
+    if ctx.attempt == 1:
+        raise ConnectionError(f"attempt 1 of {ctx.job_name} failed")
+
+
+@job(cron="0 6 * * *", system=True, retries=1, backoff={"type": "fixed", "delay": 0})
+def cron_retried(ctx) -> None:
+    """A system cron whose tick fails once, then succeeds."""
+    _fail_on_first_attempt(ctx)
+
+
+@job(per_tenant=True, retries=1, backoff={"type": "fixed", "delay": 0})
+def fanout_child_retried(ctx, *, tag: str) -> None:
+    """Each tenant's child fails its first attempt, then succeeds."""
+    _probe(ctx, tag, note=f"attempt {ctx.attempt}")
+    _fail_on_first_attempt(ctx)
