@@ -52,6 +52,8 @@ _BADGE_COLOURS: dict[str, str] = {
     RunStatus.SUCCEEDED: "#1a7f37",
     RunStatus.FAILED: "#cf222e",
     RunStatus.CANCELLED: "#6e7781",
+    RunStatus.SKIPPED: "#8c959f",
+    RunStatus.CAPPED: "#bc4c00",
 }
 
 
@@ -639,21 +641,33 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
             skipped,
         )
 
-    @admin.action(description=_("Cancel selected queued runs"), permissions=["operate"])
+    @admin.action(description=_("Cancel selected runs"), permissions=["operate"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        # Waiting runs are cancelled at once; running ones are asked to stop (the job sees it
+        # through ctx.cancel_requested; docs/reliability.md, Cancellation).
+        requested = 0
+
         def cancel(run: JobRun) -> None:
-            if not operations.cancel_run(run, by=request.user):
+            nonlocal requested
+            result = operations.cancel_run(run, by=request.user)
+            if not result:
                 raise operations.OperationRefused(
-                    f"Run {run.run_id} is not queued.", reason=_("not queued")
+                    f"Run {run.run_id} has finished.", reason=_("already finished")
                 )
+            requested += result == operations.CANCEL_REQUESTED
 
         done, skipped = _apply(queryset, cancel)
-        self._report(
-            request,
-            ngettext("%(count)d run cancelled", "%(count)d runs cancelled", done) % {"count": done},
-            done,
-            skipped,
-        )
+        cancelled = done - requested
+        head = ngettext("%(count)d run cancelled", "%(count)d runs cancelled", cancelled) % {
+            "count": cancelled
+        }
+        if requested:
+            head += ", " + ngettext(
+                "%(count)d running run asked to stop",
+                "%(count)d running runs asked to stop",
+                requested,
+            ) % {"count": requested}
+        self._report(request, head, done, skipped)
 
     def _report(self, request: HttpRequest, head: str, done: int, skipped: Counter[str]) -> None:
         parts = [head]

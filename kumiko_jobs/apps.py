@@ -27,3 +27,16 @@ class KumikoJobsConfig(AppConfig):
         # Every installed app's jobs.py, so web processes and workers know the same jobs.
         autodiscover_modules("jobs")
         registry.freeze()
+        self._forget_deleted_tenants()
+
+    def _forget_deleted_tenants(self) -> None:
+        # History rows outlive a tenant's schema; when the tenant goes, so does its data in
+        # them (retention.forget_tenant: purged or anonymised, TENANT_DELETION).
+        from django.db.models.signals import post_delete
+        from django_tenants.utils import get_tenant_model
+
+        from .retention import on_tenant_deleted
+
+        post_delete.connect(
+            on_tenant_deleted, sender=get_tenant_model(), dispatch_uid="kumiko_jobs.tenant_gone"
+        )

@@ -22,6 +22,7 @@ from django.dispatch import receiver
 
 GuardMode = Literal["enforce", "log", "off"]
 InactiveTenantPolicy = Literal["skip", "defer"]
+TenantDeletionPolicy = Literal["purge", "anonymise"]
 
 DEFAULT_SENSITIVE_KEYS = (
     "password",
@@ -69,6 +70,18 @@ class KumikoSettings:
     HOUSEKEEPING: bool = True
     RUNNING_TIMEOUT_GRACE: int = 60
     TIMEOUT_KILL_AFTER: int = 10
+    # Seconds a forking worker's work horse gets to end a cancelled run itself before it is
+    # killed (docs/reliability.md, Cancellation).
+    CANCEL_GRACE: int = 10
+    # Seconds one attempt of a boot gate may run (it runs before RQ's own timeouts apply), and
+    # after which a warning says the worker is still waiting for it.
+    BOOT_GATE_TIMEOUT: int = 60
+    BOOT_GATE_WARN_AFTER: int = 10
+    # Retention beyond runs (retention.py): unresolved tenant-visible failures (0 keeps them
+    # until a success resolves them) and escape-hatch audit rows; a deleted tenant's history.
+    FAILURE_RETENTION_DAYS: int = 0
+    ESCAPE_HATCH_RETENTION_DAYS: int = 365
+    TENANT_DELETION: TenantDeletionPolicy = "purge"
     LOG_LINES_PER_ATTEMPT: int = 200
     LOG_LINE_BYTES: int = 4096
     LOG_BYTES_PER_ATTEMPT: int = 256 * 1024
@@ -98,6 +111,7 @@ class KumikoSettings:
 _CHOICES: dict[str, tuple[str, ...]] = {
     "DB_GUARD": ("enforce", "log", "off"),
     "INACTIVE_TENANT": ("skip", "defer"),
+    "TENANT_DELETION": ("purge", "anonymise"),
 }
 _POSITIVE_INTS = (
     "DEFAULT_TIMEOUT",
@@ -111,6 +125,9 @@ _POSITIVE_INTS = (
     "WORKER_HEARTBEAT",
     "WORKER_DEAD_AFTER",
     "TIMEOUT_KILL_AFTER",
+    "CANCEL_GRACE",
+    "BOOT_GATE_TIMEOUT",
+    "BOOT_GATE_WARN_AFTER",
     "MESSAGE_MAX_AGE",
 )
 _NON_NEGATIVE_INTS = (
@@ -118,6 +135,8 @@ _NON_NEGATIVE_INTS = (
     "MAX_RETRIES",
     "MAX_DEFERS",
     "RETENTION_DAYS",
+    "FAILURE_RETENTION_DAYS",
+    "ESCAPE_HATCH_RETENTION_DAYS",
     "RESULT_TTL",
     "FAILURE_TTL",
     "INACTIVE_TENANT_DEFER_SECONDS",

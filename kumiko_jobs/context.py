@@ -123,6 +123,8 @@ class RunState:
     # Called (in the run's thread, from the alarm's signal handler) when the timeout fires:
     # an async body registers the cancellation of its coroutine here (async_body.call_async).
     timeout_hooks: list[Callable[[], None]] = field(default_factory=list)
+    # The job acknowledged a cancellation (ctx.check_cancelled() raised): the run ends cancelled.
+    cancel_acknowledged: bool = False
     subject: str = ""
     # The job body's exception, rendered inside the guarded tenant context (db_guard step).
     rendered_error: RenderedError | None = None
@@ -174,13 +176,27 @@ class JobLog:
     bound.
     """
 
-    def __init__(self, state: RunState, limit: int):
+    def __init__(self, state: RunState, limit: int, bound: Mapping[str, Any] | None = None):
         self._state = state
         self._limit = limit
+        self._bound: dict[str, Any] = dict(bound or {})
+
+    def child(self, **bound: Any) -> JobLog:
+        """A log for one part of the job: every line carries ``bound`` (the call's own fields
+        win on a clash). Lines go to the same attempt record, under the same caps."""
+        return JobLog(self._state, self._limit, {**self._bound, **bound})
 
     def _emit(self, level: int, msg: str, data: dict[str, Any]) -> None:
         from . import conf
 
+        if level < logging.INFO and not logger.isEnabledFor(level):
+            # Debug lines follow the kumiko_jobs.job logger's level, on the attempt record too:
+            # a job may log verbosely in a loop without filling its record (and scrubbing
+            # costs nothing) unless someone turned debug logging on. Info and above are always
+            # kept: the record is the operators' view whatever the logging setup.
+            return
+        if self._bound:
+            data = {**self._bound, **data}
         settings = conf.get()
         entry = log_entry(level, msg, data, settings.SENSITIVE_KEYS, settings.LOG_LINE_BYTES)
         self._keep(entry, settings.LOG_BYTES_PER_ATTEMPT)
@@ -318,6 +334,25 @@ class JobContext:
         self.correlation_id = env.correlation_id
         self.trigger_name = env.trigger
         self.log = JobLog(state, log_limit)
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once an operator asked to cancel this running run (read from process memory:
+        the worker's liveness beat brings the request, so checking costs no I/O)."""
+        from . import cancellation
+
+        return cancellation.requested_by(self.run_id) is not None
+
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelled`` if an operator asked to cancel this run; call it between
+        units of work. The run then ends ``cancelled`` and is not retried."""
+        from . import cancellation
+        from .exceptions import JobCancelled
+
+        who = cancellation.requested_by(self.run_id)
+        if who is not None:
+            self._state.cancel_acknowledged = True
+            raise JobCancelled(cancellation.message(who))
 
     @property
     def idempotency_key(self) -> str:

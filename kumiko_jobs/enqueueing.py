@@ -28,7 +28,7 @@ from .context import RunState, current_run
 from .envelope import WIDEST_SIGNING_TIME, Envelope, encode, new_run_id
 from .exceptions import InvalidJob
 from .guard_allowlists import ADMISSION_LOCK_CLASS
-from .models import JobRun, RunStatus
+from .models import REFUSED_STATUSES, JobRun, RunStatus
 from .registry import JobDefinition, registry
 from .subject import build_subject
 
@@ -57,7 +57,18 @@ class RunHandle:
 
     @property
     def skipped(self) -> bool:
-        return self.status == "skipped"
+        """Refused by ``concurrency="skip"``: a run of this job was already active."""
+        return self.status == RunStatus.SKIPPED
+
+    @property
+    def capped(self) -> bool:
+        """Refused by ``max_per_tenant``: the job's active runs had reached the cap."""
+        return self.status == RunStatus.CAPPED
+
+    @property
+    def admitted(self) -> bool:
+        """False when the job's concurrency options refused the enqueue (skipped or capped)."""
+        return self.status not in REFUSED_STATUSES
 
     @property
     def finished(self) -> bool:
@@ -231,18 +242,34 @@ def _at_front(definition: JobDefinition, envelope: Envelope) -> bool:
     return is_task_job(definition.name) and isinstance(priority, int) and priority > 0
 
 
-def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, int]:
-    """RQ RateLimit of a tenant run: sequential per (job, tenant), else the tenant's cap.
+def concurrency_owner(definition: JobDefinition, schema: str | None) -> str | None:
+    """Whose runs a job's concurrency options count: the run's tenant, or for a system job the
+    system (its runs' ``schema_name`` is empty). None for a fan-out parent: its children are
+    the runs of tenants, and ``sequential`` holds each of them back per tenant."""
+    if schema is not None:
+        return schema
+    return "" if definition.system else None
 
-    Keyed per tenant, never per job only, so one busy tenant cannot hold back the others.
+
+def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, int]:
+    """RQ RateLimit of a run: sequential per (job, tenant), else the tenant's cap.
+
+    Keyed per tenant, never per job only, so one busy tenant cannot hold back the others. The
+    tenant of a system job is the system, keyed as the public schema (no tenant has it).
+    ``TENANT_CONCURRENCY`` is a fairness cap between tenants and does not hold system runs
+    back; a system job's own ``tenant_concurrency=`` caps the system's runs.
     """
-    if schema is None:
+    owner = concurrency_owner(definition, schema)
+    if owner is None:
         return "", 0
+    key_owner = owner or conf.public_schema_name()
     if definition.concurrency == "sequential":
-        return f"kumiko:seq:{definition.name}:{schema}", 1
-    limit = definition.tenant_concurrency or conf.get().TENANT_CONCURRENCY
+        return f"kumiko:seq:{definition.name}:{key_owner}", 1
+    limit = definition.tenant_concurrency
+    if limit is None and schema is not None:
+        limit = conf.get().TENANT_CONCURRENCY
     if limit:
-        return f"kumiko:tenant:{schema}", limit
+        return f"kumiko:tenant:{key_owner}", limit
     return "", 0
 
 
@@ -284,7 +311,10 @@ def submit(
     *,
     delay: float,
     trigger: str | None = None,
+    run_id: str | None = None,
 ) -> RunHandle:
+    """The enqueue path. ``run_id``: a deterministic id (boot jobs), so that a second submit
+    of the same run fails on the primary key instead of starting it twice."""
     state = current_run.get()
     if state is not None:
         # Inside a run the guard forbids writes to shared tables: follow-ups are recorded and
@@ -294,12 +324,66 @@ def submit(
     schema = _resolve_schema(definition, tenant)
     if definition.concurrency == "debounce":
         delay = max(delay, definition.debounce)
-    with admission(definition, schema) as admitted:
-        if not admitted:
-            return RunHandle(
-                run_id="", job_name=definition.name, schema_name=schema, status="skipped"
+    with admission(definition, schema) as refused:
+        if refused is not None:
+            return record_refusal(
+                definition, schema, kwargs, subject, trigger, refused, run_id=run_id
             )
-        return _submit_admitted(definition, schema, kwargs, subject, delay, trigger)
+        return _submit_admitted(definition, schema, kwargs, subject, delay, trigger, run_id)
+
+
+_REFUSAL_REASONS = {
+    RunStatus.SKIPPED: 'concurrency="skip": a run of this job is already waiting or running',
+    RunStatus.CAPPED: "max_per_tenant: the job's waiting and running runs reached the cap",
+}
+
+
+def record_refusal(
+    definition: JobDefinition,
+    schema: str | None,
+    kwargs: dict[str, Any],
+    subject: str,
+    trigger: str | None,
+    status: RunStatus,
+    *,
+    run_id: str | None = None,
+    tick: str | None = None,
+) -> RunHandle:
+    """An enqueue the concurrency options refused: a finished run row (``skipped`` or
+    ``capped``) so the admin shows it, and ``job_dropped`` with that outcome on commit. No
+    message is built or pushed. Written in the caller's transaction, like an admitted run."""
+    env = Envelope(
+        job=definition.name,
+        schema=schema,
+        kwargs=kwargs,
+        run_id=run_id or new_run_id(),
+        correlation_id=origin.correlation_id(),
+        triggered_by=origin.triggered_by(),
+        trigger=trigger,
+        origin=origin.request_origin(),
+        tick=tick,
+    )
+    row = _row(definition, env, subject, 0.0)
+    row.status = status
+    row.finished_at = row.queued_at
+    row.rq_job_id = ""
+    row.error_message = _REFUSAL_REASONS[status]
+    row.save(force_insert=True)
+    transaction.on_commit(
+        functools.partial(
+            signals.send,
+            signals.job_dropped,
+            run_id=env.run_id,
+            job_name=definition.name,
+            schema_name=schema,
+            attempt=0,
+            outcome=str(status),
+            error=None,
+            reason=row.error_message,
+        ),
+        robust=True,
+    )
+    return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema, status=status)
 
 
 def _submit_admitted(
@@ -309,13 +393,14 @@ def _submit_admitted(
     subject: str,
     delay: float,
     trigger: str | None,
+    run_id: str | None = None,
 ) -> RunHandle:
     with telemetry.producer_span(queue_of(definition), definition.name, trigger) as trace_context:
         env = Envelope(
             job=definition.name,
             schema=schema,
             kwargs=kwargs,
-            run_id=new_run_id(),
+            run_id=run_id or new_run_id(),
             correlation_id=origin.correlation_id(),
             triggered_by=origin.triggered_by(),
             trigger=trigger,
@@ -340,16 +425,19 @@ _ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.DEFERRED)
 
 
 @contextlib.contextmanager
-def admission(definition: JobDefinition, schema: str | None) -> Iterator[bool]:
+def admission(definition: JobDefinition, schema: str | None) -> Iterator[RunStatus | None]:
     """Apply ``concurrency`` skip/replace/debounce and ``max_per_tenant`` atomically.
 
+    Yields None when the run is admitted, else why not (``RunStatus.SKIPPED`` or ``CAPPED``).
     A transaction-scoped advisory lock per (job, tenant) serialises concurrent enqueues of the
     same job for the same tenant until the enqueuing transaction commits, so two requests can
-    never both see "no run queued" and both enqueue.
+    never both see "no run queued" and both enqueue. A system job's tenant is the system: its
+    runs (``schema_name`` empty) are counted under the same lock, keyed ``<job>:``.
     """
     limited = definition.concurrency in ("skip", "replace", "debounce") or definition.max_per_tenant
-    if schema is None or not limited:
-        yield True
+    owner = concurrency_owner(definition, schema)
+    if owner is None or not limited:
+        yield None
         return
     with transaction.atomic():
         with connection.cursor() as cursor:
@@ -357,20 +445,20 @@ def admission(definition: JobDefinition, schema: str | None) -> Iterator[bool]:
             # to tenant SQL, so a tenant job cannot hold (or wait on) this lock.
             cursor.execute(
                 "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                [ADMISSION_LOCK_CLASS, f"kumiko_jobs:{definition.name}:{schema}"],
+                [ADMISSION_LOCK_CLASS, f"kumiko_jobs:{definition.name}:{owner}"],
             )
         active = JobRun.objects.filter(
-            job_name=definition.name, schema_name=schema, status__in=_ACTIVE
+            job_name=definition.name, schema_name=owner, status__in=_ACTIVE
         )
         if definition.concurrency == "skip" and active.exists():
-            yield False
+            yield RunStatus.SKIPPED
             return
         if definition.max_per_tenant and active.count() >= definition.max_per_tenant:
-            yield False
+            yield RunStatus.CAPPED
             return
         if definition.concurrency in ("replace", "debounce"):
-            _replace_queued(definition, schema)
-        yield True
+            _replace_queued(definition, owner)
+        yield None
 
 
 def _replace_queued(definition: JobDefinition, schema: str) -> None:
@@ -394,7 +482,7 @@ def _replace_queued(definition: JobDefinition, schema: str) -> None:
                 signals.job_dropped,
                 run_id=run_id.hex,
                 job_name=definition.name,
-                schema_name=schema,
+                schema_name=schema or None,
                 attempt=0,
                 outcome="dropped",
                 error=None,

@@ -40,6 +40,13 @@ class Unrecoverable(Exception):
     """Raise from a job to fail the run at once, without further attempts."""
 
 
+class JobCancelled(Exception):
+    """Raised by ``ctx.check_cancelled()`` once an operator asked to cancel the running run.
+
+    The run ends ``cancelled`` (never retried), whatever the job does after catching it.
+    """
+
+
 # JobFailure.message_key holds this many characters.
 MESSAGE_KEY_MAX_LENGTH = 200
 # What the tenant sees when a job raised TenantVisibleError with a key that cannot be stored.

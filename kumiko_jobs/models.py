@@ -23,9 +23,24 @@ class RunStatus(models.TextChoices):
     SUCCEEDED = "succeeded", _("succeeded")
     FAILED = "failed", _("failed")
     CANCELLED = "cancelled", _("cancelled")
+    # Enqueues the job's concurrency options refused: recorded (finished at once, never run) so
+    # that operators and tenants see why a requested run did not happen. Two reasons, kept
+    # apart because they call for different fixes: ``skipped`` is concurrency="skip" doing its
+    # job (a run of this job was already active for the tenant), ``capped`` is
+    # max_per_tenant's cap refusing one more.
+    SKIPPED = "skipped", _("skipped")
+    CAPPED = "capped", _("capped")
 
 
-FINISHED_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+FINISHED_STATUSES = (
+    RunStatus.SUCCEEDED,
+    RunStatus.FAILED,
+    RunStatus.CANCELLED,
+    RunStatus.SKIPPED,
+    RunStatus.CAPPED,
+)
+# The two ways an enqueue is refused by concurrency options (RunHandle.status, signals).
+REFUSED_STATUSES = (RunStatus.SKIPPED, RunStatus.CAPPED)
 WAITING_STATUSES = (RunStatus.QUEUED, RunStatus.DEFERRED)
 
 
@@ -67,6 +82,11 @@ class JobRun(models.Model):
     # What the job returned when it succeeded (JSON, at most MAX_RESULT_BYTES), or a marker
     # saying why it was not kept (kumiko_jobs.results). Operators only: never shown to tenants.
     result = models.JSONField(_("result"), null=True, blank=True)
+    # A cancellation an operator asked for while the run was running (operations.cancel_run):
+    # when and by whom. The job sees it cooperatively (ctx.cancel_requested); the run ends
+    # ``cancelled`` unless its body had already completed (docs/reliability.md, Cancellation).
+    cancel_requested_at = models.DateTimeField(_("cancel requested"), null=True, blank=True)
+    cancel_requested_by = models.CharField(_("cancel requested by"), max_length=150, blank=True)
 
     class Meta:
         ordering = ("-queued_at",)
@@ -102,6 +122,7 @@ class JobAttempt(models.Model):
         RETRYING = "retrying"
         DEFERRED = "deferred"
         DROPPED = "dropped"
+        CANCELLED = "cancelled"
 
     run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="attempt_set")
     number = models.PositiveIntegerField()

@@ -8,13 +8,16 @@ started by an operator is indistinguishable from any other run except for its ``
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .enqueueing import RunHandle, resolve, submit
+from . import cancellation, conf, transport
+from .enqueueing import RunHandle, resolve, submit, timeout_of
 from .exceptions import KumikoJobsError
 from .models import WAITING_STATUSES, JobRun, RunStatus
 from .registry import JobDefinition, registry
@@ -38,6 +41,8 @@ class OperationRefused(KumikoJobsError):
 
 
 def _who(by: Any) -> str:
+    if isinstance(by, str):
+        return by  # a label (the CLI: "manage.py (<os user>)")
     if by is None or not getattr(by, "is_authenticated", False):
         return ""
     username = by.get_username() if hasattr(by, "get_username") else ""
@@ -98,25 +103,80 @@ def retry_run(run: JobRun, *, by: Any = None) -> RunHandle:
     return handle
 
 
-def cancel_run(run: JobRun, *, by: Any = None) -> bool:
-    """Cancel a run that has not started (``queued`` or ``deferred``); True if it was.
+CANCELLED = "cancelled"
+CANCEL_REQUESTED = "requested"
 
-    A single conditional UPDATE decides the race with a worker: whichever of this and the
-    runner's start (``UPDATE ... WHERE status IN (queued, deferred)``) commits first wins.
-    The queue message stays in Redis; the runner drops messages of cancelled runs.
+
+def cancel_run(run: JobRun, *, by: Any = None) -> str:
+    """Cancel a run: ``"cancelled"`` (it had not started), ``"requested"`` (it is running),
+    or ``""`` (it has finished; nothing to do). Truthy when something was done.
+
+    A waiting run (``queued`` or ``deferred``) is cancelled at once: a single conditional
+    UPDATE decides the race with a worker (whichever of this and the runner's start commits
+    first wins); the queue message stays in Redis and the runner drops it.
+
+    A running run gets a request: who and when on the row, and a Redis key that the worker
+    executing it reads with its liveness beat (``cancellation``). The job sees it through
+    ``ctx.cancel_requested`` / ``ctx.check_cancelled()``; a forking worker kills the work
+    horse ``CANCEL_GRACE`` seconds later; an in-process worker cannot stop a job that never
+    checks, which then runs to its end or its timeout. The run ends ``cancelled`` unless its
+    body had completed (success wins that race; docs/reliability.md, Cancellation).
     """
     who = _who(by)
+    now = timezone.now()
     updated = JobRun.objects.filter(pk=run.pk, status__in=WAITING_STATUSES).update(
         status=RunStatus.CANCELLED,
-        finished_at=timezone.now(),
+        finished_at=now,
         scheduled_for=None,
         error_type="",
         error_message=f"Cancelled by {who}." if who else "Cancelled by an operator.",
+        cancel_requested_at=now,
+        cancel_requested_by=who[:_WHO_MAX],
     )
     if updated:
         run.refresh_from_db()
         logger.info("run %s cancelled by %s", run.run_id, who or "-")
-    return bool(updated)
+        return CANCELLED
+    running = JobRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING)
+    # The first request's time and author stand; a second click only re-sends the flag.
+    running.filter(cancel_requested_at__isnull=True).update(
+        cancel_requested_at=now, cancel_requested_by=who[:_WHO_MAX]
+    )
+    if not running.exists():
+        return ""
+    run.refresh_from_db()
+    run_hex = uuid.UUID(str(run.run_id)).hex
+    ttl = _cancel_flag_ttl(run.job_name)
+    transaction.on_commit(
+        lambda: _publish_cancel(run_hex, run.cancel_requested_by or who, ttl), robust=True
+    )
+    logger.info("run %s: cancellation requested by %s", run.run_id, who or "-")
+    return CANCEL_REQUESTED
+
+
+_WHO_MAX = JobRun._meta.get_field("cancel_requested_by").max_length or 150
+
+
+def _cancel_flag_ttl(job_name: str) -> int:
+    """Long enough to outlive the attempt (its timeout, the watchdog's kill, a beat or two)."""
+    settings = conf.get()
+    timeout = settings.DEFAULT_TIMEOUT
+    if job_name in registry:
+        timeout = timeout_of(registry.get(job_name))
+    return (
+        timeout
+        + settings.TIMEOUT_KILL_AFTER
+        + settings.CANCEL_GRACE
+        + 2 * settings.WORKER_DEAD_AFTER
+    )
+
+
+def _publish_cancel(run_hex: str, who: str, ttl: int) -> None:
+    try:
+        cancellation.publish(transport.connection_for(conf.get().DEFAULT_QUEUE), run_hex, who, ttl)
+    except Exception as exc:
+        # The request is on the row; only its way to the worker failed. Asking again re-sends it.
+        logger.error("could not send the cancellation of run %s to the workers: %r", run_hex, exc)
 
 
 def enqueue_manual(

@@ -352,7 +352,7 @@ def _trigger_options(where: str, options: Mapping[str, Any], system: bool) -> di
     if cron is not None:
         from .schedules import check_cron, check_timezone
 
-        out["cron"] = check_cron(where, cron)
+        out["cron"] = check_cron(where, cron, per_tenant=out["per_tenant"])
         out["timezone"] = check_timezone(where, options.get("timezone", "UTC"))
         if not (system or out["per_tenant"]):
             raise _fail(
@@ -395,11 +395,22 @@ def _trigger_options(where: str, options: Mapping[str, Any], system: bool) -> di
             where,
             "run_on_boot=True enqueues without a tenant: declare system=True or per_tenant=True.",
         )
-    if out["boot_gate"] and (out["per_tenant"] or mode == "sequential" or out["run_on_boot"]):
+    limited = mode != "parallel" or out["max_per_tenant"] or out["tenant_concurrency"]
+    if out["boot_gate"] and (out["per_tenant"] or limited or out["run_on_boot"]):
+        # A boot gate is not enqueued: every worker runs it inline before its first message,
+        # so there is no queue for a concurrency option to act on.
         raise _fail(
             where,
             "boot_gate=True runs inline at worker start; it cannot be combined "
-            "with per_tenant, concurrency='sequential' or run_on_boot.",
+            "with per_tenant, run_on_boot, concurrency=, max_per_tenant or tenant_concurrency.",
+        )
+    if cron is not None and mode == "debounce":
+        # Debounce waits for a quiet period after a burst of enqueues; a schedule has no
+        # bursts, and every tick would only be delayed and then replace its predecessor.
+        raise _fail(
+            where,
+            "concurrency='debounce' coalesces bursts of enqueues; a cron schedule has none. "
+            "Use 'skip' (drop a tick while the last one is active) or 'sequential'.",
         )
     return out
 

@@ -143,7 +143,9 @@ def execute(message: object) -> str:
     return state.outcome
 
 
-def run_state(state: RunState) -> None:
+def run_state(state: RunState, *, push: bool = True) -> None:
+    """Run the pipeline, then push what the attempt asked for (``push=False``: the caller
+    handles ``state.reschedule`` itself and nothing is sent; boot gates run inline)."""
     global _pipeline
     if _pipeline is None:
         _pipeline = build_pipeline()
@@ -152,7 +154,8 @@ def run_state(state: RunState) -> None:
         _pipeline(state)
     finally:
         current_run.reset(token)
-    dispatch(state)
+    if push:
+        dispatch(state)
 
 
 def dispatch(state: RunState) -> None:

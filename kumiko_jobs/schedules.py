@@ -47,14 +47,63 @@ _EARLY = 3.0
 _TICK_NAMESPACE = uuid.UUID("6f1c2b9e-3a57-4d0e-9a61-1c9f0b7f4e21")
 
 
-def check_cron(where: str, cron: Any) -> str:
+# The shortest interval between two ticks of a cron job: rq-scheduler's resolution with
+# ``rqscheduler --interval 1`` (a finer crontab could not be honoured, only skipped).
+MIN_CRON_INTERVAL = 1.0
+# A per-tenant cron tick fans out to every tenant; below this interval it would flood the
+# queues with one run per tenant per tick.
+MIN_PER_TENANT_CRON_INTERVAL = 60.0
+
+
+def has_seconds(cron: str) -> bool:
+    """A 7-field crontab: ``second minute hour day month weekday year``."""
+    return len(cron.split()) == 7
+
+
+def check_cron(where: str, cron: Any, *, per_tenant: bool = False) -> str:
     if not isinstance(cron, str):
         raise InvalidJob(f"@job on {where}: cron must be a string like '0 3 * * *'.")
+    fields = len(cron.split())
+    if fields == 6:
+        # The crontab library reads six fields as minute..weekday plus a *year*: a seconds
+        # field written first would silently shift every field by one.
+        raise InvalidJob(
+            f"@job on {where}: cron={cron!r} has 6 fields, which is ambiguous. Use 5 fields "
+            "('minute hour day month weekday'), or 7 with seconds first and a year last "
+            "('*/10 * * * * * *': every 10 seconds)."
+        )
     try:
         CronTab(cron)
     except ValueError as exc:
         raise InvalidJob(f"@job on {where}: cron={cron!r} is not a crontab: {exc}.") from None
+    if has_seconds(cron):
+        interval = shortest_interval(cron)
+        if per_tenant and interval < MIN_PER_TENANT_CRON_INTERVAL:
+            raise InvalidJob(
+                f"@job on {where}: cron={cron!r} ticks every {interval:g} s; a per_tenant "
+                f"cron fans out to every tenant on each tick and must tick at most once a "
+                f"minute. Use a system cron that does the sub-minute work itself."
+            )
     return cron
+
+
+def shortest_interval(cron: str) -> float:
+    """The shortest gap between consecutive ticks (seconds), sampled over the next ticks
+    from a fixed time (a crontab's gaps repeat every minute for the seconds field)."""
+    tab = CronTab(cron)
+    at = datetime(2001, 1, 1, tzinfo=UTC)
+    first = tab.next(now=at, default_utc=True)
+    if first is None:
+        return math.inf
+    at += timedelta(seconds=float(first))  # on a tick: from here on, steps are gaps
+    shortest = math.inf
+    for _ in range(120):
+        step = tab.next(now=at, default_utc=True)
+        if step is None:
+            break
+        shortest = min(shortest, float(step))
+        at += timedelta(seconds=float(step))
+    return shortest
 
 
 def check_timezone(where: str, name: Any) -> str:
@@ -89,13 +138,27 @@ def is_template(envelope: Envelope) -> bool:
 
 
 def tick_run_id(job_name: str, tick: datetime) -> str:
-    minute = tick.astimezone(UTC).replace(second=0, microsecond=0).isoformat()
-    return uuid.uuid5(_TICK_NAMESPACE, f"{job_name}@{minute}").hex
+    """The run id of a tick: derived from the job and the tick's scheduled *second*.
+
+    A 5-field crontab ticks at second 0, so its ids are the ones the per-minute scheme gave
+    (``job@YYYY-MM-DDTHH:MM:00+00:00``): a deploy does not re-run a tick fired before it.
+    """
+    second = tick.astimezone(UTC).replace(microsecond=0).isoformat()
+    return uuid.uuid5(_TICK_NAMESPACE, f"{job_name}@{second}").hex
+
+
+def _early(cron: str) -> float:
+    # A tick this close ahead of the clock is the one being rung. For a crontab with seconds
+    # (ticks at least MIN_CRON_INTERVAL apart), half a second: the alarm's scores are whole
+    # seconds computed from the tick itself, so it rings on time or later, except the first
+    # ring after registration (score truncated, up to a second early), which then takes the
+    # tick before, a real one. The probe can never reach the tick after the due one.
+    return _EARLY if not has_seconds(cron) else MIN_CRON_INTERVAL / 2
 
 
 def latest_tick(cron: str, timezone: str, now: datetime) -> datetime:
     """The latest time ``cron`` (read in ``timezone``) fired at or just before ``now``, in UTC."""
-    probe = (now + timedelta(seconds=_EARLY)).astimezone(ZoneInfo(timezone))
+    probe = (now + timedelta(seconds=_early(cron))).astimezone(ZoneInfo(timezone))
     back = CronTab(cron).previous(now=probe, default_utc=False)  # negative seconds, strictly before
     tick = probe + timedelta(seconds=float(back or 0.0))
     return tick.astimezone(UTC).replace(microsecond=0)
@@ -123,7 +186,7 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     Raises ``django.db.DatabaseError`` when PostgreSQL is unreachable: the scheduler then leaves
     the alarm due and rings it again on its next round, for the same tick.
     """
-    from .enqueueing import _row, message_for
+    from .enqueueing import _row, admission, message_for, record_refusal
     from .subject import build_subject
 
     definition = definition_for(alarm_id)
@@ -144,14 +207,33 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     )
     after = seconds_until_next(definition.cron, definition.timezone, tick)
     next_at = float(math.ceil(tick.timestamp() + after))
-    row = _row(definition, env, build_subject(definition, {}), 0.0)
+    subject = build_subject(definition, {})
+    row = _row(definition, env, subject, 0.0)
     try:
-        with transaction.atomic():
-            row.save(force_insert=True)
+        with transaction.atomic(), admission(definition, None) as refused:
+            # A system cron's tick is an enqueue like any other: its concurrency options apply
+            # (the tenant of a system job is the system). A refused tick is still recorded
+            # under the tick's run id, so a second scheduler ringing it finds the row.
+            if refused is not None:
+                record_refusal(
+                    definition,
+                    None,
+                    {},
+                    subject,
+                    "cron",
+                    refused,
+                    run_id=env.run_id,
+                    tick=env.tick,
+                )
+            else:
+                row.save(force_insert=True)
     except IntegrityError:
         # Fired already (another scheduler, or a replayed alarm): that firing pushed it, or
         # the relay will; this one does nothing.
         logger.info("cron tick %s of %s already fired", env.tick, definition.name)
+        return Firing(None, next_at, env.run_id)
+    if refused is not None:
+        logger.info("cron tick %s of %s %s", env.tick, definition.name, refused)
         return Firing(None, next_at, env.run_id)
     return Firing(message_for(definition, env, 0.0), next_at, env.run_id)
 

@@ -1,7 +1,11 @@
 """Signals sent as runs move through their states.
 
 Receivers get ``run_id``, ``job_name``, ``schema_name`` (None for system runs), ``attempt``,
-``outcome`` and ``error`` (the exception, or None); ``job_dropped`` also gets ``reason``. A
+``outcome`` and ``error`` (the exception, or None); ``job_dropped`` also gets ``reason``.
+``job_dropped``'s outcome says why: ``dropped`` (a message not run: duplicate, stale, replaced,
+inactive tenant), ``cancelled`` (an operator cancelled the running run), ``skipped``
+(``concurrency="skip"`` refused an enqueue) or ``capped`` (``max_per_tenant`` refused one);
+the words are ``models.RunStatus`` / ``JobAttempt.Outcome`` values. A
 receiver that raises is logged and ignored: a broken receiver never changes a run's outcome.
 """
 

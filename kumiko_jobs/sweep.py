@@ -29,11 +29,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import conf, transport
+from . import conf, retention, transport
 from .enqueueing import message_for, timeout_of
 from .envelope import Envelope
 from .exceptions import JobNotRegistered
-from .models import FINISHED_STATUSES, JobAttempt, JobRun, RejectedMessage, RunStatus
+from .models import JobAttempt, JobRun, RunStatus
 from .registry import registry
 
 logger = logging.getLogger("kumiko_jobs.sweep")
@@ -45,12 +45,16 @@ class SweepResult:
     abandoned: int = 0
     deleted_runs: int = 0
     deleted_rejections: int = 0
+    deleted_failures: int = 0
+    deleted_audit: int = 0
 
 
 def sweep() -> SweepResult:
     retried, abandoned = sweep_abandoned()
-    runs, rejections = delete_expired()
-    return SweepResult(retried, abandoned, runs, rejections)
+    deleted = retention.delete_expired()
+    return SweepResult(
+        retried, abandoned, deleted.runs, deleted.rejections, deleted.failures, deleted.audit
+    )
 
 
 def envelope_of(run: JobRun, *, attempt: int) -> Envelope:
@@ -145,6 +149,27 @@ def record_timed_out(rq_job_id: str, reason: str, *, push: bool) -> str | None:
     return outcome
 
 
+def record_cancelled(rq_job_id: str, reason: str) -> str | None:
+    """Record that a worker stopped the attempt of this RQ job because its run was cancelled.
+
+    The run ends ``cancelled`` (no retry). Returns its new status, or None when the run was
+    not running that attempt any more (it ended by itself meanwhile, and that outcome stands).
+    """
+    runs = JobRun.objects.filter(rq_job_id=rq_job_id, status=RunStatus.RUNNING)
+    if rq_job_id.startswith("kj-"):
+        runs = runs.filter(pk=uuid.UUID(rq_job_id[3:35]))
+    run = runs.first()
+    if run is None:
+        return None
+    outcome = _hand_back(run, None, CANCELLED, reason, timezone.now(), push=False)
+    logger.warning("run %s of %s cancelled: %s", run.run_id, run.job_name, reason)
+    return outcome
+
+
+# The error type of an attempt stopped because its run was cancelled.
+CANCELLED = "JobCancelled"
+
+
 def _hand_back(
     run: JobRun,
     definition: Any,
@@ -165,6 +190,9 @@ def _hand_back(
         )
         if claimed is None:
             return None
+        if claimed.cancel_requested_at is not None:
+            # An operator asked to cancel it: whatever ended the attempt, nothing retries it.
+            return _end_cancelled(claimed, error_type, reason, now)
         retry = definition is not None and claimed.attempts < claimed.max_attempts
         JobAttempt.objects.create(
             run=claimed,
@@ -194,6 +222,26 @@ def _hand_back(
             claimed.error_type, claimed.error_message = error_type, reason
             claimed.save(update_fields=["status", "finished_at", "error_type", "error_message"])
         return str(claimed.status)
+
+
+def _end_cancelled(claimed: JobRun, error_type: str, reason: str, now: datetime) -> str:
+    who = claimed.cancel_requested_by
+    text = f"cancelled on request{f' by {who}' if who else ''}: {reason}"[:4000]
+    JobAttempt.objects.create(
+        run=claimed,
+        number=claimed.attempts,
+        started_at=claimed.started_at or now,
+        finished_at=now,
+        duration_ms=0,
+        outcome=JobAttempt.Outcome.CANCELLED,
+        error_type=error_type,
+        error_message=text,
+    )
+    claimed.status = RunStatus.CANCELLED
+    claimed.finished_at = now
+    claimed.error_type, claimed.error_message = CANCELLED, text
+    claimed.save(update_fields=["status", "finished_at", "error_type", "error_message"])
+    return str(claimed.status)
 
 
 def _may_still_run(run: JobRun, alive: Any) -> bool:
@@ -232,10 +280,7 @@ def _unattended(run: JobRun, alive: Any, now: datetime) -> str | None:
 
 
 def delete_expired() -> tuple[int, int]:
-    days = conf.get().RETENTION_DAYS
-    if days == 0:
-        return 0, 0
-    cutoff = timezone.now() - timedelta(days=days)
-    runs, _ = JobRun.objects.filter(status__in=FINISHED_STATUSES, finished_at__lt=cutoff).delete()
-    rejections, _ = RejectedMessage.objects.filter(received_at__lt=cutoff).delete()
-    return runs, rejections
+    """Expired runs and rejected messages (and, with them, failures and audit rows past their
+    own retention: retention.py). Returns (runs, rejected messages) deleted."""
+    deleted = retention.delete_expired()
+    return deleted.runs, deleted.rejections

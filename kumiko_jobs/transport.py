@@ -368,9 +368,15 @@ def acquire_scheduler_lock(queue: str) -> bool:
     return bool(scheduler_for(queue).acquire_lock())
 
 
-def set_flag_once(key: str) -> bool:
-    """True the first time ``key`` is set in this Redis dataset (used for boot jobs)."""
-    return bool(get_queue(conf.get().DEFAULT_QUEUE).connection.set(key, "1", nx=True))
+def dataset_token(key: str, candidate: str) -> str:
+    """The value of ``key``, set to ``candidate`` first if it has none (one round trip): a
+    token that identifies this Redis dataset until it is flushed."""
+    redis = get_queue(conf.get().DEFAULT_QUEUE).connection
+    with redis.pipeline(transaction=True) as pipe:
+        pipe.set(key, candidate, nx=True)
+        pipe.get(key)
+        _, value = pipe.execute()
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def current_job_id() -> str:

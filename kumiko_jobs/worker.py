@@ -44,11 +44,12 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connections
+from psycopg.pq import TransactionStatus
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import boot, conf, telemetry_flush, transport
+from . import boot, cancellation, conf, telemetry_flush, transport
 from .context import current_run, job_alarm
 from .steps.tenancy import reset_connections
 from .transport import (
@@ -61,6 +62,8 @@ from .transport import (
 )
 
 logger = logging.getLogger("kumiko_jobs.worker")
+# A statement is in progress on the connection.
+_PQ_ACTIVE = TransactionStatus.ACTIVE
 
 
 def _json_only(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +154,34 @@ class _FinalTimeout(transport.DeathPenaltyBase):
         state = current_run.get() if self._job_timeout else None
         if state is not None:
             state.note_timeout(int(self._timeout))
+            if _cancel_running_statements():
+                # The body waits in a statement. Raising the timeout here would abandon
+                # psycopg's wait: the statement would run on in PostgreSQL (holding its locks)
+                # and the session would be left mid-query. Instead PostgreSQL cancels it, its
+                # error ends the body, and runner.call_job records the attempt as timed out
+                # (timeout_fired); the session is clean for the next run.
+                return
         super().handle_death_penalty(signum, frame)
+
+
+def _cancel_running_statements() -> bool:
+    """Ask PostgreSQL to cancel the statement each of this thread's connections is executing;
+    True if there was one. Runs in a signal handler: libpq's cancel request is made for that
+    (its own short connection to the server; the busy one is not touched)."""
+    cancelled = False
+    for conn in connections.all(initialized_only=True):
+        raw = getattr(conn, "connection", None)
+        pgconn = getattr(raw, "pgconn", None)
+        if pgconn is None or raw is None or raw.closed:
+            continue
+        if pgconn.transaction_status == _PQ_ACTIVE:
+            try:
+                raw.cancel()
+            except Exception:
+                logger.exception("could not cancel the statement of a timed-out attempt")
+                continue
+            cancelled = True
+    return cancelled
 
 
 def _raw_text(raw: bytes | str) -> str:
@@ -176,8 +206,17 @@ class _RefusesForeignMessages:
     def work(self, *args: Any, **kwargs: Any) -> bool:
         # Boot gates and boot jobs run once the worker is configured and before the first
         # message; a failing boot gate raises and the worker never starts.
-        boot.on_worker_start()
+        boot.on_worker_start(
+            set(self.queue_names()),  # type: ignore[attr-defined]
+            self._boot_gate_bound,
+        )
         return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+
+    def _boot_gate_bound(self, seconds: int) -> Any:
+        # The worker's own death penalty: a boot gate's timeout is final like a run's.
+        return self.death_penalty_class(  # type: ignore[attr-defined]
+            seconds, transport.JobTimeout, job_id="boot"
+        )
 
     def execute_job(self, job: Any, queue: Any) -> None:
         reason = refusal(job, self.connection)
@@ -313,9 +352,21 @@ class _Heart:
     connection, closed when it ends.
     """
 
-    def __init__(self, name: str, overran: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        overran: Callable[[str], None] | None = None,
+        cancel_seen: Callable[[str, str], None] | None = None,
+        cancel_overran: Callable[[str], None] | None = None,
+    ) -> None:
         self.name = name
         self.current = ""  # the RQ job id being executed; set by the worker's main thread
+        # Called with (RQ job id, who) when the beat finds a cancellation of the current run,
+        # and with the RQ job id when a cancelled attempt is still running CANCEL_GRACE s later.
+        self._cancel_seen = cancel_seen
+        self._cancel_overran = cancel_overran
+        # (RQ job id, monotonic deadline) of a cancelled attempt; see _watch.
+        self.cancel_deadline: tuple[str, float] | None = None
         # (RQ job id, monotonic deadline) of the attempt being executed, one assignment so the
         # watchdog never pairs one job's id with another's deadline. See _watch.
         self.watched: tuple[str, float] | None = None
@@ -358,11 +409,19 @@ class _Heart:
         scheduler_warning = RateLimitedWarning()
         while True:
             try:
+                current = self.current
+                run_id = cancellation.run_of(current)
                 with redis.pipeline(transaction=False) as pipe:
-                    pipe.set(_WORKER_KEY + self.name, self.current, ex=settings.WORKER_DEAD_AFTER)
+                    pipe.set(_WORKER_KEY + self.name, current, ex=settings.WORKER_DEAD_AFTER)
                     pipe.sadd(LIVE_WORKERS, self.name)
                     pipe.set(_SINCE_KEY, time.time(), nx=True)
-                    pipe.execute()
+                    if run_id is not None:
+                        # A cancellation of the run being executed rides on the beat: one more
+                        # command, no extra round trip, no database read inside the job body.
+                        pipe.get(cancellation.key_for(run_id))
+                    replies = pipe.execute()
+                if run_id is not None and replies[-1] is not None:
+                    self._cancel_requested(current, _text(replies[-1]) or "")
                 if failing:
                     logger.warning("worker %s: liveness beats reach Redis again", self.name)
                 failing = False
@@ -376,6 +435,14 @@ class _Heart:
                 logger.debug("worker %s: scheduler liveness check failed: %r", self.name, exc)
             if self._stop.wait(settings.WORKER_HEARTBEAT):
                 return
+
+    def _cancel_requested(self, job_id: str, who: str) -> None:
+        if self._cancel_seen is None or self.current != job_id:
+            return
+        first = self.cancel_deadline is None or self.cancel_deadline[0] != job_id
+        if first:
+            self.cancel_deadline = (job_id, time.monotonic() + conf.get().CANCEL_GRACE)
+            self._cancel_seen(job_id, who)
 
     def watch(self, job_id: str, timeout: int | None) -> None:
         """Watch the attempt the main thread starts now (None: it ended)."""
@@ -394,6 +461,7 @@ class _Heart:
         """
         ended = ""
         while not self._stop.wait(_WATCH_EVERY):
+            self._watch_cancelled()
             watched = self.watched
             if watched is None or watched[0] == ended or time.monotonic() < watched[1]:
                 continue
@@ -405,6 +473,22 @@ class _Heart:
                 logger.exception("worker %s: could not end the overrunning %s", self.name, ended)
             finally:
                 connections.close_all()
+
+    def _watch_cancelled(self) -> None:
+        """Stop a cancelled attempt still running ``CANCEL_GRACE`` seconds after the request
+        reached the worker (only the forking worker can: it kills the work horse)."""
+        pending = self.cancel_deadline
+        if pending is None or self._cancel_overran is None or time.monotonic() < pending[1]:
+            return
+        self.cancel_deadline = (pending[0], float("inf"))  # once per attempt
+        if self.current != pending[0]:
+            return
+        try:
+            self._cancel_overran(pending[0])
+        except Exception:
+            logger.exception("worker %s: could not stop the cancelled %s", self.name, pending[0])
+        finally:
+            connections.close_all()
 
     def _maintain(self) -> None:
         interval = conf.get().MAINTENANCE_INTERVAL
@@ -442,7 +526,9 @@ class _KeepsRunsAlive:
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
         burst = bool(kwargs.get("burst", args[0] if args else False))
-        heart = self._heart = _Heart(self.name, self._overran)
+        heart = self._heart = _Heart(
+            self.name, self._overran, self._cancel_seen, self._cancel_overran
+        )
         # Burst workers (tests, one-off drains) beat but leave maintenance to long-running ones.
         heart.start(maintenance=not burst)
         try:
@@ -476,6 +562,12 @@ class _KeepsRunsAlive:
 
     def _after_redis_loss(self) -> None:
         """Hook for the forking worker, whose work horse may still be running."""
+
+    def _cancel_seen(self, job_id: str, who: str) -> None:
+        """The beat found a cancellation of ``job_id``'s run (called from the beat thread)."""
+        raise NotImplementedError
+
+    _cancel_overran: Callable[[str], None] | None = None
 
     def _overran(self, job_id: str) -> None:
         """End the attempt of ``job_id``, which outlived its timeout (called by the watchdog)."""
@@ -592,10 +684,21 @@ class Worker(_KeepsRunsAlive, _RefusesForeignMessages, SimpleWorkerBase):
             self._heart.stop(timeout=1.0)
         os._exit(1)
 
+    def _cancel_seen(self, job_id: str, who: str) -> None:
+        # The body runs in this process: the mark is what ctx.cancel_requested reads. A job
+        # that never checks runs on to its end or its timeout (no thread can stop it).
+        run_id = cancellation.run_of(job_id)
+        if run_id is not None:
+            cancellation.mark(run_id, who)
+            logger.warning("worker %s: cancellation of %s requested by %s", self.name, job_id, who)
+
     def execute_job(self, job: Any, queue: Any) -> None:
         try:
             super().execute_job(job, queue)
         finally:
+            run_id = cancellation.run_of(job.id)
+            if run_id is not None:
+                cancellation.forget(run_id)
             reset_connections()
 
     def request_force_stop(self, signum: int, frame: Any) -> None:
@@ -622,6 +725,7 @@ class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase)
     # killed for outliving its timeout.
     _horse_of: tuple[str, int] = ("", 0)
     _killed_for_timeout = ""
+    _killed_for_cancel = ""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **_json_only(kwargs))
@@ -645,8 +749,57 @@ class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
 
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        cancellation.listen_for_signal()
+        return bool(super().work(*args, **kwargs))
+
+    def _cancel_seen(self, job_id: str, who: str) -> None:
+        # The body runs in the work horse: signal it (its handler marks the run there). Its
+        # grace period starts now; see _cancel_overran.
+        horse_job, pid = self._horse_of
+        if horse_job != job_id or not pid:
+            return
+        logger.warning(
+            "worker %s: cancellation of %s requested by %s; told its work horse %s",
+            self.name,
+            job_id,
+            who,
+            pid,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, cancellation.SIGNAL)
+
+    def _cancel_overran(self, job_id: str) -> None:
+        horse_job, pid = self._horse_of
+        if horse_job != job_id or not pid:
+            return
+        logger.error(
+            "worker %s: cancelled %s still running %s s after the request; killing its work "
+            "horse %s",
+            self.name,
+            job_id,
+            conf.get().CANCEL_GRACE,
+            pid,
+        )
+        self._killed_for_cancel = job_id
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
     def handle_work_horse_killed(self, job: Any, retpid: Any, ret_val: Any, rusage: Any) -> None:
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+        if self._killed_for_cancel == job.id:
+            self._killed_for_cancel = ""
+            from .sweep import record_cancelled
+
+            try:
+                record_cancelled(
+                    job.id, f"its worker {self.name} killed the work horse after CANCEL_GRACE"
+                )
+            except Exception:
+                # PostgreSQL unreachable: the sweep ends the run (cancelled) once it sees no
+                # live worker executes it.
+                logger.exception("could not record the cancelled attempt of %s", job.id)
+            return
         if self._killed_for_timeout == job.id:
             self._killed_for_timeout = ""
             # The horse is dead and reaped: the retry may be pushed at once.
@@ -671,6 +824,10 @@ class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase)
 
     def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
         try:
+            if self.is_horse:
+                run_id = cancellation.run_of(job.id)
+                if run_id is not None:
+                    cancellation.horse_executes(run_id)
             return bool(super().perform_job(job, queue, execution))
         finally:
             if self.is_horse:

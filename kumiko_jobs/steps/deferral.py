@@ -6,7 +6,7 @@ written, so a quick next attempt can never overtake the record of the previous o
 
 from __future__ import annotations
 
-from .. import conf
+from .. import cancellation, conf
 from ..context import RunState
 from ..exceptions import (
     FALLBACK_MESSAGE_KEY,
@@ -37,6 +37,8 @@ def deferral(state: RunState, call_next: Next) -> None:
                     job_name=state.envelope.job,
                 ),
             )
+    if cancellation.settle(state):
+        return  # cancelled on an operator's request: no retry, no resumption
     if state.outcome == "deferred":
         _defer(state)
     if state.outcome == "failed" and state.failure_key is None:

@@ -35,6 +35,7 @@ _STATUS_FOR = {
     "retrying": RunStatus.QUEUED,
     "deferred": RunStatus.DEFERRED,
     "dropped": RunStatus.CANCELLED,
+    "cancelled": RunStatus.CANCELLED,
 }
 _SIGNAL_FOR = {
     "succeeded": signals.job_succeeded,
@@ -42,6 +43,7 @@ _SIGNAL_FOR = {
     "retrying": signals.job_failed,
     "deferred": signals.job_deferred,
     "dropped": signals.job_dropped,
+    "cancelled": signals.job_dropped,
 }
 
 
@@ -172,7 +174,7 @@ def _finish(state: RunState) -> None:
     described = state.described_error()
     status = _STATUS_FOR[outcome]
     run_update: dict[str, Any] = {"status": status, "duration_ms": duration_ms}
-    if outcome in ("succeeded", "failed", "dropped"):
+    if outcome in ("succeeded", "failed", "dropped", "cancelled"):
         run_update["finished_at"] = now
     if state.reschedule is not None:
         run_update["scheduled_for"] = now + timedelta(seconds=state.reschedule[1])
@@ -193,7 +195,7 @@ def _finish(state: RunState) -> None:
         "started_at": state.started_at or now,
         "finished_at": now,
         "duration_ms": duration_ms,
-        "outcome": outcome if outcome != "dropped" else JobAttempt.Outcome.DROPPED,
+        "outcome": outcome,
         "error_type": described.type_name if described else "",
         "error_message": described.message[:4000] if described else "",
         "traceback": state.error_traceback[-20000:],
@@ -209,6 +211,10 @@ def _finish(state: RunState) -> None:
         run_sql.finish(attempt, run_update, env.run_id)
     else:
         _finish_in_transaction(state, attempt, run_update, now)
+    extra = {}
+    if _SIGNAL_FOR[outcome] is signals.job_dropped:
+        # job_dropped's receivers get a reason (signals.py).
+        extra["reason"] = state.drop_reason or (described.message if described else outcome)
     signals.send(
         _SIGNAL_FOR[outcome],
         run_id=env.run_id,
@@ -217,6 +223,7 @@ def _finish(state: RunState) -> None:
         attempt=env.attempt,
         outcome=outcome,
         error=error,
+        **extra,
     )
     telemetry.run_finished(state, duration_ms)
 

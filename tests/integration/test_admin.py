@@ -259,7 +259,7 @@ def test_cancel_action_cancels_only_queued_runs(operator, history):
         },
         follow=True,
     )
-    assert "1 run cancelled, 1 skipped: not queued." in text(response)
+    assert "1 run cancelled, 1 skipped: already finished." in text(response)
     assert JobRun.objects.get(pk=history.t2_waiting.run_id).status == RunStatus.CANCELLED
     assert JobRun.objects.get(pk=history.t2_ok.run_id).status == RunStatus.SUCCEEDED
 
@@ -349,7 +349,7 @@ def test_operations_refuse_what_does_not_apply(history):
     succeeded = JobRun.objects.get(pk=history.t1_ok.run_id)
     with pytest.raises(operations.OperationRefused, match="only failed or cancelled"):
         operations.retry_run(succeeded, by=None)
-    assert operations.cancel_run(succeeded, by=None) is False
+    assert operations.cancel_run(succeeded, by=None) == ""  # finished: nothing to do
 
     # A job removed from the code base since the run: simulate by renaming the run's job.
     JobRun.objects.filter(pk=history.t2_bad.run_id).update(job_name="testapp.removed")
@@ -365,7 +365,7 @@ def test_operations_refuse_what_does_not_apply(history):
 def test_cancel_loses_to_a_worker_that_already_started(history):
     waiting = JobRun.objects.get(pk=history.t2_waiting.run_id)
     work()  # the worker takes it first
-    assert operations.cancel_run(waiting, by=None) is False
+    assert operations.cancel_run(waiting, by=None) == ""  # finished before the request
     assert JobRun.objects.get(pk=waiting.pk).status == RunStatus.SUCCEEDED
 
 
@@ -531,3 +531,23 @@ def test_operator_sees_escape_hatch_uses_read_only(operator):
     assert detail.status_code == 200
     assert 'name="_save"' not in detail.content.decode()  # read-only: nothing to save
     assert operator.get("/admin/kumiko_jobs/escapehatchuse/add/").status_code == 403
+
+
+def test_cancel_action_asks_a_running_run_to_stop(operator, history, redis_conn):
+    from kumiko_jobs import cancellation
+
+    run_id = history.t2_waiting.run_id
+    # As the records step marks a run the moment a worker starts it.
+    JobRun.objects.filter(pk=run_id).update(status=RunStatus.RUNNING)
+    response = operator.post(
+        RUNS,
+        {"action": "cancel_selected", "index": 0, "_selected_action": [run_id]},
+        follow=True,
+    )
+    assert "0 runs cancelled, 1 running run asked to stop." in text(response)
+    run = JobRun.objects.get(pk=run_id)
+    # Still running: the worker's beat carries the request to the job, which ends the run.
+    assert run.status == RunStatus.RUNNING
+    assert run.cancel_requested_by == "operator" and run.cancel_requested_at is not None
+    assert redis_conn.get(cancellation.key_for(run_id)) == b"operator"
+    assert redis_conn.ttl(cancellation.key_for(run_id)) > 0

@@ -374,6 +374,9 @@ def test_worker_relays_what_was_committed_while_redis_was_down(tenants, workers)
 # --------------------------------------------------------------------------- tenant lifecycle
 
 
+@override_settings(
+    KUMIKO_JOBS={**settings.KUMIKO_JOBS, "TENANT_DELETION": "anonymise"}  # the row stays
+)
 def test_run_of_a_deleted_tenant_fails_closed(tenants):
     from example_project.customers.models import Client
 
@@ -396,6 +399,24 @@ def test_run_of_a_deleted_tenant_fails_closed(tenants):
     with connection.cursor() as cursor:
         cursor.execute("SELECT to_regclass('public.testapp_probe')")
         assert cursor.fetchone() == (None,)  # and none to public: it has no such table
+
+
+def test_a_deleted_tenants_purged_run_is_refused_not_run(tenants):
+    from example_project.customers.models import Client
+    from kumiko_jobs.models import RejectedMessage
+
+    doomed = Client(schema_name="t_purged", name="Purged")
+    doomed.save()
+    try:
+        handle = jobs.probe.enqueue(tenant=doomed, tag="orphan")
+    finally:
+        doomed.delete(force_drop=True)
+    # TENANT_DELETION="purge" (the default) took the waiting run's row with the tenant.
+    assert not JobRun.objects.filter(pk=handle.run_id).exists()
+    work()
+    # Its message is refused (a run is never recreated from a message): nothing ran anywhere.
+    assert RejectedMessage.objects.filter(reason__contains=handle.run_id).exists()
+    assert all(not probes(schema) for schema in tenants)
 
 
 @pytest.fixture

@@ -252,7 +252,7 @@ def test_max_per_tenant_is_atomic_under_concurrent_enqueues(tenants):
             barrier.wait()
             with transaction.atomic():
                 handle = jobs.capped.enqueue(tenant="t1", tag=f"c{i}")
-            results.append(handle.skipped)
+            results.append(handle.capped)
         finally:
             connections.close_all()
 
@@ -262,7 +262,10 @@ def test_max_per_tenant_is_atomic_under_concurrent_enqueues(tenants):
     for t in threads:
         t.join()
     assert sorted(results) == [False, False] + [True] * 6
-    assert JobRun.objects.filter(job_name="testapp.capped").count() == 2
+    runs = JobRun.objects.filter(job_name="testapp.capped")
+    assert runs.filter(status=RunStatus.QUEUED).count() == 2
+    # Each refused enqueue is on record as capped (not "skipped": that is concurrency="skip").
+    assert runs.filter(status=RunStatus.CAPPED).count() == 6
     assert connection.schema_name == "public"
 
 

@@ -343,7 +343,7 @@ def test_queue_serializer_check_names_the_fix(settings):
     json_default = settings.RQ_QUEUES["default"]
     settings.RQ_QUEUES = {
         "default": {**json_default, "SERIALIZER": "rq.serializers.DefaultSerializer"},  # pickle
-        # "low" is used by a Django task lane (settings.TASKS), so keep it JSON here.
+        # "low" is used by a Django task lane (settings.TASKS) and a test job, so keep it JSON.
         "low": json_default,
         "spare": {k: v for k, v in json_default.items() if k != "SERIALIZER"},  # unused by jobs
         "elsewhere": json_default,

@@ -7,7 +7,7 @@ import time
 
 from django.db import connection
 
-from kumiko_jobs import TenantVisibleError, Unrecoverable, job
+from kumiko_jobs import EscapeHatch, TenantVisibleError, Unrecoverable, job
 
 from .models import Probe
 
@@ -207,6 +207,177 @@ def overruns(ctx, *, tag: str, marks: str, seconds: float, then: str = "return")
         raise ValueError("something else went wrong after the timeout")
     if ctx.attempt == 1 and then == "defer":
         return ctx.defer(1)
+
+
+# --- job semantics (issue 14) -----------------------------------------------------------------
+
+
+def _wait_for_a_sibling(ctx, seconds: float) -> bool:
+    """Wait (bounded) until another run of this job is running; True if one was seen.
+
+    Two runs that both see each other overlapped; a sequential job's runs never can."""
+    from kumiko_jobs.models import JobRun, RunStatus
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        others = JobRun.objects.filter(job_name=ctx.job_name, status=RunStatus.RUNNING)
+        if others.exclude(pk=ctx.run_id).exists():
+            ctx.log.info("a sibling run is running")
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@job(cron="0 4 * * *", system=True, concurrency="sequential")
+def sequential_system_cron(ctx) -> None:
+    """A long system cron that must never overlap itself."""
+    _wait_for_a_sibling(ctx, 2.0)
+
+
+@job(cron="0 4 * * *", system=True)
+def parallel_system_cron(ctx) -> None:
+    """The same cron without concurrency options: its ticks may overlap (calibration)."""
+    _wait_for_a_sibling(ctx, 30.0)
+
+
+@job(cron="0 5 * * *", system=True, concurrency="skip")
+def skipping_system_cron(ctx) -> None:
+    """A system cron whose tick is skipped while the previous one is still active."""
+
+
+@job(system=True, max_per_tenant=1)
+def capped_system(ctx, *, tag: str) -> None:
+    """At most one waiting-or-running run of the system at once."""
+
+
+# Bound of every wait below: a test that breaks fails in a minute instead of hanging.
+_WAIT_BOUND = 60.0
+
+
+def _wait_for_cancel_request(ctx) -> bool:
+    deadline = time.monotonic() + _WAIT_BOUND
+    while time.monotonic() < deadline:
+        if ctx.cancel_requested:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def cancellable(ctx, *, tag: str) -> str:
+    """Works in small steps and checks for a cancellation between them."""
+    _probe(ctx, tag, note="started")
+    deadline = time.monotonic() + _WAIT_BOUND
+    while time.monotonic() < deadline:
+        ctx.check_cancelled()
+        time.sleep(0.05)
+    return "never cancelled"
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def completes_despite_cancel(ctx, *, tag: str) -> str:
+    """Sees the request, but finishes its work and returns: success wins the race."""
+    _probe(ctx, tag, note=f"saw request: {_wait_for_cancel_request(ctx)}")
+    return "done"
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def fails_after_cancel(ctx, *, tag: str) -> None:
+    """Sees the request, then fails some other way: cancelled all the same, never retried."""
+    _probe(ctx, tag, note=f"saw request: {_wait_for_cancel_request(ctx)}")
+    raise RuntimeError("broke while stopping")
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def swallows_cancel(ctx, *, tag: str) -> str:
+    """Catches JobCancelled and returns: the acknowledged cancellation still ends the run."""
+    from kumiko_jobs import JobCancelled
+
+    _wait_for_cancel_request(ctx)
+    try:
+        ctx.check_cancelled()
+    except JobCancelled:
+        _probe(ctx, tag, note="caught")
+    return "pretends to be done"
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def ignores_cancel(ctx, *, tag: str) -> str:
+    """Never checks: only a forking worker can stop it (after CANCEL_GRACE)."""
+    _probe(ctx, tag, note="started")
+    time.sleep(_WAIT_BOUND)
+    return "ran to its end"
+
+
+@job(cron="*/2 * * * * * *", system=True, queue="low")
+def every_two_seconds(ctx) -> None:
+    """A seconds crontab (7 fields): one tick every even second. On the "low" queue, so that
+    tests running schedulers for other cron jobs do not see its ticks on "default"."""
+
+
+@job
+def logs_in_parts(ctx, *, tag: str) -> None:
+    """ctx.log.child(): bound fields on every line of a part of the job; debug lines."""
+    charge = ctx.log.child(step="charge", invoice=7)
+    charge.info("charging", amount=12)
+    charge.child(attempt_no=2, step="retry-charge").warning("again")
+    ctx.log.debug("noisy detail", tag=tag)
+    ctx.log.info("done")
+
+
+_RAW = EscapeHatch(reason="tests: server-side sleeps and backend ids", grants=["unsafe_raw"])
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+@job(timeout=1, escape_hatch=_RAW)
+def sleeps_in_postgres(ctx, *, tag: str) -> None:
+    """Blocks in one statement far beyond its timeout."""
+    with ctx.unsafe_raw():
+        _probe(ctx, tag, note=f"pid {_backend_pid()}")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(30) /* kumiko-timeout-probe */")
+    _probe(ctx, tag, note="woke up")
+
+
+@job(escape_hatch=_RAW)
+def reports_backend(ctx, *, tag: str) -> None:
+    with ctx.unsafe_raw():
+        _probe(ctx, tag, note=f"pid {_backend_pid()}")
+
+
+@job
+def final_attempt_probe(ctx, *, tag: str) -> None:
+    _probe(ctx, tag, note=f"attempt {ctx.attempt} final {ctx.final_attempt}")
+
+
+@job(concurrency="sequential")
+def sequential_may_fail(ctx, *, tag: str, fail: bool = False) -> None:
+    _probe(ctx, tag)
+    if fail:
+        raise RuntimeError("the sequential run failed")
+
+
+def _fail_on_first_attempt(ctx) -> None:
+    if ctx.attempt == 1:
+        raise ConnectionError(f"attempt 1 of {ctx.job_name} failed")
+
+
+@job(cron="0 6 * * *", system=True, retries=1, backoff={"type": "fixed", "delay": 0})
+def cron_retried(ctx) -> None:
+    """A system cron whose tick fails once, then succeeds."""
+    _fail_on_first_attempt(ctx)
+
+
+@job(per_tenant=True, retries=1, backoff={"type": "fixed", "delay": 0})
+def fanout_child_retried(ctx, *, tag: str) -> None:
+    """Each tenant's child fails its first attempt, then succeeds."""
+    _probe(ctx, tag, note=f"attempt {ctx.attempt}")
+    _fail_on_first_attempt(ctx)
 
 
 from . import async_jobs  # noqa: E402,F401 - registers the async test jobs

@@ -71,6 +71,11 @@ class Command(BaseCommand):
         relay.add_argument(
             "--grace", type=float, default=None, help="seconds a run must be due (RELAY_GRACE)"
         )
+        cancel = sub.add_parser(
+            "cancel",
+            help="cancel a waiting run, or ask a running one to stop (ctx.cancel_requested)",
+        )
+        cancel.add_argument("run_id", help="the run's id (with or without dashes)")
         run = sub.add_parser("enqueue", help="enqueue a job by name")
         run.add_argument("job")
         run.add_argument("--tenant", help="schema name (omit for system jobs)")
@@ -85,8 +90,6 @@ class Command(BaseCommand):
         runs.add_argument("--limit", type=int, default=20, help="rows (default 20)")
         retry = sub.add_parser("retry", help="start a new run of a failed or cancelled run")
         retry.add_argument("run_id")
-        cancel = sub.add_parser("cancel", help="cancel a run that has not started")
-        cancel.add_argument("run_id")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -109,9 +112,12 @@ class Command(BaseCommand):
             result = sweep()
             self.stdout.write(
                 f"retried {result.retried} abandoned run(s), failed {result.abandoned}, "
-                f"deleted {result.deleted_runs} expired run row(s) and "
-                f"{result.deleted_rejections} rejected message(s)"
+                f"deleted {result.deleted_runs} expired run row(s), "
+                f"{result.deleted_rejections} rejected message(s), "
+                f"{result.deleted_failures} failure(s) and {result.deleted_audit} audit row(s)"
             )
+        elif action == "cancel":
+            self._cancel(options["run_id"])
         elif action == "enqueue":
             try:
                 kwargs = json.loads(options["kwargs"])
@@ -175,17 +181,6 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         self.stdout.write(f"run {run.run_id} retried as run {uuid.UUID(handle.run_id)}")
 
-    def _cancel(self, run_id: str) -> None:
-        from ...operations import cancel_run
-
-        run = _run(run_id)
-        if not cancel_run(run):
-            raise CommandError(
-                f"Run {run.run_id} is {run.status}; only queued or deferred runs (not started "
-                "yet) can be cancelled."
-            )
-        self.stdout.write(f"run {run.run_id} cancelled")
-
     def _table(self, rows: Sequence[Sequence[str]]) -> None:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         for row in rows:
@@ -218,6 +213,32 @@ class Command(BaseCommand):
             if not loop:
                 return
             time.sleep(pause)
+
+    def _cancel(self, run_id: str) -> None:
+        import getpass
+        import uuid
+
+        from ...models import JobRun
+        from ...operations import CANCELLED, cancel_run
+
+        try:
+            run = JobRun.objects.get(pk=uuid.UUID(run_id.strip()))
+        except (ValueError, JobRun.DoesNotExist):
+            raise CommandError(f"no run {run_id!r}") from None
+        try:
+            who = f"manage.py ({getpass.getuser()})"
+        except Exception:  # no user name in this environment
+            who = "manage.py"
+        result = cancel_run(run, by=who)
+        if not result:
+            raise CommandError(f"run {run.run_id} has already finished ({run.status})")
+        if result == CANCELLED:
+            self.stdout.write(f"cancelled run {run.run_id} (it had not started)")
+        else:
+            self.stdout.write(
+                f"asked running run {run.run_id} to stop; it ends cancelled when the job "
+                "checks ctx.cancel_requested (a forking worker stops it after CANCEL_GRACE)"
+            )
 
     def _list(self) -> None:
         rows = [("job", "queue", "retries", "kind", "grants")]

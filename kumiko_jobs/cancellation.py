@@ -1,0 +1,114 @@
+"""Cancelling a running run: the request's way from an operator to the job's code.
+
+An operator (admin action, ``manage.py kumiko_jobs cancel``) records the request on the run
+row (``cancel_requested_at`` / ``_by``) and sets a Redis key per run. The worker executing the
+run reads that key with its liveness beat (one more command in the beat's existing pipeline,
+no extra round trip and no database read while the job body runs) and marks the run here, in
+the process that executes the body: the in-process worker directly, the forking worker by
+signalling its work horse (``SIGNAL``). The job sees the mark through ``ctx.cancel_requested``
+and ``ctx.check_cancelled()``; the outcome rules are in ``decide`` (docs/reliability.md,
+Cancellation).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .context import RunState
+
+logger = logging.getLogger("kumiko_jobs.cancellation")
+
+KEY_PREFIX = "kumiko:cancel:"  # + run id (hex) -> who asked
+# Sent by a forking worker to its work horse when the run it executes is to be cancelled.
+SIGNAL = signal.SIGUSR1
+# Run ids (hex) whose cancellation reached this process, with who asked ("" when unknown).
+_requested: dict[str, str] = {}
+
+
+def key_for(run_id: str) -> str:
+    return KEY_PREFIX + run_id
+
+
+def run_of(rq_job_id: str) -> str | None:
+    """The run id an RQ job id of kumiko names (``kj-<run>-a<attempt>-...``), else None."""
+    if rq_job_id.startswith("kj-") and len(rq_job_id) >= 35:
+        return rq_job_id[3:35]
+    return None
+
+
+def mark(run_id: str, who: str) -> None:
+    """The cancellation of ``run_id`` reached this process (called by the worker)."""
+    _requested.setdefault(run_id, who)
+
+
+def forget(run_id: str) -> None:
+    _requested.pop(run_id, None)
+
+
+def requested_by(run_id: str) -> str | None:
+    """Who asked to cancel ``run_id`` ("" if unknown), or None when nobody did (yet)."""
+    return _requested.get(run_id)
+
+
+def publish(redis: Any, run_id: str, who: str, ttl: int) -> None:
+    """Tell the workers (the Redis key their beats read); expires after ``ttl`` seconds."""
+    redis.set(key_for(run_id), who or "-", ex=max(ttl, 1))
+
+
+# The run the work horse in this process executes (set in the horse only).
+_horse_run: str | None = None
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    if _horse_run is not None:
+        mark(_horse_run, "")
+
+
+def listen_for_signal() -> None:
+    """In a forking worker before it forks: the handler every work horse inherits, so a
+    request signalled right after the fork cannot hit the default action (terminate)."""
+    signal.signal(SIGNAL, _on_signal)
+
+
+def horse_executes(run_id: str) -> None:
+    """In a work horse: the run whose cancellation ``SIGNAL`` means."""
+    global _horse_run
+    _horse_run = run_id
+
+
+def settle(state: RunState) -> bool:
+    """Turn the attempt's outcome into ``cancelled`` when a cancellation decides it.
+
+    * The job acknowledged the request (``ctx.check_cancelled()`` raised): cancelled, whatever
+      the body did after catching the exception.
+    * A request reached the run and the body did not complete (it raised, timed out, was
+      denied, or asked to be deferred): cancelled, never retried or resumed.
+    * The body returned normally without acknowledging: **success wins**. Its work is done, and
+      calling it cancelled would hide effects that happened; ``cancel_requested_at`` stays on
+      the row to show the request came too late.
+    """
+    from .exceptions import JobCancelled
+
+    who = requested_by(state.envelope.run_id)
+    if not state.cancel_acknowledged and who is None:
+        return False
+    if state.outcome == "succeeded" and not state.cancel_acknowledged:
+        return False
+    if not isinstance(state.error, JobCancelled):
+        ended = f" (the attempt ended with {type(state.error).__name__})" if state.error else ""
+        state.error = JobCancelled(f"cancelled on request{_by(who)}{ended}")
+        state.error_traceback = ""
+        state.rendered_error = None
+    state.outcome, state.reschedule, state.failure_key = "cancelled", None, None
+    return True
+
+
+def message(who: str | None) -> str:
+    return f"cancellation requested{_by(who)}"
+
+
+def _by(who: str | None) -> str:
+    return f" by {who}" if who and who != "-" else ""
