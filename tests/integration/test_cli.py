@@ -81,14 +81,15 @@ def test_retry_a_failed_run_and_refuse_a_succeeded_one(tenants):
         cli("retry", "nope")
 
 
-def test_cancel_a_waiting_run_only(tenants):
+def test_cancel_a_waiting_run_at_once_and_refuse_a_finished_one(tenants):
+    """(Running runs are asked to stop: test_cancel_running.py.)"""
     waiting = jobs.probe.enqueue_in(3600, tenant="t1", tag="cli-wait")
     out = cli("cancel", waiting.run_id)
-    assert out == f"run {rid(waiting.run_id)} cancelled\n"
+    assert out == f"cancelled run {rid(waiting.run_id)} (it had not started)\n"
     assert JobRun.objects.get(pk=waiting.run_id).status == RunStatus.CANCELLED
 
     done = jobs.probe.enqueue(tenant="t1", tag="cli-done")
     work()
-    with pytest.raises(CommandError, match="only queued or deferred runs"):
+    with pytest.raises(CommandError, match="has already finished"):
         cli("cancel", done.run_id)
     assert JobRun.objects.get(pk=done.run_id).status == RunStatus.SUCCEEDED
