@@ -263,3 +263,52 @@ def check_queue_serializers(app_configs: Any = None, **kwargs: Any) -> list[chec
                 )
             )
     return errors
+
+
+@checks.register(checks.Tags.security)
+def check_db_roles(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    try:
+        settings = conf.get()
+    except ImproperlyConfigured:
+        return []  # E001 says so
+    if not settings.DB_ROLES:
+        if conf.debug() or settings.DB_GUARD == "off":
+            return []
+        return [
+            checks.Warning(
+                "KUMIKO_JOBS['DB_ROLES'] is off: tenant isolation rests on the DB guard's "
+                "classifier alone; job bodies run as the project's database user.",
+                hint="Follow docs/guard.md ('Two walls', set-up) and set "
+                "KUMIKO_JOBS['DB_ROLES'] = True.",
+                id="kumiko_jobs.W003",
+            )
+        ]
+    return []
+
+
+@checks.register(checks.Tags.database)
+def check_db_roles_in_step(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Tenants whose role is missing or lacks a grant (one catalog query; ``--database``)."""
+    if not databases or "default" not in databases:
+        return []
+    try:
+        if not conf.get().DB_ROLES:
+            return []
+    except ImproperlyConfigured:
+        return []
+    from . import db_roles
+
+    stale = db_roles.out_of_date()
+    if not stale:
+        return []
+    shown = ", ".join(stale[:10]) + (f" and {len(stale) - 10} more" if len(stale) > 10 else "")
+    return [
+        checks.Error(
+            f"{len(stale)} tenant database role(s) missing or out of date: {shown}. Their "
+            "runs would fail with 'permission denied' or a failed login.",
+            hint="Run `manage.py kumiko_jobs roles` (safe on every deploy).",
+            id="kumiko_jobs.E012",
+        )
+    ]

@@ -87,6 +87,11 @@ class KumikoSettings:
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
     MESSAGE_MAX_AGE: int = 7 * 24 * 3600
     GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
+    # The second wall (docs/guard.md, "Two walls"): tenant job bodies log in as their tenant's
+    # PostgreSQL role. Off by default: turning it on needs the operator's set-up steps.
+    DB_ROLES: bool = False
+    # Per-tenant connections a worker keeps open (least recently used closed first).
+    DB_ROLE_POOL_SIZE: int = 32
 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -106,6 +111,7 @@ _POSITIVE_INTS = (
     "WORKER_DEAD_AFTER",
     "TIMEOUT_KILL_AFTER",
     "MESSAGE_MAX_AGE",
+    "DB_ROLE_POOL_SIZE",
 )
 _NON_NEGATIVE_INTS = (
     "DEFAULT_RETRIES",
@@ -154,7 +160,7 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("DEFAULT_QUEUE",):
         if key in values and (not isinstance(values[key], str) or not values[key]):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be a queue name.")
-    for key in ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT"):
+    for key in ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT", "DB_ROLES"):
         if not isinstance(values.get(key, True), bool):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be True or False.")
     defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
@@ -283,6 +289,21 @@ def has_tenant_settings() -> bool:
 
 def database_engines() -> dict[str, str]:
     return {alias: str(cfg.get("ENGINE", "")) for alias, cfg in settings.DATABASES.items()}
+
+
+def database_settings(alias: str) -> dict[str, Any]:
+    """The alias's connection settings as Django completed them (a copy)."""
+    from django.db import connections
+
+    return dict(connections.settings[alias])
+
+
+def secret_key() -> str:
+    return str(settings.SECRET_KEY)
+
+
+def debug() -> bool:
+    return bool(settings.DEBUG)
 
 
 def tenant_model_label() -> str:

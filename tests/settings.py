@@ -51,4 +51,10 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.guardapp"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # PUSH_FAILURE_PAUSE is per process: a test that stops Redis must not leave the next test's
 # enqueues to the relay. test_outages turns it on where it is the subject.
-KUMIKO_JOBS = {"DB_GUARD": "enforce", "DEFAULT_RETRIES": 0, "PUSH_FAILURE_PAUSE": 0}
+# DB_ROLES: tenant job bodies log in as their tenant's role (docs/guard.md, "Two walls").
+KUMIKO_JOBS = {
+    "DB_GUARD": "enforce",
+    "DEFAULT_RETRIES": 0,
+    "PUSH_FAILURE_PAUSE": 0,
+    "DB_ROLES": os.environ.get("KUMIKO_TEST_DB_ROLES", "1") == "1",
+}

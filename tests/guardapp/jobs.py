@@ -691,3 +691,4 @@ def everyday(ctx: JobContext, *, case: str) -> None:
 
 
 from . import route_jobs  # noqa: E402,F401  (jobs of the route and run-hygiene suites)
+from . import role_jobs  # noqa: E402,F401  (jobs of the two-walls suite)

@@ -373,3 +373,6 @@ def discard_worker_connections() -> None:
             conn.needs_rollback = False
             conn.closed_in_transaction = False
         conn.close()
+    from kumiko_jobs import tenant_connections
+
+    tenant_connections.close_all()  # the tenant roles' connections (DB_ROLES)

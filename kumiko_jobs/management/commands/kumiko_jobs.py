@@ -1,4 +1,4 @@
-"""``manage.py kumiko_jobs list | schedule | sweep | relay | enqueue``."""
+"""``manage.py kumiko_jobs list | schedule | sweep | relay | enqueue | roles``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,14 @@ class Command(BaseCommand):
         relay.add_argument(
             "--grace", type=float, default=None, help="seconds a run must be due (RELAY_GRACE)"
         )
+        roles = sub.add_parser(
+            "roles",
+            help="create or repair every tenant's database role and grants, drop roles of "
+            "deleted tenants, give every role its current password (idempotent, DB_ROLES)",
+        )
+        roles.add_argument(
+            "--check", action="store_true", help="only list tenants whose role is out of date"
+        )
         run = sub.add_parser("enqueue", help="enqueue a job by name")
         run.add_argument("job")
         run.add_argument("--tenant", help="schema name (omit for system jobs)")
@@ -51,6 +59,8 @@ class Command(BaseCommand):
                 ("unchanged", synced.unchanged),
             ):
                 self.stdout.write(f"{label}: {', '.join(ids) or '-'}")
+        elif action == "roles":
+            self._roles(options["check"])
         elif action == "relay":
             self._relay(options["loop"], options["interval"], options["grace"])
         elif action == "sweep":
@@ -75,6 +85,24 @@ class Command(BaseCommand):
                 f"queued run {handle.run_id} of {handle.job_name} "
                 f"for {handle.schema_name or 'system'}"
             )
+
+    def _roles(self, check_only: bool) -> None:
+        from ... import db_roles
+
+        if check_only:
+            stale = db_roles.out_of_date()
+            for name in stale:
+                self.stdout.write(f"out of date: {name}")
+            if stale:
+                raise CommandError(f"{len(stale)} tenant role(s) out of date")
+            self.stdout.write("every tenant role is up to date")
+            return
+        result = db_roles.sync_all()
+        self.stdout.write(
+            f"ensured {len(result.ensured)} tenant role(s), dropped {len(result.dropped)} "
+            f"of deleted tenants ({', '.join(result.dropped) or '-'}); skipped tenants without "
+            f"a schema: {', '.join(result.skipped) or '-'}"
+        )
 
     def _relay(self, loop: bool, interval: float | None, grace: float | None) -> None:
         import time
