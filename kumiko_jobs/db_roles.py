@@ -91,12 +91,16 @@ def scram_verifier(role: str) -> str:
 
 
 def readable_shared_tables() -> frozenset[str]:
-    """Shared tables a tenant run may read: the classifier's shared tables, without its
-    protected ones (kumiko's history, the tenant and domain tables), which tenant roles cannot
-    even read."""
-    from .steps.db_guard import protected_tables, shared_tables
+    """Shared tables a tenant role may read: the classifier's shared tables without kumiko's
+    own (every tenant's runs, arguments, errors and logs: no tenant reads them, which the
+    classifier alone allows). The tenant and domain tables stay readable: a job names another
+    tenant through them (``ctx.cross_tenant_reads(Client.objects.get(...))``)."""
+    from django.apps import apps
 
-    return shared_tables() - protected_tables()
+    from .steps.db_guard import shared_tables
+
+    kumiko = apps.get_app_config("kumiko_jobs").get_models(include_auto_created=True)
+    return shared_tables() - {model._meta.db_table.lower() for model in kumiko}
 
 
 def _ident(*names: str) -> sql.Identifier:

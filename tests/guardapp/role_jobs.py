@@ -91,3 +91,28 @@ def role_system_identity(ctx: JobContext) -> None:
     with ctx.system_db():
         inside = _identity()
         Plan.objects.create(name=f"{outside}|{inside}"[:100], monthly_price=Decimal("0.00"))
+
+
+@job
+def swallow_denial(ctx: JobContext) -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT value FROM t2.guardapp_secret")
+    except Exception:
+        pass
+    _note("swallowed", "carried on")
+
+
+@job
+def write_shared_unguarded(ctx: JobContext) -> None:
+    Plan.objects.create(name="sneaked", monthly_price=Decimal("0.01"))
+
+
+@job
+def open_project_connection(ctx: JobContext) -> None:
+    from django.db import connections
+
+    fresh = connections.create_connection("default")  # the project's credentials
+    with fresh.cursor() as cursor:
+        cursor.execute("SELECT value FROM t2.guardapp_secret")
+        _note("leaked", cursor.fetchone()[0])
