@@ -169,6 +169,8 @@ def ensure_tenant_role(
     """Create or repair one tenant's role: login with its derived password, member of the
     group, USAGE on its schema, row privileges on its tables and sequences (existing ones and,
     through default privileges, those the project user creates later). Idempotent."""
+    if schema == conf.public_schema_name():
+        raise ValueError("the public schema's tenant has no role: its runs are system runs")
     role = role_name(tenant_pk, alias)
     who = _ident(role)
     verifier = sql.Literal(scram_verifier(role))
@@ -356,7 +358,7 @@ def hooked_schemas(schemas: Iterable[str]) -> None:
 
 def _on_schema_synced(sender: Any, tenant: Any, **kwargs: Any) -> None:
     if enabled():
-        ensure_for_tenant(tenant.pk, tenant.schema_name)
+        hooked_schemas([tenant.schema_name])  # the public tenant has no role of its own
 
 
 def _on_schema_migrated(sender: Any, schema_name: str, **kwargs: Any) -> None:

@@ -9,15 +9,17 @@ off), so that its failure with the roles on proves the roles stopped it.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
 from django_tenants.utils import tenant_context
 
-from kumiko_jobs import db_roles
+from kumiko_jobs import db_roles, tenant_connections
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
 from tests.guardapp import role_jobs, support
@@ -181,3 +183,172 @@ def test_a_connection_with_the_project_credentials_opened_in_the_body_is_refused
     assert run.error_type == "DatabaseAccessDenied"
     assert "with the project's credentials was opened during the run" in run.error_message
     assert "leaked" not in support.findings("t1")
+
+
+# --- tenant lifecycle ---------------------------------------------------------------------------
+
+
+def _role_exists(observer: support.Observer, role: str) -> bool:
+    return bool(observer.rows("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)))
+
+
+def _e012() -> list[Any]:
+    from kumiko_jobs.checks import check_db_roles_in_step
+
+    return [m for m in check_db_roles_in_step(databases=["default"]) if m.id == "kumiko_jobs.E012"]
+
+
+def test_tenant_lifecycle_create_run_migrate_repair_delete(live_db, observer):
+    from example_project.customers.models import Client
+
+    with override_settings(KUMIKO_JOBS=ROLES_ENFORCE):
+        tenant = Client(schema_name="t_life", name="Lifecycle")
+        tenant.save()  # creates and migrates the schema: the role comes with it
+        role = db_roles.role_name(tenant.pk)
+        try:
+            assert _role_exists(observer, role)
+            assert db_roles.out_of_date() == [] and _e012() == []
+
+            # Runs of the new tenant work at once, as its role.
+            run = _run(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
+            assert run.status == RunStatus.SUCCEEDED, run.error_message
+            assert support.findings("t_life")["identity"] == f"{role}/{role}"
+
+            # A grant revoked by hand: found by the check (naming the command), refused by
+            # PostgreSQL, repaired by a migration of the schema and by the command.
+            revoke = f'REVOKE SELECT ON "t_life".guardapp_secret FROM "{role}"'
+            observer.rows(revoke)
+            assert db_roles.out_of_date() == ["t_life"]
+            (error,) = _e012()
+            assert "t_life" in error.msg and "manage.py kumiko_jobs roles" in error.hint
+            run = _run(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
+            assert run.status == RunStatus.FAILED
+            assert "permission denied for table guardapp_secret" in run.error_message
+
+            call_command("migrate_schemas", schema_name="t_life", interactive=False, verbosity=0)
+            assert db_roles.out_of_date() == []
+
+            observer.rows(revoke)
+            observer.rows(f'GRANT CREATE ON SCHEMA "t_life" TO "{role}"')  # too much, by hand
+            call_command("kumiko_jobs", "roles", stdout=StringIO())
+            assert db_roles.out_of_date() == []
+            assert not observer.value(
+                "SELECT has_schema_privilege(%s, 't_life', 'CREATE')", (role,)
+            )
+            run = _run(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
+            assert run.status == RunStatus.SUCCEEDED, run.error_message
+
+            # A table created later by the project user (a migration) is the tenant's at once.
+            observer.rows('CREATE TABLE "t_life".later_table (id serial PRIMARY KEY)')
+            assert observer.value(
+                "SELECT has_table_privilege(%s, 't_life.later_table', 'INSERT')", (role,)
+            )
+            assert observer.value(
+                "SELECT has_sequence_privilege(%s, 't_life.later_table_id_seq', 'USAGE')",
+                (role,),
+            )
+        finally:
+            tenant_connections.close_all()
+            tenant.delete(force_drop=True)
+        assert not _role_exists(observer, role)
+
+
+def test_the_command_drops_roles_of_deleted_tenants_and_only_ours(live_db, observer):
+    prefix = db_roles.prefix()
+    orphan = f"{prefix}_t999999"
+    foreign = "kj_0000000000_t1"  # another database's (another suite's) name space
+    observer.rows(f'CREATE ROLE "{orphan}" LOGIN')
+    created_foreign = not _role_exists(observer, foreign)
+    if created_foreign:
+        observer.rows(f'CREATE ROLE "{foreign}"')
+    try:
+        assert f"role {orphan} (no such tenant)" in db_roles.out_of_date()
+        out = StringIO()
+        call_command("kumiko_jobs", "roles", stdout=out)
+        assert orphan in out.getvalue()
+        assert not _role_exists(observer, orphan)
+        assert _role_exists(observer, foreign)
+    finally:
+        observer.rows(f'DROP ROLE IF EXISTS "{orphan}"')
+        if created_foreign:
+            observer.rows(f'DROP ROLE IF EXISTS "{foreign}"')
+
+
+def test_tenant_roles_hold_only_what_the_docs_list(tenants, observer):
+    role = db_roles.role_name(tenants["t1"].pk)
+    group = db_roles.group_name()
+    row = observer.rows(
+        "SELECT rolsuper, rolcreaterole, rolcreatedb, rolcanlogin, rolinherit, rolbypassrls, "
+        "rolreplication FROM pg_roles WHERE rolname = %s",
+        (role,),
+    )
+    assert row == [(False, False, False, True, True, False, False)]
+    assert observer.value("SELECT pg_has_role(%s, %s, 'MEMBER')", (role, group))
+
+    def can(privilege: str, target: str) -> bool:
+        return bool(
+            observer.value(f"SELECT has_table_privilege(%s, %s, '{privilege}')", (role, target))
+        )
+
+    assert can("SELECT", "t1.guardapp_secret") and can("DELETE", "t1.guardapp_secret")
+    assert not can("TRUNCATE", "t1.guardapp_secret")
+    assert not observer.value("SELECT has_schema_privilege(%s, 't2', 'USAGE')", (role,))
+    assert not observer.value("SELECT has_schema_privilege(%s, 't1', 'CREATE')", (role,))
+    assert can("SELECT", "public.catalog_plan") and not can("INSERT", "public.catalog_plan")
+    assert can("SELECT", "public.customers_client") and not can("UPDATE", "public.customers_client")
+    assert not can("SELECT", "public.kumiko_jobs_jobrun")
+    # The shared grants are the group's, once: no tenant role is named on a shared table.
+    assert not observer.rows(
+        "SELECT 1 FROM information_schema.role_table_grants WHERE table_schema = 'public' "
+        "AND grantee LIKE %s AND grantee <> %s",
+        (db_roles.prefix() + r"\_t%", group),
+    )
+
+
+# --- the pool and the cost ----------------------------------------------------------------------
+
+
+def test_a_warm_tenant_connection_costs_no_extra_statement(tenants):
+    """Statements sent to PostgreSQL (psycopg's cursor, every connection) per run, warm."""
+    import psycopg
+
+    counted: list[str] = []
+    original = psycopg.Cursor.execute
+
+    def counting(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        counted.append(str(query)[:40])
+        return original(self, query, *args, **kwargs)
+
+    def statements_of_a_warm_run(mode: dict[str, Any]) -> int:
+        _run(tenants["t1"], role_jobs.role_whoami, mode)  # warm: connected, schema known
+        counted.clear()
+        psycopg.Cursor.execute = counting  # type: ignore[method-assign]
+        try:
+            connects = tenant_connections.connects()
+            run = _run(tenants["t1"], role_jobs.role_whoami, mode)
+        finally:
+            psycopg.Cursor.execute = original  # type: ignore[method-assign]
+        assert run.status == RunStatus.SUCCEEDED, run.error_message
+        assert tenant_connections.connects() == connects  # no new connection
+        return len(counted)
+
+    with_roles = statements_of_a_warm_run(ROLES_ENFORCE)
+    without = statements_of_a_warm_run({**ROLES_ENFORCE, "DB_ROLES": False})
+    # The run's statements plus whatever the test does around it: the same with roles.
+    assert with_roles == without
+
+
+def test_the_pool_keeps_one_connection_per_tenant_up_to_its_size(tenants):
+    order = ["t1", "t2", "t3", "t1", "t2", "t3"]
+
+    def connects_for(size: int) -> int:
+        tenant_connections.close_all()
+        before = tenant_connections.connects()
+        mode = {**ROLES_ENFORCE, "DB_ROLE_POOL_SIZE": size}
+        for schema in order:
+            run = _run(tenants[schema], role_jobs.role_whoami, mode)
+            assert run.status == RunStatus.SUCCEEDED, run.error_message
+        return tenant_connections.connects() - before
+
+    assert connects_for(3) == 3  # each tenant once
+    assert connects_for(2) == 6  # LRU of two over three tenants in turn: every run reconnects
