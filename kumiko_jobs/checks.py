@@ -271,10 +271,33 @@ def check_db_roles(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         settings = conf.get()
     except ImproperlyConfigured:
         return []  # E001 says so
+    found: list[checks.CheckMessage] = []
+    if settings.DB_POOLER == "transaction":
+        if not settings.DB_ROLES:
+            found.append(
+                checks.Error(
+                    "KUMIKO_JOBS['DB_POOLER'] is 'transaction' without DB_ROLES: the pooler "
+                    "hands one server session to many clients, so a search path or setting a "
+                    "run left in its session reaches the statements of another tenant's run.",
+                    hint="Point the workers at PostgreSQL directly or through session pooling, "
+                    "or turn DB_ROLES on (docs/guard.md, 'Poolers').",
+                    id="kumiko_jobs.E013",
+                )
+            )
+        else:
+            found.append(
+                checks.Warning(
+                    "KUMIKO_JOBS['DB_POOLER'] is 'transaction': tenant isolation holds (the "
+                    "pooler keeps a pool per login role), but django-tenants' search path and "
+                    "kumiko's session reset are per session and may land on another one.",
+                    hint="Use session pooling for workers (docs/guard.md, 'Poolers').",
+                    id="kumiko_jobs.W004",
+                )
+            )
     if not settings.DB_ROLES:
         if conf.debug() or settings.DB_GUARD == "off":
-            return []
-        return [
+            return found
+        found.append(
             checks.Warning(
                 "KUMIKO_JOBS['DB_ROLES'] is off: tenant isolation rests on the DB guard's "
                 "classifier alone; job bodies run as the project's database user.",
@@ -282,8 +305,8 @@ def check_db_roles(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 "KUMIKO_JOBS['DB_ROLES'] = True.",
                 id="kumiko_jobs.W003",
             )
-        ]
-    return []
+        )
+    return found
 
 
 @checks.register(checks.Tags.database)

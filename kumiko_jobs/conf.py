@@ -92,11 +92,16 @@ class KumikoSettings:
     DB_ROLES: bool = False
     # Per-tenant connections a worker keeps open (least recently used closed first).
     DB_ROLE_POOL_SIZE: int = 32
+    # What sits between Django and PostgreSQL: None (a direct connection), "session" or
+    # "transaction" (PgBouncer's pool modes). Transaction pooling shares server sessions
+    # between clients; checks.py refuses it where that crosses tenants.
+    DB_POOLER: str | None = None
 
 
-_CHOICES: dict[str, tuple[str, ...]] = {
+_CHOICES: dict[str, tuple[str | None, ...]] = {
     "DB_GUARD": ("enforce", "log", "off"),
     "INACTIVE_TENANT": ("skip", "defer"),
+    "DB_POOLER": (None, "session", "transaction"),
 }
 _POSITIVE_INTS = (
     "DEFAULT_TIMEOUT",

@@ -109,7 +109,7 @@ def test_not_a_dict(raw):
 )
 def test_unknown_key_suggests_the_known_one(key, meant):
     message = refused({key: 1}, f"unknown key '{key}'. Did you mean '{meant}'\\?")
-    assert "Known keys: DB_GUARD, DEFAULT_QUEUE," in message
+    assert "Known keys: DB_GUARD, DB_POOLER, DB_ROLES, DB_ROLE_POOL_SIZE, DEFAULT_QUEUE," in message
 
 
 def test_unknown_key_without_a_close_match_lists_the_keys():
