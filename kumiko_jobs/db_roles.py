@@ -205,11 +205,35 @@ def ensure_tenant_role(
 
 
 def drop_role(cursor: Any, role: str) -> bool:
-    """Drop ``role`` and what it holds in this database (grants, default privileges)."""
+    """Revoke what ``role`` holds in this database, then drop it.
+
+    Not ``DROP OWNED BY``: that needs membership in the role, which a CREATEROLE project user
+    does not have (docs/guard.md, "Two walls"). A tenant role owns nothing; it holds grants on
+    schemas, tables and sequences, and default privileges, all given by the project user, who
+    may therefore revoke them. Its group membership goes with it.
+    """
     if not _exists(cursor, role):
         return False
-    _execute(cursor, sql.SQL("DROP OWNED BY {}").format(_ident(role)))
-    _execute(cursor, sql.SQL("DROP ROLE {}").format(_ident(role)))
+    cursor.execute(
+        "SELECT n.nspname FROM pg_namespace n, aclexplode(n.nspacl) a "
+        "WHERE a.grantee = %s::regrole "
+        "UNION SELECT n.nspname FROM pg_default_acl d "
+        "JOIN pg_namespace n ON n.oid = d.defaclnamespace, aclexplode(d.defaclacl) a "
+        "WHERE a.grantee = %s::regrole",
+        [role, role],
+    )
+    who = _ident(role)
+    for (schema,) in cursor.fetchall():
+        where = _ident(schema)
+        for statement in (
+            "REVOKE ALL ON ALL TABLES IN SCHEMA {} FROM {}",
+            "REVOKE ALL ON ALL SEQUENCES IN SCHEMA {} FROM {}",
+            "REVOKE ALL ON SCHEMA {} FROM {}",
+            "ALTER DEFAULT PRIVILEGES IN SCHEMA {} REVOKE ALL ON TABLES FROM {}",
+            "ALTER DEFAULT PRIVILEGES IN SCHEMA {} REVOKE ALL ON SEQUENCES FROM {}",
+        ):
+            _execute(cursor, sql.SQL(statement).format(where, who))
+    _execute(cursor, sql.SQL("DROP ROLE {}").format(who))
     return True
 
 

@@ -90,7 +90,9 @@ def role_system_identity(ctx: JobContext) -> None:
     outside = _identity()
     with ctx.system_db():
         inside = _identity()
-        Plan.objects.create(name=f"{outside}|{inside}"[:100], monthly_price=Decimal("0.00"))
+        Plan.objects.create(name=inside.split("/")[0], monthly_price=Decimal("0.00"))
+        same = "sys-same" if inside == outside else f"sys-differs:{outside}"
+        Plan.objects.create(name=same[:50], monthly_price=Decimal("0.00"))
 
 
 @job
