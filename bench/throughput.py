@@ -15,6 +15,11 @@ also inside ``transaction.atomic()`` as in a request). Everything happens in a d
 own (created, then dropped) and Redis database 2 (flushed), so nothing else is disturbed.
 
     python -m bench.throughput [--jobs 2000] [--tenants 4] [--rounds 1] [--json] [--profile]
+                               [--db-roles on|off] [--db-role-pool-size N]
+
+With ``DB_ROLES`` on (the example project's setting) the tenant job bodies log in as their
+tenant's role; each round line also says how many tenant-role connections the in-process
+worker opened while draining (the forking worker opens them in its work horses, unseen here).
 
 A benchmark, not a test: it asserts nothing about speed. It does check that every job did
 its write (and every kumiko run succeeded), since a fast wrong answer is not a number.
@@ -118,6 +123,11 @@ def clean_up(admin_url: str, database: str, *, keep_database: bool) -> None:
     from kumiko_jobs import transport
 
     transport.connection_for(QUEUE).flushdb()  # the bench's own Redis database
+    if not keep_database:
+        from kumiko_jobs import db_roles, tenant_connections
+
+        tenant_connections.close_all()
+        db_roles.drop_all()  # roles are cluster-wide: the bench database's go with it
     connections.close_all()
     if not keep_database:
         drop_database(admin_url, database)
@@ -323,6 +333,7 @@ class Measurement:
     drain_seconds: float | None = None
     ok: bool = True
     problem: str = ""
+    tenant_connects: int = 0  # tenant-role connections the drain opened (in-process only)
 
     @property
     def enqueue_rate(self) -> float:
@@ -342,8 +353,12 @@ def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) ->
         enqueue(tenants, warmup)
         drain(worker, variant.queue())
     reset(tenants)
+    from kumiko_jobs import tenant_connections
+
     enqueue_seconds = enqueue(tenants, jobs)
+    connects = tenant_connections.connects()
     drain_seconds = drain(worker, variant.queue())
+    connects = tenant_connections.connects() - connects
     problems = []
     rows = written_rows(tenants)
     if rows != jobs:
@@ -351,7 +366,13 @@ def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) ->
     if variant.kumiko and (runs := succeeded_runs()) != jobs:
         problems.append(f"{runs} of {jobs} runs succeeded")
     return Measurement(
-        variant.key, jobs, enqueue_seconds, drain_seconds, not problems, "; ".join(problems)
+        variant.key,
+        jobs,
+        enqueue_seconds,
+        drain_seconds,
+        not problems,
+        "; ".join(problems),
+        connects,
     )
 
 
@@ -631,6 +652,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--keep-database", action="store_true", help="do not drop it at the end")
     parser.add_argument(
+        "--db-roles",
+        choices=("on", "off"),
+        default=None,
+        help="KUMIKO_JOBS['DB_ROLES'] for this run (the project's setting)",
+    )
+    parser.add_argument(
+        "--db-role-pool-size",
+        type=int,
+        default=None,
+        help="KUMIKO_JOBS['DB_ROLE_POOL_SIZE'] (32); below --tenants every run connects",
+    )
+    parser.add_argument(
         "--asynchronous-history",
         action="store_true",
         help="run with KUMIKO_JOBS['HISTORY_SYNCHRONOUS_COMMIT'] = False",
@@ -657,6 +690,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             KUMIKO_JOBS={**settings.KUMIKO_JOBS, "HISTORY_SYNCHRONOUS_COMMIT": False}
         ).enable()
         print("history statements: asynchronous commit (HISTORY_SYNCHRONOUS_COMMIT = False)")
+    roles: dict[str, Any] = {}
+    if args.db_roles is not None:
+        roles["DB_ROLES"] = args.db_roles == "on"
+    if args.db_role_pool_size is not None:
+        roles["DB_ROLE_POOL_SIZE"] = args.db_role_pool_size
+    if roles:
+        from django.conf import settings
+        from django.test import override_settings
+
+        override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, **roles}).enable()
+    from kumiko_jobs import conf as kumiko_conf
+
+    print(
+        f"DB_ROLES {kumiko_conf.get().DB_ROLES}, DB_ROLE_POOL_SIZE "
+        f"{kumiko_conf.get().DB_ROLE_POOL_SIZE}, {args.tenants} tenant(s)"
+    )
     try:
         tenants = create_tenants(args.tenants)
         results = Results(
@@ -677,7 +726,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 measurements.append(m)
                 print(
                     f"drain {m.drain_rate:.1f} jobs/s; {ENQUEUES[variant.enqueue][0]} "
-                    f"{m.enqueue_rate:.0f} jobs/s" + ("" if m.ok else f"  WARNING: {m.problem}"),
+                    f"{m.enqueue_rate:.0f} jobs/s; {m.tenant_connects} tenant connects"
+                    + ("" if m.ok else f"  WARNING: {m.problem}"),
                     flush=True,
                 )
             if "a" in args.only:

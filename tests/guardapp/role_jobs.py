@@ -118,3 +118,11 @@ def open_project_connection(ctx: JobContext) -> None:
     with fresh.cursor() as cursor:
         cursor.execute("SELECT value FROM t2.guardapp_secret")
         _note("leaked", cursor.fetchone()[0])
+
+
+@job
+def raw_read(ctx: JobContext, *, statement: str) -> None:
+    """Runs ``statement`` on the run's psycopg connection, past the classifier entirely."""
+    connection.ensure_connection()
+    row = connection.connection.execute(statement).fetchone()
+    _note("read", row[0] if row else None)

@@ -352,3 +352,62 @@ def test_the_pool_keeps_one_connection_per_tenant_up_to_its_size(tenants):
 
     assert connects_for(3) == 3  # each tenant once
     assert connects_for(2) == 6  # LRU of two over three tenants in turn: every run reconnects
+
+
+# --- the threat model's objects: views, SECURITY DEFINER functions, non-model tables ------------
+
+
+@pytest.fixture
+def planted_objects(observer: support.Observer) -> Iterator[None]:
+    observer.rows(
+        "CREATE TABLE public.kj_cache_table (cache_key text PRIMARY KEY, value text);"
+        "INSERT INTO public.kj_cache_table VALUES ('k', 'cached-secret');"
+        "CREATE VIEW public.kj_leak_view AS SELECT value FROM t2.guardapp_secret;"
+        "CREATE FUNCTION public.kj_definer_leak() RETURNS text LANGUAGE sql SECURITY DEFINER "
+        "AS 'SELECT value FROM t2.guardapp_secret LIMIT 1';"
+    )
+    yield
+    observer.rows(
+        "DROP TABLE public.kj_cache_table; DROP VIEW public.kj_leak_view; "
+        "DROP FUNCTION public.kj_definer_leak()"
+    )
+
+
+@pytest.mark.parametrize(
+    ("statement", "refusal"),
+    [
+        ("SELECT value FROM public.kj_cache_table", "permission denied for table kj_cache_table"),
+        ("SELECT value FROM public.kj_leak_view", "permission denied for view kj_leak_view"),
+        ("SELECT count(*) FROM public.kumiko_jobs_jobrun", "permission denied for table"),
+    ],
+)
+def test_non_model_tables_views_and_history_are_not_readable(
+    tenants, guard_data, planted_objects, statement, refusal
+):
+    calibration = _run(tenants["t1"], role_jobs.raw_read, NO_WALLS, statement=statement)
+    assert calibration.status == RunStatus.SUCCEEDED, calibration.error_message
+    support.clean()
+    support.seed()
+    run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=statement)
+    assert run.status == RunStatus.FAILED
+    assert run.error_type == "DatabaseAccessDenied"
+    assert refusal in run.error_message, run.error_message
+    assert "read" not in support.findings("t1")
+
+
+def test_a_security_definer_function_is_outside_the_walls_unless_revoked(
+    tenants, guard_data, planted_objects, observer
+):
+    """docs/guard.md, "What is outside both walls": PostgreSQL grants EXECUTE to PUBLIC, and a
+    SECURITY DEFINER function runs with its owner's (the project user's) rights."""
+    call = "SELECT public.kj_definer_leak()"
+    run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=call)
+    assert run.status == RunStatus.SUCCEEDED, run.error_message
+    assert support.findings("t1") == {"read": "t2-value"}  # the documented way out
+
+    observer.rows("REVOKE EXECUTE ON FUNCTION public.kj_definer_leak() FROM PUBLIC")
+    support.clean()
+    support.seed()
+    run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=call)
+    assert run.status == RunStatus.FAILED
+    assert "permission denied for function kj_definer_leak" in run.error_message
