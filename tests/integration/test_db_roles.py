@@ -411,3 +411,30 @@ def test_a_security_definer_function_is_outside_the_walls_unless_revoked(
     run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=call)
     assert run.status == RunStatus.FAILED
     assert "permission denied for function kj_definer_leak" in run.error_message
+
+
+# --- both workers -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "worker_class", ["kumiko_jobs.worker.Worker", "kumiko_jobs.worker.ForkingWorker"]
+)
+def test_both_workers_run_the_body_as_the_tenant_role(tenants, guard_data, worker_class):
+    from tests.conftest import start_rqworker
+
+    with tenant_context(tenants["t1"]):
+        who = role_jobs.role_whoami.enqueue()
+        undo = role_jobs.undo_identity_then_read.enqueue(
+            case="set_config_role", project=_project_user()
+        )
+    proc = start_rqworker("default", "--burst", "--worker-class", worker_class)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    connection.set_schema_to_public()
+    role = db_roles.role_name(tenants["t1"].pk)
+    assert JobRun.objects.get(pk=who.run_id).status == RunStatus.SUCCEEDED, out
+    denied = JobRun.objects.get(pk=undo.run_id)
+    assert (denied.status, denied.error_type) == (RunStatus.FAILED, "DatabaseAccessDenied")
+    findings = support.findings("t1")
+    assert findings["identity"] == f"{role}/{role}"
+    assert "leaked" not in findings
