@@ -438,3 +438,26 @@ def test_both_workers_run_the_body_as_the_tenant_role(tenants, guard_data, worke
     findings = support.findings("t1")
     assert findings["identity"] == f"{role}/{role}"
     assert "leaked" not in findings
+
+
+def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
+    tenants, guard_data, observer
+):
+    """docs/guard.md, "Who runs what": the login fails, the run fails like any error of its
+    body (never silently as the project user), and E012 names the tenant."""
+    role = db_roles.role_name(tenants["t3"].pk)
+    tenant_connections.close_all()
+    with connection.cursor() as cursor:
+        db_roles.drop_role(cursor, role)
+    try:
+        assert "t3" in db_roles.out_of_date()
+        run = _run(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
+        assert run.status == RunStatus.FAILED
+        assert run.error_type == "OperationalError"
+        assert role in run.error_message
+        assert "identity" not in support.findings("t3")
+    finally:
+        call_command("kumiko_jobs", "roles", stdout=StringIO())
+    assert db_roles.out_of_date() == []
+    run = _run(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
+    assert run.status == RunStatus.SUCCEEDED, run.error_message
