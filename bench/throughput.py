@@ -186,6 +186,14 @@ def succeeded_runs() -> int:
     return JobRun.objects.filter(status=RunStatus.SUCCEEDED).count()
 
 
+def first_failure() -> str:
+    """The error of one run that did not succeed: a wrong answer should say why."""
+    from kumiko_jobs.models import JobRun, RunStatus
+
+    run = JobRun.objects.exclude(status=RunStatus.SUCCEEDED).order_by("queued_at").first()
+    return f"{run.status} {run.error_type}: {run.error_message[:300]}" if run else ""
+
+
 # --------------------------------------------------------------------------- enqueueing
 
 
@@ -364,7 +372,7 @@ def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) ->
     if rows != jobs:
         problems.append(f"{rows} of {jobs} writes happened")
     if variant.kumiko and (runs := succeeded_runs()) != jobs:
-        problems.append(f"{runs} of {jobs} runs succeeded")
+        problems.append(f"{runs} of {jobs} runs succeeded (first other: {first_failure()})")
     return Measurement(
         variant.key,
         jobs,
