@@ -124,3 +124,23 @@ def test_transaction_pooling_is_refused_without_roles_and_warned_with_them():
 def test_the_roles_check_needs_the_database_and_is_silent_without_it():
     with override_settings(KUMIKO_JOBS={"DB_ROLES": True}):
         assert checks.check_db_roles_in_step(databases=None) == []
+
+
+def test_tenant_connections_log_in_as_the_role_without_the_project_s_assume_role(monkeypatch):
+    """Django's ``assume_role`` would SET ROLE to the project's role after login (the tenant
+    role may not, and must not); a psycopg pool would hand out the project's connections."""
+    from kumiko_jobs import tenant_connections
+
+    def settings_with_options(alias: str) -> dict[str, Any]:
+        from django.conf import settings
+
+        base = dict(settings.DATABASES["default"])
+        return {**base, "OPTIONS": {"assume_role": "project_owner", "pool": True, "sslmode": "x"}}
+
+    monkeypatch.setattr(conf, "database_settings", settings_with_options)
+    wrapper = tenant_connections._new_wrapper("default", "kj_0123456789_t7")
+    assert wrapper.settings_dict["USER"] == "kj_0123456789_t7"
+    assert wrapper.settings_dict["PASSWORD"] == db_roles.password("kj_0123456789_t7")
+    assert wrapper.settings_dict["OPTIONS"] == {"sslmode": "x"}
+    assert getattr(wrapper, tenant_connections.ROLE_ATTRIBUTE) == "kj_0123456789_t7"
+    assert wrapper.connection is None  # made, not connected
