@@ -94,10 +94,14 @@ def drop_database(admin_url: str, database: str) -> None:
     import psycopg
     from psycopg import sql
 
+    from kumiko_jobs import db_roles
+
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
         )
+        # Its tenant roles (DB_ROLES) are cluster-wide: they go with it.
+        db_roles.drop_roles_of_dropped_database(conn.cursor(), database)
 
 
 def print_load(machine: dict[str, Any]) -> None:
@@ -123,11 +127,6 @@ def clean_up(admin_url: str, database: str, *, keep_database: bool) -> None:
     from kumiko_jobs import transport
 
     transport.connection_for(QUEUE).flushdb()  # the bench's own Redis database
-    if not keep_database:
-        from kumiko_jobs import db_roles, tenant_connections
-
-        tenant_connections.close_all()
-        db_roles.drop_all()  # roles are cluster-wide: the bench database's go with it
     connections.close_all()
     if not keep_database:
         drop_database(admin_url, database)

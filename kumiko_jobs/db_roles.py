@@ -51,8 +51,25 @@ _SIMPLE_KEY = re.compile(r"[0-9a-z_]{1,32}")
 
 def prefix(alias: str = DEFAULT_DB_ALIAS) -> str:
     """``kj_`` and 10 hex digits of the database's name: cluster-wide unique per database."""
-    name = str(conf.database_settings(alias)["NAME"])
-    return "kj_" + hashlib.sha256(name.encode()).hexdigest()[:10]
+    return prefix_of(str(conf.database_settings(alias)["NAME"]))
+
+
+def prefix_of(database: str) -> str:
+    return "kj_" + hashlib.sha256(database.encode()).hexdigest()[:10]
+
+
+def drop_roles_of_dropped_database(cursor: Any, database: str) -> list[str]:
+    """After ``DROP DATABASE``: its roles hold nothing anywhere any more (grants and default
+    privileges lived in that database), so they drop cleanly. For test and benchmark
+    databases, whose roles would otherwise outlive them in the cluster."""
+    cursor.execute(
+        "SELECT rolname FROM pg_roles WHERE rolname LIKE %s ORDER BY rolname DESC",
+        [prefix_of(database) + r"\_%"],
+    )
+    roles = [row[0] for row in cursor.fetchall()]
+    for role in roles:
+        _execute(cursor, sql.SQL("DROP ROLE {}").format(_ident(role)))
+    return roles
 
 
 def role_name(tenant_pk: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
