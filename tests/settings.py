@@ -64,6 +64,10 @@ if os.environ.get("KUMIKO_TEST_PROJECT_USER") == "1" and "@" in os.environ["DATA
                     "NOSUPERUSER NOREPLICATION NOBYPASSRLS PASSWORD 'kumiko-test-only'"
                 )
         _netloc = f"{PROJECT_USER}:kumiko-test-only@{_url.hostname}:{_url.port or 5432}"
+        # The suites' observer (a second connection that plants victims and reads effects,
+        # tests/guardapp/support.py) keeps the administrator's credentials: it is the
+        # test's eye, not the system under test.
+        os.environ["KUMIKO_TEST_ADMIN_DATABASE_URL"] = os.environ["DATABASE_URL"]
         os.environ["DATABASE_URL"] = _url._replace(netloc=_netloc).geturl()
 
 from example_project.settings import *  # noqa: E402,F403

@@ -239,7 +239,8 @@ def test_tenant_lifecycle_create_run_migrate_repair_delete(live_db, observer):
             assert run.status == RunStatus.SUCCEEDED, run.error_message
 
             # A table created later by the project user (a migration) is the tenant's at once.
-            observer.rows('CREATE TABLE "t_life".later_table (id serial PRIMARY KEY)')
+            with connection.cursor() as cursor:  # the project user, as migrate_schemas would
+                cursor.execute('CREATE TABLE "t_life".later_table (id serial PRIMARY KEY)')
             assert observer.value(
                 "SELECT has_table_privilege(%s, 't_life.later_table', 'INSERT')", (role,)
             )
@@ -357,9 +358,16 @@ def test_the_pool_keeps_one_connection_per_tenant_up_to_its_size(tenants):
 # --- the threat model's objects: views, SECURITY DEFINER functions, non-model tables ------------
 
 
+def _as_project_user(statement: str) -> None:
+    """Objects the project user owns, as its migrations or a developer would create them."""
+    connection.set_schema_to_public()
+    with connection.cursor() as cursor:
+        cursor.execute(statement)
+
+
 @pytest.fixture
-def planted_objects(observer: support.Observer) -> Iterator[None]:
-    observer.rows(
+def planted_objects() -> Iterator[None]:
+    _as_project_user(
         "CREATE TABLE public.kj_cache_table (cache_key text PRIMARY KEY, value text);"
         "INSERT INTO public.kj_cache_table VALUES ('k', 'cached-secret');"
         "CREATE VIEW public.kj_leak_view AS SELECT value FROM t2.guardapp_secret;"
@@ -367,7 +375,7 @@ def planted_objects(observer: support.Observer) -> Iterator[None]:
         "AS 'SELECT value FROM t2.guardapp_secret LIMIT 1';"
     )
     yield
-    observer.rows(
+    _as_project_user(
         "DROP TABLE public.kj_cache_table; DROP VIEW public.kj_leak_view; "
         "DROP FUNCTION public.kj_definer_leak()"
     )
@@ -405,7 +413,7 @@ def test_a_security_definer_function_is_outside_the_walls_unless_revoked(
     assert run.status == RunStatus.SUCCEEDED, run.error_message
     assert support.findings("t1") == {"read": "t2-value"}  # the documented way out
 
-    observer.rows("REVOKE EXECUTE ON FUNCTION public.kj_definer_leak() FROM PUBLIC")
+    _as_project_user("REVOKE EXECUTE ON FUNCTION public.kj_definer_leak() FROM PUBLIC")
     support.clean()
     support.seed()
     run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=call)
@@ -461,3 +469,14 @@ def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
     assert db_roles.out_of_date() == []
     run = _run(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
     assert run.status == RunStatus.SUCCEEDED, run.error_message
+
+
+def test_ddl_fails_as_the_tenant_role_even_in_its_own_schema(tenants, guard_data, observer):
+    """docs/guard.md, "Who runs what": schema changes belong to migrate_schemas."""
+    statement = "CREATE TABLE t1.kj_made_by_a_job (id int)"
+    run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=statement)
+    assert run.status == RunStatus.FAILED
+    assert "permission denied for schema t1" in run.error_message, run.error_message
+    assert not observer.rows(
+        "SELECT 1 FROM pg_tables WHERE schemaname = 't1' AND tablename = 'kj_made_by_a_job'"
+    )
