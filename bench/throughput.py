@@ -15,6 +15,11 @@ also inside ``transaction.atomic()`` as in a request). Everything happens in a d
 own (created, then dropped) and Redis database 2 (flushed), so nothing else is disturbed.
 
     python -m bench.throughput [--jobs 2000] [--tenants 4] [--rounds 1] [--json] [--profile]
+                               [--db-roles on|off] [--db-role-pool-size N]
+
+With ``DB_ROLES`` on (the example project's setting) the tenant job bodies log in as their
+tenant's role; each round line also says how many tenant-role connections the in-process
+worker opened while draining (the forking worker opens them in its work horses, unseen here).
 
 A benchmark, not a test: it asserts nothing about speed. It does check that every job did
 its write (and every kumiko run succeeded), since a fast wrong answer is not a number.
@@ -89,10 +94,14 @@ def drop_database(admin_url: str, database: str) -> None:
     import psycopg
     from psycopg import sql
 
+    from kumiko_jobs import db_roles
+
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
         )
+        # Its tenant roles (DB_ROLES) are cluster-wide: they go with it.
+        db_roles.drop_roles_of_dropped_database(conn.cursor(), database)
 
 
 def print_load(machine: dict[str, Any]) -> None:
@@ -174,6 +183,14 @@ def succeeded_runs() -> int:
     from kumiko_jobs.models import JobRun, RunStatus
 
     return JobRun.objects.filter(status=RunStatus.SUCCEEDED).count()
+
+
+def first_failure() -> str:
+    """The error of one run that did not succeed: a wrong answer should say why."""
+    from kumiko_jobs.models import JobRun, RunStatus
+
+    run = JobRun.objects.exclude(status=RunStatus.SUCCEEDED).order_by("queued_at").first()
+    return f"{run.status} {run.error_type}: {run.error_message[:300]}" if run else ""
 
 
 # --------------------------------------------------------------------------- enqueueing
@@ -323,6 +340,7 @@ class Measurement:
     drain_seconds: float | None = None
     ok: bool = True
     problem: str = ""
+    tenant_connects: int = 0  # tenant-role connections the drain opened (in-process only)
 
     @property
     def enqueue_rate(self) -> float:
@@ -342,16 +360,26 @@ def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) ->
         enqueue(tenants, warmup)
         drain(worker, variant.queue())
     reset(tenants)
+    from kumiko_jobs import tenant_connections
+
     enqueue_seconds = enqueue(tenants, jobs)
+    connects = tenant_connections.connects()
     drain_seconds = drain(worker, variant.queue())
+    connects = tenant_connections.connects() - connects
     problems = []
     rows = written_rows(tenants)
     if rows != jobs:
         problems.append(f"{rows} of {jobs} writes happened")
     if variant.kumiko and (runs := succeeded_runs()) != jobs:
-        problems.append(f"{runs} of {jobs} runs succeeded")
+        problems.append(f"{runs} of {jobs} runs succeeded (first other: {first_failure()})")
     return Measurement(
-        variant.key, jobs, enqueue_seconds, drain_seconds, not problems, "; ".join(problems)
+        variant.key,
+        jobs,
+        enqueue_seconds,
+        drain_seconds,
+        not problems,
+        "; ".join(problems),
+        connects,
     )
 
 
@@ -631,6 +659,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--keep-database", action="store_true", help="do not drop it at the end")
     parser.add_argument(
+        "--db-roles",
+        choices=("on", "off"),
+        default=None,
+        help="KUMIKO_JOBS['DB_ROLES'] for this run (the project's setting)",
+    )
+    parser.add_argument(
+        "--db-role-pool-size",
+        type=int,
+        default=None,
+        help="KUMIKO_JOBS['DB_ROLE_POOL_SIZE'] (32); below --tenants every run connects",
+    )
+    parser.add_argument(
         "--asynchronous-history",
         action="store_true",
         help="run with KUMIKO_JOBS['HISTORY_SYNCHRONOUS_COMMIT'] = False",
@@ -657,6 +697,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             KUMIKO_JOBS={**settings.KUMIKO_JOBS, "HISTORY_SYNCHRONOUS_COMMIT": False}
         ).enable()
         print("history statements: asynchronous commit (HISTORY_SYNCHRONOUS_COMMIT = False)")
+    roles: dict[str, Any] = {}
+    if args.db_roles is not None:
+        roles["DB_ROLES"] = args.db_roles == "on"
+    if args.db_role_pool_size is not None:
+        roles["DB_ROLE_POOL_SIZE"] = args.db_role_pool_size
+    if roles:
+        from django.conf import settings
+        from django.test import override_settings
+
+        override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, **roles}).enable()
+    from kumiko_jobs import conf as kumiko_conf
+
+    print(
+        f"DB_ROLES {kumiko_conf.get().DB_ROLES}, DB_ROLE_POOL_SIZE "
+        f"{kumiko_conf.get().DB_ROLE_POOL_SIZE}, {args.tenants} tenant(s)"
+    )
     try:
         tenants = create_tenants(args.tenants)
         results = Results(
@@ -677,7 +733,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 measurements.append(m)
                 print(
                     f"drain {m.drain_rate:.1f} jobs/s; {ENQUEUES[variant.enqueue][0]} "
-                    f"{m.enqueue_rate:.0f} jobs/s" + ("" if m.ok else f"  WARNING: {m.problem}"),
+                    f"{m.enqueue_rate:.0f} jobs/s; {m.tenant_connects} tenant connects"
+                    + ("" if m.ok else f"  WARNING: {m.problem}"),
                     flush=True,
                 )
             if "a" in args.only:

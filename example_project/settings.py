@@ -130,6 +130,9 @@ RQ = {
 KUMIKO_JOBS = {
     "DB_GUARD": "enforce",
     "DEFAULT_RETRIES": 0,
+    # The second wall: tenant job bodies log in as their tenant's own PostgreSQL role
+    # (docs/guard.md, "Two walls"; `manage.py kumiko_jobs roles` creates them).
+    "DB_ROLES": True,
 }
 
 LANGUAGE_CODE = "en"

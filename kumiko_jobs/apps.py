@@ -5,6 +5,12 @@ from django.utils.module_loading import autodiscover_modules
 from django.utils.translation import gettext_lazy as _
 
 
+def conf_has_tenants() -> bool:
+    from . import conf
+
+    return conf.has_tenant_settings()
+
+
 class KumikoJobsConfig(AppConfig):
     name = "kumiko_jobs"
     label = "kumiko_jobs"
@@ -12,7 +18,7 @@ class KumikoJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, conf  # noqa: F401 - checks registers the system checks
+        from . import checks, conf, db_roles  # noqa: F401 - checks registers the system checks
         from .registry import registry
 
         if conf.get_or_none() is None:
@@ -28,6 +34,8 @@ class KumikoJobsConfig(AppConfig):
         autodiscover_modules("jobs")
         registry.freeze()
         self._forget_deleted_tenants()
+        if conf_has_tenants():
+            db_roles.connect_hooks()  # each receiver does nothing unless DB_ROLES is on
 
     def _forget_deleted_tenants(self) -> None:
         # History rows outlive a tenant's schema; when the tenant goes, so does its data in

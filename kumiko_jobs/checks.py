@@ -287,3 +287,75 @@ def check_scheduler_running(app_configs: Any = None, **kwargs: Any) -> list[chec
             id="kumiko_jobs.W003",
         )
     ]
+
+
+@checks.register(checks.Tags.security)
+def check_db_roles(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    try:
+        settings = conf.get()
+    except ImproperlyConfigured:
+        return []  # E001 says so
+    found: list[checks.CheckMessage] = []
+    if settings.DB_POOLER == "transaction":
+        if not settings.DB_ROLES:
+            found.append(
+                checks.Error(
+                    "KUMIKO_JOBS['DB_POOLER'] is 'transaction' without DB_ROLES: the pooler "
+                    "hands one server session to many clients, so a search path or setting a "
+                    "run left in its session reaches the statements of another tenant's run.",
+                    hint="Point the workers at PostgreSQL directly or through session pooling, "
+                    "or turn DB_ROLES on (docs/guard.md, 'Poolers').",
+                    id="kumiko_jobs.E013",
+                )
+            )
+        else:
+            found.append(
+                checks.Warning(
+                    "KUMIKO_JOBS['DB_POOLER'] is 'transaction': tenant isolation holds (the "
+                    "pooler keeps a pool per login role), but django-tenants' search path and "
+                    "kumiko's session reset are per session and may land on another one.",
+                    hint="Use session pooling for workers (docs/guard.md, 'Poolers').",
+                    id="kumiko_jobs.W004",
+                )
+            )
+    if not settings.DB_ROLES:
+        if conf.debug() or settings.DB_GUARD == "off":
+            return found
+        found.append(
+            checks.Warning(
+                "KUMIKO_JOBS['DB_ROLES'] is off: tenant isolation rests on the DB guard's "
+                "classifier alone; job bodies run as the project's database user.",
+                hint="Follow docs/guard.md ('Two walls', set-up) and set "
+                "KUMIKO_JOBS['DB_ROLES'] = True.",
+                id="kumiko_jobs.W005",
+            )
+        )
+    return found
+
+
+@checks.register(checks.Tags.database)
+def check_db_roles_in_step(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Tenants whose role is missing or lacks a grant (one catalog query; ``--database``)."""
+    if not databases or "default" not in databases:
+        return []
+    try:
+        if not conf.get().DB_ROLES:
+            return []
+    except ImproperlyConfigured:
+        return []
+    from . import db_roles
+
+    stale = db_roles.out_of_date()
+    if not stale:
+        return []
+    shown = ", ".join(stale[:10]) + (f" and {len(stale) - 10} more" if len(stale) > 10 else "")
+    return [
+        checks.Error(
+            f"{len(stale)} tenant database role(s) missing or out of date: {shown}. Their "
+            "runs would fail with 'permission denied' or a failed login.",
+            hint="Run `manage.py kumiko_jobs roles` (safe on every deploy).",
+            id="kumiko_jobs.E012",
+        )
+    ]

@@ -106,12 +106,22 @@ class KumikoSettings:
     GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
     # Bytes of JSON a job's return value may take on its run (kumiko_jobs.results); 0 keeps none.
     MAX_RESULT_BYTES: int = 64 * 1024
+    # The second wall (docs/guard.md, "Two walls"): tenant job bodies log in as their tenant's
+    # PostgreSQL role. Off by default: turning it on needs the operator's set-up steps.
+    DB_ROLES: bool = False
+    # Per-tenant connections a worker keeps open (least recently used closed first).
+    DB_ROLE_POOL_SIZE: int = 32
+    # What sits between Django and PostgreSQL: None (a direct connection), "session" or
+    # "transaction" (PgBouncer's pool modes). Transaction pooling shares server sessions
+    # between clients; checks.py refuses it where that crosses tenants.
+    DB_POOLER: str | None = None
 
 
-_CHOICES: dict[str, tuple[str, ...]] = {
+_CHOICES: dict[str, tuple[str | None, ...]] = {
     "DB_GUARD": ("enforce", "log", "off"),
     "INACTIVE_TENANT": ("skip", "defer"),
     "TENANT_DELETION": ("purge", "anonymise"),
+    "DB_POOLER": (None, "session", "transaction"),
 }
 _POSITIVE_INTS = (
     "DEFAULT_TIMEOUT",
@@ -129,6 +139,7 @@ _POSITIVE_INTS = (
     "BOOT_GATE_TIMEOUT",
     "BOOT_GATE_WARN_AFTER",
     "MESSAGE_MAX_AGE",
+    "DB_ROLE_POOL_SIZE",
 )
 _NON_NEGATIVE_INTS = (
     "DEFAULT_RETRIES",
@@ -181,7 +192,7 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("DEFAULT_QUEUE",):
         if key in values and (not isinstance(values[key], str) or not values[key]):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be a queue name.")
-    for key in ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT"):
+    for key in ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT", "DB_ROLES"):
         if not isinstance(values.get(key, True), bool):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be True or False.")
     defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
@@ -324,6 +335,21 @@ def has_tenant_settings() -> bool:
 
 def database_engines() -> dict[str, str]:
     return {alias: str(cfg.get("ENGINE", "")) for alias, cfg in settings.DATABASES.items()}
+
+
+def database_settings(alias: str) -> dict[str, Any]:
+    """The alias's connection settings as Django completed them (a copy)."""
+    from django.db import connections
+
+    return dict(connections.settings[alias])
+
+
+def secret_key() -> str:
+    return str(settings.SECRET_KEY)
+
+
+def debug() -> bool:
+    return bool(settings.DEBUG)
 
 
 def tenant_model_label() -> str:

@@ -136,6 +136,8 @@ class RunState:
     # The db_guard step's installation while the body runs (it adopts connections opened
     # meanwhile); None outside the body and with DB_GUARD="off".
     guard: Any = None
+    # The body's database identity while it runs as its tenant's role (tenant_connections).
+    db_identity: Any = None
 
     def note_timeout(self, seconds: int) -> None:
         """The attempt's timeout fired: from now on it is timed out (runner._final_timeout)."""
@@ -396,17 +398,25 @@ class JobContext:
         """Allow SQL the guard cannot verify (DDL, COPY, SET, multi-statements)."""
         return self._granted("unsafe_raw")
 
-    def global_writes(self) -> contextlib.AbstractContextManager[None]:
-        """Allow writes to shared (public) tables."""
-        return self._granted("global_writes")
+    @contextlib.contextmanager
+    def global_writes(self) -> Iterator[None]:
+        """Allow writes to shared (public) tables. With DB_ROLES the block runs on the
+        project's own connection (the tenant's role cannot write shared tables)."""
+        from .tenant_connections import project_identity
+
+        with self._granted("global_writes"), project_identity(self._state):
+            yield
 
     @contextlib.contextmanager
     def cross_tenant_reads(self, tenant: Any) -> Iterator[None]:
         """Read another tenant's schema, SELECT only, then come back."""
         from django.db import connection as default_connection
 
-        connection: Any = default_connection  # django-tenants' wrapper
-        with self._granted("cross_tenant_reads"):
+        from .tenant_connections import read_identity
+
+        # django-tenants' wrapper (with DB_ROLES, the other tenant's role's, for the block)
+        connection: Any = default_connection
+        with self._granted("cross_tenant_reads"), read_identity(self._state, tenant):
             previous = connection.tenant
             self._state.readable_schema = tenant.schema_name
             connection.set_tenant(tenant)
@@ -449,10 +459,12 @@ class JobContext:
                 f"{self.job_name!r}."
             )
         from . import audit
+        from .tenant_connections import project_identity
 
         audit.record_use(self._state, "system_db")
-        self._state.system_db_open = True
-        try:
-            yield
-        finally:
-            self._state.system_db_open = False
+        with project_identity(self._state):
+            self._state.system_db_open = True
+            try:
+                yield
+            finally:
+                self._state.system_db_open = False

@@ -43,6 +43,33 @@ os.environ["REDIS_URL"] = (
     f"{os.environ['REDIS_URL'].rsplit('/', 1)[0]}/{os.environ['KUMIKO_TEST_REDIS_DB']}"
 )
 
+# KUMIKO_TEST_PROJECT_USER=1: the suite connects as a non-superuser project user holding only
+# the privileges docs/guard.md lists for DB_ROLES (LOGIN, CREATEDB for the test database it
+# then owns, CREATEROLE), as a production project user would; created here once, by the
+# configured (superuser) user. Worker processes inherit the rewritten DATABASE_URL.
+PROJECT_USER = "kj_test_project_user"
+if os.environ.get("KUMIKO_TEST_PROJECT_USER") == "1" and "@" in os.environ["DATABASE_URL"]:
+    from urllib.parse import urlparse
+
+    import psycopg
+
+    _url = urlparse(os.environ["DATABASE_URL"])
+    if _url.username != PROJECT_USER:
+        with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as _admin:
+            if not _admin.execute(
+                "SELECT 1 FROM pg_roles WHERE rolname = %s", [PROJECT_USER]
+            ).fetchone():
+                _admin.execute(
+                    f'CREATE ROLE "{PROJECT_USER}" LOGIN CREATEDB CREATEROLE '
+                    "NOSUPERUSER NOREPLICATION NOBYPASSRLS PASSWORD 'kumiko-test-only'"
+                )
+        _netloc = f"{PROJECT_USER}:kumiko-test-only@{_url.hostname}:{_url.port or 5432}"
+        # The suites' observer (a second connection that plants victims and reads effects,
+        # tests/guardapp/support.py) keeps the administrator's credentials: it is the
+        # test's eye, not the system under test.
+        os.environ["KUMIKO_TEST_ADMIN_DATABASE_URL"] = os.environ["DATABASE_URL"]
+        os.environ["DATABASE_URL"] = _url._replace(netloc=_netloc).geturl()
+
 from example_project.settings import *  # noqa: E402,F403
 from example_project.settings import INSTALLED_APPS, TENANT_APPS  # noqa: E402
 
@@ -51,4 +78,10 @@ INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.guardapp"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # PUSH_FAILURE_PAUSE is per process: a test that stops Redis must not leave the next test's
 # enqueues to the relay. test_outages turns it on where it is the subject.
-KUMIKO_JOBS = {"DB_GUARD": "enforce", "DEFAULT_RETRIES": 0, "PUSH_FAILURE_PAUSE": 0}
+# DB_ROLES: tenant job bodies log in as their tenant's role (docs/guard.md, "Two walls").
+KUMIKO_JOBS = {
+    "DB_GUARD": "enforce",
+    "DEFAULT_RETRIES": 0,
+    "PUSH_FAILURE_PAUSE": 0,
+    "DB_ROLES": os.environ.get("KUMIKO_TEST_DB_ROLES", "1") == "1",
+}

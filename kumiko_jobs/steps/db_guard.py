@@ -110,6 +110,7 @@ class GuardSession:
         self.thread = threading.get_ident()
         self._stack = contextlib.ExitStack()
         self._guarded: list[Any] = []
+        self._kept: list[Any] = []
 
     def __enter__(self) -> GuardSession:
         for conn in connections.all():
@@ -121,6 +122,8 @@ class GuardSession:
         self.state.guard = None
         self._stack.close()
         for conn in self._guarded:
+            if any(conn is kept for kept in self._kept):
+                continue  # a connection the runner switched to for a block (tenant_connections)
             if getattr(_thread_connections(), conn.alias, None) is not conn:
                 # Not (or no longer) the thread's connection for its alias: a wrapper the job
                 # made or replaced. Closed, so that a reference the job kept cannot carry an
@@ -131,6 +134,15 @@ class GuardSession:
         self._stack.enter_context(conn.execute_wrapper(self.wrapper))
         self._stack.enter_context(_guarded_routes(conn, self.wrapper))
         self._guarded.append(conn)
+
+    def cover(self, conn: Any) -> None:
+        """A connection the runner switches the body to for an escape hatch's block (the
+        project's, another tenant's role's: ``tenant_connections``): guarded like the body's,
+        and not closed when the body ends (it is not the job's)."""
+        if not any(conn is guarded for guarded in self._guarded):
+            self._install(conn)
+        if not any(conn is kept for kept in self._kept):
+            self._kept.append(conn)
 
     def adopt(self, conn: Any) -> None:
         """``conn`` has just connected during the body (``connection_created``)."""

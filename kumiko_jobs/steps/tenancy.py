@@ -14,7 +14,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 from django_tenants.utils import tenant_context
 
-from .. import session
+from .. import session, tenant_connections
 from ..context import RunState
 from ..exceptions import Unrecoverable
 from ..pipeline import Next
@@ -22,17 +22,27 @@ from ..pipeline import Next
 
 def tenancy(state: RunState, call_next: Next) -> None:
     busy = session.busy_aliases()
+    left_open: list[str] = []
+    identity = None
     try:
-        if state.tenant is None:  # a system run stays in public
-            call_next(state)
-        else:
-            with tenant_context(state.tenant):
-                _other_aliases_in(state.tenant)
-                call_next(state)
-    except BaseException:
-        _leave(state, busy)
-        raise
-    left_open = _leave(state, busy)
+        with tenant_connections.body_identity(state) as identity:
+            # With DB_ROLES the body's connections are the tenant role's (pooled, never inside
+            # a caller's transaction); the project's, set aside, are cleaned after the swap.
+            body_busy = frozenset() if identity is not None else busy
+            try:
+                if state.tenant is None:  # a system run stays in public
+                    call_next(state)
+                else:
+                    with tenant_context(state.tenant):
+                        _other_aliases_in(state.tenant)
+                        call_next(state)
+            except BaseException:
+                _leave(state, body_busy)
+                raise
+            left_open = _leave(state, body_busy)
+    finally:
+        if identity is not None and identity.project_used:
+            left_open += _leave(state, busy)  # an escape hatch used the project's connections
     if left_open:
         raise Unrecoverable(
             f"the job left a transaction open on database alias {', '.join(map(repr, left_open))} "

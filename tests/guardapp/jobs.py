@@ -690,4 +690,7 @@ def everyday(ctx: JobContext, *, case: str) -> None:
     Finding.objects.create(key=f"everyday:{case}", value=repr(result))
 
 
-from . import route_jobs  # noqa: E402,F401  (jobs of the route and run-hygiene suites)
+from . import (  # noqa: E402
+    role_jobs,  # noqa: F401  (jobs of the two-walls suite)
+    route_jobs,  # noqa: F401  (jobs of the route and run-hygiene suites)
+)

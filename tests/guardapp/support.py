@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -164,6 +165,13 @@ class Observer:
             "host": settings["HOST"] or None,
             "port": settings["PORT"] or None,
         }
+        admin = os.environ.get("KUMIKO_TEST_ADMIN_DATABASE_URL")
+        if admin:  # the suite runs as a non-superuser project user (tests/settings.py)
+            from urllib.parse import unquote, urlparse
+
+            url = urlparse(admin)
+            self.params["user"] = unquote(url.username or "") or None
+            self.params["password"] = unquote(url.password or "") or None
         self.conn = self.connect()
         self.notified: list[str] = []
         self.conn.add_notify_handler(lambda n: self.notified.append(n.payload))
@@ -373,6 +381,9 @@ def discard_worker_connections() -> None:
             conn.needs_rollback = False
             conn.closed_in_transaction = False
         conn.close()
+    from kumiko_jobs import tenant_connections
+
+    tenant_connections.close_all()  # the tenant roles' connections (DB_ROLES)
 
 
 def observed(query: str, params: Any = None) -> list[tuple[Any, ...]]:

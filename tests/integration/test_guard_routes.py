@@ -30,7 +30,20 @@ from tests.guardapp import jobs, route_jobs, support
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
-OFF = {**settings.KUMIKO_JOBS, "DB_GUARD": "off"}
+
+@pytest.fixture(autouse=True)
+def _first_wall_only() -> Iterator[None]:
+    """The classifier (the first wall) on its own: every run of this module shares the test's
+    connection, as with DB_ROLES off. The second wall has its own suites (test_db_roles.py and
+    the calibrated attack suite)."""
+    with override_settings(KUMIKO_JOBS=FIRST_WALL):
+        yield
+
+
+# The classifier (the first wall) on its own, as with DB_ROLES off: these runs share the
+# test's connection. The routes also run with the roles on, in the calibrated attack suite.
+FIRST_WALL = {**settings.KUMIKO_JOBS, "DB_ROLES": False}
+OFF = {**FIRST_WALL, "DB_GUARD": "off"}
 
 
 @pytest.fixture(autouse=True)
@@ -184,7 +197,7 @@ def test_a_receiver_runs_after_the_run_in_public_calibration(tenants, guard_data
     assert plan_exists("via-receiver")
 
 
-@pytest.mark.parametrize("mode", [OFF, settings.KUMIKO_JOBS])
+@pytest.mark.parametrize("mode", [OFF, FIRST_WALL])
 def test_a_job_cannot_connect_a_receiver(tenants, guard_data, mode):
     with override_settings(KUMIKO_JOBS=mode):
         run = _run_route("connect_receiver")
@@ -231,7 +244,7 @@ def test_tenant_may_start_is_for_system_jobs_only():
 
 
 def test_log_mode_only_logs_a_refused_route(tenants, guard_data, caplog):
-    with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "DB_GUARD": "log"}):
+    with override_settings(KUMIKO_JOBS={**FIRST_WALL, "DB_GUARD": "log"}):
         run = _run_route("async_orm")
     assert run.status == RunStatus.SUCCEEDED, run.error_message
     assert "DB guard (log mode) would deny" in caplog.text

@@ -15,6 +15,7 @@ each test starts servers of its own on free ports and stops them again:
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import subprocess
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.test import override_settings
 
@@ -163,6 +165,8 @@ def test_postgresql_restart_while_a_worker_runs(own_postgres, tmp_path):
     queue = transport.get_queue("default")
     try:
         with default_connection_on(server, name):
+            # The clone carries no roles (they are cluster-wide): the deploy step creates them.
+            call_command("kumiko_jobs", "roles", stdout=io.StringIO())
             worker = pool.start(env=env)
             long = soak.job("soak.sleeper").enqueue(tenant="t1", tag="long", seconds=4)
             pool.wait_for("the long run to start", lambda: status(long.run_id) == "running")

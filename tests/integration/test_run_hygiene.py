@@ -31,6 +31,15 @@ pytestmark = pytest.mark.usefixtures("live_db")
 
 
 @pytest.fixture(autouse=True)
+def _first_wall_only() -> Iterator[None]:
+    """The classifier (the first wall) on its own: every run of this module shares the test's
+    connection, as with DB_ROLES off. With DB_ROLES each tenant has connections of its own; their
+    hygiene is tested in test_db_roles.py."""
+    with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "DB_ROLES": False}):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _only_on_a_test_database(django_db_setup: None) -> None:
     support.refuse_unless_test_database()
 
@@ -212,7 +221,9 @@ def test_with_the_guard_off_every_run_is_reset(tenants, guard_data):
     with tenant_context(_tenant("t1")):
         handle = jobs.rename_people.enqueue(name="x")
     with (
-        override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "DB_GUARD": "off"}),
+        override_settings(
+            KUMIKO_JOBS={**settings.KUMIKO_JOBS, "DB_GUARD": "off", "DB_ROLES": False}
+        ),
         statements_by_job() as seen,
     ):
         work()

@@ -109,7 +109,10 @@ def test_not_a_dict(raw):
 )
 def test_unknown_key_suggests_the_known_one(key, meant):
     message = refused({key: 1}, f"unknown key '{key}'. Did you mean '{meant}'\\?")
-    assert "Known keys: BOOT_GATE_TIMEOUT, BOOT_GATE_WARN_AFTER, CANCEL_GRACE, DB_GUARD," in message
+    assert (
+        "Known keys: BOOT_GATE_TIMEOUT, BOOT_GATE_WARN_AFTER, CANCEL_GRACE, DB_GUARD, DB_POOLER,"
+        in message
+    )
 
 
 def test_unknown_key_without_a_close_match_lists_the_keys():

@@ -1,4 +1,5 @@
-"""``manage.py kumiko_jobs list | enqueue | runs | retry | cancel | schedule | sweep | relay``.
+"""``manage.py kumiko_jobs list | enqueue | runs | retry | cancel | schedule | sweep | relay |
+roles``.
 
 Every subcommand is documented in docs/reference.md (Management commands).
 """
@@ -76,6 +77,14 @@ class Command(BaseCommand):
             help="cancel a waiting run, or ask a running one to stop (ctx.cancel_requested)",
         )
         cancel.add_argument("run_id", help="the run's id (with or without dashes)")
+        roles = sub.add_parser(
+            "roles",
+            help="create or repair every tenant's database role and grants, drop roles of "
+            "deleted tenants, give every role its current password (idempotent, DB_ROLES)",
+        )
+        roles.add_argument(
+            "--check", action="store_true", help="only list tenants whose role is out of date"
+        )
         run = sub.add_parser("enqueue", help="enqueue a job by name")
         run.add_argument("job")
         run.add_argument("--tenant", help="schema name (omit for system jobs)")
@@ -106,6 +115,8 @@ class Command(BaseCommand):
                 ("unchanged", synced.unchanged),
             ):
                 self.stdout.write(f"{label}: {', '.join(ids) or '-'}")
+        elif action == "roles":
+            self._roles(options["check"])
         elif action == "relay":
             self._relay(options["loop"], options["interval"], options["grace"])
         elif action == "sweep":
@@ -186,6 +197,24 @@ class Command(BaseCommand):
         for row in rows:
             line = "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True))
             self.stdout.write(line.rstrip())
+
+    def _roles(self, check_only: bool) -> None:
+        from ... import db_roles
+
+        if check_only:
+            stale = db_roles.out_of_date()
+            for name in stale:
+                self.stdout.write(f"out of date: {name}")
+            if stale:
+                raise CommandError(f"{len(stale)} tenant role(s) out of date")
+            self.stdout.write("every tenant role is up to date")
+            return
+        result = db_roles.sync_all()
+        self.stdout.write(
+            f"ensured {len(result.ensured)} tenant role(s), dropped {len(result.dropped)} "
+            f"of deleted tenants ({', '.join(result.dropped) or '-'}); skipped tenants without "
+            f"a schema: {', '.join(result.skipped) or '-'}"
+        )
 
     def _relay(self, loop: bool, interval: float | None, grace: float | None) -> None:
         import time

@@ -1,0 +1,128 @@
+"""Jobs of the two-walls suite (tests/integration/test_db_roles.py): what a tenant body's
+database identity is, and what it can still do once the classifier only logs."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection
+
+from example_project.catalog.models import Plan
+from example_project.customers.models import Client
+from kumiko_jobs import EscapeHatch, job
+from kumiko_jobs.context import JobContext
+
+from .models import Finding, Secret
+
+
+def _note(key: str, value: Any) -> None:
+    Finding.objects.create(key=key, value=str(value))
+
+
+def _identity() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT session_user, current_user")
+        session_user, current_user = cursor.fetchone()
+    return f"{session_user}/{current_user}"
+
+
+@job
+def role_whoami(ctx: JobContext) -> None:
+    _note("identity", _identity())
+    _note("secrets", ",".join(Secret.objects.values_list("value", flat=True)))
+
+
+# Raw driver first (never meets any execute wrapper), then the read of t2's secret.
+UNDO_IDENTITY = {
+    "reset_role": "RESET ROLE",
+    "set_role_project": "SET ROLE {project}",
+    "set_config_role": "SELECT set_config('role', 'none', false)",
+    "set_session_authorization": "SET SESSION AUTHORIZATION {project}",
+    "reset_session_authorization": "RESET SESSION AUTHORIZATION",
+}
+
+
+@job
+def undo_identity_then_read(ctx: JobContext, *, case: str, project: str) -> None:
+    raw = connection.connection  # psycopg's own connection, under every Django wrapper
+    if raw is None:
+        connection.ensure_connection()
+        raw = connection.connection
+    statement = UNDO_IDENTITY[case].format(project=f'"{project}"')
+    try:
+        raw.execute(statement)
+        _note("undo", "accepted")
+    except Exception as exc:  # the undo itself may be refused: the read still must fail
+        raw.rollback()
+        _note("undo", f"refused: {type(exc).__name__}")
+    row = raw.execute("SELECT value FROM t2.guardapp_secret").fetchone()
+    _note("leaked", row[0])
+
+
+@job(escape_hatch=EscapeHatch(reason="test: shared catalog", grants=["global_writes"]))
+def role_add_plan(ctx: JobContext, *, name: str) -> None:
+    with ctx.global_writes():
+        Plan.objects.create(name=name, monthly_price=Decimal("3.00"))
+        _note("inside_global_writes", _identity())
+    _note("after_global_writes", _identity())
+
+
+@job(escape_hatch=EscapeHatch(reason="test: read t2", grants=["cross_tenant_reads"]))
+def read_other_tenant(ctx: JobContext, *, schema: str, write_too: bool = False) -> None:
+    other = Client.objects.get(schema_name=schema)
+    with ctx.cross_tenant_reads(other):
+        values = list(Secret.objects.values_list("value", flat=True))
+        identity = _identity()
+        if write_too:
+            # Through the raw driver: the classifier never sees it; the READ ONLY
+            # transaction refuses it.
+            connection.connection.execute(
+                "INSERT INTO guardapp_secret (label, value) VALUES ('x', 'written')"
+            )
+    _note("read", ",".join(values))
+    _note("identity_in_block", identity)
+    _note("identity_after", _identity())
+
+
+@job(system=True)
+def role_system_identity(ctx: JobContext) -> None:
+    outside = _identity()
+    with ctx.system_db():
+        inside = _identity()
+        Plan.objects.create(name=inside.split("/")[0], monthly_price=Decimal("0.00"))
+        same = "sys-same" if inside == outside else f"sys-differs:{outside}"
+        Plan.objects.create(name=same[:50], monthly_price=Decimal("0.00"))
+
+
+@job
+def swallow_denial(ctx: JobContext) -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT value FROM t2.guardapp_secret")
+    except Exception:
+        pass
+    _note("swallowed", "carried on")
+
+
+@job
+def write_shared_unguarded(ctx: JobContext) -> None:
+    Plan.objects.create(name="sneaked", monthly_price=Decimal("0.01"))
+
+
+@job
+def open_project_connection(ctx: JobContext) -> None:
+    from django.db import connections
+
+    fresh = connections.create_connection("default")  # the project's credentials
+    with fresh.cursor() as cursor:
+        cursor.execute("SELECT value FROM t2.guardapp_secret")
+        _note("leaked", cursor.fetchone()[0])
+
+
+@job
+def raw_read(ctx: JobContext, *, statement: str) -> None:
+    """Runs ``statement`` on the run's psycopg connection, past the classifier entirely."""
+    connection.ensure_connection()
+    row = connection.connection.execute(statement).fetchone()
+    _note("read", row[0] if row else None)
