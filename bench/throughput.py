@@ -270,7 +270,10 @@ ENQUEUES: dict[str, tuple[str, Enqueue]] = {
 
 
 def drain(worker_class: type, queue: Any) -> float:
-    worker = worker_class([queue], connection=queue.connection)
+    # The queue's own serializer, as `manage.py rqworker` passes it from RQ_QUEUES: the
+    # example's queues are JSON (no pickle in any process), and RQ's worker would otherwise
+    # unpickle JSON messages.
+    worker = worker_class([queue], connection=queue.connection, serializer=queue.serializer)
     started = time.perf_counter()
     worker.work(burst=True, logging_level="WARNING")
     return time.perf_counter() - started
