@@ -147,7 +147,7 @@ _runs = _meter.create_counter(
     "kumiko.job.runs",
     unit="{attempt}",
     description="Finished attempts by job and outcome (succeeded, failed, retrying, deferred, "
-    "dropped).",
+    "dropped, cancelled).",
 )
 _duration = _meter.create_histogram(
     "kumiko.job.duration",
