@@ -193,6 +193,9 @@ def ensure_tenant_role(
     verifier = sql.Literal(scram_verifier(role))
     if _exists(cursor, role):
         _execute(cursor, sql.SQL("ALTER ROLE {} LOGIN INHERIT PASSWORD {}").format(who, verifier))
+        # A role may give itself session defaults (ALTER ROLE CURRENT_USER SET ...), which
+        # outlive every session reset; they apply to its runs and to cross_tenant_reads of it.
+        _execute(cursor, sql.SQL("ALTER ROLE {} RESET ALL").format(who))
     else:
         _execute(cursor, sql.SQL("CREATE ROLE {} LOGIN INHERIT PASSWORD {}").format(who, verifier))
     _execute(cursor, sql.SQL("GRANT {} TO {}").format(_ident(group_name(alias)), who))
@@ -408,8 +411,22 @@ def _on_schema_migrated(sender: Any, schema_name: str, **kwargs: Any) -> None:
 
 
 def _on_tenant_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
-    if enabled() and instance.schema_name != conf.public_schema_name():
-        drop_for_tenant(instance.pk)
+    if not enabled() or instance.schema_name == conf.public_schema_name():
+        return
+    from django.db import DatabaseError, transaction
+
+    try:
+        # A savepoint: the tenant's deletion must not fail because its role cannot go (it
+        # owns large objects, say); E012 and the command report and retry the orphan role.
+        with transaction.atomic():
+            drop_for_tenant(instance.pk)
+    except DatabaseError as exc:
+        logger.error(
+            "the role of deleted tenant %s was not dropped (%s); unlink what it owns and run "
+            "`manage.py kumiko_jobs roles`",
+            instance.pk,
+            exc,
+        )
 
 
 def connect_hooks() -> None:

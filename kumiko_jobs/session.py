@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
+from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from django.db import connections
@@ -33,6 +36,30 @@ from psycopg.pq import TransactionStatus
 from .context import RunState
 
 logger = logging.getLogger("kumiko_jobs.session")
+
+# True while a statement passes the guard's execute wrapper. A statement that reaches a tenant
+# role's connection without it came by the raw driver (``connection.connection.execute``),
+# which the guard never judged: that session is reset after the run, whatever it sent (a
+# session advisory lock on kumiko's admission key, a temp table shadowing a tenant table).
+_judged: ContextVar[bool] = ContextVar("kumiko_jobs_judged_statement", default=False)
+# psycopg connections that ran such a statement since their last reset.
+_unjudged: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def judged() -> Iterator[None]:
+    """Around a statement the guard has judged (steps.db_guard)."""
+    token = _judged.set(True)
+    try:
+        yield
+    finally:
+        _judged.reset(token)
+
+
+def note_statement(pg_connection: Any) -> None:
+    """Called for every statement on a tenant role's connection (tenant_connections)."""
+    if not _judged.get():
+        _unjudged.add(pg_connection)
 
 
 def in_transaction(conn: Any) -> bool:
@@ -63,7 +90,11 @@ def clean_up(state: RunState, busy: frozenset[str]) -> list[str]:
         if conn.alias in busy or conn.connection is None:
             continue
         try:
-            dirty = state.unwatched_sessions or conn.alias in state.dirty_sessions
+            dirty = (
+                state.unwatched_sessions
+                or conn.alias in state.dirty_sessions
+                or conn.connection in _unjudged
+            )
             if in_transaction(conn):
                 left_open.append(conn.alias)
                 roll_back(conn)
@@ -128,7 +159,7 @@ def reset_statement(conn: Any) -> str:
     return "; ".join(statements)
 
 
-def discard(conn: Any) -> None:
+def discard(conn: Any, *, raw: bool = False) -> None:
     """Back to a session as new, in one round trip (see ``reset_statement``).
 
     psycopg clears its own prepared-statement cache when it sees ``DEALLOCATE ALL`` go through;
@@ -136,10 +167,30 @@ def discard(conn: Any) -> None:
     cursor (as it does after every run anyway).
     """
     statement = reset_statement(conn)
-    with plain_cursor(conn) as cursor:
-        cursor.execute(statement)
+    with judged():
+        if raw:  # past Django's cursor, and so past a guard still installed on ``conn``
+            conn.connection.execute(statement)
+        else:
+            with plain_cursor(conn) as cursor:
+                cursor.execute(statement)
+    _unjudged.discard(conn.connection)
     if hasattr(conn, "search_path_set_schemas"):
         conn.search_path_set_schemas = None
+
+
+def reset_borrowed(conn: Any) -> None:
+    """A connection an escape hatch borrowed (another tenant's role inside
+    ``cross_tenant_reads``): always reset when the block ends, since the next user of it is
+    that tenant's own run. Closed when it cannot be reset."""
+    try:
+        if in_transaction(conn):
+            roll_back(conn)
+        discard(conn, raw=True)  # the body's guard still covers it while the block unwinds
+    except Exception as exc:
+        logger.warning("closing borrowed connection: it could not be reset (%r)", exc)
+        forget_transaction(conn)
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 @contextlib.contextmanager

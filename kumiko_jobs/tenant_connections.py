@@ -24,6 +24,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -32,7 +33,7 @@ from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
 from psycopg import ServerCursor, errors
 
-from . import conf, db_roles
+from . import conf, db_roles, session
 from .context import RunState, current_run
 from .exceptions import DatabaseAccessDenied
 
@@ -64,8 +65,20 @@ def tenant_aliases() -> list[str]:
     return [a for a, engine in conf.database_engines().items() if engine == TENANT_ENGINE]
 
 
+# Set by kumiko_jobs.testing while it runs a job inside a caller's transaction (pytest-django's
+# ``db`` fixture): the body must see that transaction's uncommitted rows, which no other login
+# can, so it runs on the caller's connection as the project user. Workers never set it.
+inline_in_callers_transaction: ContextVar[bool] = ContextVar(
+    "kumiko_jobs_inline_in_callers_transaction", default=False
+)
+
+
 def enabled_for(state: RunState) -> bool:
-    return state.tenant is not None and conf.get().DB_ROLES
+    return (
+        state.tenant is not None
+        and conf.get().DB_ROLES
+        and not inline_in_callers_transaction.get()
+    )
 
 
 def wrapper_for(alias: str, tenant_pk: Any) -> Any:
@@ -220,6 +233,10 @@ def read_identity(state: RunState, tenant: Any) -> Iterator[None]:
     finally:
         identity.swap_to(previous)
         for wrapper in wrappers.values():
+            # The other tenant's own runs use this connection next: whatever the block left
+            # on its session (a temp table shadowing one of that tenant's tables, a setting)
+            # goes, one round trip per block.
+            session.reset_borrowed(wrapper)
             wrapper.set_schema_to_public()
 
 
@@ -250,12 +267,14 @@ def _recording(base: type) -> type:
 
     class Recording(base):
         def execute(self, *args: Any, **kwargs: Any) -> Any:
+            session.note_statement(self.connection)
             try:
                 return super().execute(*args, **kwargs)
             except errors.InsufficientPrivilege as exc:
                 raise _denial(exc) from exc
 
         def executemany(self, *args: Any, **kwargs: Any) -> Any:
+            session.note_statement(self.connection)
             try:
                 return super().executemany(*args, **kwargs)
             except errors.InsufficientPrivilege as exc:
@@ -263,6 +282,7 @@ def _recording(base: type) -> type:
 
         @contextlib.contextmanager
         def copy(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            session.note_statement(self.connection)
             try:
                 with super().copy(*args, **kwargs) as copy:
                     yield copy
@@ -270,6 +290,7 @@ def _recording(base: type) -> type:
                 raise _denial(exc) from exc
 
         def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+            session.note_statement(self.connection)
             try:
                 yield from super().stream(*args, **kwargs)
             except errors.InsufficientPrivilege as exc:

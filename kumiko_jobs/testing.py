@@ -30,7 +30,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import relay, sweep, transport
+from . import relay, sweep, tenant_connections, transport
 from .context import RunState, current_run
 from .enqueueing import RunHandle, queue_of
 from .exceptions import JobNotRegistered
@@ -143,6 +143,7 @@ def _run(row: JobRun) -> Ran:
     wrapper: Any = connections[DEFAULT_DB_ALIAS]
     tenant_before = getattr(wrapper, "tenant", None)
     token = current_run.set(state)
+    inline = tenant_connections.inline_in_callers_transaction.set(wrapper.in_atomic_block)
     try:
         # What runner.run_state does, minus the push of the next message (the next attempt
         # is a row, which the next round finds).
@@ -150,6 +151,7 @@ def _run(row: JobRun) -> Ran:
         # (a history write that failed, a timeout outside the body) is the test's to see.
         _pipeline()(state)
     finally:
+        tenant_connections.inline_in_callers_transaction.reset(inline)
         current_run.reset(token)
         if tenant_before is not None and hasattr(wrapper, "set_tenant"):
             # The run ends on public; a test inside a tenant (TenantTestCase) stays there.

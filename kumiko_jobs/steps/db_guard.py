@@ -22,7 +22,7 @@ from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from psycopg import ServerCursor
 from psycopg import sql as psycopg_sql
 
-from .. import audit, conf
+from .. import audit, conf, session
 from ..context import RunState, current_run, render_error
 from ..exceptions import DatabaseAccessDenied
 from ..guard import Grant, Policy, Verdict, classify
@@ -270,11 +270,13 @@ class _GuardsOtherRoutes:
 
     def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
         self._check(statement, params)
+        # psycopg sends the COPY when the caller enters the block, after this returns: the
+        # session counts it as unjudged and is reset after the run (one round trip).
         return self.cursor.copy(statement, params, **kwargs)
 
     def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         self._check(query, params)
-        return self.cursor.stream(query, params, **kwargs)
+        return self.cursor.stream(query, params, **kwargs)  # (likewise: reset after the run)
 
     def callproc(self, procname: Any, params: Any = None, kparams: Any = None) -> Any:
         """The statement Django's psycopg cursor would build, sent through ``execute``."""
@@ -285,6 +287,15 @@ class _GuardsOtherRoutes:
         args = psycopg_sql.SQL(",").join(psycopg_sql.Literal(arg) for arg in params or ())
         self.execute(psycopg_sql.SQL("SELECT * FROM {}({})").format(name, args))  # type: ignore[attr-defined]
         return params
+
+
+def _run_judged(
+    execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
+) -> Any:
+    """Send a statement the guard has judged (or, in system_db and log mode, let through
+    knowingly): the tenant role's connection counts it as seen (``session.judged``)."""
+    with session.judged():
+        return execute(sql, params, many, context)
 
 
 def _checked_only(sql: Any, params: Any, many: bool, context: Any) -> None:
@@ -341,7 +352,7 @@ class GuardWrapper:
         conn = context["connection"]
         if state.system_db_open:
             state.dirty_sessions.add(conn.alias)  # unwatched: its session is reset after the run
-            return execute(sql, params, many, context)
+            return _run_judged(execute, sql, params, many, context)
         if state.tenant is not None and getattr(conn, "schema_name", None) is None:
             _refuse(
                 state,
@@ -349,7 +360,7 @@ class GuardWrapper:
                 "database",
                 _not_a_tenant_alias(conn),
             )
-            return execute(sql, params, many, context)  # log mode
+            return _run_judged(execute, sql, params, many, context)  # log mode
         text = sql if isinstance(sql, str) else _composed_text(sql, context)
         policy = self.policy()
         verdict = classify(text, policy, parameters=params is not None)
@@ -369,12 +380,12 @@ class GuardWrapper:
                 state.dirty_sessions.add(conn.alias)
             elif _server_side(context):
                 state.dirty_sessions.add(conn.alias)  # a cursor Django may hold past the tx
-            return execute(sql, params, many, context)
+            return _run_judged(execute, sql, params, many, context)
         message = denial_message(state, verdict)
         if not self.enforce:
             logger.warning("DB guard (log mode) would deny: %s", message)
             state.dirty_sessions.add(conn.alias)
-            return execute(sql, params, many, context)
+            return _run_judged(execute, sql, params, many, context)
         # Kept on the run, so a job that catches the exception still fails.
         state.guard_violations.append(message)
         raise DatabaseAccessDenied(

@@ -42,7 +42,10 @@ def tenancy(state: RunState, call_next: Next) -> None:
             left_open = _leave(state, body_busy)
     finally:
         if identity is not None and identity.project_used:
-            left_open += _leave(state, busy)  # an escape hatch used the project's connections
+            # An escape hatch (global_writes, system_db) used the project's connections: reset
+            # them whatever the guard saw, since the raw driver there is the project's user.
+            state.dirty_sessions.update(identity.aliases)
+            left_open += _leave(state, busy)
     if left_open:
         raise Unrecoverable(
             f"the job left a transaction open on database alias {', '.join(map(repr, left_open))} "

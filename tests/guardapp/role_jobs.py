@@ -126,3 +126,63 @@ def raw_read(ctx: JobContext, *, statement: str) -> None:
     connection.ensure_connection()
     row = connection.connection.execute(statement).fetchone()
     _note("read", row[0] if row else None)
+
+
+# --- what a body can leave behind through the raw driver (red-team pass, issue 12) -------------
+
+ADMISSION_KEY = "kumiko_jobs:testapp.capped:t2"  # the key t2's capped enqueues lock
+
+
+@job
+def raw_hold_admission_lock(ctx: JobContext) -> None:
+    """A session advisory lock on kumiko's admission key for t2, sent past the classifier."""
+    from kumiko_jobs.guard_allowlists import ADMISSION_LOCK_CLASS
+
+    connection.ensure_connection()
+    connection.connection.execute(
+        "SELECT pg_advisory_lock(%s, hashtext(%s))", [ADMISSION_LOCK_CLASS, ADMISSION_KEY]
+    )
+
+
+@job(escape_hatch=EscapeHatch(reason="test: read t2", grants=["cross_tenant_reads"]))
+def plant_in_borrowed_session(ctx: JobContext) -> None:
+    """Inside cross_tenant_reads(t2): leave the READ ONLY transaction by the raw driver and
+    plant a temp table shadowing t2's guardapp_secret on t2's pooled connection."""
+    with ctx.cross_tenant_reads(Client.objects.get(schema_name="t2")):
+        raw = connection.connection
+        raw.execute("ROLLBACK")
+        raw.execute("CREATE TEMP TABLE guardapp_secret (id int, label text, value text)")
+        raw.execute("INSERT INTO guardapp_secret VALUES (1, 't2-secret', 'PLANTED-by-t1')")
+
+
+@job(escape_hatch=EscapeHatch(reason="test: shared catalog", grants=["global_writes"]))
+def plant_in_project_session(ctx: JobContext) -> None:
+    """Inside global_writes: a temp table shadowing the shared catalog_plan, on the project's
+    connection, by the raw driver."""
+    with ctx.global_writes():
+        raw = connection.connection
+        raw.execute("CREATE TEMP TABLE catalog_plan (id int, name text, monthly_price numeric)")
+        raw.execute("INSERT INTO catalog_plan VALUES (1, 'PLANTED', 0)")
+
+
+@job
+def read_own_secrets(ctx: JobContext) -> None:
+    """The next run of a tenant: what its ORM sees of its own table."""
+    _note("seen", ",".join(sorted(s.value for s in Secret.objects.all())))
+
+
+@job(system=True)
+def read_plans(ctx: JobContext) -> None:
+    """A later system run: what the project's connection shows of the shared plans."""
+    names = ",".join(sorted(Plan.objects.values_list("name", flat=True)))
+    with ctx.system_db(), connection.cursor() as cursor:
+        cursor.execute(
+            'INSERT INTO "t1".guardapp_finding (key, value) VALUES (%s, %s)', ["plans", names]
+        )
+
+
+@job
+def raw_set_own_role_default(ctx: JobContext) -> None:
+    """A setting the tenant's role gives itself: it outlives every session reset."""
+    connection.ensure_connection()
+    connection.connection.execute("ALTER ROLE CURRENT_USER SET work_mem = '77MB'")

@@ -21,8 +21,11 @@ from tests.testapp import async_jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
-GUARD_OFF = {**settings.KUMIKO_JOBS, "DB_GUARD": "off"}
-GUARD_ON = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce"}
+# The first wall on its own: these tests are about the classifier and the worker's own
+# connection, so the second wall (DB_ROLES, which would also stop the write) is off here;
+# test_an_async_job_runs_as_its_tenants_role covers async bodies with it.
+GUARD_OFF = {**settings.KUMIKO_JOBS, "DB_GUARD": "off", "DB_ROLES": False}
+GUARD_ON = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce", "DB_ROLES": False}
 
 
 def _stolen_rows(schema: str) -> int:
@@ -39,8 +42,9 @@ def _stolen_rows(schema: str) -> int:
 
 
 def test_an_async_job_runs_in_its_tenant_on_the_workers_connection(tenants: Any) -> None:
-    handle = async_jobs.async_probe.enqueue(tenant="t2", tag="a")
-    work()
+    with override_settings(KUMIKO_JOBS=GUARD_ON):
+        handle = async_jobs.async_probe.enqueue(tenant="t2", tag="a")
+        work()
     run = handle.refresh()
     assert run.status == RunStatus.SUCCEEDED, run.error_message
     assert [(p.tag, p.schema_seen) for p in probes("t2")] == [("a", "t2")]
@@ -136,3 +140,23 @@ def test_a_timeout_cancels_the_coroutine_before_the_outcome_is_recorded(
     work()
     assert len(probes("t1")) == count
     assert marks.read_text().split() == events
+
+
+def test_an_async_job_runs_as_its_tenants_role(tenants: Any) -> None:
+    """With DB_ROLES (the suite's default) the async ORM's queries go through the body's
+    connection too: the tenant role's, so PostgreSQL refuses the write into another tenant."""
+    from kumiko_jobs import db_roles
+
+    ok = async_jobs.async_probe.enqueue(tenant="t2", tag="as-role")
+    attack = async_jobs.async_writes_other.enqueue(tenant="t2", tag="role-attack", other="t3")
+    work()
+    assert ok.refresh().status == RunStatus.SUCCEEDED
+    assert [(p.tag, p.schema_seen) for p in probes("t2")][:1] == [("as-role", "t2")]
+    run = attack.refresh()
+    assert (run.status, run.error_type) == (RunStatus.FAILED, "DatabaseAccessDenied")
+    assert _stolen_rows("t3") == 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT usename FROM pg_stat_activity WHERE pid = %s", [ok.result["backend_pid"]]
+        )
+        assert cursor.fetchone()[0] == db_roles.role_name(tenants["t2"].pk)
