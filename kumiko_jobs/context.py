@@ -400,11 +400,11 @@ class JobContext:
 
     @contextlib.contextmanager
     def global_writes(self) -> Iterator[None]:
-        """Allow writes to shared (public) tables. With DB_ROLES the block runs on the
-        project's own connection (the tenant's role cannot write shared tables)."""
-        from .tenant_connections import project_identity
+        """Allow writes to shared (public) tables. With DB_ROLES the block logs in as the
+        tenant's writer (its own privileges plus writes on the shared tables)."""
+        from .tenant_connections import writer_identity
 
-        with self._granted("global_writes"), project_identity(self._state):
+        with self._granted("global_writes"), writer_identity(self._state):
             yield
 
     @contextlib.contextmanager

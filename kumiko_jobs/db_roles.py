@@ -83,6 +83,31 @@ def group_name(alias: str = DEFAULT_DB_ALIAS) -> str:
     return f"{prefix(alias)}_tenants"
 
 
+def writers_group_name(alias: str = DEFAULT_DB_ALIAS) -> str:
+    """Writes on the shared tables no grant is refused (never kumiko's or the tenant tables)."""
+    return f"{prefix(alias)}_shared_writers"
+
+
+# Two more logins per tenant, the identities of its escape hatches (docs/guard.md, "Two
+# walls"): ``_r`` for another tenant's ``cross_tenant_reads`` (SELECT only, so not even a raw
+# ROLLBACK out of the READ ONLY transaction can write), ``_w`` for its own ``global_writes``
+# (the tenant's privileges plus writes on the shared tables, and nothing on other tenants).
+READER_SUFFIX = "_r"
+WRITER_SUFFIX = "_w"
+
+
+def reader_name(tenant_pk: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
+    return role_name(tenant_pk, alias) + READER_SUFFIX
+
+
+def writer_name(tenant_pk: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
+    return role_name(tenant_pk, alias) + WRITER_SUFFIX
+
+
+def _tenant_roles_of(role: str) -> list[str]:
+    return [role, role + READER_SUFFIX, role + WRITER_SUFFIX]
+
+
 def password(role: str) -> str:
     """Derived from SECRET_KEY: nothing to store, the same in every worker."""
     key = conf.secret_key().encode()
@@ -177,7 +202,38 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
                     _privileges(revoked), target, _ident(group)
                 ),
             )
+    _ensure_writers(cursor, alias, public, existing & readable)
     return group
+
+
+def _ensure_writers(cursor: Any, alias: str, public: str, writable: set[str]) -> None:
+    """The shared writers' group: INSERT/UPDATE/DELETE on the shared tables ``global_writes``
+    may write, and their sequences; no TRUNCATE, nothing on protected or tenant tables."""
+    writers = _ident(writers_group_name(alias))
+    if not _exists(cursor, writers_group_name(alias)):
+        _execute(cursor, sql.SQL("CREATE ROLE {} NOLOGIN").format(writers))
+    _execute(cursor, sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(_ident(public), writers))
+    for table in sorted(writable):
+        _execute(
+            cursor,
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                _ident(public, table), writers
+            ),
+        )
+    cursor.execute(
+        "SELECT s.relname FROM pg_class s JOIN pg_depend d ON d.objid = s.oid "
+        "JOIN pg_class t ON t.oid = d.refobjid JOIN pg_namespace n ON n.oid = s.relnamespace "
+        "WHERE s.relkind = 'S' AND d.deptype IN ('a', 'i') AND n.nspname = %s "
+        "AND t.relname = ANY(%s)",
+        [public, sorted(writable)],
+    )
+    for (sequence,) in cursor.fetchall():
+        _execute(
+            cursor,
+            sql.SQL("GRANT USAGE, SELECT, UPDATE ON SEQUENCE {} TO {}").format(
+                _ident(public, sequence), writers
+            ),
+        )
 
 
 def ensure_tenant_role(
@@ -221,7 +277,41 @@ def ensure_tenant_role(
     ]
     for statement in statements:
         _execute(cursor, statement)
+    _ensure_reader(cursor, role + READER_SUFFIX, schema, alias)
+    _ensure_login(cursor, role + WRITER_SUFFIX)
+    writer = _ident(role + WRITER_SUFFIX)
+    _execute(cursor, sql.SQL("GRANT {} TO {}").format(who, writer))
+    _execute(cursor, sql.SQL("GRANT {} TO {}").format(_ident(writers_group_name(alias)), writer))
     return role
+
+
+def _ensure_login(cursor: Any, role: str) -> None:
+    who, verifier = _ident(role), sql.Literal(scram_verifier(role))
+    verb = "ALTER" if _exists(cursor, role) else "CREATE"
+    _execute(cursor, sql.SQL(verb + " ROLE {} LOGIN INHERIT PASSWORD {}").format(who, verifier))
+    if verb == "ALTER":
+        _execute(cursor, sql.SQL("ALTER ROLE {} RESET ALL").format(who))
+
+
+def _ensure_reader(cursor: Any, reader: str, schema: str, alias: str) -> None:
+    """SELECT on the tenant's tables and sequences (existing and future), the shared reads of
+    the group, and not one write privilege: PostgreSQL itself keeps ``cross_tenant_reads``
+    to reads, whatever transaction the block's code ends."""
+    _ensure_login(cursor, reader)
+    who, where = _ident(reader), _ident(schema)
+    _execute(cursor, sql.SQL("GRANT {} TO {}").format(_ident(group_name(alias)), who))
+    for statement in (
+        "GRANT USAGE ON SCHEMA {0} TO {1}",
+        "REVOKE CREATE ON SCHEMA {0} FROM {1}",
+        "GRANT SELECT ON ALL TABLES IN SCHEMA {0} TO {1}",
+        "REVOKE INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER "
+        "ON ALL TABLES IN SCHEMA {0} FROM {1}",
+        "GRANT SELECT ON ALL SEQUENCES IN SCHEMA {0} TO {1}",
+        "REVOKE USAGE, UPDATE ON ALL SEQUENCES IN SCHEMA {0} FROM {1}",
+        "ALTER DEFAULT PRIVILEGES IN SCHEMA {0} GRANT SELECT ON TABLES TO {1}",
+        "ALTER DEFAULT PRIVILEGES IN SCHEMA {0} GRANT SELECT ON SEQUENCES TO {1}",
+    ):
+        _execute(cursor, sql.SQL(statement).format(where, who))
 
 
 def drop_role(cursor: Any, role: str) -> bool:
@@ -261,7 +351,8 @@ def our_roles(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Tenant roles of this database (its prefix), never anyone else's."""
     pattern = prefix(alias) + r"\_t%"
     cursor.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s ORDER BY rolname", [pattern])
-    return [row[0] for row in cursor.fetchall() if row[0] != group_name(alias)]
+    groups = (group_name(alias), writers_group_name(alias))
+    return [row[0] for row in cursor.fetchall() if row[0] not in groups]
 
 
 @dataclass
@@ -298,17 +389,20 @@ def sync_all(alias: str = DEFAULT_DB_ALIAS, *, drop_orphans: bool = True) -> Syn
         expected = set()
         for pk, schema in _tenants():
             role = role_name(pk, alias)
-            expected.add(role)
+            expected.update(_tenant_roles_of(role))
             if schema not in schemas:
                 result.skipped.append(schema)
                 continue
             ensure_tenant_role(cursor, pk, schema, alias)
             result.ensured.append(role)
         if drop_orphans:
-            for role in our_roles(cursor, alias):
-                if role not in expected:
-                    drop_role(cursor, role)
-                    result.dropped.append(role)
+            # The escape-hatch logins first: the writer is a member of its tenant's role.
+            orphans = [r for r in our_roles(cursor, alias) if r not in expected]
+            for role in sorted(
+                orphans, key=lambda r: r.endswith((READER_SUFFIX, WRITER_SUFFIX)), reverse=True
+            ):
+                drop_role(cursor, role)
+                result.dropped.append(role)
     return result
 
 
@@ -319,15 +413,21 @@ def ensure_for_tenant(tenant_pk: Any, schema: str, alias: str = DEFAULT_DB_ALIAS
 
 
 def drop_for_tenant(tenant_pk: Any, alias: str = DEFAULT_DB_ALIAS) -> bool:
+    role = role_name(tenant_pk, alias)
     with connections[alias].cursor() as cursor:
-        return drop_role(cursor, role_name(tenant_pk, alias))
+        for login in (role + WRITER_SUFFIX, role + READER_SUFFIX):
+            drop_role(cursor, login)
+        return drop_role(cursor, role)
 
 
 def drop_all(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Every role of this database's prefix and its group (a test database's teardown)."""
     with connections[alias].cursor() as cursor:
         roles = our_roles(cursor, alias)
-        for role in [*roles, group_name(alias)]:
+        logins = sorted(
+            roles, key=lambda r: r.endswith((READER_SUFFIX, WRITER_SUFFIX)), reverse=True
+        )
+        for role in [*logins, group_name(alias), writers_group_name(alias)]:
             drop_role(cursor, role)
     return roles
 
@@ -362,7 +462,8 @@ def out_of_date(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
             [roles, schemas, group_name(alias)],
         )
         stale = [row[0] for row in cursor.fetchall()]
-        orphans = sorted(set(our_roles(cursor, alias)) - set(roles))
+        expected = {login for role in roles for login in _tenant_roles_of(role)}
+        orphans = sorted(set(our_roles(cursor, alias)) - expected)
     return [*stale, *(f"role {role} (no such tenant)" for role in orphans)]
 
 

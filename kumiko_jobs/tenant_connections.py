@@ -81,9 +81,10 @@ def enabled_for(state: RunState) -> bool:
     )
 
 
-def wrapper_for(alias: str, tenant_pk: Any) -> Any:
-    """The pooled wrapper of ``alias`` logged in as the tenant's role (not connected yet)."""
-    role = db_roles.role_name(tenant_pk, alias)
+def wrapper_for(alias: str, tenant_pk: Any, suffix: str = "") -> Any:
+    """The pooled wrapper of ``alias`` logged in as the tenant's role (not connected yet), or
+    as one of its escape-hatch logins (``db_roles.READER_SUFFIX``, ``WRITER_SUFFIX``)."""
+    role = db_roles.role_name(tenant_pk, alias) + suffix
     pool = _wrappers()
     key = (alias, role)
     wrapper = pool.pop(key, None)
@@ -186,9 +187,35 @@ def body_identity(state: RunState) -> Iterator[Identity | None]:
 
 
 @contextlib.contextmanager
+def writer_identity(state: RunState) -> Iterator[None]:
+    """``ctx.global_writes()`` inside a tenant body: the tenant's writer login (its own
+    privileges plus writes on the shared tables, nothing on other tenants), in the run's
+    schema, guarded like the body's, for the block; reset when the block ends."""
+    identity: Identity | None = getattr(state, "db_identity", None)
+    if identity is None:
+        yield
+        return
+    wrappers = {
+        a: wrapper_for(a, state.tenant.pk, db_roles.WRITER_SUFFIX) for a in identity.aliases
+    }
+    for wrapper in wrappers.values():
+        wrapper.set_tenant(state.tenant)
+        if state.guard is not None:
+            state.guard.cover(wrapper)
+    previous = identity.swap_to(wrappers)
+    try:
+        yield
+    finally:
+        identity.swap_to(previous)
+        for wrapper in wrappers.values():
+            session.reset_borrowed(wrapper)
+            wrapper.set_schema_to_public()
+
+
+@contextlib.contextmanager
 def project_identity(state: RunState) -> Iterator[None]:
-    """``ctx.global_writes()`` and ``ctx.system_db()`` inside a tenant body: the project's own
-    connections, in the run's schema, guarded like the body's, for the block."""
+    """``ctx.system_db()`` inside a body with a tenant identity: the project's own
+    connections, in the run's schema, for the block."""
     identity: Identity | None = getattr(state, "db_identity", None)
     if identity is None:
         yield
@@ -210,16 +237,16 @@ def project_identity(state: RunState) -> Iterator[None]:
 
 @contextlib.contextmanager
 def read_identity(state: RunState, tenant: Any) -> Iterator[None]:
-    """``ctx.cross_tenant_reads(t)`` inside a tenant body: ``t``'s role, in ``t``'s schema, in
-    a READ ONLY transaction (PostgreSQL confines the block to ``t`` and the shared tables; the
-    classifier's read-only rule and the transaction keep it to reads)."""
+    """``ctx.cross_tenant_reads(t)`` inside a tenant body: ``t``'s reader login (SELECT only),
+    in ``t``'s schema, in a READ ONLY transaction: PostgreSQL confines the block to reads of
+    ``t`` and the shared tables, whatever transaction the block's own code ends."""
     from django.db import transaction
 
     identity: Identity | None = getattr(state, "db_identity", None)
     if identity is None or tenant.pk == state.tenant.pk:
         yield
         return
-    wrappers = {a: wrapper_for(a, tenant.pk) for a in identity.aliases}
+    wrappers = {a: wrapper_for(a, tenant.pk, db_roles.READER_SUFFIX) for a in identity.aliases}
     previous = identity.swap_to(wrappers)
     try:
         with contextlib.ExitStack() as stack:

@@ -42,7 +42,7 @@ def tenancy(state: RunState, call_next: Next) -> None:
             left_open = _leave(state, body_busy)
     finally:
         if identity is not None and identity.project_used:
-            # An escape hatch (global_writes, system_db) used the project's connections: reset
+            # ctx.system_db() used the project's connections inside a tenant identity: reset
             # them whatever the guard saw, since the raw driver there is the project's user.
             state.dirty_sessions.update(identity.aliases)
             left_open += _leave(state, busy)

@@ -149,6 +149,7 @@ def plant_in_borrowed_session(ctx: JobContext) -> None:
     """Inside cross_tenant_reads(t2): leave the READ ONLY transaction by the raw driver and
     plant a temp table shadowing t2's guardapp_secret on t2's pooled connection."""
     with ctx.cross_tenant_reads(Client.objects.get(schema_name="t2")):
+        connection.ensure_connection()
         raw = connection.connection
         raw.execute("ROLLBACK")
         raw.execute("CREATE TEMP TABLE guardapp_secret (id int, label text, value text)")
@@ -160,9 +161,37 @@ def plant_in_project_session(ctx: JobContext) -> None:
     """Inside global_writes: a temp table shadowing the shared catalog_plan, on the project's
     connection, by the raw driver."""
     with ctx.global_writes():
+        connection.ensure_connection()
         raw = connection.connection
         raw.execute("CREATE TEMP TABLE catalog_plan (id int, name text, monthly_price numeric)")
         raw.execute("INSERT INTO catalog_plan VALUES (1, 'PLANTED', 0)")
+
+
+@job(escape_hatch=EscapeHatch(reason="test: shared catalog", grants=["global_writes"]))
+def read_plans_in_global_writes(ctx: JobContext) -> None:
+    """A later global_writes block of the same tenant: what it sees of the shared plans."""
+    with ctx.global_writes():
+        names = ",".join(sorted(Plan.objects.values_list("name", flat=True)))
+    _note("plans", names)
+
+
+@job(escape_hatch=EscapeHatch(reason="test: read t2", grants=["cross_tenant_reads"]))
+def raw_write_in_cross_tenant_reads(ctx: JobContext) -> None:
+    """Leave the READ ONLY transaction by the raw driver, then write t2."""
+    with ctx.cross_tenant_reads(Client.objects.get(schema_name="t2")):
+        connection.ensure_connection()
+        raw = connection.connection
+        raw.execute("ROLLBACK")
+        raw.execute("UPDATE t2.guardapp_secret SET value = 'overwritten-by-t1'")
+
+
+@job(escape_hatch=EscapeHatch(reason="test: shared catalog", grants=["global_writes"]))
+def raw_read_in_global_writes(ctx: JobContext) -> None:
+    """Read t2 by the raw driver inside global_writes."""
+    with ctx.global_writes():
+        connection.ensure_connection()
+        row = connection.connection.execute("SELECT value FROM t2.guardapp_secret").fetchone()
+    _note("leaked", row[0] if row else None)
 
 
 @job

@@ -125,13 +125,17 @@ def test_a_swallowed_permission_denied_still_fails_the_run(tenants, guard_data):
 # --- escape hatches switch identity -------------------------------------------------------------
 
 
-def test_global_writes_run_as_the_project_user_for_the_block(tenants, guard_data, observer):
+def test_global_writes_run_as_the_tenants_writer_login_for_the_block(
+    tenants, guard_data, observer
+):
+    """Not the project user: the writer login holds the tenant's own privileges and writes on
+    the shared tables, nothing on other tenants (test_db_roles_leftovers has the raw routes)."""
     run = _run(tenants["t1"], role_jobs.role_add_plan, ROLES_LOG, name="added")
     assert run.status == RunStatus.SUCCEEDED, run.error_message
     role = db_roles.role_name(tenants["t1"].pk)
-    project = _project_user()
+    writer = db_roles.writer_name(tenants["t1"].pk)
     assert support.findings("t1") == {
-        "inside_global_writes": f"{project}/{project}",
+        "inside_global_writes": f"{writer}/{writer}",
         "after_global_writes": f"{role}/{role}",
     }
     assert ("added", "3.00") in support.plans()
@@ -148,10 +152,11 @@ def test_without_global_writes_a_shared_write_is_refused_by_postgresql(tenants, 
 def test_cross_tenant_reads_use_the_other_tenants_role_read_only(tenants, guard_data):
     run = _run(tenants["t1"], role_jobs.read_other_tenant, ROLES_LOG, schema="t2")
     assert run.status == RunStatus.SUCCEEDED, run.error_message
-    t1_role, t2_role = (db_roles.role_name(tenants[s].pk) for s in ("t1", "t2"))
+    t1_role = db_roles.role_name(tenants["t1"].pk)
+    t2_reader = db_roles.reader_name(tenants["t2"].pk)
     assert support.findings("t1") == {
         "read": "t2-value",
-        "identity_in_block": f"{t2_role}/{t2_role}",
+        "identity_in_block": f"{t2_reader}/{t2_reader}",
         "identity_after": f"{t1_role}/{t1_role}",
     }
 

@@ -60,16 +60,17 @@ def reset(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     return str(request.param)
 
 
-def _runs(*jobs: tuple[Any, Any]) -> list[JobRun]:
-    """Enqueue ``(tenant or None, job)`` in order, then one worker drains them all."""
+def _runs(*jobs: tuple[Any, ...], mode: dict[str, Any] = ROLES_ENFORCE) -> list[JobRun]:
+    """Enqueue ``(tenant or None, job[, kwargs])`` in order, then one worker drains them."""
     handles = []
-    with override_settings(KUMIKO_JOBS=ROLES_ENFORCE):
-        for tenant, job in jobs:
+    with override_settings(KUMIKO_JOBS=mode):
+        for tenant, job, *kwargs in jobs:
+            arguments = kwargs[0] if kwargs else {}
             if tenant is None:
-                handles.append(job.enqueue())
+                handles.append(job.enqueue(**arguments))
             else:
                 with tenant_context(tenant):
-                    handles.append(job.enqueue())
+                    handles.append(job.enqueue(**arguments))
         work()
     connection.set_schema_to_public()
     return [JobRun.objects.get(pk=h.run_id) for h in handles]
@@ -97,15 +98,15 @@ def test_a_raw_session_lock_on_the_admission_key_is_released_after_the_run(
 def test_a_borrowed_tenant_session_is_reset_when_cross_tenant_reads_ends(
     tenants, guard_data, observer, reset
 ):
-    """With cross_tenant_reads(t2), t1 borrows t2's pooled connection; a temp table left
-    there would shadow t2's own table in t2's next run on this worker."""
+    """With cross_tenant_reads(t2), t1 borrows t2's pooled reader connection; a temp table
+    left there would shadow t2's table in the next tenant's cross_tenant_reads(t2)."""
     planted, victim = _runs(
         (tenants["t1"], role_jobs.plant_in_borrowed_session),
-        (tenants["t2"], role_jobs.read_own_secrets),
+        (tenants["t3"], role_jobs.read_other_tenant, {"schema": "t2"}),
     )
     assert planted.status == RunStatus.SUCCEEDED, planted.error_message
     assert victim.status == RunStatus.SUCCEEDED, victim.error_message
-    seen = support.findings("t2")["seen"]
+    seen = support.findings("t3")["read"]
     if reset == "closed":
         assert seen == "t2-value"
     else:
@@ -113,12 +114,13 @@ def test_a_borrowed_tenant_session_is_reset_when_cross_tenant_reads_ends(
     assert support.secrets("t2") == [("t2-secret", "t2-value")]  # the real table, untouched
 
 
-def test_the_project_session_is_reset_after_global_writes(tenants, guard_data, observer, reset):
-    """Inside global_writes the body runs on the project's connection, whose later users are
-    system runs and the run history: a temp table there would shadow a shared table."""
+def test_the_writer_session_is_reset_after_global_writes(tenants, guard_data, observer, reset):
+    """Inside global_writes the body runs on the tenant's pooled writer connection, whose next
+    user is the tenant's next global_writes block: a temp table there would shadow a shared
+    table."""
     planted, later = _runs(
         (tenants["t1"], role_jobs.plant_in_project_session),
-        (None, role_jobs.read_plans),
+        (tenants["t1"], role_jobs.read_plans_in_global_writes),
     )
     assert planted.status == RunStatus.SUCCEEDED, planted.error_message
     assert later.status == RunStatus.SUCCEEDED, later.error_message
@@ -147,3 +149,44 @@ def test_role_defaults_a_tenant_gives_itself_are_reset_by_the_roles_command(
     assert observer.value(query, (role,)) == 1  # calibration: the role did set it
     call_command("kumiko_jobs", "roles", stdout=StringIO())
     assert observer.value(query, (role,)) == 0
+
+
+NO_SECOND_WALL = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce", "DB_ROLES": False}
+
+
+@pytest.mark.parametrize("mode", ["roles", "calibration"])
+def test_cross_tenant_reads_cannot_write_by_leaving_the_read_only_transaction(
+    tenants, guard_data, mode
+):
+    """A raw ROLLBACK ends the block's READ ONLY transaction; the block's login, t2's reader,
+    holds no write privilege, so PostgreSQL still refuses. Calibration: without the second
+    wall (the project's user) the raw write lands."""
+    (run,) = _runs(
+        (tenants["t1"], role_jobs.raw_write_in_cross_tenant_reads),
+        mode=ROLES_ENFORCE if mode == "roles" else NO_SECOND_WALL,
+    )
+    if mode == "roles":
+        assert (run.status, run.error_type) == (RunStatus.FAILED, "DatabaseAccessDenied")
+        assert "permission denied for table guardapp_secret" in run.error_message
+        assert support.secrets("t2") == [("t2-secret", "t2-value")]
+    else:
+        assert run.status == RunStatus.SUCCEEDED, run.error_message
+        assert support.secrets("t2") == [("t2-secret", "overwritten-by-t1")]
+
+
+@pytest.mark.parametrize("mode", ["roles", "calibration"])
+def test_global_writes_cannot_read_another_tenant_by_the_raw_driver(tenants, guard_data, mode):
+    """The writer login holds the tenant's own privileges and writes on shared tables, not the
+    project user's: another tenant's schema stays closed. Calibration: without the second wall
+    the raw read returns t2's secret."""
+    (run,) = _runs(
+        (tenants["t1"], role_jobs.raw_read_in_global_writes),
+        mode=ROLES_ENFORCE if mode == "roles" else NO_SECOND_WALL,
+    )
+    if mode == "roles":
+        assert (run.status, run.error_type) == (RunStatus.FAILED, "DatabaseAccessDenied")
+        assert "permission denied for schema t2" in run.error_message
+        assert "leaked" not in support.findings("t1")
+    else:
+        assert run.status == RunStatus.SUCCEEDED, run.error_message
+        assert support.findings("t1")["leaked"] == "t2-value"
