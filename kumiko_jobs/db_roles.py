@@ -202,17 +202,26 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
                     _privileges(revoked), target, _ident(group)
                 ),
             )
-    _ensure_writers(cursor, alias, public, existing & readable)
+    # Never the protected ones: the tenant and domain tables are readable, not writable.
+    protected = existing & protected_tables()
+    _ensure_writers(cursor, alias, public, (existing & readable) - protected, protected)
     return group
 
 
-def _ensure_writers(cursor: Any, alias: str, public: str, writable: set[str]) -> None:
+def _ensure_writers(
+    cursor: Any, alias: str, public: str, writable: set[str], protected: set[str]
+) -> None:
     """The shared writers' group: INSERT/UPDATE/DELETE on the shared tables ``global_writes``
     may write, and their sequences; no TRUNCATE, nothing on protected or tenant tables."""
     writers = _ident(writers_group_name(alias))
     if not _exists(cursor, writers_group_name(alias)):
         _execute(cursor, sql.SQL("CREATE ROLE {} NOLOGIN").format(writers))
     _execute(cursor, sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(_ident(public), writers))
+    for table in sorted(protected):  # repair: whatever was granted by hand
+        _execute(
+            cursor,
+            sql.SQL("REVOKE ALL ON {} FROM {}").format(_ident(public, table), writers),
+        )
     for table in sorted(writable):
         _execute(
             cursor,

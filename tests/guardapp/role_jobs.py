@@ -215,3 +215,13 @@ def raw_set_own_role_default(ctx: JobContext) -> None:
     """A setting the tenant's role gives itself: it outlives every session reset."""
     connection.ensure_connection()
     connection.connection.execute("ALTER ROLE CURRENT_USER SET work_mem = '77MB'")
+
+
+@job(escape_hatch=EscapeHatch(reason="test: shared catalog", grants=["global_writes"]))
+def raw_write_registry_in_global_writes(ctx: JobContext) -> None:
+    """The tenant registry is readable, never writable, even by the writer login."""
+    with ctx.global_writes():
+        connection.ensure_connection()
+        connection.connection.execute(
+            "UPDATE public.customers_client SET name = 'renamed-by-t1' WHERE schema_name = 't2'"
+        )

@@ -190,3 +190,14 @@ def test_global_writes_cannot_read_another_tenant_by_the_raw_driver(tenants, gua
     else:
         assert run.status == RunStatus.SUCCEEDED, run.error_message
         assert support.findings("t1")["leaked"] == "t2-value"
+
+
+def test_the_writer_login_cannot_write_the_tenant_registry(tenants, guard_data):
+    """Shared writes stop at the protected tables (kumiko's history, tenants, domains), which
+    the classifier refuses with any grant; PostgreSQL refuses them to the writer login too."""
+    from example_project.customers.models import Client
+
+    (run,) = _runs((tenants["t1"], role_jobs.raw_write_registry_in_global_writes))
+    assert (run.status, run.error_type) == (RunStatus.FAILED, "DatabaseAccessDenied")
+    assert "permission denied for table customers_client" in run.error_message
+    assert Client.objects.get(schema_name="t2").name != "renamed-by-t1"
