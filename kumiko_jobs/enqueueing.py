@@ -352,17 +352,7 @@ def record_refusal(
     """An enqueue the concurrency options refused: a finished run row (``skipped`` or
     ``capped``) so the admin shows it, and ``job_dropped`` with that outcome on commit. No
     message is built or pushed. Written in the caller's transaction, like an admitted run."""
-    env = Envelope(
-        job=definition.name,
-        schema=schema,
-        kwargs=kwargs,
-        run_id=run_id or new_run_id(),
-        correlation_id=origin.correlation_id(),
-        triggered_by=origin.triggered_by(),
-        trigger=trigger,
-        origin=origin.request_origin(),
-        tick=tick,
-    )
+    env = _new_envelope(definition, schema, kwargs, run_id, trigger, tick=tick)
     row = _row(definition, env, subject, 0.0)
     row.status = status
     row.finished_at = row.queued_at
@@ -386,6 +376,31 @@ def record_refusal(
     return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema, status=status)
 
 
+def _new_envelope(
+    definition: JobDefinition,
+    schema: str | None,
+    kwargs: dict[str, Any],
+    run_id: str | None,
+    trigger: str | None,
+    *,
+    trace: dict[str, str] | None = None,
+    tick: str | None = None,
+) -> Envelope:
+    """A new run's envelope, with the request's correlation, actor and origin."""
+    return Envelope(
+        job=definition.name,
+        schema=schema,
+        kwargs=kwargs,
+        run_id=run_id or new_run_id(),
+        correlation_id=origin.correlation_id(),
+        triggered_by=origin.triggered_by(),
+        trigger=trigger,
+        trace=trace or {},
+        origin=origin.request_origin(),
+        tick=tick,
+    )
+
+
 def _submit_admitted(
     definition: JobDefinition,
     schema: str | None,
@@ -396,17 +411,7 @@ def _submit_admitted(
     run_id: str | None = None,
 ) -> RunHandle:
     with telemetry.producer_span(queue_of(definition), definition.name, trigger) as trace_context:
-        env = Envelope(
-            job=definition.name,
-            schema=schema,
-            kwargs=kwargs,
-            run_id=run_id or new_run_id(),
-            correlation_id=origin.correlation_id(),
-            triggered_by=origin.triggered_by(),
-            trigger=trigger,
-            trace=trace_context,
-            origin=origin.request_origin(),
-        )
+        env = _new_envelope(definition, schema, kwargs, run_id, trigger, trace=trace_context)
         telemetry.describe_message(env)
         message = message_for(definition, env, delay)
         _check_size(definition, env, message)

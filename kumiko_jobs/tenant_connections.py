@@ -198,18 +198,8 @@ def writer_identity(state: RunState) -> Iterator[None]:
     wrappers = {
         a: wrapper_for(a, state.tenant.pk, db_roles.WRITER_SUFFIX) for a in identity.aliases
     }
-    for wrapper in wrappers.values():
-        wrapper.set_tenant(state.tenant)
-        if state.guard is not None:
-            state.guard.cover(wrapper)
-    previous = identity.swap_to(wrappers)
-    try:
+    with _switched(state, identity, wrappers, reset=True):
         yield
-    finally:
-        identity.swap_to(previous)
-        for wrapper in wrappers.values():
-            session.reset_borrowed(wrapper)
-            wrapper.set_schema_to_public()
 
 
 @contextlib.contextmanager
@@ -221,7 +211,17 @@ def project_identity(state: RunState) -> Iterator[None]:
         yield
         return
     wrappers = {a: identity.project_wrapper(a) for a in identity.aliases}
-    identity.project_used = True
+    identity.project_used = True  # reset by the tenancy step after the run
+    with _switched(state, identity, wrappers, reset=False):
+        yield
+
+
+@contextlib.contextmanager
+def _switched(
+    state: RunState, identity: Identity, wrappers: dict[str, Any], *, reset: bool
+) -> Iterator[None]:
+    """The block's connections in place of the body's, in the run's schema, guarded like the
+    body's; with ``reset``, their sessions are reset when the block ends (pooled logins)."""
     for wrapper in wrappers.values():
         wrapper.set_tenant(state.tenant)
         if state.guard is not None:
@@ -232,6 +232,8 @@ def project_identity(state: RunState) -> Iterator[None]:
     finally:
         identity.swap_to(previous)
         for wrapper in wrappers.values():
+            if reset:
+                session.reset_borrowed(wrapper)
             wrapper.set_schema_to_public()
 
 

@@ -36,21 +36,6 @@ def _only_on_a_test_database(django_db_setup: None) -> None:
     support.refuse_unless_test_database()
 
 
-@pytest.fixture
-def guard_data(live_db: None) -> Iterator[None]:
-    support.seed()
-    yield
-    support.discard_worker_connections()
-    support.clean()
-
-
-@pytest.fixture
-def observer() -> Iterator[support.Observer]:
-    seen = support.Observer()
-    yield seen
-    seen.close()
-
-
 def _run(tenant: Any, job: Any, mode: dict[str, Any], **kwargs: Any) -> JobRun:
     with override_settings(KUMIKO_JOBS=mode):
         with tenant_context(tenant):

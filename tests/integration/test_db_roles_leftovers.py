@@ -10,7 +10,6 @@ closes it switched off, the plant does reach the later run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -33,21 +32,6 @@ ROLES_ENFORCE = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce", "DB_ROLES": True
 @pytest.fixture(autouse=True)
 def _only_on_a_test_database(django_db_setup: None) -> None:
     support.refuse_unless_test_database()
-
-
-@pytest.fixture
-def guard_data(live_db: None) -> Iterator[None]:
-    support.seed()
-    yield
-    support.discard_worker_connections()
-    support.clean()
-
-
-@pytest.fixture
-def observer() -> Iterator[support.Observer]:
-    seen = support.Observer()
-    yield seen
-    seen.close()
 
 
 @pytest.fixture(params=["closed", "calibration"])
