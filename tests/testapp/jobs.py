@@ -212,6 +212,9 @@ def overruns(ctx, *, tag: str, marks: str, seconds: float, then: str = "return")
 # --- job semantics (issue 14) -----------------------------------------------------------------
 
 
+_SIBLING_LINGER = 1.0  # seconds; many polls (every 0.05 s) of the sibling
+
+
 def _wait_for_a_sibling(ctx, seconds: float) -> bool:
     """Wait (bounded) until another run of this job is running; True if one was seen.
 
@@ -223,6 +226,9 @@ def _wait_for_a_sibling(ctx, seconds: float) -> bool:
         others = JobRun.objects.filter(job_name=ctx.job_name, status=RunStatus.RUNNING)
         if others.exclude(pk=ctx.run_id).exists():
             ctx.log.info("a sibling run is running")
+            # Linger so the sibling, polling too, sees this run before it ends: without it
+            # the first to look finished at once and the other could miss the overlap.
+            time.sleep(_SIBLING_LINGER)
             return True
         time.sleep(0.05)
     return False
