@@ -104,9 +104,34 @@ TEMPLATES = [
 # the serializer configured here (pickle by default), and a job hash someone planted in Redis
 # would run code in the web process (system check kumiko_jobs.E010).
 _JSON = "rq.serializers.JSONSerializer"
+
+
+def _redis_connection() -> dict[str, object]:
+    """REDIS_URL, or Redis behind Sentinel when REDIS_SENTINELS is set ("host:port,host:port";
+    the primary's name in REDIS_SENTINEL_MASTER, the database number from REDIS_URL's path).
+
+    The keys are django-rq's own (docs/settings.md, "Redis behind Sentinel"). SOCKET_TIMEOUT
+    matters there: without it a client waits forever on a primary that is frozen rather than
+    gone, and never asks the Sentinels for the promoted one.
+    """
+    sentinels = os.environ.get("REDIS_SENTINELS", "")
+    if not sentinels:
+        return {"URL": REDIS_URL}
+    timeout = float(os.environ.get("REDIS_SOCKET_TIMEOUT", "2"))
+    return {
+        "SENTINELS": [
+            (host, int(port)) for host, port in (a.rsplit(":", 1) for a in sentinels.split(","))
+        ],
+        "MASTER_NAME": os.environ.get("REDIS_SENTINEL_MASTER", "mymaster"),
+        "DB": int(urlparse(REDIS_URL).path.lstrip("/") or 0),
+        "SOCKET_TIMEOUT": timeout,
+        "SENTINEL_KWARGS": {"socket_timeout": timeout},
+    }
+
+
 RQ_QUEUES = {
-    "default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 600, "SERIALIZER": _JSON},
-    "low": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 1800, "SERIALIZER": _JSON},
+    "default": {**_redis_connection(), "DEFAULT_TIMEOUT": 600, "SERIALIZER": _JSON},
+    "low": {**_redis_connection(), "DEFAULT_TIMEOUT": 1800, "SERIALIZER": _JSON},
 }
 # django-rq's admin link would put its pages on admin.site, which tenants' domains serve too,
 # behind is_staff only; urls_public.py serves them guarded instead (kumiko_jobs.E008).

@@ -1,0 +1,370 @@
+"""Redis behind Sentinel: the primary fails under load, and nothing committed is lost.
+
+Each test starts a Redis primary, one replica and three Sentinels of its own on free ports
+(``redis-server <conf> --sentinel``), points this process and the real ``manage.py rqworker``
+and ``manage.py rqscheduler`` processes it starts at them through django-rq's ``SENTINELS``
+configuration (example_project/settings.py reads ``REDIS_SENTINELS``), keeps enqueuing while
+the primary fails, and checks the run rows in PostgreSQL at the end: every committed run
+succeeded, its effect happened once, no run is left ``running``.
+
+The primary fails three ways:
+
+* ``kill``: SIGKILL; the Sentinels promote the replica after ``down-after-milliseconds``.
+* ``freeze``: SIGSTOP, the harder case for clients: the TCP connections stay open and nothing
+  answers, so only a socket timeout gets a client off it. After the promotion it gets SIGCONT
+  and comes back as a replica of the new primary; whatever it accepted meanwhile is dropped.
+* ``failover``: ``SENTINEL FAILOVER`` while the old primary stays up: clients that keep talking
+  to it get ``READONLY`` (writes) or ``UNBLOCKED`` (a blocking dequeue) once it is a replica.
+
+Replication is asynchronous, so keys written just before the failure may be missing on the
+new primary. After the promotion the test deletes kumiko's cron entries there (what a primary
+that failed right after the scheduler registered them would leave) and checks that the
+running scheduler puts them back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+from django.test import override_settings
+
+from bench import soak
+from kumiko_jobs import transport
+from kumiko_jobs.models import JobRun, RunStatus
+from kumiko_jobs.registry import registry
+from kumiko_jobs.schedules import schedule_id
+from tests.conftest import TENANTS, probes
+from tests.integration.test_outages import _start_scheduler
+from tests.integration.test_reliability import Workers, fast_settings
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.usefixtures("live_db")
+
+MASTER = "kumiko"
+DEADLINE = 60.0  # a safety net for each wait, not a measurement
+SOCKET_TIMEOUT = 1.0
+
+
+def _free_port() -> int:
+    from example_project.devservices import free_port
+
+    return int(free_port())
+
+
+def _wait(what: str, check: Callable[[], bool], deadline: float = DEADLINE, why: Any = "") -> None:
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            if check():
+                return
+        except redis.RedisError:
+            pass  # a server that is being failed over; the deadline bounds it
+        if time.monotonic() > end:
+            detail = why() if callable(why) else why
+            pytest.fail(f"gave up waiting for {what} after {deadline:.0f} s\n{detail}")
+        time.sleep(0.1)
+
+
+class SentinelCluster:
+    """A primary, a replica and three Sentinels, all on free ports of 127.0.0.1."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.primary = _free_port()
+        self.replica = _free_port()
+        self.sentinels: list[int] = []
+
+    # --- processes
+
+    def _spawn(self, port: int, *args: str) -> None:
+        work = self.base / f"redis-{port}"
+        work.mkdir(parents=True, exist_ok=True)
+        with (work / "log").open("ab") as log:
+            self.procs[port] = subprocess.Popen(
+                [soak.OwnRedis.executable(), *args],
+                cwd=work,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def _data_node(self, port: int, *extra: str) -> None:
+        self._spawn(
+            port,
+            *("--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"),
+            *("--dir", str(self.base / f"redis-{port}")),
+            # A new replica's first sync waits 5 s by default for more replicas to join it.
+            *("--repl-diskless-sync-delay", "0"),
+            *extra,
+        )
+
+    def _sentinel(self) -> None:
+        port = _free_port()
+        conf = self.base / f"sentinel-{port}.conf"
+        conf.write_text(
+            f"port {port}\n"
+            "bind 127.0.0.1\n"
+            f"dir {self.base}\n"
+            f"sentinel monitor {MASTER} 127.0.0.1 {self.primary} 2\n"
+            # Fast enough for a test; production values are seconds to tens of seconds.
+            f"sentinel down-after-milliseconds {MASTER} 1000\n"
+            f"sentinel failover-timeout {MASTER} 3000\n"
+            f"sentinel parallel-syncs {MASTER} 1\n"
+        )
+        self._spawn(port, str(conf), "--sentinel")
+        self.sentinels.append(port)
+
+    def start(self) -> SentinelCluster:
+        self._data_node(self.primary)
+        _wait("the primary", lambda: self.client(self.primary).ping())
+        self._data_node(self.replica, "--replicaof", "127.0.0.1", str(self.primary))
+        for _ in range(3):
+            self._sentinel()
+        _wait("the replica's link to the primary", lambda: self.link_up(self.replica))
+        # A failover needs a quorum of Sentinels that know the replica and each other; they
+        # learn both through the primary's hello channel, every 2 s.
+        for port in self.sentinels:
+            _wait(
+                f"sentinel {port} to know the replica and its peers",
+                lambda p=port: len(self.sentinel(p).sentinel_slaves(MASTER)) == 1
+                and len(self.sentinel(p).sentinel_sentinels(MASTER)) == 2,
+                why=self.logs,
+            )
+        return self
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a frozen process cannot die otherwise
+                proc.kill()
+            proc.wait(10)
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {path.parent.name}\n{path.read_text(errors='replace')[-2500:]}"
+            for path in sorted(self.base.glob("redis-*/log"))
+        )
+
+    # --- clients
+
+    def client(self, port: int, db: int = 0) -> redis.Redis:
+        return redis.Redis(port=port, db=db, socket_timeout=SOCKET_TIMEOUT)
+
+    def sentinel(self, port: int | None = None) -> redis.Redis:
+        return redis.Redis(port=port or self.sentinels[0], socket_timeout=SOCKET_TIMEOUT)
+
+    def primary_port(self) -> int:
+        # Unanimous, so that a client asking any Sentinel gets this one.
+        ports = {int(self.sentinel(p).sentinel_get_master_addr_by_name(MASTER)[1]) for p in self.sentinels}
+        return ports.pop() if len(ports) == 1 else 0
+
+    def role(self, port: int) -> str:
+        return str(self.client(port).info("replication")["role"])
+
+    def link_up(self, port: int) -> bool:
+        return self.client(port).info("replication").get("master_link_status") == "up"
+
+    def rq_queues(self, db: str) -> dict[str, Any]:
+        connection = {
+            "SENTINELS": [("127.0.0.1", p) for p in self.sentinels],
+            "MASTER_NAME": MASTER,
+            "DB": int(db),
+            "SOCKET_TIMEOUT": SOCKET_TIMEOUT,
+            "SENTINEL_KWARGS": {"socket_timeout": SOCKET_TIMEOUT},
+        }
+        return {
+            name: {
+                **{k: v for k, v in cfg.items() if k not in ("URL", "HOST", "PORT", "DB")},
+                **connection,
+            }
+            for name, cfg in settings.RQ_QUEUES.items()
+        }
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        env = dict(base)
+        env["REDIS_SENTINELS"] = ",".join(f"127.0.0.1:{p}" for p in self.sentinels)
+        env["REDIS_SENTINEL_MASTER"] = MASTER
+        env["REDIS_SOCKET_TIMEOUT"] = str(SOCKET_TIMEOUT)
+        return env
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, tenants: dict[str, Any]) -> Iterator[SentinelCluster]:
+    cluster = SentinelCluster(tmp_path)
+    try:
+        cluster.start()
+        db = os.environ["KUMIKO_TEST_REDIS_DB"]
+        with override_settings(RQ_QUEUES=cluster.rq_queues(db), KUMIKO_JOBS=fast_settings()):
+            yield cluster
+    finally:
+        cluster.close()
+
+
+class Load:
+    """Enqueues runs from a thread of its own until stopped: plain ones, rate-limited ones
+    (a tenant cap and a sequential job, both RQ RateLimits) and delayed ones (rq-scheduler)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.runs: dict[str, str] = {}  # run id -> tag, once the enqueue returned (committed)
+        self.refused: dict[str, str] = {}  # refused by max_per_tenant: committed as ``capped``
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Load:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def count(self) -> int:
+        return len(self.runs)
+
+    def _loop(self) -> None:
+        i = 0
+        try:
+            while not self._stop.is_set():
+                tag = f"{self.prefix}-{i}"
+                tenant = TENANTS[i % len(TENANTS)]
+                try:
+                    if i % 6 == 1:
+                        handle = jobs.capped.enqueue(tenant=tenant, tag=tag)
+                    elif i % 6 == 3:
+                        handle = jobs.one_at_a_time.enqueue(tenant=tenant, tag=tag)
+                    elif i % 6 == 5:
+                        handle = jobs.probe.enqueue_in(1, tenant=tenant, tag=tag)
+                    else:
+                        handle = jobs.probe.enqueue(tenant=tenant, tag=tag)
+                except Exception as exc:  # the row did not commit: nothing to account for
+                    self.errors.append(f"{tag}: {exc!r}")
+                else:
+                    (self.runs if handle.admitted else self.refused)[str(handle.run_id)] = tag
+                i += 1
+                time.sleep(0.03)
+        finally:
+            connection.close()
+
+
+def _statuses(run_ids: list[str]) -> Counter[str]:
+    return Counter(JobRun.objects.filter(pk__in=run_ids).values_list("status", flat=True))
+
+
+def _effects() -> Counter[str]:
+    return Counter(p.tag for schema in TENANTS for p in probes(schema) if p.tag != "cron")
+
+
+def _cron_ids() -> list[str]:
+    return sorted(schedule_id(d) for d in registry if d.cron)
+
+
+def _fail_primary(cluster: SentinelCluster, how: str, old: int) -> None:
+    proc = cluster.procs[old]
+    if how == "kill":
+        proc.kill()
+    elif how == "freeze":
+        proc.send_signal(signal.SIGSTOP)
+    else:
+        cluster.sentinel().execute_command("SENTINEL", "FAILOVER", MASTER)
+    _wait(
+        "the Sentinels to promote the replica",
+        lambda: cluster.primary_port() == cluster.replica and cluster.role(cluster.replica) == "master",
+        why=cluster.logs,
+    )
+    if how == "freeze":
+        proc.send_signal(signal.SIGCONT)
+    if how in ("freeze", "failover"):
+        _wait(
+            "the old primary to come back as a replica of the new one",
+            lambda: cluster.role(old) == "slave" and cluster.link_up(old),
+            why=cluster.logs,
+        )
+
+
+@pytest.mark.parametrize("how", ["kill", "freeze", "failover"])
+def test_primary_fails_under_load_and_nothing_committed_is_lost(cluster, tmp_path, how):
+    from tests.conftest import worker_env
+
+    db = int(os.environ["KUMIKO_TEST_REDIS_DB"])
+    env = cluster.env(worker_env())
+    pool = Workers(tmp_path)
+    scheduler = _start_scheduler(env, tmp_path)
+    old = cluster.primary
+    everything = lambda: f"{cluster.logs()}\n{pool.logs()}"  # noqa: E731
+    try:
+        workers = [pool.start(env=env) for _ in range(2)]
+        first = cluster.client(old, db)
+        _wait(
+            "both workers and rqscheduler to register",
+            lambda: first.scard("rq:workers") >= 2 and bool(first.keys("rq:scheduler_instance:*")),
+            why=everything,
+        )
+        with Load(how) as load:
+            _wait("some runs before the failure", lambda: load.count() >= 30, why=everything)
+            _fail_primary(cluster, how, old)
+            promoted_at = load.count()
+            new = cluster.client(cluster.replica, db)
+            # What a primary that failed right after the scheduler registered its crons leaves.
+            cron_ids = _cron_ids()
+            assert cron_ids, "the test app declares cron jobs"
+            with new.pipeline() as pipe:
+                pipe.zrem(transport.Scheduler.scheduled_jobs_key, *cron_ids)
+                pipe.delete(*(f"rq:job:{sid}" for sid in cron_ids))
+                pipe.execute()
+            _wait(
+                "runs committed after the promotion",
+                lambda: load.count() >= promoted_at + 30,
+                why=everything,
+            )
+        runs = list(load.runs)
+        after = runs[promoted_at:]
+
+        _wait(
+            "every committed run to succeed",
+            lambda: _statuses(runs) == Counter({RunStatus.SUCCEEDED: len(runs)}),
+            why=lambda: f"{_statuses(runs)}\n{everything()}",
+        )
+        _wait(
+            "rqscheduler to restore the cron entries",
+            lambda: not transport.missing_cron_entries(cron_ids),
+            why=everything,
+        )
+
+        assert not load.errors, load.errors
+        # Refused at enqueue (a tenant's cap reached): committed as such, and never run.
+        assert _statuses(list(load.refused)) == Counter({RunStatus.CAPPED: len(load.refused)})
+        assert after, "no run was committed after the promotion"
+        effects = _effects()
+        tags = sorted(load.runs.values())
+        assert sorted(effects) == tags, "every committed run's effect, and no other"
+        duplicated = {tag: n for tag, n in effects.items() if n != 1}
+        assert not duplicated, f"effects that happened more than once: {duplicated}"
+        # The same processes all along: they followed the promotion instead of ending.
+        assert all(w.poll() is None for w in workers), pool.logs()
+        assert scheduler.poll() is None, (tmp_path / "scheduler.log").read_text()
+        assert cluster.primary_port() == cluster.replica
+        assert new.scard("rq:workers") >= 2, "the workers are registered on the new primary"
+        assert new.keys("rq:scheduler_instance:*"), "rqscheduler runs on the new primary"
+    finally:
+        pool.stop_all()
+        scheduler.kill()
+        scheduler.wait()
