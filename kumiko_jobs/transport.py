@@ -20,6 +20,7 @@ from django_rq.queues import DjangoScheduler
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.sentinel import SentinelConnectionPool
 from rq import Queue, RateLimit, get_current_job
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -222,6 +223,30 @@ def get_queue(name: str) -> Queue:
         queue = django_rq.get_queue(name, serializer=JSONSerializer, commit_mode="auto")
         _queues[key] = queue
     return queue
+
+
+def redis_identity(redis: Redis) -> tuple[Any, ...]:
+    """Which Redis dataset a client talks to, for telling the queues' Redis apart.
+
+    A client from django-rq's ``SENTINELS`` configuration has no host of its own (its pool asks
+    the Sentinels for the current primary on every new connection): the service name, the
+    Sentinels and the database identify it, wherever the primary is now.
+    """
+    pool = redis.connection_pool
+    kwargs = pool.connection_kwargs
+    if isinstance(pool, SentinelConnectionPool):
+        service = pool.service_name
+        sentinels = tuple(
+            sorted(
+                (
+                    s.connection_pool.connection_kwargs.get("host"),
+                    s.connection_pool.connection_kwargs.get("port"),
+                )
+                for s in pool.sentinel_manager.sentinels
+            )
+        )
+        return ("sentinel", service, sentinels, kwargs.get("db"))
+    return (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db"))
 
 
 def forget_queues() -> None:
@@ -430,8 +455,7 @@ def scheduler_lag(after: float) -> SchedulerLag:
     overdue, oldest, registered = 0, None, False
     for name in conf.rq_queue_names():
         redis = get_queue(name).connection
-        kwargs = redis.connection_pool.connection_kwargs
-        where = (kwargs.get("host"), kwargs.get("port"), kwargs.get("path"), kwargs.get("db"))
+        where = redis_identity(redis)
         if where in seen:
             continue
         seen.add(where)

@@ -140,8 +140,10 @@ class SentinelCluster:
         for port in self.sentinels:
             _wait(
                 f"sentinel {port} to know the replica and its peers",
-                lambda p=port: len(self.sentinel(p).sentinel_slaves(MASTER)) == 1
-                and len(self.sentinel(p).sentinel_sentinels(MASTER)) == 2,
+                lambda p=port: (
+                    len(self.sentinel(p).sentinel_slaves(MASTER)) == 1
+                    and len(self.sentinel(p).sentinel_sentinels(MASTER)) == 2
+                ),
                 why=self.logs,
             )
         return self
@@ -169,7 +171,10 @@ class SentinelCluster:
 
     def primary_port(self) -> int:
         # Unanimous, so that a client asking any Sentinel gets this one.
-        ports = {int(self.sentinel(p).sentinel_get_master_addr_by_name(MASTER)[1]) for p in self.sentinels}
+        ports = {
+            int(self.sentinel(p).sentinel_get_master_addr_by_name(MASTER)[1])
+            for p in self.sentinels
+        }
         return ports.pop() if len(ports) == 1 else 0
 
     def role(self, port: int) -> str:
@@ -269,6 +274,21 @@ def _statuses(run_ids: list[str]) -> Counter[str]:
     return Counter(JobRun.objects.filter(pk__in=run_ids).values_list("status", flat=True))
 
 
+def _stuck(run_ids: list[str], redis_client: redis.Redis) -> str:
+    """What Redis holds for each run that is not done yet (a failure message)."""
+    from kumiko_jobs.relay import pending_rq_job_ids
+
+    lines = []
+    waiting = JobRun.objects.filter(pk__in=run_ids).exclude(status=RunStatus.SUCCEEDED)
+    for run in waiting[:20]:
+        held = {
+            job_id: redis_client.hmget(f"rq:job:{job_id}", "status", "origin", "worker_name")
+            for job_id in pending_rq_job_ids(run)
+        }
+        lines.append(f"{run.run_id} {run.job_name} {run.status} a{run.attempts} {held}")
+    return "\n".join(lines)
+
+
 def _effects() -> Counter[str]:
     return Counter(p.tag for schema in TENANTS for p in probes(schema) if p.tag != "cron")
 
@@ -287,7 +307,9 @@ def _fail_primary(cluster: SentinelCluster, how: str, old: int) -> None:
         cluster.sentinel().execute_command("SENTINEL", "FAILOVER", MASTER)
     _wait(
         "the Sentinels to promote the replica",
-        lambda: cluster.primary_port() == cluster.replica and cluster.role(cluster.replica) == "master",
+        lambda: (
+            cluster.primary_port() == cluster.replica and cluster.role(cluster.replica) == "master"
+        ),
         why=cluster.logs,
     )
     if how == "freeze":
@@ -341,7 +363,7 @@ def test_primary_fails_under_load_and_nothing_committed_is_lost(cluster, tmp_pat
         _wait(
             "every committed run to succeed",
             lambda: _statuses(runs) == Counter({RunStatus.SUCCEEDED: len(runs)}),
-            why=lambda: f"{_statuses(runs)}\n{everything()}",
+            why=lambda: f"{_statuses(runs)}\n{_stuck(runs, new)}\n{everything()}",
         )
         _wait(
             "rqscheduler to restore the cron entries",
@@ -363,7 +385,7 @@ def test_primary_fails_under_load_and_nothing_committed_is_lost(cluster, tmp_pat
         assert scheduler.poll() is None, (tmp_path / "scheduler.log").read_text()
         assert cluster.primary_port() == cluster.replica
         assert new.scard("rq:workers") >= 2, "the workers are registered on the new primary"
-        assert new.keys("rq:scheduler_instance:*"), "rqscheduler runs on the new primary"
+        assert new.keys("rq:scheduler_instance:*"), (tmp_path / "scheduler.log").read_text()
     finally:
         pool.stop_all()
         scheduler.kill()
