@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -51,7 +52,7 @@ from django.utils import timezone
 from . import conf, transport
 from .envelope import Envelope
 from .exceptions import JobNotRegistered
-from .models import WAITING_STATUSES, JobRun, RunStatus
+from .models import FINISHED_STATUSES, WAITING_STATUSES, JobRun, RunStatus
 from .registry import registry
 
 logger = logging.getLogger("kumiko_jobs.relay")
@@ -117,6 +118,7 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
     settings = conf.get()
     grace = settings.RELAY_GRACE if grace is None else grace
     cutoff = timezone.now() - timedelta(seconds=grace)
+    release_lost_slots(cutoff)
     waiting = (
         JobRun.objects.filter(status__in=WAITING_STATUSES)
         .alias(due=Coalesce(F("scheduled_for"), F("queued_at")))
@@ -150,6 +152,53 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
             checked,
         )
     return RelayResult(checked, pushed, failed)
+
+
+_RQ_JOB_ID = re.compile(r"^kj-([0-9a-f]{32})-a\d+-d\d+-g\d+$")
+
+
+def release_lost_slots(cutoff: datetime) -> int:
+    """Free the RQ rate-limit slots still held by messages whose run finished before ``cutoff``.
+
+    A worker frees its message's slot in RQ's bookkeeping after the run's record. When Redis
+    goes away in between (a failover, a restart) the record is kept and the release is lost:
+    the slot stays taken, and every message waiting for it (a ``sequential`` job's next run, a
+    tenant's ``max_per_tenant`` runs) waits until RQ's own cleanup expires the message's
+    started entry, the job's timeout later. The run row says the holder is done. Waiting
+    messages are admitted by RQ's own script, which never fills more slots than the limit.
+    Returns the number of slots freed.
+    """
+    seen: set[tuple[Any, ...]] = set()
+    freed = 0
+    for name in conf.rq_queue_names():
+        where = transport.redis_identity(transport.connection_for(name))
+        if where in seen:
+            continue
+        seen.add(where)
+        holders = transport.rate_limit_slot_holders(name)
+        runs = {h.job_id: m.group(1) for h in holders if (m := _RQ_JOB_ID.match(h.job_id))}
+        if not runs:
+            continue
+        done = {
+            pk.hex
+            for pk in JobRun.objects.filter(
+                pk__in=[uuid.UUID(r) for r in set(runs.values())],
+                status__in=FINISHED_STATUSES,
+                finished_at__lte=cutoff,
+            ).values_list("pk", flat=True)
+        }
+        for holder in holders:
+            if runs.get(holder.job_id) in done:
+                admitted = transport.release_rate_limit_slot(name, holder)
+                freed += 1
+                logger.warning(
+                    "relay: freed the rate-limit slot %s held by %s, whose run finished "
+                    "(admitted: %s)",
+                    holder.key,
+                    holder.job_id,
+                    ", ".join(admitted) or "none",
+                )
+    return freed
 
 
 @dataclass(slots=True)

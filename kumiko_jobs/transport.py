@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import SentinelConnectionPool
 from rq import Queue, RateLimit, get_current_job
 from rq.job import Job
+from rq.rate_limit import RateLimitRegistry
 from rq.serializers import JSONSerializer
 from rq.timeouts import JobTimeoutException, UnixSignalDeathPenalty
 from rq.worker import SimpleWorker as RQSimpleWorker
@@ -476,6 +477,31 @@ def scheduler_lag(after: float) -> SchedulerLag:
                     registered = True
                     break
     return SchedulerLag(overdue=overdue, oldest_due=oldest, scheduler_registered=registered)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHolder:
+    """An RQ job holding a slot of an RQ ``RateLimit`` key that has messages waiting."""
+
+    key: str
+    job_id: str
+
+
+def rate_limit_slot_holders(queue: str) -> list[SlotHolder]:
+    """The slot holders of every rate-limit key with waiting messages, on ``queue``'s Redis
+    (RQ keeps one set of rate-limit keys per Redis, whichever queue a message is bound for)."""
+    holders: list[SlotHolder] = []
+    for registry in RateLimitRegistry.all(get_queue(queue).connection):
+        if registry.get_rate_limited_job_count():
+            holders.extend(SlotHolder(registry.key, j) for j in registry.get_allowed_job_ids())
+    return holders
+
+
+def release_rate_limit_slot(queue: str, holder: SlotHolder) -> list[str]:
+    """Free ``holder``'s slot and admit the oldest waiting messages (RQ's own Lua script);
+    returns the admitted job ids."""
+    registry = RateLimitRegistry(holder.key, get_queue(queue).connection)
+    return registry.release_and_enqueue(holder.job_id)
 
 
 def queue_length(queue: str) -> int:

@@ -390,3 +390,51 @@ def test_primary_fails_under_load_and_nothing_committed_is_lost(cluster, tmp_pat
         pool.stop_all()
         scheduler.kill()
         scheduler.wait()
+
+
+# --------------------------------------------------------------------------- lost slot releases
+
+
+def test_relay_frees_a_rate_limit_slot_whose_release_redis_lost(redis_conn, monkeypatch):
+    """The failover test's stall, in slow motion: a sequential job's run finished and was
+    recorded, then Redis lost RQ's bookkeeping of it (status ``started``, its slot taken), so
+    the next run's message waits for a slot nobody will free until the job's timeout."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from kumiko_jobs import relay
+    from kumiko_jobs.relay import pending_rq_job_ids, relay_pending
+    from tests.conftest import work
+    from tests.integration.test_reliability import status
+
+    first = jobs.one_at_a_time.enqueue(tenant="t1", tag="first")
+    second = jobs.one_at_a_time.enqueue(tenant="t1", tag="second")
+    first_id = pending_rq_job_ids(JobRun.objects.get(pk=first.run_id))[0]
+    second_id = pending_rq_job_ids(JobRun.objects.get(pk=second.run_id))[0]
+    assert redis_conn.hget(f"rq:job:{second_id}", "status") == b"rate_limited"
+    # What the failover left: the first run is done in PostgreSQL; in Redis its message was
+    # taken and started, and the finish (which frees the slot) never arrived.
+    redis_conn.lrem(transport.get_queue("default").key, 0, first_id)
+    redis_conn.hset(f"rq:job:{first_id}", "status", "started")
+    JobRun.objects.filter(pk=first.run_id).update(
+        status=RunStatus.SUCCEEDED, attempts=1, finished_at=timezone.now() - timedelta(seconds=5)
+    )
+
+    # Finished more recently than the grace: left alone (its worker may still be releasing it).
+    assert relay_pending(grace=60).pushed == 0
+    assert redis_conn.hget(f"rq:job:{second_id}", "status") == b"rate_limited"
+    # Calibration: the relay without the release sees a message that exists and waits for a
+    # slot, so it pushes nothing, and the run would wait out the first message's timeout.
+    with monkeypatch.context() as patched:
+        patched.setattr(relay, "release_lost_slots", lambda cutoff: 0)
+        calibration = relay_pending(grace=0)
+        assert calibration.checked == 1 and calibration.pushed == 0
+        assert redis_conn.hget(f"rq:job:{second_id}", "status") == b"rate_limited"
+
+    assert relay.release_lost_slots(timezone.now() - timedelta(seconds=1)) == 1
+    assert redis_conn.hget(f"rq:job:{second_id}", "status") == b"queued"
+    assert relay.release_lost_slots(timezone.now()) == 0  # nothing left to free
+    work()
+    assert status(second.run_id) == RunStatus.SUCCEEDED
+    assert [p.tag for p in probes("t1")] == ["second"]  # the first "ran" only in its row
