@@ -359,3 +359,31 @@ def check_db_roles_in_step(
             id="kumiko_jobs.E012",
         )
     ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_redis_sentinel(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A queue behind Sentinel without a socket timeout hangs on a frozen primary.
+
+    A primary that is gone refuses connections, and redis-py asks the Sentinels again; one that
+    is frozen (a stopped process, a paused VM, a partition) keeps the TCP connection open and
+    answers nothing, so a client without ``SOCKET_TIMEOUT`` waits forever and never learns of
+    the promotion (docs/reliability.md, "Redis failover").
+    """
+    found: list[checks.CheckMessage] = []
+    for name in conf.rq_queue_names():
+        config = conf.rq_queue_config(name)
+        if "SENTINELS" not in config or config.get("SOCKET_TIMEOUT"):
+            continue
+        found.append(
+            checks.Warning(
+                f"RQ_QUEUES[{name!r}] uses Sentinel without SOCKET_TIMEOUT: a frozen primary "
+                "holds every client of this queue (requests that enqueue, rqscheduler, the "
+                "workers' bookkeeping) until it wakes up, whatever the Sentinels promoted.",
+                hint=f'Add "SOCKET_TIMEOUT": 2 (seconds) to RQ_QUEUES[{name!r}], and '
+                '"SENTINEL_KWARGS": {"socket_timeout": 2} (docs/settings.md, "Redis behind '
+                'Sentinel").',
+                id="kumiko_jobs.W006",
+            )
+        )
+    return found

@@ -320,3 +320,28 @@ def test_message_max_age_must_be_a_positive_integer(value):
     messages = run(KUMIKO_JOBS={"MESSAGE_MAX_AGE": value})
     assert ids(messages) == ["kumiko_jobs.E001"]
     assert "MESSAGE_MAX_AGE" in messages[0].msg and ">= 1" in messages[0].msg
+
+
+# --- W006: Redis behind Sentinel ---------------------------------------------------------------
+
+
+def _sentinel_queues(**extra: Any) -> dict[str, Any]:
+    base = {"SENTINELS": [("127.0.0.1", 26379)], "MASTER_NAME": "main", "DB": 0}
+    return {
+        name: {k: v for k, v in cfg.items() if k != "URL"} | base | extra
+        for name, cfg in django_settings.RQ_QUEUES.items()
+    }
+
+
+def test_w006_sentinel_without_a_socket_timeout():
+    with override_settings(RQ_QUEUES=_sentinel_queues()):
+        found = checks.check_redis_sentinel()
+    assert sorted(m.msg.split("'")[1] for m in found) == sorted(django_settings.RQ_QUEUES)
+    assert {m.id for m in found} == {"kumiko_jobs.W006"}
+    assert "SOCKET_TIMEOUT" in str(found[0].hint)
+
+
+def test_w006_quiet_with_a_socket_timeout_and_without_sentinel():
+    with override_settings(RQ_QUEUES=_sentinel_queues(SOCKET_TIMEOUT=2)):
+        assert checks.check_redis_sentinel() == []
+    assert checks.check_redis_sentinel() == []  # the test settings: plain URLs
