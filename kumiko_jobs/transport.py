@@ -123,6 +123,23 @@ class Scheduler(DjangoScheduler):
                 time.sleep(_PAUSE)
                 self._forget_registration()
 
+    def heartbeat(self) -> None:
+        """rq-scheduler's heartbeat, which writes the registration again when it is gone.
+
+        rq-scheduler only extends the expiry of the registration it wrote at start. A
+        registration lost with a failed-over primary (replication is asynchronous: the promoted
+        replica may miss the last writes), or expired during a round that outlasted it, stayed
+        gone while the scheduler ran on, and ``scheduler_liveness`` reported no scheduler.
+        """
+        ttl = int(self._interval) + 10
+        if self.connection.expire(self.key, ttl):
+            return
+        with self.connection.pipeline() as pipe:
+            pipe.hset(self.key, "birth", time.time())
+            pipe.expire(self.key, ttl)
+            pipe.execute()
+        self.log.warning("this scheduler's registration was gone from Redis; registered again")
+
     def _forget_registration(self) -> None:
         # Our own registration may have survived the outage without a death mark, and
         # register_birth refuses a name that looks alive; it is this process, so drop it.

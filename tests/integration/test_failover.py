@@ -438,3 +438,21 @@ def test_relay_frees_a_rate_limit_slot_whose_release_redis_lost(redis_conn, monk
     work()
     assert status(second.run_id) == RunStatus.SUCCEEDED
     assert [p.tag for p in probes("t1")] == ["second"]  # the first "ran" only in its row
+
+
+def test_rqscheduler_registers_again_when_its_registration_is_gone(redis_conn):
+    """The ``failover`` way lost the scheduler's registration without an error the scheduler
+    saw; scheduler_liveness would then report no scheduler while one runs."""
+    scheduler = transport.scheduler_for("default")
+    scheduler.register_birth()
+    redis_conn.delete(scheduler.key)
+    # Calibration: rq-scheduler's own heartbeat only extends an expiry, of nothing here.
+    super(transport.Scheduler, scheduler).heartbeat()
+    assert not redis_conn.exists(scheduler.key)
+
+    scheduler.heartbeat()
+    assert redis_conn.hexists(scheduler.key, "birth")
+    assert not redis_conn.hexists(scheduler.key, "death")
+    assert 0 < redis_conn.ttl(scheduler.key) <= scheduler._interval + 10
+    scheduler.heartbeat()  # present now: only its expiry is extended
+    assert redis_conn.hexists(scheduler.key, "birth")
