@@ -7,7 +7,6 @@ ever crosses Redis, so a forged message cannot execute code while being decoded.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -121,7 +120,7 @@ class Scheduler(DjangoScheduler):
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 self.log.warning("Redis is unavailable (%s); retrying in %s s", exc, _PAUSE)
                 time.sleep(_PAUSE)
-                self._forget_registration()
+                self._restarting = True
 
     def heartbeat(self) -> None:
         """rq-scheduler's heartbeat, which writes the registration again when it is gone.
@@ -140,11 +139,22 @@ class Scheduler(DjangoScheduler):
             pipe.execute()
         self.log.warning("this scheduler's registration was gone from Redis; registered again")
 
-    def _forget_registration(self) -> None:
-        # Our own registration may have survived the outage without a death mark, and
-        # register_birth refuses a name that looks alive; it is this process, so drop it.
-        with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
+    _restarting = False
+
+    def register_birth(self) -> None:
+        """rq-scheduler's, without refusing this process's own registration after an outage.
+
+        rq-scheduler refuses a name whose registration looks alive. The name is this process's
+        (django-rq's ``rqscheduler`` never passes one: a fresh uuid), so after an outage such a
+        registration is the one this process left: its death mark never reached Redis, or
+        reached a primary that then failed over. Dropping it once the outage is over, in the
+        same call, leaves no window in which a failed delete is taken for another scheduler
+        (the freeze-and-failover test ended the scheduler that way).
+        """
+        if self._restarting:
             self.connection.delete(self.key)
+            self._restarting = False
+        super().register_birth()
 
     def enqueue_jobs(self) -> Any:
         """One round of the loop (under rq-scheduler's lock): first put back any kumiko cron

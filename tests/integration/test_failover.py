@@ -41,7 +41,7 @@ from django.db import connection
 from django.test import override_settings
 
 from bench import soak
-from kumiko_jobs import transport
+from kumiko_jobs import boot, cancellation, transport
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.registry import registry
 from kumiko_jobs.schedules import schedule_id
@@ -386,6 +386,12 @@ def test_primary_fails_under_load_and_nothing_committed_is_lost(cluster, tmp_pat
         assert cluster.primary_port() == cluster.replica
         assert new.scard("rq:workers") >= 2, "the workers are registered on the new primary"
         assert new.keys("rq:scheduler_instance:*"), (tmp_path / "scheduler.log").read_text()
+        # kumiko's other keys go through the same Sentinel-built clients, to the new primary.
+        token = transport.dataset_token(boot.DATASET_KEY, "after-failover")
+        assert new.get(boot.DATASET_KEY) == token.encode()
+        cancellation.publish(transport.connection_for("default"), "f" * 32, "operator", 60)
+        assert new.get(cancellation.key_for("f" * 32)) == b"operator"
+        assert transport.scheduler_lag(60).overdue == 0
     finally:
         pool.stop_all()
         scheduler.kill()
@@ -456,3 +462,17 @@ def test_rqscheduler_registers_again_when_its_registration_is_gone(redis_conn):
     assert 0 < redis_conn.ttl(scheduler.key) <= scheduler._interval + 10
     scheduler.heartbeat()  # present now: only its expiry is extended
     assert redis_conn.hexists(scheduler.key, "birth")
+
+
+def test_rqscheduler_after_an_outage_takes_back_its_own_registration(redis_conn):
+    """Its death mark lost (written to a primary that then failed over, or never sent): the
+    registration it left looks alive, and rq-scheduler refuses a live name."""
+    scheduler = transport.scheduler_for("default")
+    scheduler.register_birth()
+    # Calibration: a second start under the same name, outside a restart, is refused.
+    with pytest.raises(ValueError, match="already an active RQ scheduler"):
+        scheduler.register_birth()
+    scheduler._restarting = True  # what run() sets after a Redis error
+    scheduler.register_birth()
+    assert redis_conn.hexists(scheduler.key, "birth")
+    assert not scheduler._restarting
