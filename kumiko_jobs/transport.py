@@ -517,11 +517,25 @@ class SlotHolder:
 def rate_limit_slot_holders(queue: str) -> list[SlotHolder]:
     """The slot holders of every rate-limit key with waiting messages, on ``queue``'s Redis
     (RQ keeps one set of rate-limit keys per Redis, whichever queue a message is bound for)."""
-    holders: list[SlotHolder] = []
-    for registry in RateLimitRegistry.all(get_queue(queue).connection):
-        if registry.get_rate_limited_job_count():
-            holders.extend(SlotHolder(registry.key, j) for j in registry.get_allowed_job_ids())
-    return holders
+    redis = get_queue(queue).connection
+    # One key per (job, tenant) for sequential jobs: thousands with many tenants, so two
+    # pipelined round trips rather than one per key.
+    registries = RateLimitRegistry.all(redis)
+    with redis.pipeline(transaction=False) as pipe:
+        for registry in registries:
+            pipe.zcard(registry.rate_limited_key)
+        waiting = [r for r, n in zip(registries, pipe.execute(), strict=True) if n]
+    if not waiting:
+        return []
+    with redis.pipeline(transaction=False) as pipe:
+        for registry in waiting:
+            pipe.zrange(registry.allowed_key, 0, -1)
+        allowed = pipe.execute()
+    return [
+        SlotHolder(registry.key, job_id.decode() if isinstance(job_id, bytes) else str(job_id))
+        for registry, job_ids in zip(waiting, allowed, strict=True)
+        for job_id in job_ids
+    ]
 
 
 def release_rate_limit_slot(queue: str, holder: SlotHolder) -> list[str]:
