@@ -333,6 +333,8 @@ class JobContext:
         self.job_name = env.job
         self.run_id = env.run_id
         self.attempt = env.attempt
+        # Deferrals of this run so far (ctx.defer), for jobs that decide without a marker row.
+        self.defers = env.defers
         self.final_attempt = state.final_attempt
         self.triggered_by = env.triggered_by
         self.correlation_id = env.correlation_id

@@ -139,6 +139,33 @@ def soak_work(
     return None
 
 
+@job(name="soak.work_atomic", retries=5, backoff={"type": "fixed", "delay": 1}, atomic=True)
+def soak_work_atomic(
+    ctx: JobContext,
+    *,
+    n: int,
+    sleep_ms: int = 0,
+    fail_first: bool = False,
+    defer_first: bool = False,
+) -> Any:
+    """soak.work with atomic=True: its effect row commits with the run's success, or not at all.
+
+    A deferring attempt of an atomic job keeps nothing it wrote, so the deferral is decided from
+    the run's own count (``ctx.defers``), not from a marker row.
+    """
+    if sleep_ms:
+        time.sleep(sleep_ms / 1000)
+    if fail_first and ctx.attempt == 1:
+        raise RuntimeError("soak: the first attempt fails on purpose")
+    if defer_first and ctx.defers == 0:
+        return ctx.defer(1)
+    ActivityLog.objects.create(
+        job="soak",
+        message=f"{ctx.run_id} a{ctx.attempt} {connection.schema_name}",  # type: ignore[attr-defined]
+    )
+    return None
+
+
 def _sleep_then_write(ctx: JobContext, tag: str, seconds: float, sleep_attempts: int) -> None:
     """Sleep on the first ``sleep_attempts`` attempts (long enough to be killed mid-run in the
     crash and outage tests), then write one effect row."""
