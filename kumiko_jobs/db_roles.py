@@ -370,6 +370,17 @@ def drop_role(cursor: Any, role: str) -> bool:
             "ALTER DEFAULT PRIVILEGES IN SCHEMA {} REVOKE ALL ON SEQUENCES FROM {}",
         ):
             _execute(cursor, sql.SQL(statement).format(where, who))
+    # Functions: the group's EXECUTE on the atomic runs' success function (migration 0011).
+    cursor.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p, aclexplode(p.proacl) a "
+        "WHERE a.grantee = %s::regrole",
+        [role],
+    )
+    for (function,) in cursor.fetchall():
+        # regprocedure's text is already quoted as PostgreSQL needs it.
+        _execute(
+            cursor, sql.SQL("REVOKE ALL ON FUNCTION {} FROM {}").format(sql.SQL(function), who)
+        )
     _execute(cursor, sql.SQL("DROP ROLE {}").format(who))
     return True
 
