@@ -141,15 +141,15 @@ def test_the_success_function_refuses_another_schemas_run(tenants):
     handle = jobs.probe.enqueue(tenant="t2", tag="other")
     JobRun.objects.filter(pk=handle.run_id).update(status=RunStatus.RUNNING, attempts=1)
     t1 = tenant_connections.wrapper_for("default", tenants["t1"].pk)
-    with pytest.raises(Exception, match="not a run of a schema this login may use"):
-        with t1.cursor() as cursor:
-            cursor.execute("BEGIN")
-            cursor.execute("SELECT pg_current_xact_id()::text")
-            xid = cursor.fetchone()[0]
-            cursor.execute(
-                f"SELECT {run_sql.atomic_function()}(%s, 1, %s::xid8, now(), NULL)",
-                [handle.run_id, xid],
-            )
+    refused = pytest.raises(Exception, match="not a run of a schema this login may use")
+    with refused, t1.cursor() as cursor:
+        cursor.execute("BEGIN")
+        cursor.execute("SELECT pg_current_xact_id()::text")
+        xid = cursor.fetchone()[0]
+        cursor.execute(
+            f"SELECT {run_sql.atomic_function()}(%s, 1, %s::xid8, now(), NULL)",
+            [handle.run_id, xid],
+        )
     t1.close()
     assert status(handle.run_id) == RunStatus.RUNNING
 

@@ -388,7 +388,6 @@ def fanout_child_retried(ctx, *, tag: str) -> None:
 
 from . import async_jobs  # noqa: E402,F401 - registers the async test jobs
 
-
 # --- atomic=True (tests/integration/test_atomic.py) -----------------------------------------
 
 
