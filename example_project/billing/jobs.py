@@ -82,6 +82,12 @@ def bench_write(ctx: JobContext, *, n: int) -> None:
     ActivityLog.objects.create(job="bench", message=f"write {n}")
 
 
+@job(atomic=True)
+def bench_write_atomic(ctx: JobContext, *, n: int) -> None:
+    """``bench_write`` declared ``atomic=True``: bench/throughput.py --atomic, variant (d)."""
+    ActivityLog.objects.create(job="bench", message=f"write {n}")
+
+
 @job(per_tenant=True)
 def bench_fanout(ctx: JobContext, *, n: int) -> None:
     """``bench_write`` as a per-tenant job: bench/fanout.py times its fan-out to every tenant.
