@@ -18,7 +18,7 @@ from __future__ import annotations
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 from django.utils import timezone
 
-from .. import run_sql
+from .. import run_sql, session
 from ..context import RunState
 from ..exceptions import Unrecoverable
 from ..pipeline import Next
@@ -30,19 +30,23 @@ def atomic(state: RunState, call_next: Next) -> None:
         call_next(state)
         return
     with transaction.atomic(using=DEFAULT_DB_ALIAS):
-        xid = run_sql.atomic_begin()
+        # The runner's own statements on the tenant login: known, so they do not make the
+        # session count as touched past the guard (which would reset it after every run).
+        with session.judged():
+            xid = run_sql.atomic_begin()
         call_next(state)
         if state.outcome != "succeeded" or state.guard_violations:
             transaction.set_rollback(True, using=DEFAULT_DB_ALIAS)
             return
         try:
-            run_sql.atomic_success(
-                run_id=state.envelope.run_id,
-                attempt=state.envelope.attempt,
-                xid=xid,
-                finished_at=timezone.now(),
-                result=state.result,
-            )
+            with session.judged():
+                run_sql.atomic_success(
+                    run_id=state.envelope.run_id,
+                    attempt=state.envelope.attempt,
+                    xid=xid,
+                    finished_at=timezone.now(),
+                    result=state.result,
+                )
         except DatabaseError as exc:
             # Not retried: a job that ends its own transaction does so again, and what it
             # committed before is committed (its effect may exist without the success).
