@@ -61,6 +61,8 @@ FAST_RECOVERY = {
     "RELAY_GRACE": 3,
 }
 EFFECT = "soak"  # the ActivityLog.job of soak.work's effect rows
+JOBS = {"plain": "soak.work", "atomic": "soak.work_atomic"}
+ATOMIC_JOB = JOBS["atomic"]
 
 
 # --------------------------------------------------------------------------- jobs
@@ -226,6 +228,10 @@ class SoakConfig:
     batch: int = 100
     timeout: float = 3600.0  # give up (and count what is not finished as stuck)
     seed: int = 7
+    job: str = "soak.work"  # or "soak.work_atomic": the same work with atomic=True
+    # Share of successful runs whose worker exits between the body and the commit of its
+    # success (kumiko_jobs.conf.crash_hook): where a non-atomic run's effect is duplicated.
+    crash_before_outcome: float = 0.0
 
 
 @dataclass
@@ -233,6 +239,7 @@ class SoakReport:
     jobs: int
     tenants: int
     workers: int
+    job: str = "soak.work"
     seconds: float = 0.0
     committed: int = 0
     committed_during_outage: int = 0
@@ -245,13 +252,16 @@ class SoakReport:
     wrong_schema: int = 0
     effects: int = 0
     kills: int = 0
+    hook_kills: int = 0  # workers that exited between a body and its success (crash hook)
     redis_restarts: int = 0
     scheduler_restarts: int = 0
     abandoned_attempts: int = 0
     failures: dict[str, int] = field(default_factory=dict)
 
     def ok(self) -> bool:
-        return self.lost == 0 and self.stuck == 0 and self.wrong_schema == 0
+        # An atomic job's effect commits with its success: a duplicate is a failure there.
+        exactly_once = self.job != ATOMIC_JOB or self.duplicated_runs == 0
+        return self.lost == 0 and self.stuck == 0 and self.wrong_schema == 0 and exactly_once
 
     def lines(self) -> list[str]:
         done = self.statuses.get("succeeded", 0)
@@ -260,8 +270,10 @@ class SoakReport:
             f"{self.committed} runs committed over {self.tenants} tenants "
             f"({self.committed_during_outage} while Redis was down), {self.workers} workers, "
             f"{self.seconds:.0f} s ({rate:.1f} runs/s)",
-            f"chaos: {self.kills} worker kills (SIGKILL), {self.redis_restarts} Redis restart(s) "
-            f"losing its data, scheduler restarted {self.scheduler_restarts} time(s)",
+            f"job {self.job}",
+            f"chaos: {self.kills} worker kills (SIGKILL), {self.hook_kills} worker exits between "
+            f"a body and its success's commit (crash hook), {self.redis_restarts} Redis "
+            f"restart(s) losing its data, scheduler restarted {self.scheduler_restarts} time(s)",
             f"statuses: {dict(sorted(self.statuses.items()))}; failures: {self.failures or '-'}",
             f"lost = {self.lost}, stuck = {self.stuck}, wrong schema = {self.wrong_schema}",
             *(f"  stuck: {line}" for line in self.stuck_runs),
@@ -272,10 +284,12 @@ class SoakReport:
         ]
 
 
-def _enqueue_batch(schemas: Sequence[str], numbers: Sequence[int]) -> list[str]:
+def _enqueue_batch(
+    schemas: Sequence[str], numbers: Sequence[int], job_name: str = "soak.work"
+) -> list[str]:
     from django.db import transaction
 
-    work = job("soak.work")
+    work = job(job_name)
     ids = []
     with transaction.atomic():
         for n in numbers:
@@ -290,13 +304,13 @@ def _enqueue_batch(schemas: Sequence[str], numbers: Sequence[int]) -> list[str]:
     return ids
 
 
-def _status_counts() -> list[tuple[str, int]]:
+def _status_counts(job_name: str = "soak.work") -> list[tuple[str, int]]:
     from django.db.models import Count
 
     from kumiko_jobs.models import JobRun
 
     return list(
-        JobRun.objects.filter(job_name="soak.work")
+        JobRun.objects.filter(job_name=job_name)
         .values_list("status")
         .annotate(n=Count("pk"))
         .values_list("status", "n")
@@ -313,13 +327,20 @@ def run_soak(
     """The soak itself; Django must already point at the soak's database and ``redis``."""
     from django.db import connections
 
+    from kumiko_jobs import conf
     from kumiko_jobs.models import FINISHED_STATUSES
 
     rng = random.Random(config.seed)
-    report = SoakReport(jobs=config.jobs, tenants=len(schemas), workers=config.workers)
+    report = SoakReport(
+        jobs=config.jobs, tenants=len(schemas), workers=config.workers, job=config.job
+    )
     log_dir = Path(tempfile.mkdtemp(prefix="kumiko-soak-logs-"))
+    crash_log = log_dir / "crashes.log"
+    worker_env = dict(child_env)
+    if config.crash_before_outcome:
+        worker_env[conf.CRASH_HOOK_ENV] = f"{config.crash_before_outcome}:{crash_log}"
     workers = [
-        Child(f"worker{i + 1}", manage_command("rqworker", QUEUE), child_env, log_dir)
+        Child(f"worker{i + 1}", manage_command("rqworker", QUEUE), worker_env, log_dir)
         for i in range(config.workers)
     ]
     scheduler = Child(
@@ -332,7 +353,7 @@ def run_soak(
         try:
             for start in range(0, config.jobs, config.batch):
                 numbers = range(start, min(start + config.batch, config.jobs))
-                run_ids.extend(_enqueue_batch(schemas, numbers))
+                run_ids.extend(_enqueue_batch(schemas, numbers, config.job))
         except BaseException as exc:  # reported by the main thread
             enqueue_error.append(exc)
         finally:
@@ -363,7 +384,7 @@ def run_soak(
                 report.kills += 1
                 victim.start()
                 next_kill = now + rng.uniform(*config.kill_every)
-            counts = Counter(dict(_status_counts()))
+            counts = Counter(dict(_status_counts(config.job)))
             finished = sum(counts[s] for s in FINISHED_STATUSES)
             enqueued = not enqueuer.is_alive()
             if (
@@ -378,7 +399,9 @@ def run_soak(
                 if config.outage_enqueues:
                     # Committed while Redis is down: the push fails, the row is the outbox.
                     outage = _enqueue_batch(
-                        schemas, range(config.jobs, config.jobs + config.outage_enqueues)
+                        schemas,
+                        range(config.jobs, config.jobs + config.outage_enqueues),
+                        config.job,
                     )
                     run_ids.extend(outage)
                     report.committed_during_outage = len(outage)
@@ -401,6 +424,8 @@ def run_soak(
             child.stop()
         enqueuer.join()
     report.seconds = time.monotonic() - started
+    if crash_log.exists():
+        report.hook_kills = len(crash_log.read_text().splitlines())
     _measure(report, run_ids, schemas)
     shutil.rmtree(log_dir, ignore_errors=True)
     return report
@@ -415,6 +440,7 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
     from kumiko_jobs.models import FINISHED_STATUSES, JobAttempt, JobRun
 
     report.committed = len(run_ids)
+    ours = set(run_ids)  # another variant's runs may share the tenants' tables
     runs = {
         pk.hex: (status, schema, error_type)
         for pk, status, schema, error_type in JobRun.objects.filter(
@@ -434,6 +460,8 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
             )
             for (message,) in cursor.fetchall():
                 run_id, _attempt, seen = message.split(" ")
+                if run_id not in ours:
+                    continue
                 effects[run_id] += 1
                 expected = runs.get(run_id, (None, None, None))[1]
                 if seen != schema or expected != schema:
@@ -449,7 +477,7 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
     report.duplicated_runs = sum(1 for count in effects.values() if count > 1)
     report.duplicate_executions = sum(count - 1 for count in effects.values() if count > 1)
     report.abandoned_attempts = JobAttempt.objects.filter(
-        run__job_name="soak.work", error_type="Abandoned"
+        run__job_name=report.job, error_type="Abandoned"
     ).count()
 
 
@@ -484,6 +512,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--kill-every", type=float, nargs=2, default=(2.0, 5.0), metavar=("MIN", "MAX")
     )
     parser.add_argument("--timeout", type=float, default=3600.0, help="give up after (s)")
+    parser.add_argument(
+        "--variant",
+        choices=("plain", "atomic", "both"),
+        default="plain",
+        help="soak.work, soak.work_atomic (atomic=True), or both, one after the other with "
+        "the same schedule (plain)",
+    )
+    parser.add_argument(
+        "--crash-before-outcome",
+        type=float,
+        default=0.0,
+        metavar="P",
+        help="share of successful runs whose worker exits between the body and the commit of "
+        "its success (the crash hook; 0: off)",
+    )
     parser.add_argument("--database", default=SOAK_DATABASE, help="created, then dropped")
     parser.add_argument("--keep-database", action="store_true")
     parser.add_argument("--json", action="store_true", help="also print the report as JSON")
@@ -500,26 +543,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         env["PYTHONPATH"] = str(ROOT)
         env[SETTINGS_ENV] = json.dumps(FAST_RECOVERY)
         env.setdefault("KUMIKO_LOG", "ERROR")
-        config = SoakConfig(
-            jobs=args.jobs,
-            workers=args.workers,
-            kill_every=(args.kill_every[0], args.kill_every[1]),
-            timeout=args.timeout,
-        )
         from django.conf import settings
         from django.test.utils import override_settings
 
-        # The enqueuing side uses the same fast settings as the workers (sweep, relay).
-
-        with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, **FAST_RECOVERY}):
-            report = run_soak(config, [t.schema_name for t in tenants], redis, env)
-        print()
-        for line in report.lines():
-            print("  " + line)
-        print("  verdict: " + ("OK" if report.ok() else "NOT OK"))
-        if args.json:
-            print(json.dumps(asdict(report), indent=2))
-        return 0 if report.ok() else 1
+        variants = ["atomic", "plain"] if args.variant == "both" else [args.variant]
+        reports = []
+        for variant in variants:
+            config = SoakConfig(
+                jobs=args.jobs,
+                workers=args.workers,
+                kill_every=(args.kill_every[0], args.kill_every[1]),
+                timeout=args.timeout,
+                job=JOBS[variant],
+                crash_before_outcome=args.crash_before_outcome,
+            )
+            # The enqueuing side uses the same fast settings as the workers (sweep, relay).
+            with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, **FAST_RECOVERY}):
+                report = run_soak(config, [t.schema_name for t in tenants], redis, env)
+            reports.append(report)
+            print()
+            for line in report.lines():
+                print("  " + line)
+            print("  verdict: " + ("OK" if report.ok() else "NOT OK"))
+            if args.json:
+                print(json.dumps(asdict(report), indent=2))
+        return 0 if all(report.ok() for report in reports) else 1
     finally:
         from django.db import connections
 

@@ -256,6 +256,16 @@ def enqueue_kumiko_atomic(tenants: Sequence[Any], count: int) -> float:
     return time.perf_counter() - started
 
 
+def enqueue_kumiko_atomic_job(tenants: Sequence[Any], count: int) -> float:
+    """``job.enqueue()`` of ``bench_write_atomic`` (the same write, ``@job(atomic=True)``)."""
+    from example_project.billing.jobs import bench_write_atomic
+
+    started = time.perf_counter()
+    for n in range(count):
+        bench_write_atomic.enqueue(tenant=tenants[n % len(tenants)], n=n)
+    return time.perf_counter() - started
+
+
 Enqueue = Callable[[Sequence[Any], int], float]
 # key -> (label, function); every round times each of them over --jobs jobs.
 ENQUEUES: dict[str, tuple[str, Enqueue]] = {
@@ -263,6 +273,7 @@ ENQUEUES: dict[str, tuple[str, Enqueue]] = {
     "plain_reused": ("queue.enqueue(), queue reused", enqueue_plain_reused),
     "kumiko": ("job.enqueue()", enqueue_kumiko),
     "kumiko_atomic": ("job.enqueue() in atomic()", enqueue_kumiko_atomic),
+    "kumiko_atomic_job": ("job.enqueue(), atomic=True job", enqueue_kumiko_atomic_job),
 }
 
 
@@ -330,6 +341,15 @@ VARIANTS = (
         "kumiko_atomic",
         kumiko_queue,
         _kumiko_forking_worker,
+        kumiko=True,
+    ),
+    # --atomic: (b) with the job declared atomic=True (body and success in one transaction).
+    Variant(
+        "d",
+        "kumiko_jobs Worker, job atomic=True",
+        "kumiko_atomic_job",
+        kumiko_queue,
+        _kumiko_worker,
         kumiko=True,
     ),
 )
@@ -562,6 +582,8 @@ def summarize(measurements: Sequence[Measurement]) -> dict[str, Any]:
     a_rates = [m.drain_rate for m in measurements if m.key == "a"]
     b_rates = [m.drain_rate for m in measurements if m.key == "b"]
     per_round = [ratio(b, a) for a, b in zip(a_rates, b_rates, strict=False)]
+    d_rates = [m.drain_rate for m in measurements if m.key == "d"]
+    d_per_round = [ratio(d, a) for a, d in zip(a_rates, d_rates, strict=False)]
     return {
         "drain_jobs_per_s": drain,
         "enqueue_jobs_per_s": enqueue,
@@ -569,6 +591,8 @@ def summarize(measurements: Sequence[Measurement]) -> dict[str, Any]:
         "b_over_a_per_round": per_round,
         "b_over_a_of_medians": ratio(drain["b"], drain["a"]),
         "b_over_c": ratio(drain["b"], drain["c"]),
+        "d_over_a": median(d_per_round),
+        "d_over_a_per_round": d_per_round,
         "enqueue_kumiko_over_plain": ratio(enqueue["kumiko"], enqueue["plain"]),
         "enqueue_kumiko_over_plain_reused": ratio(enqueue["kumiko"], enqueue["plain_reused"]),
         "enqueue_kumiko_atomic_over_plain": ratio(enqueue["kumiko_atomic"], enqueue["plain"]),
@@ -611,6 +635,9 @@ def print_report(results: Results) -> None:
                 f"           per round {rounds_text} (b/a is their median); "
                 f"ratio of the medians {_num(s['b_over_a_of_medians'], '.2f')}"
             )
+    if s.get("d_over_a") is not None:
+        rounds_text = ", ".join(_num(r, ".2f") for r in s["d_over_a_per_round"])
+        print(f"  drain    d/a = {s['d_over_a']:.2f}   (atomic=True; per round {rounds_text})")
     if s["b_over_c"] is not None:
         print(f"  drain    b/c = {s['b_over_c']:.2f}   (in-process worker against a fork per job)")
     enq = s["enqueue_kumiko_over_plain"]
@@ -641,6 +668,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--rounds", type=int, default=1, help="repeat a, b, c this often and report medians (1)"
     )
     parser.add_argument("--only", default="abc", help="variants to run, e.g. 'ab' (all)")
+    parser.add_argument(
+        "--atomic", action="store_true", help="also (d): the job declared atomic=True"
+    )
     parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
     parser.add_argument(
         "--profile",
@@ -681,8 +711,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.tenants < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--jobs, --tenants and --rounds must be >= 1, --warmup >= 0")
-    if not set(args.only) <= set("abc") or not args.only:
-        parser.error("--only takes letters of 'abc'")
+    if args.atomic and "d" not in args.only:
+        args.only += "d"
+    if not set(args.only) <= set("abcd") or not args.only:
+        parser.error("--only takes letters of 'abcd'")
     return args
 
 
@@ -752,7 +784,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.summary = summarize(measurements)
         print_report(results)
         if args.profile:
-            profiles = [profile_drain(v, tenants, args.profile, stamp) for v in VARIANTS[:2]]
+            profiled_variants = [
+                v for v in VARIANTS if v.key in "ab" or (v.key == "d" and "d" in args.only)
+            ]
+            profiles = [profile_drain(v, tenants, args.profile, stamp) for v in profiled_variants]
             profiles += [
                 profile_enqueue(key, tenants, args.profile, stamp) for key in ("plain", "kumiko")
             ]

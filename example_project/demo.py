@@ -587,8 +587,9 @@ def demo_logins(tenants: Sequence[Client]) -> list[tuple[str, str, str]]:
     if tenants:
         schema = tenants[0].schema_name
         ensure(schema, f"{schema}-staff", superuser=False)
-        logins.append((f"tenant {schema}", f"http://{schema}.localhost:8000/admin/",
-                       f"{schema}-staff"))
+        logins.append(
+            (f"tenant {schema}", f"http://{schema}.localhost:8000/admin/", f"{schema}-staff")
+        )
     return logins
 
 

@@ -389,3 +389,40 @@ def kumiko_task_backends() -> dict[str, Mapping[str, Any]]:
         for alias, params in configured.items()
         if isinstance(params, Mapping) and params.get("BACKEND") == KUMIKO_TASK_BACKEND
     }
+
+
+# --- test hooks (environment, never settings: a deployment cannot switch them on by accident) ---
+
+CRASH_HOOK_ENV = "KUMIKO_JOBS_TEST_CRASH_BEFORE_OUTCOME"
+
+
+@dataclass(frozen=True)
+class CrashHook:
+    """Make the worker ``os._exit`` after a successful body, before its outcome commits."""
+
+    probability: float  # of a successful run, 0 < p <= 1
+    log_path: str  # each crash appends its run id here before exiting ("" = nowhere)
+
+
+@cache
+def crash_hook() -> CrashHook | None:
+    """``KUMIKO_JOBS_TEST_CRASH_BEFORE_OUTCOME="<probability>[:<log file>]"`` (tests, the soak):
+    the point where a crash duplicates the effect of a job that is not ``atomic`` (docs/
+    reliability.md). Read once per process."""
+    import os
+
+    raw = os.environ.get(CRASH_HOOK_ENV, "").strip()
+    if not raw:
+        return None
+    text, _, log_path = raw.partition(":")
+    try:
+        probability = float(text)
+    except ValueError:
+        probability = -1.0
+    if not 0 < probability <= 1:
+        raise ImproperlyConfigured(
+            f"{CRASH_HOOK_ENV}={raw!r}: expected a probability in (0, 1], optionally followed by "
+            f"':<file>' to log each crash's run id, e.g. '0.01:/tmp/crashes.log'; unset it to "
+            "switch the hook off."
+        )
+    return CrashHook(probability, log_path)

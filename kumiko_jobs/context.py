@@ -138,6 +138,8 @@ class RunState:
     guard: Any = None
     # The body's database identity while it runs as its tenant's role (tenant_connections).
     db_identity: Any = None
+    # An atomic run's body and success committed together (steps.atomic).
+    atomic_committed: bool = False
 
     def note_timeout(self, seconds: int) -> None:
         """The attempt's timeout fired: from now on it is timed out (runner._final_timeout)."""
@@ -331,6 +333,8 @@ class JobContext:
         self.job_name = env.job
         self.run_id = env.run_id
         self.attempt = env.attempt
+        # Deferrals of this run so far (ctx.defer), for jobs that decide without a marker row.
+        self.defers = env.defers
         self.final_attempt = state.final_attempt
         self.triggered_by = env.triggered_by
         self.correlation_id = env.correlation_id
@@ -371,6 +375,15 @@ class JobContext:
     def enqueue(self, job: Any, /, **kwargs: Any) -> Any:
         """Queue a follow-up in the same tenant, sent when this attempt succeeds."""
         from .enqueueing import prepare_followup
+
+        if self._state.definition.atomic:
+            # Follow-ups are history rows written after the atomic commit, on the project's
+            # connection: a crash between the two would lose them (docs/reliability.md).
+            raise InvalidJob(
+                f"ctx.enqueue() in {self.job_name!r}: an atomic job cannot enqueue follow-ups "
+                "(they would not commit with its transaction). Enqueue them from the code that "
+                "enqueues this job, or make this job non-atomic."
+            )
 
         handle = prepare_followup(self._state, job, kwargs)
         return handle

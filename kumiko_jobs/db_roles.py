@@ -202,10 +202,28 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
                     _privileges(revoked), target, _ident(group)
                 ),
             )
+    _grant_atomic_success(cursor, public, group)
     # Never the protected ones: the tenant and domain tables are readable, not writable.
     protected = existing & protected_tables()
     _ensure_writers(cursor, alias, public, (existing & readable) - protected, protected)
     return group
+
+
+def _grant_atomic_success(cursor: Any, public: str, group: str) -> None:
+    """The one door a tenant login has to kumiko's history: the SECURITY DEFINER function an
+    atomic run records its success with, in its own transaction (migration 0011, which checks
+    that the run is one of the caller's schema). Skipped until that migration ran."""
+    from .run_sql import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
+
+    cursor.execute("SELECT to_regprocedure(%s)", [f"{public}.{ATOMIC_FUNCTION}{ATOMIC_SIGNATURE}"])
+    if cursor.fetchone()[0] is None:
+        return
+    _execute(
+        cursor,
+        sql.SQL("GRANT EXECUTE ON FUNCTION {}{} TO {}").format(
+            _ident(public, ATOMIC_FUNCTION), sql.SQL(ATOMIC_SIGNATURE), _ident(group)
+        ),
+    )
 
 
 def _ensure_writers(
@@ -352,6 +370,17 @@ def drop_role(cursor: Any, role: str) -> bool:
             "ALTER DEFAULT PRIVILEGES IN SCHEMA {} REVOKE ALL ON SEQUENCES FROM {}",
         ):
             _execute(cursor, sql.SQL(statement).format(where, who))
+    # Functions: the group's EXECUTE on the atomic runs' success function (migration 0011).
+    cursor.execute(
+        "SELECT p.oid::regprocedure::text FROM pg_proc p, aclexplode(p.proacl) a "
+        "WHERE a.grantee = %s::regrole",
+        [role],
+    )
+    for (function,) in cursor.fetchall():
+        # regprocedure's text is already quoted as PostgreSQL needs it.
+        _execute(
+            cursor, sql.SQL("REVOKE ALL ON FUNCTION {} FROM {}").format(sql.SQL(function), who)
+        )
     _execute(cursor, sql.SQL("DROP ROLE {}").format(who))
     return True
 

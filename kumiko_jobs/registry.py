@@ -114,6 +114,9 @@ class JobDefinition:
     boot_gate: bool = False
     # A system job that tenant runs may enqueue (as follow-ups) with arguments of their choosing.
     tenant_may_start: bool = False
+    # The body's writes and the run's success commit in one transaction (docs/reliability.md,
+    # "Exactly once for database-only jobs").
+    atomic: bool = False
 
     # --- enqueue API (delegates to kumiko_jobs.enqueueing) ----------------------------------
 
@@ -189,6 +192,7 @@ _OPTION_TYPES: dict[str, str] = {
     "run_on_boot": "bool",
     "boot_gate": "bool",
     "tenant_may_start": "bool (system jobs only)",
+    "atomic": "bool (tenant jobs whose whole effect is in the default database)",
 }
 
 
@@ -295,7 +299,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
             f"queue must be the name of an RQ_QUEUES entry (at most {QUEUE_MAX_LENGTH} "
             f"characters), got {queue!r:.120}.",
         )
-    for flag in ("system", "manual", "tenant_may_start"):
+    for flag in ("system", "manual", "tenant_may_start", "atomic"):
         if not isinstance(options.get(flag, False), bool):
             raise _fail(where, f"{flag} must be True or False, got {options[flag]!r}.")
     escape_hatch = options.get("escape_hatch")
@@ -317,6 +321,9 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         )
     description = options.get("description") or inspect.getdoc(func) or ""
     triggers = _trigger_options(where, options, system)
+    atomic = bool(options.get("atomic", False))
+    if atomic:
+        _check_atomic(where, func, system, escape_hatch, triggers)
     return JobDefinition(
         name=name,
         func=func,
@@ -330,12 +337,58 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         system=system,
         manual=bool(options.get("manual", False)),
         tenant_may_start=tenant_may_start,
+        atomic=atomic,
         max_defers=_int_option(
             where, "max_defers", options.get("max_defers"), 0, maximum=MAX_DEFERS_LIMIT
         ),
         description=str(description).split("\n\n")[0],
         **triggers,
     )
+
+
+def _check_atomic(
+    where: str,
+    func: Callable[..., Any],
+    system: bool,
+    escape_hatch: EscapeHatch | None,
+    triggers: Mapping[str, Any],
+) -> None:
+    """``atomic=True`` only where one transaction on the body's connection can hold the whole
+    effect: the combinations below would write on another connection (or none at all)."""
+    from .async_body import is_async
+
+    if system:
+        raise _fail(
+            where,
+            "atomic=True is for tenant jobs: a system job writes inside ctx.system_db(), on the "
+            "project's connection, which is not the body's transaction under DB_ROLES.",
+        )
+    if triggers.get("per_tenant"):
+        raise _fail(
+            where,
+            "atomic=True cannot be combined with per_tenant=True: the fan-out parent run "
+            "enqueues its children instead of writing, so there is nothing to make atomic. "
+            "Declare the per-tenant work as its own atomic job and enqueue it from the fan-out.",
+        )
+    if is_async(func):
+        raise _fail(
+            where,
+            "atomic=True needs a synchronous body: an async body's queries (the async ORM) run "
+            "on other connections, outside the run's transaction.",
+        )
+    # unsafe_raw stays on the body's connection; system_identity (ctx.act_as) switches no
+    # connection. The other two switch the body to another login for their block.
+    other = sorted(
+        set(escape_hatch.grants if escape_hatch else ()) - {"unsafe_raw", "system_identity"}
+    )
+    if other:
+        raise _fail(
+            where,
+            f"atomic=True cannot be combined with the grant(s) {other}: with DB_ROLES their "
+            "blocks run on other logins (global_writes: the tenant's writer; "
+            "cross_tenant_reads: the other tenant's reader), outside the run's transaction. "
+            "Move that work to a separate job.",
+        )
 
 
 def _trigger_options(where: str, options: Mapping[str, Any], system: bool) -> dict[str, Any]:

@@ -250,3 +250,45 @@ def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> 
     )
     with public_cursor() as cursor:
         cursor.execute(sql, params)
+
+
+# --- atomic runs (docs/reliability.md, "Exactly once for database-only jobs") ------------------
+
+# Created by migration 0011 (SECURITY DEFINER, owned by the project user); its signature.
+ATOMIC_FUNCTION = "kumiko_jobs_atomic_success"
+ATOMIC_SIGNATURE = "(uuid, integer, xid8, timestamptz, jsonb)"
+
+
+def atomic_function() -> str:
+    return f"{connection.ops.quote_name(conf.public_schema_name())}.{ATOMIC_FUNCTION}"
+
+
+def atomic_begin() -> str:
+    """Inside the atomic run's open transaction on the body's connection: its id (assigned
+    now, so that the success record can tell the same transaction from a later one)."""
+    with public_cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id()::text")
+        row = cursor.fetchone()
+    return str(row[0])
+
+
+def atomic_success(
+    *, run_id: str, attempt: int, xid: str, finished_at: datetime, result: Any
+) -> None:
+    """The run's success, in the body's transaction, through migration 0011's function: the
+    body's login may hold no privilege on kumiko's tables (DB_ROLES). The function also sets
+    ``synchronous_commit = on`` for the transaction and refuses when the job ended the
+    transaction the runner opened (``xid``) or the run no longer runs this attempt."""
+    from psycopg.types.json import Jsonb
+
+    with public_cursor() as cursor:
+        cursor.execute(
+            f"SELECT {atomic_function()}(%s, %s, %s::xid8, %s, %s)",
+            [
+                uuid.UUID(run_id),
+                attempt,
+                xid,
+                finished_at,
+                None if result is None else Jsonb(result),
+            ],
+        )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -86,6 +86,9 @@ class Shape:
     forbidden_catalogs: tuple[str, ...] = ()
     # Why a detail makes the statement unsafe whatever the grants (kumiko's lock keys).
     forbidden: str = ""
+    # BEGIN, COMMIT, ROLLBACK (not TO SAVEPOINT), two-phase commit, or a part that is: the
+    # transaction itself changes. An atomic job's guard refuses these (steps/atomic.py).
+    ends_transaction: bool = False
 
     @property
     def plain(self) -> bool:
@@ -160,6 +163,10 @@ _UTILITY_KINDS = {
     "CheckPointStmt": "maintenance",
     "DiscardStmt": "discard",
 }
+# Savepoints work inside the transaction (Django's nested atomic() blocks use them).
+_INSIDE_TRANSACTION = frozenset(
+    {"TRANS_STMT_SAVEPOINT", "TRANS_STMT_RELEASE", "TRANS_STMT_ROLLBACK_TO"}
+)
 _TWO_PHASE = frozenset(
     {"TRANS_STMT_PREPARE", "TRANS_STMT_COMMIT_PREPARED", "TRANS_STMT_ROLLBACK_PREPARED"}
 )
@@ -561,8 +568,8 @@ def _statement_shape(stmt: dict[str, Any], walker: _Walker) -> Shape:
         return Shape("transaction")
     if node_type == "TransactionStmt":
         if node.get("kind") in _TWO_PHASE:
-            return _unverifiable("transaction", "two-phase commit")
-        return Shape("transaction")
+            return replace(_unverifiable("transaction", "two-phase commit"), ends_transaction=True)
+        return Shape("transaction", ends_transaction=node.get("kind") not in _INSIDE_TRANSACTION)
     kind = _UTILITY_KINDS.get(node_type, "ddl")
     label = node_type.removesuffix("Stmt")
     return _unverifiable(kind, f"{label} statements cannot be verified")
@@ -633,6 +640,7 @@ def statement_shape(sql: str, parameters: bool = True) -> Shape:
             "multi_statement",
             unverifiable=f"{len(shapes)} statements in one execute",
             parts=tuple(shapes),
+            ends_transaction=any(shape.ends_transaction for shape in shapes),
         )
     return shapes[0]
 

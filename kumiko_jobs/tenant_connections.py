@@ -75,9 +75,7 @@ inline_in_callers_transaction: ContextVar[bool] = ContextVar(
 
 def enabled_for(state: RunState) -> bool:
     return (
-        state.tenant is not None
-        and conf.get().DB_ROLES
-        and not inline_in_callers_transaction.get()
+        state.tenant is not None and conf.get().DB_ROLES and not inline_in_callers_transaction.get()
     )
 
 

@@ -82,6 +82,12 @@ def bench_write(ctx: JobContext, *, n: int) -> None:
     ActivityLog.objects.create(job="bench", message=f"write {n}")
 
 
+@job(atomic=True)
+def bench_write_atomic(ctx: JobContext, *, n: int) -> None:
+    """``bench_write`` declared ``atomic=True``: bench/throughput.py --atomic, variant (d)."""
+    ActivityLog.objects.create(job="bench", message=f"write {n}")
+
+
 @job(per_tenant=True)
 def bench_fanout(ctx: JobContext, *, n: int) -> None:
     """``bench_write`` as a per-tenant job: bench/fanout.py times its fan-out to every tenant.
@@ -131,6 +137,33 @@ def soak_work(
         raise RuntimeError("soak: the first attempt fails on purpose")
     if defer_first and not ActivityLog.objects.filter(job="soak-defer", message=ctx.run_id):
         ActivityLog.objects.create(job="soak-defer", message=ctx.run_id)
+        return ctx.defer(1)
+    ActivityLog.objects.create(
+        job="soak",
+        message=f"{ctx.run_id} a{ctx.attempt} {connection.schema_name}",  # type: ignore[attr-defined]
+    )
+    return None
+
+
+@job(name="soak.work_atomic", retries=5, backoff={"type": "fixed", "delay": 1}, atomic=True)
+def soak_work_atomic(
+    ctx: JobContext,
+    *,
+    n: int,
+    sleep_ms: int = 0,
+    fail_first: bool = False,
+    defer_first: bool = False,
+) -> Any:
+    """soak.work with atomic=True: its effect row commits with the run's success, or not at all.
+
+    A deferring attempt of an atomic job keeps nothing it wrote, so the deferral is decided from
+    the run's own count (``ctx.defers``), not from a marker row.
+    """
+    if sleep_ms:
+        time.sleep(sleep_ms / 1000)
+    if fail_first and ctx.attempt == 1:
+        raise RuntimeError("soak: the first attempt fails on purpose")
+    if defer_first and ctx.defers == 0:
         return ctx.defer(1)
     ActivityLog.objects.create(
         job="soak",

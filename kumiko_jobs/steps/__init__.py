@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..pipeline import Step
+from .atomic import atomic
 from .db_guard import db_guard
 from .deferral import deferral
 from .gates import gates
@@ -10,4 +11,12 @@ from .records import records
 from .tenancy import tenancy
 from .tracing import tracing
 
-DEFAULT_STEPS: tuple[Step, ...] = (tracing, records, deferral, gates, tenancy, db_guard)
+DEFAULT_STEPS: tuple[Step, ...] = (
+    tracing,
+    records,
+    deferral,
+    gates,
+    tenancy,
+    atomic,
+    db_guard,
+)

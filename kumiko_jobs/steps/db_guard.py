@@ -27,6 +27,7 @@ from ..context import RunState, current_run, render_error
 from ..exceptions import DatabaseAccessDenied
 from ..guard import Grant, Policy, Verdict, classify
 from ..pipeline import Next
+from ..sql_tree import statement_shape
 
 logger = logging.getLogger("kumiko_jobs.guard")
 
@@ -362,6 +363,19 @@ class GuardWrapper:
             )
             return _run_judged(execute, sql, params, many, context)  # log mode
         text = sql if isinstance(sql, str) else _composed_text(sql, context)
+        if state.definition.atomic and statement_shape(text, params is not None).ends_transaction:
+            # Whatever the grants: the runner's transaction holds the body and its success.
+            _refuse(
+                state,
+                self.enforce,
+                "transaction",
+                "an atomic job cannot end or restart its transaction (BEGIN, COMMIT, ROLLBACK, "
+                "two-phase commit): the runner commits the body's writes together with the "
+                "run's success. Savepoints (`with transaction.atomic():` inside the job) work; "
+                "to commit on your own, drop atomic=True.",
+            )
+            state.dirty_sessions.add(conn.alias)  # log mode
+            return _run_judged(execute, sql, params, many, context)
         policy = self.policy()
         verdict = classify(text, policy, parameters=params is not None)
         grants = verdict.grants_used

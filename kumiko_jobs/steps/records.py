@@ -13,6 +13,8 @@ message without a run row is refused and recorded: a run is never recreated from
 from __future__ import annotations
 
 import logging
+import os
+import random
 import time
 import uuid
 from datetime import timedelta
@@ -21,7 +23,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import audit, run_sql, signals, telemetry
+from .. import audit, conf, run_sql, signals, telemetry
 from ..context import RunState
 from ..exceptions import Unrecoverable
 from ..models import JobAttempt, JobFailure, JobRun, RunStatus
@@ -58,7 +60,24 @@ def records(state: RunState, call_next: Next) -> None:
         state.error = state.error or exc
         _finish(state)
         raise
+    if state.outcome == "succeeded" and not state.definition.atomic:
+        crash_point(state)  # test hook: the body's effect committed, its success not yet
     _finish(state)
+
+
+def crash_point(state: RunState) -> None:
+    """Test hook (``conf.crash_hook``): exit the process here, between a successful body and
+    the commit of its success, where a crash makes a non-atomic run's effect happen twice."""
+    hook = conf.crash_hook()
+    if hook is None or random.random() >= hook.probability:
+        return
+    if hook.log_path:
+        with open(hook.log_path, "a") as log:
+            kind = "atomic" if state.definition.atomic else "plain"
+            log.write(f"{state.envelope.run_id} {kind}\n")
+            log.flush()
+            os.fsync(log.fileno())
+    os._exit(70)
 
 
 def _start(state: RunState) -> bool:

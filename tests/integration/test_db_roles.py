@@ -110,9 +110,7 @@ def test_a_swallowed_permission_denied_still_fails_the_run(tenants, guard_data):
 # --- escape hatches switch identity -------------------------------------------------------------
 
 
-def test_global_writes_run_as_the_tenants_writer_login_for_the_block(
-    tenants, guard_data, observer
-):
+def test_global_writes_run_as_the_tenants_writer_login_for_the_block(tenants, guard_data, observer):
     """Not the project user: the writer login holds the tenant's own privileges and writes on
     the shared tables, nothing on other tenants (test_db_roles_leftovers has the raw routes)."""
     run = _run(tenants["t1"], role_jobs.role_add_plan, ROLES_LOG, name="added")

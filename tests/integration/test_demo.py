@@ -156,8 +156,11 @@ def test_demo_prints_admin_logins_that_work(demo_env: dict[str, str], first_outp
     assert re.search(
         r"operators\s+http://localhost:8000/admin/\s+user operator\s+password kumiko-demo", output
     ), output
-    assert re.search(r"tenant acme\s+http://acme.localhost:8000/admin/\s+user acme-staff\s+"
-                     r"password kumiko-demo", output), output
+    assert re.search(
+        r"tenant acme\s+http://acme.localhost:8000/admin/\s+user acme-staff\s+"
+        r"password kumiko-demo",
+        output,
+    ), output
     script = (
         "from django.contrib.auth import authenticate\n"
         "from django_tenants.utils import schema_context\n"
@@ -171,7 +174,11 @@ def test_demo_prints_admin_logins_that_work(demo_env: dict[str, str], first_outp
     )
     result = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", script],
-        cwd=ROOT, env=demo_env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        env=demo_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     # (Django 6's shell first says what it imported: skip that line)

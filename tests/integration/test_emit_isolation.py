@@ -42,8 +42,6 @@ def system_listener(ctx: Any, *, tag: str) -> None:
     pass
 
 
-
-
 def tags_seen_by_another_connection(schema: str) -> list[str]:
     """The schema's probe rows as a separate PostgreSQL session sees them (committed data)."""
     s = connection.settings_dict

@@ -35,8 +35,6 @@ pytestmark = pytest.mark.usefixtures("live_db")
 JOB_PREFIX = "limits"  # conftest.declare names jobs "limits.<function>"
 
 
-
-
 def the_run(handle: Any) -> JobRun:
     return JobRun.objects.get(pk=handle.run_id)
 

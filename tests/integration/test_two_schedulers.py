@@ -34,7 +34,6 @@ WATCH = 3.0  # seconds both schedulers keep polling after the tick was moved
 MINUTE_MARGIN = 2 * DEADLINE + WATCH
 
 
-
 def start_rqscheduler(log: IO[str]) -> subprocess.Popen[str]:
     """``manage.py rqscheduler --interval 1``, as the docs tell operators to start it."""
     return subprocess.Popen(

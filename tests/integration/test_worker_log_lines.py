@@ -34,13 +34,17 @@ def test_log_lines_name_the_run_and_its_outcome(tenants, caplog):
         for line in said
     ), said
     assert any(
-        line.startswith(f"kumiko_jobs.runs INFO run succeeded: job={flaky.job_name} tenant=t1 "
-                        f"run_id={flaky.run_id} attempt=2/")
+        line.startswith(
+            f"kumiko_jobs.runs INFO run succeeded: job={flaky.job_name} tenant=t1 "
+            f"run_id={flaky.run_id} attempt=2/"
+        )
         for line in said
     ), said
     assert any(
-        line.startswith(f"kumiko_jobs.runs INFO run succeeded: job={ok.job_name} tenant=t2 "
-                        f"run_id={ok.run_id} attempt=1/")
+        line.startswith(
+            f"kumiko_jobs.runs INFO run succeeded: job={ok.job_name} tenant=t2 "
+            f"run_id={ok.run_id} attempt=1/"
+        )
         for line in said
     ), said
 

@@ -387,3 +387,49 @@ def fanout_child_retried(ctx, *, tag: str) -> None:
 
 
 from . import async_jobs  # noqa: E402,F401 - registers the async test jobs
+
+# --- atomic=True (tests/integration/test_atomic.py) -----------------------------------------
+
+
+@job(atomic=True, retries=1, backoff={"type": "fixed", "delay": 0})
+def atomic_write(ctx, *, tag: str, fail: bool = False, how: str = "") -> str:
+    """Write a Probe, then maybe fail or try to end the runner's transaction (``how``)."""
+    _probe(ctx, tag)
+    if how == "sql_commit":
+        with connection.cursor() as cursor:
+            cursor.execute("COMMIT")
+    elif how == "driver_commit":
+        connection.connection.commit()  # the raw psycopg connection: past every wrapper
+    elif how == "swallow_commit":
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("COMMIT")
+        except Exception:
+            pass
+    elif how == "savepoint":
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                _probe(ctx, tag + "-inner")
+                raise RuntimeError("rolls back the savepoint only")
+        except RuntimeError:
+            pass
+    if fail:
+        raise RuntimeError("atomic_write fails after its write")
+    return tag
+
+
+@job(retries=1, backoff={"type": "fixed", "delay": 0})
+def plain_write(ctx, *, tag: str, how: str = "") -> str:
+    """atomic_write without atomic=True (calibrations)."""
+    _probe(ctx, tag)
+    if how == "sql_commit":
+        with connection.cursor() as cursor:
+            cursor.execute("COMMIT")
+    return tag
+
+
+@job(atomic=True)
+def atomic_followup(ctx, *, tag: str) -> None:
+    ctx.enqueue(probe, tag=tag)

@@ -1279,3 +1279,30 @@ def test_everyday_orm_querysets_pass_without_grants(name: str, make: Callable[[]
 
 def test_everyday_list_is_long_enough() -> None:
     assert len(EVERYDAY_RAW) + len(_orm_querysets()) >= 40
+
+
+@pytest.mark.parametrize(
+    ("sql", "ends"),
+    [
+        ("COMMIT", True),
+        ("commit and chain", True),
+        ("END", True),
+        ("ROLLBACK", True),
+        ("ABORT", True),
+        ("BEGIN", True),
+        ("START TRANSACTION", True),
+        ("PREPARE TRANSACTION 'x'", True),
+        ("COMMIT PREPARED 'x'", True),
+        ("SELECT 1; COMMIT", True),
+        ("SAVEPOINT s1", False),
+        ("RELEASE SAVEPOINT s1", False),
+        ("ROLLBACK TO SAVEPOINT s1", False),
+        ("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE", False),
+        ("SELECT 'COMMIT'", False),
+    ],
+)
+def test_statements_that_end_the_transaction_are_told_apart(sql, ends):
+    # What an atomic job's guard refuses (steps/db_guard.py); savepoints stay inside.
+    from kumiko_jobs.sql_tree import statement_shape
+
+    assert statement_shape(sql, parameters=False).ends_transaction is ends

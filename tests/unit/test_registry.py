@@ -540,3 +540,45 @@ def test_the_project_registry_holds_the_test_jobs_by_app_label():
     names = {d.name for d in registry_module.registry}
     assert {"testapp.probe", "testapp.flaky", "testapp.system_tick"} <= names
     assert not any(re.match(r"tests\.", name) for name in names)
+
+
+# --- atomic=True ------------------------------------------------------------------------------
+
+
+def test_atomic_is_off_by_default_and_taken_with_retries_and_unsafe_raw():
+    assert define().atomic is False
+    hatch = EscapeHatch(reason="vacuum hint", grants=["unsafe_raw", "system_identity"])
+    definition = define(atomic=True, retries=3, escape_hatch=hatch)
+    assert definition.atomic is True and definition.retries == 3
+
+
+async def async_job(ctx: Any) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("options", "func", "match"),
+    [
+        ({"system": True}, sync_invoice, "atomic=True is for tenant jobs"),
+        ({"per_tenant": True}, sync_invoice, "cannot be combined with per_tenant"),
+        ({}, async_job, "needs a synchronous body"),
+        (
+            {"escape_hatch": EscapeHatch(reason="r", grants=["global_writes"])},
+            sync_invoice,
+            r"grant\(s\) \['global_writes'\]",
+        ),
+        (
+            {"escape_hatch": EscapeHatch(reason="r", grants=["cross_tenant_reads"])},
+            sync_invoice,
+            r"grant\(s\) \['cross_tenant_reads'\]",
+        ),
+    ],
+)
+def test_atomic_combinations_that_cannot_be_one_transaction_are_refused(options, func, match):
+    message = refused(match, func, atomic=True, **options)
+    assert "atomic=True" in message
+    define(func, **options)  # calibration: the same options without atomic=True are fine
+
+
+def test_atomic_must_be_a_bool():
+    refused("atomic must be True or False", atomic="yes")

@@ -19,8 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def manage(tmp_path: Path, kumiko_jobs: str, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "typo_settings.py").write_text(
-        "from example_project.settings import *  # noqa: F403\n"
-        f"KUMIKO_JOBS = {kumiko_jobs}\n"
+        f"from example_project.settings import *  # noqa: F403\nKUMIKO_JOBS = {kumiko_jobs}\n"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "typo_settings"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT)])
@@ -36,8 +35,13 @@ def manage(tmp_path: Path, kumiko_jobs: str, *args: str) -> subprocess.Completed
 
 @pytest.mark.parametrize(
     "command",
-    [["check"], ["check", "--deploy"], ["migrate", "--plan"], ["kumiko_jobs", "list"],
-     ["rqworker", "--burst"]],
+    [
+        ["check"],
+        ["check", "--deploy"],
+        ["migrate", "--plan"],
+        ["kumiko_jobs", "list"],
+        ["rqworker", "--burst"],
+    ],
     ids=" ".join,
 )
 def test_typo_is_the_check_error_not_a_traceback(tmp_path: Path, command: list[str]) -> None:

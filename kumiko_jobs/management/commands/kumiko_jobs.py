@@ -92,9 +92,7 @@ class Command(BaseCommand):
         runs = sub.add_parser("runs", help="recent runs, newest first, with filters")
         runs.add_argument("--job", help="job name, e.g. billing.sync_invoice")
         runs.add_argument("--tenant", help="schema name; '-' for system runs (no tenant)")
-        runs.add_argument(
-            "--status", action="append", choices=RunStatus.values, help="repeatable"
-        )
+        runs.add_argument("--status", action="append", choices=RunStatus.values, help="repeatable")
         runs.add_argument("--since", help="queued within this long: 30m, 2h, 7d")
         runs.add_argument("--limit", type=int, default=20, help="rows (default 20)")
         retry = sub.add_parser("retry", help="start a new run of a failed or cancelled run")
