@@ -5,9 +5,10 @@ from __future__ import annotations
 from ..pipeline import Step
 from .db_guard import db_guard
 from .deferral import deferral
+from .fanout import fanout
 from .gates import gates
 from .records import records
 from .tenancy import tenancy
 from .tracing import tracing
 
-DEFAULT_STEPS: tuple[Step, ...] = (tracing, records, deferral, gates, tenancy, db_guard)
+DEFAULT_STEPS: tuple[Step, ...] = (tracing, records, deferral, gates, fanout, tenancy, db_guard)
