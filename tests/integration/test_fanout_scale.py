@@ -208,3 +208,14 @@ def test_a_fan_out_over_the_limit_creates_no_child_even_in_chunks(many_tenants, 
     assert f"more than MAX_FANOUT_TENANTS={ALL - 1} tenants" in run.error_message
     assert not JobRun.objects.filter(parent_run_id=parent.run_id).exists()
     assert transport.queue_length("default") == 0
+
+
+@pytest.mark.parametrize("value", [0, -1, "500", True])
+def test_the_chunk_size_is_a_validated_setting(value: Any) -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from kumiko_jobs import conf
+
+    with pytest.raises(ImproperlyConfigured, match=r"FANOUT_CHUNK_SIZE.*must be an integer >= 1"):
+        conf._validate({"FANOUT_CHUNK_SIZE": value})
+    assert conf._validate({"FANOUT_CHUNK_SIZE": 1}).FANOUT_CHUNK_SIZE == 1
