@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from psycopg import sql
 
 from . import conf
@@ -46,6 +46,8 @@ SEQUENCE_PRIVILEGES = ("USAGE", "SELECT", "UPDATE")
 # What a tenant role never holds on its own tables and schema, even if someone granted it.
 REVOKED_TABLE_PRIVILEGES = ("TRUNCATE", "REFERENCES", "TRIGGER")
 SCRAM_ITERATIONS = 4096
+# Tenants whose roles ``sync_all`` creates or repairs in one transaction.
+SYNC_CHUNK = 100
 _SIMPLE_KEY = re.compile(r"[0-9a-z_]{1,32}")
 
 
@@ -393,17 +395,25 @@ def sync_all(alias: str = DEFAULT_DB_ALIAS, *, drop_orphans: bool = True) -> Syn
     result = SyncResult()
     conn = connections[alias]
     with conn.cursor() as cursor:
-        ensure_group(cursor, alias)
+        with transaction.atomic(using=alias):
+            ensure_group(cursor, alias)
         schemas = _schemas(cursor)
         expected = set()
-        for pk, schema in _tenants():
-            role = role_name(pk, alias)
-            expected.update(_tenant_roles_of(role))
-            if schema not in schemas:
-                result.skipped.append(schema)
-                continue
-            ensure_tenant_role(cursor, pk, schema, alias)
-            result.ensured.append(role)
+        tenants = _tenants()
+        for start in range(0, len(tenants), SYNC_CHUNK):
+            # One transaction per chunk of tenants, not one per statement: about 30 statements
+            # a tenant, each its own commit (and WAL flush) in autocommit, made provisioning
+            # 10,000 tenants take hours (bench/README.md, "Many tenants"). A chunk is short:
+            # a failure rolls back only its own tenants, and the command can be run again.
+            with transaction.atomic(using=alias):
+                for pk, schema in tenants[start : start + SYNC_CHUNK]:
+                    role = role_name(pk, alias)
+                    expected.update(_tenant_roles_of(role))
+                    if schema not in schemas:
+                        result.skipped.append(schema)
+                        continue
+                    ensure_tenant_role(cursor, pk, schema, alias)
+                    result.ensured.append(role)
         if drop_orphans:
             # The escape-hatch logins first: the writer is a member of its tenant's role.
             orphans = [r for r in our_roles(cursor, alias) if r not in expected]
