@@ -219,3 +219,26 @@ def test_the_chunk_size_is_a_validated_setting(value: Any) -> None:
     with pytest.raises(ImproperlyConfigured, match=r"FANOUT_CHUNK_SIZE.*must be an integer >= 1"):
         conf._validate({"FANOUT_CHUNK_SIZE": value})
     assert conf._validate({"FANOUT_CHUNK_SIZE": 1}).FANOUT_CHUNK_SIZE == 1
+
+
+# --- check E012 at many tenants: one pass over the catalog, the same findings ------------------
+
+
+def test_out_of_date_finds_a_lost_group_membership_and_sequence_grant(tenants):
+    """``db_roles.out_of_date`` joins the tenants with pg_class once (it scanned pg_class once
+    per tenant before); the branches test_db_roles.py does not reach: the group membership
+    and a sequence's USAGE. Repaired by the command's ``sync_all``."""
+    from kumiko_jobs import db_roles
+
+    t1, t2 = db_roles.role_name(tenants["t1"].pk), db_roles.role_name(tenants["t2"].pk)
+    assert db_roles.out_of_date() == []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(f'REVOKE "{db_roles.group_name()}" FROM "{t2}"')
+        assert db_roles.out_of_date() == ["t2"]
+        with connection.cursor() as cursor:
+            cursor.execute(f'REVOKE USAGE ON ALL SEQUENCES IN SCHEMA "t1" FROM "{t1}"')
+        assert db_roles.out_of_date() == ["t1", "t2"]
+    finally:
+        db_roles.sync_all()
+    assert db_roles.out_of_date() == []
