@@ -4,20 +4,27 @@ One run measures, on the same machine, services and data, the two ways of puttin
 per tenant on the queue for the per-tenant job ``billing.bench_fanout``:
 
 (fan-out) ``bench_fanout.enqueue(n=0)`` without a tenant, then a kumiko worker runs that parent
-          run: ``kumiko_jobs.fanout.fan_out`` builds one child envelope per active tenant (with
-          its deterministic run id), the records step inserts the child rows with one
-          ``bulk_create``, and ``transport.push_many`` pushes the messages in pipelined batches
-          of 500. Timed: the worker taking and running the parent message, nothing else.
+          run: ``kumiko_jobs.fanout.fan_out`` reads the tenants ``FANOUT_CHUNK_SIZE`` at a time
+          and, per chunk, inserts the child rows (one ``INSERT ... ON CONFLICT DO NOTHING
+          RETURNING``, committed) and pushes their messages (``transport.push_many``, one
+          pipeline per 500). Timed: the worker taking and running the parent message.
 (singles) ``bench_fanout.enqueue(tenant=t, n=0)`` for every tenant in a loop, outside a
           transaction (each call writes its row and pushes at once), as code without fan-out
           would do it. Timed: the loop.
 
 Both end with the same state: one queued run row and one queue message per tenant (checked).
+Untimed passes count the SQL statements and Redis round trips of each way, and the peak of the
+Python memory the worker allocates during the parent run (``tracemalloc``). With ``--cron``, a
+per-tenant cron job's tick goes through the real scheduler path, ``transport.Scheduler``'s
+``enqueue_job`` for the cron alarm (``schedules.fire`` writes the tick's run row and pushes one
+message): how long the scheduler process is busy per tick, whatever the tenant count, since the
+fan-out itself runs in a worker.
 The children are not run: only the enqueue side is measured, so the tenants are plain rows made
 with ``Client.objects.bulk_create`` (no ``save()``, so django-tenants creates and migrates no
 schema; 1,000 real schemas would take many minutes and change nothing measured here).
 
-    python -m bench.fanout [--tenants 1000] [--rounds 3] [--tenant-concurrency N] [--json]
+    python -m bench.fanout [--tenants 1000] [--rounds 3] [--tenant-concurrency N] [--no-singles]
+                           [--chunk-size N] [--cron] [--json]
 
 Everything happens in a database of its own (created, then dropped) and Redis database 3
 (flushed). A benchmark, not a test: it asserts nothing about speed.
@@ -132,13 +139,16 @@ def measure_fanout(tenants: Sequence[Any], around: Around = nullcontext) -> Meas
     worker = Worker([queue], connection=queue.connection)
     phases: dict[str, float] = {}
     with ExitStack() as stack:
-        stack.enter_context(timing(fanout, "fan_out", phases, "fan_out"))
-        stack.enter_context(timing(JobRun.objects, "bulk_create", phases, "rows"))
+        stack.enter_context(timing(fanout, "tenant_chunks", phases, "tenant_pages"))
+        stack.enter_context(timing(fanout, "insert_new", phases, "rows"))
         stack.enter_context(timing(transport, "push_many", phases, "push_many"))
         with around():
             started = time.perf_counter()
             worker.work(burst=True, max_jobs=1, logging_level="WARNING")
             seconds = time.perf_counter() - started
+    # tenant_chunks is a generator: the call returns at once, the pages are read as it is
+    # iterated; their time stays in "rest" with the envelopes, rows objects and signing.
+    phases.pop("tenant_pages", None)
     phases["rest"] = seconds - sum(phases.values())
     problems = []
     status = JobRun.objects.get(pk=handle.run_id).status
@@ -164,6 +174,53 @@ def measure_singles(tenants: Sequence[Any], around: Around = nullcontext) -> Mea
     )
 
 
+@contextmanager
+def peak_memory(into: dict[str, int]) -> Iterator[None]:
+    """The peak of Python's traced allocations meanwhile (bytes above the start)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        start, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        yield
+        _, peak = tracemalloc.get_traced_memory()
+        into["peak_bytes"] = peak - start
+    finally:
+        tracemalloc.stop()
+
+
+def cron_definition() -> Any:
+    """A per-tenant cron job for the tick (registered for this run only, like a test's)."""
+    from example_project.billing.jobs import bench_fanout
+    from kumiko_jobs.registry import build_definition, registry
+
+    definition = build_definition(
+        bench_fanout.func, {"name": "bench.fanout_cron", "per_tenant": True, "cron": "0 3 * * *"}
+    )
+    registry._jobs[definition.name] = definition
+    return definition
+
+
+def measure_cron_tick(definition: Any, around: Around = nullcontext) -> dict[str, Any]:
+    """One tick of a per-tenant cron job through ``transport.Scheduler.enqueue_job``."""
+    from kumiko_jobs import transport
+    from kumiko_jobs.models import JobRun
+    from kumiko_jobs.schedules import schedule_id, sync_schedules
+
+    reset([])
+    sync_schedules()
+    queue = transport.get_queue(QUEUE)
+    scheduler = transport.Scheduler(queue=queue, connection=queue.connection)
+    (alarm,) = [j for j in scheduler.get_jobs() if j.id == schedule_id(definition)]
+    with around():
+        started = time.perf_counter()
+        scheduler.enqueue_job(alarm)
+        seconds = time.perf_counter() - started
+    rows = JobRun.objects.filter(job_name=definition.name, trigger="cron").count()
+    return {"seconds": seconds, "ok": rows == 1 and transport.queue_length(QUEUE) == 1}
+
+
 MEASURES: dict[str, tuple[str, Callable[..., Measurement]]] = {
     "fanout": ("fan-out: parent run, push_many", measure_fanout),
     "singles": ("loop of job.enqueue(tenant=...)", measure_singles),
@@ -177,13 +234,14 @@ def counting_into(totals: dict[str, int]) -> Iterator[None]:
     totals.update(counts)
 
 
-def round_trips(tenants: Sequence[Any]) -> dict[str, dict[str, float]]:
+def round_trips(tenants: Sequence[Any], keys: Sequence[str]) -> dict[str, dict[str, float]]:
     """SQL statements and Redis round trips of each way's timed part, in an untimed pass.
 
     The counting wraps every call, so this pass doubles as the warm-up and is never timed.
     """
     counts = {}
-    for key, (_, measure) in MEASURES.items():
+    for key in keys:
+        _, measure = MEASURES[key]
         counted: dict[str, int] = {}
         m = measure(tenants, functools.partial(counting_into, counted))
         if not m.ok:
@@ -206,22 +264,28 @@ class Results:
     measurements: list[dict[str, Any]] = field(default_factory=list)
     round_trips: dict[str, dict[str, float]] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    chunk_size: int = 0
+    fanout_peak_bytes: int = 0
+    cron: dict[str, Any] = field(default_factory=dict)
 
 
 def summarize(measurements: Sequence[Measurement]) -> dict[str, Any]:
+    keys = [key for key in MEASURES if any(m.key == key for m in measurements)]
     seconds = {
-        key: statistics.median(m.seconds for m in measurements if m.key == key) for key in MEASURES
+        key: statistics.median(m.seconds for m in measurements if m.key == key) for key in keys
     }
     fanouts = [m for m in measurements if m.key == "fanout"]
     phases = {
         name: statistics.median(m.phases.get(name, 0.0) for m in fanouts)
-        for name in ("fan_out", "rows", "push_many", "rest")
+        for name in ("rows", "push_many", "rest")
     }
     tenants = measurements[0].tenants
     return {
         "seconds": seconds,
         "messages_per_s": {key: tenants / s for key, s in seconds.items()},
-        "fanout_over_singles": seconds["singles"] / seconds["fanout"],
+        "fanout_over_singles": (
+            seconds["singles"] / seconds["fanout"] if "singles" in seconds else None
+        ),
         "fanout_phases_seconds": phases,
         "all_ok": all(m.ok for m in measurements),
     }
@@ -239,23 +303,51 @@ def print_report(results: Results) -> None:
     print()
     print(f"  {'':<36}{'seconds':>9}{'messages/s':>12}{'SQL':>8}{'Redis trips':>13}")
     for key, (label, _) in MEASURES.items():
+        if key not in s["seconds"]:
+            continue
         trips = results.round_trips.get(key, {})
         print(
             f"  {label:<36}{s['seconds'][key]:>9.3f}{s['messages_per_s'][key]:>12.0f}"
             f"{trips.get('sql', 0):>8.0f}{trips.get('redis', 0):>13.0f}"
         )
     print()
-    print(f"  fan-out / singles = {s['fanout_over_singles']:.1f}x the messages per second")
+    if s["fanout_over_singles"] is not None:
+        print(f"  fan-out / singles = {s['fanout_over_singles']:.1f}x the messages per second")
     p = s["fanout_phases_seconds"]
     print(
-        f"  the parent run: fan_out (tenant query, {results.tenants} signed envelopes) "
-        f"{p['fan_out']:.3f} s, child rows (one bulk_create) {p['rows']:.3f} s, push_many "
-        f"{p['push_many']:.3f} s, the rest (run record, worker) {p['rest']:.3f} s"
+        f"  the parent run (FANOUT_CHUNK_SIZE={results.chunk_size}): child rows (one INSERT per "
+        f"chunk) {p['rows']:.3f} s, push_many {p['push_many']:.3f} s, the rest (tenant pages, "
+        f"{results.tenants} signed envelopes, run record, worker) {p['rest']:.3f} s"
     )
+    print(
+        f"  peak Python memory the worker allocated during the parent run: "
+        f"{results.fanout_peak_bytes / 2**20:.1f} MiB (tracemalloc, untimed pass)"
+    )
+    if results.cron:
+        c = results.cron
+        print(
+            f"  per-tenant cron tick, scheduler side (transport.Scheduler.enqueue_job): "
+            f"{c['seconds'] * 1000:.1f} ms median of {c['rounds']}, {c['sql']:.0f} SQL, "
+            f"{c['redis']:.0f} Redis trips" + ("" if c["ok"] else "  WARNING: not one run+message")
+        )
     for m in results.measurements:
         if not m["ok"]:
             print(f"  WARNING ({m['key']}): {m['problem']} - the numbers above are not valid")
     print_load(results.machine)
+
+
+def cron_ticks(rounds: int) -> dict[str, Any]:
+    definition = cron_definition()
+    counted: dict[str, int] = {}
+    first = measure_cron_tick(definition, functools.partial(counting_into, counted))
+    timed = [measure_cron_tick(definition) for _ in range(max(rounds, 3))]
+    return {
+        "seconds": statistics.median(t["seconds"] for t in timed),
+        "rounds": len(timed),
+        "sql": counted.get("sql", 0),
+        "redis": counted.get("redis", 0),
+        "ok": first["ok"] and all(t["ok"] for t in timed),
+    }
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -272,6 +364,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         metavar="N",
         help="set KUMIKO_JOBS['TENANT_CONCURRENCY']=N for both ways (off)",
+    )
+    parser.add_argument(
+        "--no-singles", action="store_true", help="skip the loop of single enqueues (slow)"
+    )
+    parser.add_argument(
+        "--chunk-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="set KUMIKO_JOBS['FANOUT_CHUNK_SIZE']=N (the setting's default)",
+    )
+    parser.add_argument(
+        "--cron", action="store_true", help="also time a per-tenant cron tick (scheduler side)"
     )
     parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
     parser.add_argument(
@@ -303,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     kumiko = dict(getattr(settings, "KUMIKO_JOBS", {}))
     if args.tenant_concurrency:
         kumiko["TENANT_CONCURRENCY"] = args.tenant_concurrency
+    if args.chunk_size:
+        kumiko["FANOUT_CHUNK_SIZE"] = args.chunk_size
+    keys = ["fanout"] if args.no_singles else list(MEASURES)
     try:
         with override_settings(KUMIKO_JOBS=kumiko):
             print(f"creating {args.tenants} tenant rows (bulk_create, no schemas) ...", flush=True)
@@ -316,10 +424,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 note="tenants are rows without schemas; only the enqueue side is measured",
             )
             print("warm-up, counting SQL statements and Redis round trips ...", flush=True)
-            results.round_trips = round_trips(tenants)
+            from kumiko_jobs import conf
+
+            results.chunk_size = conf.get().FANOUT_CHUNK_SIZE
+            results.round_trips = round_trips(tenants, keys)
+            print("peak memory of the parent run (tracemalloc) ...", flush=True)
+            memory: dict[str, int] = {}
+            measure_fanout(tenants, functools.partial(peak_memory, memory))
+            results.fanout_peak_bytes = memory["peak_bytes"]
+            if args.cron:
+                results.cron = cron_ticks(args.rounds)
             measurements = []
             for round_ in range(1, args.rounds + 1):
-                for label, measure in MEASURES.values():
+                for label, measure in (MEASURES[key] for key in keys):
                     m = measure(tenants)
                     measurements.append(m)
                     print(

@@ -88,6 +88,8 @@ class KumikoSettings:
     MAX_FOLLOWUPS_PER_RUN: int = 1000
     MAX_RETRIES: int = 100
     MAX_FANOUT_TENANTS: int = 100_000
+    # Tenants a fan-out reads, inserts (one statement) and pushes (one pipeline) at a time.
+    FANOUT_CHUNK_SIZE: int = 1000
     MAX_ARGUMENT_DEPTH: int = 32
     WORKER_HEARTBEAT: int = 5
     WORKER_DEAD_AFTER: int = 20
@@ -131,6 +133,7 @@ _POSITIVE_INTS = (
     "LOG_BYTES_PER_ATTEMPT",
     "MAX_FOLLOWUPS_PER_RUN",
     "MAX_FANOUT_TENANTS",
+    "FANOUT_CHUNK_SIZE",
     "MAX_ARGUMENT_DEPTH",
     "WORKER_HEARTBEAT",
     "WORKER_DEAD_AFTER",

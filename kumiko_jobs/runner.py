@@ -42,12 +42,6 @@ def call_job(state: RunState) -> None:
     from . import conf
     from .context import Deferral
 
-    if state.definition.per_tenant and state.envelope.schema is None:
-        from .fanout import fan_out
-
-        state.result = fan_out(state)
-        state.outcome = "succeeded"
-        return
     ctx = JobContext(state, conf.get().LOG_LINES_PER_ATTEMPT)
     state.ctx = ctx
     func = state.definition.func

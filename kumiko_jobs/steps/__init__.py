@@ -6,6 +6,7 @@ from ..pipeline import Step
 from .atomic import atomic
 from .db_guard import db_guard
 from .deferral import deferral
+from .fanout import fanout
 from .gates import gates
 from .records import records
 from .tenancy import tenancy
@@ -16,6 +17,7 @@ DEFAULT_STEPS: tuple[Step, ...] = (
     records,
     deferral,
     gates,
+    fanout,
     tenancy,
     atomic,
     db_guard,
