@@ -24,14 +24,24 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
-from django.db import transaction
-from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.contrib.admin.views.main import PAGE_VAR
+from django.core.paginator import Page, Paginator
+from django.db import connection, transaction
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseRedirect,
+    QueryDict,
+)
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.formats import date_format
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import smart_split, unescape_string_literal
 from django.utils.timezone import localtime, now
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
@@ -171,6 +181,35 @@ def log_table(lines: Sequence[dict[str, Any]]) -> SafeString | str:
 # --- list filters -----------------------------------------------------------------------------
 
 
+def run_job_names(schema: str | None = None) -> list[str]:
+    """The distinct job names in the run history (of ``schema`` only, when given).
+
+    A ``SELECT DISTINCT`` would read every row (millions); this walks the job-name index
+    instead, one probe per name (a "loose index scan": the next name after the last one), and,
+    for a tenant, keeps the names with one of its runs (one probe each on (job, tenant)).
+    """
+    table = connection.ops.quote_name(JobRun._meta.db_table)
+    statement = f"""
+        WITH RECURSIVE names(job_name) AS (
+            (SELECT job_name FROM {table} ORDER BY job_name LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.job_name FROM {table} r WHERE r.job_name > names.job_name
+                    ORDER BY r.job_name LIMIT 1)
+            FROM names WHERE names.job_name IS NOT NULL
+        )
+        SELECT job_name FROM names WHERE job_name IS NOT NULL"""
+    params: list[str] = []
+    if schema is not None:
+        statement += (
+            f" AND EXISTS (SELECT 1 FROM {table} r"
+            " WHERE r.job_name = names.job_name AND r.schema_name = %s)"
+        )
+        params.append(schema)
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return [str(name) for (name,) in cursor.fetchall()]
+
+
 class JobFilter(admin.SimpleListFilter):
     """Jobs present in the rows this admin may show (so a tenant never sees others' jobs)."""
 
@@ -178,13 +217,16 @@ class JobFilter(admin.SimpleListFilter):
     parameter_name = "job"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = (
-            model_admin.get_queryset(request)
-            .order_by("job_name")
-            .values_list("job_name", flat=True)
-            .distinct()
-        )
         operator = is_operator_request()
+        if model_admin.model is JobRun:
+            names = run_job_names(None if operator else tenant_schema())
+        else:
+            names = list(
+                model_admin.get_queryset(request)
+                .order_by("job_name")
+                .values_list("job_name", flat=True)
+                .distinct()
+            )
         return [(name, name if operator else job_title(name)) for name in names]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -193,28 +235,105 @@ class JobFilter(admin.SimpleListFilter):
 
 
 class TenantFilter(admin.SimpleListFilter):
-    """Tenants by schema name (operators only), from the project's tenant model."""
+    """Tenants by schema name (operators only), from the project's tenant model.
+
+    Up to ``MAX_CHOICES`` tenants are listed as links; beyond, the filter is a text input for
+    the schema name (10,000 links would make the page heavy and the list useless), and only
+    the chosen tenant and "system" are links.
+    """
 
     title = _("tenant")
     parameter_name = "tenant"
+    template = "admin/kumiko_jobs/tenant_filter.html"
     SYSTEM = "-"
+    MAX_CHOICES = 100
+
+    as_input = False
+    hidden_fields: list[tuple[str, str]] = []
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         from django_tenants.utils import get_tenant_model
 
-        tenants = (
+        tenants = list(
             get_tenant_model()
             .objects.exclude(schema_name=conf.public_schema_name())
-            .order_by("schema_name")
+            .order_by("schema_name")[: self.MAX_CHOICES + 1]
         )
-        choices = [(t.schema_name, f"{t.schema_name} ({t})") for t in tenants]
-        return [*choices, (self.SYSTEM, gettext("system (no tenant)"))]
+        system = (self.SYSTEM, gettext("system (no tenant)"))
+        self.as_input = len(tenants) > self.MAX_CHOICES
+        if self.as_input:
+            value = self.value()
+            return [(value, value), system] if value and value != self.SYSTEM else [system]
+        return [*((t.schema_name, f"{t.schema_name} ({t})") for t in tenants), system]
+
+    def choices(self, changelist: Any) -> Any:
+        # The input's form keeps the other filters and the search (a GET form sends only its
+        # own fields), and starts again at the first page.
+        query = changelist.get_query_string(remove=[self.parameter_name, PAGE_VAR])
+        self.hidden_fields = [
+            (name, value)
+            for name, values in QueryDict(query.lstrip("?")).lists()
+            for value in values
+        ]
+        yield from super().choices(changelist)
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if not value:
             return queryset
         return queryset.filter(schema_name="" if value == self.SYSTEM else value)
+
+
+# --- lists of millions of rows ----------------------------------------------------------------
+
+# The run lists offer this many pages at most: the newest runs; older ones are found by filter
+# or search (a page 20,000 deep would mean skipping a million rows on every request).
+MAX_PAGES = 200
+
+
+class BoundedPaginator(Paginator):
+    """Pages of a list that may hold millions of rows, without counting them all.
+
+    ``count`` stops at ``MAX_PAGES`` pages' worth of rows (``COUNT`` over a ``LIMIT``ed
+    subquery, which an index answers) and ``capped`` says there are more. A page is read in
+    two steps: the primary keys of its rows (the ``OFFSET`` is skipped in an index-only scan
+    of the list's order), then those rows with their columns and annotations, so the rows
+    skipped over are never read from the table.
+    """
+
+    def __init__(
+        self,
+        object_list: Any,
+        per_page: int | str,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> None:
+        super().__init__(object_list, per_page, orphans, allow_empty_first_page)
+        self.limit = MAX_PAGES * int(per_page)
+        self.capped = False
+
+    object_list: QuerySet[Any]
+
+    @cached_property
+    def count(self) -> int:
+        found = int(self.object_list.order_by().values("pk")[: self.limit + 1].count())
+        self.capped = found > self.limit
+        return min(found, self.limit)
+
+    def page(self, number: Any) -> Page:
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        keys = list(self.object_list.values_list("pk", flat=True)[bottom:top])
+        rows = list(self.object_list.filter(pk__in=keys))
+        return self._get_page(rows, number, self)  # type: ignore[attr-defined]
+
+
+def too_many_selected(queryset: QuerySet[Any]) -> bool:
+    """Whether "select all" would act on more rows than the list can show."""
+    return bool(queryset.order_by().values("pk")[: MAX_PAGES * 50 + 1].count() > MAX_PAGES * 50)
 
 
 # Longer filter or search values than any job name, subject or reason: refused before they cost
@@ -296,6 +415,9 @@ class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):
     operator_fieldsets: Any = ()
 
     show_full_result_count = False  # the history is large; skip the second COUNT(*)
+    paginator = BoundedPaginator  # and count the first only as far as the pages go
+    # Sortable by time only: each other column would sort millions of rows per page.
+    sortable_by = ("queued", "failed")
     empty_value_display = "—"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -609,14 +731,49 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
     ) -> tuple[QuerySet[JobRun], bool]:
-        if is_operator_request():
-            # Run ids are pasted from logs with or without dashes: match them exactly (the
-            # primary key index) rather than as text.
-            try:
-                return queryset.filter(pk=uuid.UUID(search_term.strip())), False
-            except ValueError:
-                pass
-        return super().get_search_results(request, queryset, search_term)
+        if not is_operator_request():
+            return super().get_search_results(request, queryset, search_term)
+        # Run ids are pasted from logs with or without dashes: match them exactly (the
+        # primary key index) rather than as text.
+        try:
+            return queryset.filter(pk=uuid.UUID(search_term.strip())), False
+        except ValueError:
+            pass
+        # Each word must match the subject (substring: the trigram index), the job name
+        # (substring of one of the few names, then an index lookup of those) or the
+        # correlation id (exactly: its index). Django's own search would put the job name and
+        # the correlation id under UPPER(...) LIKE, which no index answers.
+        names: list[str] | None = None
+        for word in smart_split(search_term):
+            if word.startswith(('"', "'")) and word[0] == word[-1]:
+                word = unescape_string_literal(word)
+            if not word:
+                continue
+            if names is None:
+                names = run_job_names()
+            matching = [n for n in names if word.casefold() in n.casefold()]
+            queryset = queryset.filter(
+                Q(subject__icontains=word) | Q(correlation_id=word) | Q(job_name__in=matching)
+            )
+        return queryset, False
+
+    def response_action(  # Django 6.1 passes action_location, 5.2 does not
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        # "Select all" acts on every row the filters match, which the list no longer counts
+        # beyond its pages: refuse rather than retry or cancel an unknown number of runs.
+        if request.POST.get("select_across") == "1" and too_many_selected(queryset):
+            self.message_user(
+                request,
+                gettext(
+                    "More than %(count)d runs match: filter the list to fewer before "
+                    "applying an action to all of them."
+                )
+                % {"count": MAX_PAGES * 50},
+                messages.ERROR,
+            )
+            return None
+        return super().response_action(request, queryset, *args, **kwargs)
 
     # --- operator actions -----------------------------------------------------------------
 

@@ -109,6 +109,8 @@ class JobRun(models.Model):
             models.Index(fields=("queued_at", "run_id"), name="kj_run_recent"),
             models.Index(fields=("status", "queued_at", "run_id"), name="kj_run_status_recent"),
             models.Index(fields=("job_name", "queued_at"), name="kj_run_job_recent"),
+            # The operators' search finds a request's runs by its correlation id (exactly).
+            models.Index(fields=("correlation_id",), name="kj_run_correlation"),
             # Not declared here: kj_run_subject_trgm, the trigram index for substring search
             # on subjects, made by SQL in 0010 (a GinIndex here would make every project add
             # django.contrib.postgres to INSTALLED_APPS, and it needs pg_trgm, which 0010

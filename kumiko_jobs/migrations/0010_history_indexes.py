@@ -80,7 +80,9 @@ class Migration(migrations.Migration):
             model_name="jobrun",
             index=models.Index(fields=["job_name", "queued_at"], name="kj_run_job_recent"),
         ),
-        migrations.RunPython(
-            add_subject_trigram_index, drop_subject_trigram_index, elidable=False
+        AddIndexConcurrently(
+            model_name="jobrun",
+            index=models.Index(fields=["correlation_id"], name="kj_run_correlation"),
         ),
+        migrations.RunPython(add_subject_trigram_index, drop_subject_trigram_index, elidable=False),
     ]
