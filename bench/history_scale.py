@@ -48,7 +48,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import urlencode
 
 from bench.throughput import _with_path, drop_database, machine_facts, print_load, write_results
 
@@ -449,6 +449,7 @@ class Page:
     p50_ms: float = 0.0
     p95_ms: float = 0.0
     rows: int = 0
+    db_ms: float = 0.0  # time in SQL of one request (the rest is Python: views, templates)
     queries: int = 0
     indexes: list[str] = field(default_factory=list)
     seq_scans: list[str] = field(default_factory=list)
@@ -526,6 +527,7 @@ def measure_page(page: Page, client: Any, requests: int, check: Callable[[str], 
     if problem:
         page.problems.append(problem)
     page.queries = len(captured.captured_queries)
+    page.db_ms = round(sum(float(q["time"]) for q in captured.captured_queries) * 1000, 1)
     for query in captured.captured_queries:
         statement = query["sql"]
         if not any(table in statement for table in TABLES):
@@ -541,6 +543,7 @@ def measure_page(page: Page, client: Any, requests: int, check: Callable[[str], 
 
 
 def pages_to_measure(now: datetime) -> list[tuple[Page, Callable[[str], str]]]:
+    from kumiko_jobs.admin import MAX_PAGES
     from kumiko_jobs.models import JobRun
 
     def rows(expect: int) -> Callable[[str], str]:
@@ -561,15 +564,21 @@ def pages_to_measure(now: datetime) -> list[tuple[Page, Callable[[str], str]]]:
         return check
 
     rare_job = "app19.job_199"
-    # As DateFieldListFilter's "Past 7 days" link writes them (aware times).
+    # As DateFieldListFilter's "Past 7 days" link writes them.
     day = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    week_ago = quote(f"queued_at__gte={(day - timedelta(days=7)).isoformat()}", safe="=")
-    tomorrow = quote(f"queued_at__lt={(day + timedelta(days=1)).isoformat()}", safe="=")
+    past_week = urlencode(
+        {
+            "queued_at__gte": str(day - timedelta(days=7)),
+            "queued_at__lt": str(day + timedelta(days=1)),
+        }
+    )
     # A subject of a run from the middle of the history: a few matches (substring search).
     subject = str(
         JobRun.objects.filter(schema_name="hs00500").values_list("subject", flat=True)[:1][0]
     )
-    deep = 200  # the deepest page the list offers (kumiko_jobs.admin.MAX_PAGES)
+    # The deepest page the list offers (kumiko_jobs.admin.MAX_PAGES), for the busy tenant too.
+    deep = MAX_PAGES
+    tenant_deep = min(MAX_PAGES, -(-JobRun.objects.filter(schema_name=BUSY_TENANT).count() // 50))
     return [
         (Page("run list", "operator", ""), rows(50)),
         (Page("status = failed", "operator", "status__exact=failed"), only(status="failed")),
@@ -581,7 +590,7 @@ def pages_to_measure(now: datetime) -> list[tuple[Page, Callable[[str], str]]]:
             only(schema_name="hs00500", status="failed"),
         ),
         (
-            Page("date: past 7 days", "operator", f"queued_at__gte={week_ago}&{tomorrow}"),
+            Page("date: past 7 days", "operator", past_week),
             only(queued_at__gte=now - timedelta(days=8)),
         ),
         (Page(f"search {subject!r}", "operator", f"q={subject}"), only(subject__contains=subject)),
@@ -597,7 +606,7 @@ def pages_to_measure(now: datetime) -> list[tuple[Page, Callable[[str], str]]]:
             Page("tenant: search", "tenant", "q=invoice_id=12"),
             only(schema_name=BUSY_TENANT, subject__contains="invoice_id=12"),
         ),
-        (Page("tenant: deep page", "tenant", f"p={deep}"), rows(50)),
+        (Page(f"tenant: deep page (p={tenant_deep})", "tenant", f"p={tenant_deep}"), rows(50)),
     ]
 
 
@@ -628,7 +637,8 @@ def print_page(page: Page) -> None:
     problems = f"  PROBLEMS: {'; '.join(page.problems)}" if page.problems else ""
     print(
         f"  {flag} {page.audience:8} {page.name:34} p50 {page.p50_ms:7.1f} ms  p95 "
-        f"{page.p95_ms:7.1f} ms  rows {page.rows:3}  queries {page.queries:2}  "
+        f"{page.p95_ms:7.1f} ms  rows {page.rows:3}  SQL {page.db_ms:5.1f} ms in {page.queries:2} "
+        "queries  "
         f"seq scans: {','.join(page.seq_scans) or 'none'}  unbounded counts: "
         f"{page.unbounded_counts}  indexes: {','.join(page.indexes)}{problems}",
         flush=True,
