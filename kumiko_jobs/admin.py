@@ -23,6 +23,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import PAGE_VAR
 from django.core.paginator import Page, Paginator
@@ -722,6 +723,17 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
             run_id=OuterRef("run_id"),
         ).values("message_key")[:1]
         return super().get_queryset(request).annotate(failure_key=Subquery(failure))
+
+    def action_checkbox(self, obj: Any) -> SafeString:
+        # The same markup as Django's, written directly: Django renders a form widget through
+        # the template engine for each row, a third of the list's rendering time.
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+            ACTION_CHECKBOX_NAME,
+            obj.pk,
+            format_html(gettext("Select this object for an action - {}"), str(obj)),
+        )
+
 
     def get_inlines(
         self, request: HttpRequest, obj: Any
