@@ -223,7 +223,7 @@ SELECT
     md5('run' || g)::uuid,
     'app' || lpad((j / 10)::text, 2, '0') || '.job_' || lpad(j::text, 3, '0'),
     'hs' || lpad(t::text, 5, '0'),
-    'invoice_id=' || (g * 7919 %% 1000003),
+    'invoice_id=' || (g::bigint * 7919 %% 1000003),
     st, 'default',
     CASE WHEN st = 'failed' THEN 3 WHEN st IN ('skipped', 'capped', 'queued') THEN 0
          WHEN g %% 33 = 0 THEN 2 ELSE 1 END,
@@ -233,7 +233,7 @@ SELECT
          THEN q + interval '40 ms' + d * interval '1 ms' END,
     CASE WHEN st IN ('succeeded', 'failed', 'cancelled') THEN d END,
     '', '', md5('corr' || g), '', '{}'::jsonb, NULL,
-    jsonb_build_object('invoice_id', g * 7919 %% 1000003), NULL,
+    jsonb_build_object('invoice_id', g::bigint * 7919 %% 1000003), NULL,
     CASE WHEN st = 'failed' THEN 'RuntimeError' ELSE '' END,
     CASE WHEN st = 'failed' THEN 'the provider timed out' ELSE '' END,
     '', NULL, NULL, ''
