@@ -746,11 +746,15 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
         if not is_operator_request():
             return super().get_search_results(request, queryset, search_term)
         # Run ids are pasted from logs with or without dashes: match them exactly (the
-        # primary key index) rather than as text.
+        # primary key index) rather than as text; a generated correlation id has the same
+        # shape (32 hex digits), so it is looked up too (its own index).
+        term = search_term.strip()
         try:
-            return queryset.filter(pk=uuid.UUID(search_term.strip())), False
+            run_id = uuid.UUID(term)
         except ValueError:
             pass
+        else:
+            return queryset.filter(Q(pk=run_id) | Q(correlation_id=term)), False
         # Each word must match the subject (substring: the trigram index), the job name
         # (substring of one of the few names, then an index lookup of those) or the
         # correlation id (exactly: its index). Django's own search would put the job name and
