@@ -59,6 +59,14 @@ PASSWORD = "history-scale-bench"
 BUSY_TENANT = "hs00001"
 RUNS = "/admin/kumiko_jobs/jobrun/"
 TABLES = ("kumiko_jobs_jobrun", "kumiko_jobs_jobattempt", "kumiko_jobs_jobfailure")
+# The indexes migration 0010 adds (kj_run_tenant_recent, kj_run_status_started, ... are older).
+NEW = (
+    "kj_run_recent",
+    "kj_run_status_recent",
+    "kj_run_job_recent",
+    "kj_run_correlation",
+    "kj_run_subject_trgm",
+)
 
 
 # --------------------------------------------------------------------------- environment
@@ -438,6 +446,74 @@ def upgrade(calibrate: bool) -> dict[str, Any]:
     return result
 
 
+# --------------------------------------------------------------------------- write cost
+
+
+def write_cost(runs: int, rounds: int) -> dict[str, Any]:
+    """What the 0010 indexes cost a run's own writes: ``runs`` runs, each one INSERT and two
+    UPDATEs (running, succeeded) as single autocommitted statements, into two scratch copies
+    of the run table, one with the indexes of 0009 and one with those of 0010 too; rounds
+    alternate between them (the machine's load moves). Milliseconds per run, median."""
+    import psycopg
+
+    url = os.environ["DATABASE_URL"]
+    before = [d for n, d in secondary_indexes("kumiko_jobs_jobrun") if not n.startswith(NEW)]
+    after = [d for _, d in secondary_indexes("kumiko_jobs_jobrun")]
+    per_run: dict[str, list[float]] = {"0009": [], "0010": []}
+    with psycopg.connect(url, autocommit=True) as conn:
+        for key, definitions in (("0009", before), ("0010", after)):
+            table = f"kj_bench_writes_{key}"
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.execute(
+                f"CREATE TABLE {table} (LIKE kumiko_jobs_jobrun INCLUDING DEFAULTS"
+                " INCLUDING CONSTRAINTS)"
+            )
+            conn.execute(f"ALTER TABLE {table} ADD PRIMARY KEY (run_id)")
+            for definition in definitions:
+                name = definition.split(" ON ")[0].split()[-1]
+                conn.execute(
+                    definition.replace(f" {name} ON ", f" {name}_{key} ON ").replace(
+                        "public.kumiko_jobs_jobrun", table
+                    )
+                )
+        for _ in range(rounds):
+            for key in per_run:
+                table = f"kj_bench_writes_{key}"
+                started = time.perf_counter()
+                for i in range(runs):
+                    run_id = conn.execute(
+                        f"INSERT INTO {table} (run_id, job_name, schema_name, subject, status,"
+                        " queue, attempts, max_attempts, defer_count, gate_defer_count, queued_at,"
+                        " triggered_by, trigger, correlation_id, trace_id, trace_context, payload,"
+                        " error_type, error_message, rq_job_id, cancel_requested_by) VALUES"
+                        " (gen_random_uuid(), 'app01.job_010', 'hs00001', %s, 'queued',"
+                        " 'default', 0, 1, 0, 0, now(), '', '', md5(random()::text), '', '{}',"
+                        " '{}', '', '', '', '') RETURNING run_id",
+                        [f"invoice_id={i}"],
+                    ).fetchone()
+                    key_value = run_id[0] if run_id else None
+                    conn.execute(
+                        f"UPDATE {table} SET status = 'running', started_at = now(),"
+                        " attempts = 1 WHERE run_id = %s",
+                        [key_value],
+                    )
+                    conn.execute(
+                        f"UPDATE {table} SET status = 'succeeded', finished_at = now(),"
+                        " duration_ms = 1 WHERE run_id = %s",
+                        [key_value],
+                    )
+                per_run[key].append((time.perf_counter() - started) * 1000 / runs)
+        for key in per_run:
+            conn.execute(f"DROP TABLE kj_bench_writes_{key}")
+    medians = {key: round(statistics.median(values), 3) for key, values in per_run.items()}
+    return {
+        "runs_per_round": runs,
+        "rounds": rounds,
+        "ms_per_run": medians,
+        "ratio": round(medians["0010"] / medians["0009"], 2),
+    }
+
+
 # --------------------------------------------------------------------------- pages
 
 
@@ -656,6 +732,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--reuse", action="store_true", help="keep a database that has the rows")
     parser.add_argument("--no-calibration", action="store_true")
+    parser.add_argument(
+        "--write-cost",
+        type=int,
+        default=0,
+        metavar="RUNS",
+        help="also time RUNS single-row run writes with and without the 0010 indexes",
+    )
+    parser.add_argument("--only-write-cost", action="store_true", help="nothing else")
     parser.add_argument("--drop", action="store_true", help="drop the database at the end")
     parser.add_argument("--json", action="store_true")
     return parser.parse_args(argv)
@@ -691,6 +775,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     results["sizes"] = {str(name): [str(size), int(rows)] for name, size, rows in sizes}
     print("  sizes: " + ", ".join(f"{n} {s} (~{r:,})" for n, (s, r) in results["sizes"].items()))
+    if args.write_cost:
+        results["write_cost"] = write_cost(args.write_cost, rounds=5)
+        print(f"  write cost of the 0010 indexes: {results['write_cost']}")
+        if args.only_write_cost:
+            return 0
     print(f"\npages, {args.requests} requests each (budget p95 < {BUDGET_MS:.0f} ms):")
     pages = measure_pages(args.requests, now)
     print(f"\n{args.many_tenants:,} tenants (rows only):")
