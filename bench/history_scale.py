@@ -64,6 +64,7 @@ NEW = (
     "kj_run_recent",
     "kj_run_status_recent",
     "kj_run_job_recent",
+    "kj_run_tenant_status",
     "kj_run_correlation",
     "kj_run_subject_trgm",
 )

@@ -109,6 +109,11 @@ class JobRun(models.Model):
             models.Index(fields=("queued_at", "run_id"), name="kj_run_recent"),
             models.Index(fields=("status", "queued_at", "run_id"), name="kj_run_status_recent"),
             models.Index(fields=("job_name", "queued_at"), name="kj_run_job_recent"),
+            # A tenant's list by status (theirs, or an operator's tenant + status): without it
+            # the list's bounded count reads thousands of a busy tenant's rows one by one.
+            models.Index(
+                fields=("schema_name", "status", "queued_at"), name="kj_run_tenant_status"
+            ),
             # The operators' search finds a request's runs by its correlation id (exactly).
             models.Index(fields=("correlation_id",), name="kj_run_correlation"),
             # Not declared here: kj_run_subject_trgm, the trigram index for substring search

@@ -82,6 +82,12 @@ class Migration(migrations.Migration):
         ),
         AddIndexConcurrently(
             model_name="jobrun",
+            index=models.Index(
+                fields=["schema_name", "status", "queued_at"], name="kj_run_tenant_status"
+            ),
+        ),
+        AddIndexConcurrently(
+            model_name="jobrun",
             index=models.Index(fields=["correlation_id"], name="kj_run_correlation"),
         ),
         migrations.RunPython(add_subject_trigram_index, drop_subject_trigram_index, elidable=False),

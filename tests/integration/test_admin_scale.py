@@ -180,6 +180,9 @@ def test_operator_search_matches_subject_job_name_and_correlation_id(operator):
         return set(on_page(operator.get(RUNS, {"q": q})))
 
     assert found("ALPHA_s") == {a.run_id}  # part of a job name, any case
+    assert found("ORDER=77") == {b.run_id}  # a whole field=value, any case
+    assert found("order=777") == set()
+    assert found("other=77") == set()  # the value alone is not enough
     assert found("der=7") == {b.run_id}  # part of a subject
     assert found(b.correlation_id) == {b.run_id}  # a correlation id, exactly
     assert found(b.correlation_id[:10]) == set()
@@ -200,7 +203,7 @@ def test_search_plans_use_the_indexes(operator):
     run table), once the planner knows the table is not tiny."""
     bulk_runs(3)
     with CaptureQueriesContext(connection) as captured:
-        operator.get(RUNS, {"q": "invoice_id=1"})
+        operator.get(RUNS, {"q": "invoice_id=123"})
     # The rows' query (one page, so no separate keys query); the count is the other one.
     [rows] = [
         q["sql"]
@@ -220,3 +223,7 @@ def test_search_plans_use_the_indexes(operator):
             cursor.execute("RESET enable_indexscan")
     assert "kj_run_subject_trgm" in plan
     assert "Seq Scan on kumiko_jobs_jobrun" not in plan
+    # The index is asked for the value only (the field name is in every row); the whole
+    # word is checked on the rows it finds.
+    assert "~~ '%123%'::text" in plan
+    assert "lower((subject)::text) ~~ '%invoice\\_id=123%'::text" in plan  # _ escaped
