@@ -439,6 +439,9 @@ def upgrade(calibrate: bool) -> dict[str, Any]:
         def plain() -> None:
             sql("CREATE INDEX kj_bench_plain ON kumiko_jobs_jobrun (queued_at)")
 
+        # migrate closes Django's connection: the build runs in a new backend.
+        connection.ensure_connection()
+        pid = int(sql("SELECT pg_backend_pid()")[0][0])
         result["plain_create_index"] = asdict(watched(plain, pid))
         print(f"    {result['plain_create_index']}")
         sql("DROP INDEX kj_bench_plain")
@@ -512,6 +515,45 @@ def write_cost(runs: int, rounds: int) -> dict[str, Any]:
         "rounds": rounds,
         "ms_per_run": medians,
         "ratio": round(medians["0010"] / medians["0009"], 2),
+    }
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def retention_day() -> dict[str, Any]:
+    """Delete the oldest day of finished runs as the sweep does (retention.delete_in_batches,
+    BATCH_SIZE rows and their attempts per statement and transaction): rows, time, the
+    slowest batch (how long one batch holds its row locks)."""
+    from kumiko_jobs import retention
+    from kumiko_jobs.models import FINISHED_STATUSES, JobRun
+
+    oldest = sql("SELECT min(finished_at) FROM kumiko_jobs_jobrun")[0][0]
+    batches: list[float] = []
+    last = time.perf_counter()
+
+    def after_batch(deleted: int) -> None:
+        nonlocal last
+        now = time.perf_counter()
+        batches.append((now - last) * 1000)
+        last = now
+
+    started = time.perf_counter()
+    deleted = retention.delete_in_batches(
+        JobRun.objects.filter(
+            status__in=FINISHED_STATUSES, finished_at__lt=oldest + timedelta(days=1)
+        ),
+        after_batch=after_batch,
+    )
+    seconds = time.perf_counter() - started
+    return {
+        "runs_deleted": deleted,
+        "batch_size": retention.BATCH_SIZE,
+        "batches": len(batches),
+        "seconds": round(seconds, 1),
+        "runs_per_second": round(deleted / seconds),
+        "slowest_batch_ms": round(max(batches), 1),
+        "median_batch_ms": round(statistics.median(batches), 1),
     }
 
 
@@ -740,7 +782,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="RUNS",
         help="also time RUNS single-row run writes with and without the 0010 indexes",
     )
-    parser.add_argument("--only-write-cost", action="store_true", help="nothing else")
+    parser.add_argument(
+        "--retention", action="store_true", help="at the end, delete the oldest day as the sweep"
+    )
+    parser.add_argument("--skip-pages", action="store_true")
     parser.add_argument("--drop", action="store_true", help="drop the database at the end")
     parser.add_argument("--json", action="store_true")
     return parser.parse_args(argv)
@@ -779,8 +824,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.write_cost:
         results["write_cost"] = write_cost(args.write_cost, rounds=5)
         print(f"  write cost of the 0010 indexes: {results['write_cost']}")
-        if args.only_write_cost:
-            return 0
+    if args.retention:
+        results["retention"] = retention_day()
+        print(f"  retention, the oldest day: {results['retention']}")
+    if args.skip_pages:
+        if args.json:
+            write_results("history_scale", stamp, results)
+        return 0
     print(f"\npages, {args.requests} requests each (budget p95 < {BUDGET_MS:.0f} ms):")
     pages = measure_pages(args.requests, now)
     print(f"\n{args.many_tenants:,} tenants (rows only):")
