@@ -23,15 +23,27 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import flatten_fieldsets
-from django.db import transaction
-from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.contrib.admin.views.main import PAGE_VAR
+from django.core.paginator import Page, Paginator
+from django.db import connection, transaction
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Lower
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseRedirect,
+    QueryDict,
+)
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.formats import date_format
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
+from django.utils.text import smart_split, unescape_string_literal
 from django.utils.timezone import localtime, now
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
@@ -171,6 +183,35 @@ def log_table(lines: Sequence[dict[str, Any]]) -> SafeString | str:
 # --- list filters -----------------------------------------------------------------------------
 
 
+def run_job_names(schema: str | None = None) -> list[str]:
+    """The distinct job names in the run history (of ``schema`` only, when given).
+
+    A ``SELECT DISTINCT`` would read every row (millions); this walks the job-name index
+    instead, one probe per name (a "loose index scan": the next name after the last one), and,
+    for a tenant, keeps the names with one of its runs (one probe each on (job, tenant)).
+    """
+    table = connection.ops.quote_name(JobRun._meta.db_table)
+    statement = f"""
+        WITH RECURSIVE names(job_name) AS (
+            (SELECT job_name FROM {table} ORDER BY job_name LIMIT 1)
+            UNION ALL
+            SELECT (SELECT r.job_name FROM {table} r WHERE r.job_name > names.job_name
+                    ORDER BY r.job_name LIMIT 1)
+            FROM names WHERE names.job_name IS NOT NULL
+        )
+        SELECT job_name FROM names WHERE job_name IS NOT NULL"""
+    params: list[str] = []
+    if schema is not None:
+        statement += (
+            f" AND EXISTS (SELECT 1 FROM {table} r"
+            " WHERE r.job_name = names.job_name AND r.schema_name = %s)"
+        )
+        params.append(schema)
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        return [str(name) for (name,) in cursor.fetchall()]
+
+
 class JobFilter(admin.SimpleListFilter):
     """Jobs present in the rows this admin may show (so a tenant never sees others' jobs)."""
 
@@ -178,13 +219,16 @@ class JobFilter(admin.SimpleListFilter):
     parameter_name = "job"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        names = (
-            model_admin.get_queryset(request)
-            .order_by("job_name")
-            .values_list("job_name", flat=True)
-            .distinct()
-        )
         operator = is_operator_request()
+        if model_admin.model is JobRun:
+            names = run_job_names(None if operator else tenant_schema())
+        else:
+            names = list(
+                model_admin.get_queryset(request)
+                .order_by("job_name")
+                .values_list("job_name", flat=True)
+                .distinct()
+            )
         return [(name, name if operator else job_title(name)) for name in names]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -193,28 +237,148 @@ class JobFilter(admin.SimpleListFilter):
 
 
 class TenantFilter(admin.SimpleListFilter):
-    """Tenants by schema name (operators only), from the project's tenant model."""
+    """Tenants by schema name (operators only), from the project's tenant model.
+
+    Up to ``MAX_CHOICES`` tenants are listed as links; beyond, the filter is a text input for
+    the schema name (10,000 links would make the page heavy and the list useless), and only
+    the chosen tenant and "system" are links.
+    """
 
     title = _("tenant")
     parameter_name = "tenant"
+    template = "admin/kumiko_jobs/tenant_filter.html"
     SYSTEM = "-"
+    MAX_CHOICES = 100
+
+    as_input = False
+    hidden_fields: list[tuple[str, str]] = []
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         from django_tenants.utils import get_tenant_model
 
-        tenants = (
+        tenants = list(
             get_tenant_model()
             .objects.exclude(schema_name=conf.public_schema_name())
-            .order_by("schema_name")
+            .order_by("schema_name")[: self.MAX_CHOICES + 1]
         )
-        choices = [(t.schema_name, f"{t.schema_name} ({t})") for t in tenants]
-        return [*choices, (self.SYSTEM, gettext("system (no tenant)"))]
+        system = (self.SYSTEM, gettext("system (no tenant)"))
+        self.as_input = len(tenants) > self.MAX_CHOICES
+        if self.as_input:
+            value = self.value()
+            return [(value, value), system] if value and value != self.SYSTEM else [system]
+        return [*((t.schema_name, f"{t.schema_name} ({t})") for t in tenants), system]
+
+    def choices(self, changelist: Any) -> Any:
+        # The input's form keeps the other filters and the search (a GET form sends only its
+        # own fields), and starts again at the first page.
+        query = changelist.get_query_string(remove=[self.parameter_name, PAGE_VAR])
+        self.hidden_fields = [
+            (name, value)
+            for name, values in QueryDict(query.lstrip("?")).lists()
+            for value in values
+        ]
+        yield from super().choices(changelist)
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         if not value:
             return queryset
         return queryset.filter(schema_name="" if value == self.SYSTEM else value)
+
+
+# --- lists of millions of rows ----------------------------------------------------------------
+
+# The run lists offer this many pages at most: the newest runs; older ones are found by filter
+# or search (a page 20,000 deep would mean skipping a million rows on every request).
+MAX_PAGES = 200
+# ... and count rows only this many pages beyond the one shown: a count reads every row it
+# counts, and a filter no index fully answers (a busy tenant's search) makes that row by row.
+LOOKAHEAD_PAGES = 5
+
+
+class BoundedPaginator(Paginator):
+    """Pages of a list that may hold millions of rows, without counting them all.
+
+    ``count`` stops at ``LOOKAHEAD_PAGES`` pages beyond the page asked for (``page_hint``), and
+    never beyond ``MAX_PAGES`` (``COUNT`` over a ``LIMIT``ed subquery, which an index answers);
+    ``capped`` says there are more. A page is read in
+    two steps: the primary keys of its rows (the ``OFFSET`` is skipped in an index-only scan
+    of the list's order), then those rows with their columns and annotations, so the rows
+    skipped over are never read from the table.
+    """
+
+    def __init__(
+        self,
+        object_list: Any,
+        per_page: int | str,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+        page_hint: int = 1,
+    ) -> None:
+        super().__init__(object_list, per_page, orphans, allow_empty_first_page)
+        pages = min(MAX_PAGES, max(page_hint, 1) + LOOKAHEAD_PAGES)
+        self.limit = pages * int(per_page)
+        self.capped = False
+
+    object_list: QuerySet[Any]
+
+    @cached_property
+    def count(self) -> int:
+        # In the list's order, like the page itself: the planner then reads the same index the
+        # page does and stops at the limit; unordered, it may pick a scan of the whole table
+        # for a filter it cannot estimate (a busy tenant's search for a short value: 5 s).
+        found = int(self.object_list.values("pk")[: self.limit + 1].count())
+        self.capped = found > self.limit
+        return min(found, self.limit)
+
+    def page(self, number: Any) -> Page:
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        keys = list(self.object_list.values_list("pk", flat=True)[bottom:top])
+        rows = list(self.object_list.filter(pk__in=keys))
+        return self._get_page(rows, number, self)  # type: ignore[attr-defined]
+
+
+def search_words(search_term: str) -> list[str]:
+    """The words of a search, as Django's admin splits them (quotes keep spaces)."""
+    words = []
+    for word in smart_split(search_term):
+        if word.startswith(('"', "'")) and word[0] == word[-1]:
+            word = unescape_string_literal(word)
+        if word:
+            words.append(word)
+    return words
+
+
+def subject_contains(word: str) -> Q:
+    """Subjects containing ``word`` (any case), written so that the trigram index is asked
+    only for the selective part of it. Needs ``kj_subject_lower`` (``Lower("subject")``).
+
+    Subjects are ``field=value`` pairs; the field names are in every run of a job, so their
+    trigrams are in millions of rows, and a trigram search for ``invoice_id=445196`` reads
+    all of those posting lists (1.2 s at 10 million runs) where ``445196`` alone takes 20 ms.
+    So for a word with ``=``, the index is asked for the value after the last ``=`` (when it
+    has three characters or more: a trigram's length) and the whole word is checked on the
+    rows it returns through ``LOWER(subject)``, which the index does not cover, so the planner
+    keeps it as a filter. A shorter value is no use to the index: the filter alone then, and
+    the list's own order finds the matches (short values match many rows). Other words: the
+    index on the whole word.
+    """
+    whole = Q(kj_subject_lower__contains=word.lower())
+    if "=" not in word:
+        return Q(subject__icontains=word)
+    value = word.rsplit("=", 1)[1]
+    if len(value) < 3:
+        return whole
+    return Q(subject__icontains=value) & whole
+
+
+def too_many_selected(queryset: QuerySet[Any]) -> bool:
+    """Whether "select all" would act on more rows than the list can show."""
+    return bool(queryset.order_by().values("pk")[: MAX_PAGES * 50 + 1].count() > MAX_PAGES * 50)
 
 
 # Longer filter or search values than any job name, subject or reason: refused before they cost
@@ -296,7 +460,24 @@ class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):
     operator_fieldsets: Any = ()
 
     show_full_result_count = False  # the history is large; skip the second COUNT(*)
+    paginator = BoundedPaginator  # and count the first only as far as the pages go
+    # Sortable by time only: each other column would sort millions of rows per page.
+    sortable_by = ("queued", "failed")
     empty_value_display = "—"
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> BoundedPaginator:
+        try:
+            page = int(request.GET.get(PAGE_VAR, 1))
+        except ValueError:
+            page = 1
+        return BoundedPaginator(queryset, per_page, orphans, allow_empty_first_page, page)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         queryset = super().get_queryset(request)
@@ -601,6 +782,16 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
         ).values("message_key")[:1]
         return super().get_queryset(request).annotate(failure_key=Subquery(failure))
 
+    def action_checkbox(self, obj: Any) -> SafeString:
+        # The same markup as Django's, written directly: Django renders a form widget through
+        # the template engine for each row, a third of the list's rendering time.
+        return format_html(
+            '<input type="checkbox" name="{}" value="{}" class="action-select" aria-label="{}">',
+            ACTION_CHECKBOX_NAME,
+            obj.pk,
+            format_html(gettext("Select this object for an action - {}"), str(obj)),
+        )
+
     def get_inlines(
         self, request: HttpRequest, obj: Any
     ) -> list[type[admin.options.InlineModelAdmin]]:
@@ -609,14 +800,54 @@ class JobRunAdmin(RunDisplay, TenantScopedAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
     ) -> tuple[QuerySet[JobRun], bool]:
-        if is_operator_request():
-            # Run ids are pasted from logs with or without dashes: match them exactly (the
-            # primary key index) rather than as text.
-            try:
-                return queryset.filter(pk=uuid.UUID(search_term.strip())), False
-            except ValueError:
-                pass
-        return super().get_search_results(request, queryset, search_term)
+        if not is_operator_request():
+            # Subjects only (tenant_search_fields), each word as subject_contains() reads it.
+            queryset = queryset.alias(kj_subject_lower=Lower("subject"))
+            for word in search_words(search_term):
+                queryset = queryset.filter(subject_contains(word))
+            return queryset, False
+        # Run ids are pasted from logs with or without dashes: match them exactly (the
+        # primary key index) rather than as text; a generated correlation id has the same
+        # shape (32 hex digits), so it is looked up too (its own index).
+        term = search_term.strip()
+        try:
+            run_id = uuid.UUID(term)
+        except ValueError:
+            pass
+        else:
+            return queryset.filter(Q(pk=run_id) | Q(correlation_id=term)), False
+        # Each word must match the subject (substring: the trigram index), the job name
+        # (substring of one of the few names, then an index lookup of those) or the
+        # correlation id (exactly: its index). Django's own search would put the job name and
+        # the correlation id under UPPER(...) LIKE, which no index answers.
+        names: list[str] | None = None
+        queryset = queryset.alias(kj_subject_lower=Lower("subject"))
+        for word in search_words(search_term):
+            if names is None:
+                names = run_job_names()
+            matching = [n for n in names if word.casefold() in n.casefold()]
+            queryset = queryset.filter(
+                subject_contains(word) | Q(correlation_id=word) | Q(job_name__in=matching)
+            )
+        return queryset, False
+
+    def response_action(  # Django 6.1 passes action_location, 5.2 does not
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
+        # "Select all" acts on every row the filters match, which the list no longer counts
+        # beyond its pages: refuse rather than retry or cancel an unknown number of runs.
+        if request.POST.get("select_across") == "1" and too_many_selected(queryset):
+            self.message_user(
+                request,
+                gettext(
+                    "More than %(count)d runs match: filter the list to fewer before "
+                    "applying an action to all of them."
+                )
+                % {"count": MAX_PAGES * 50},
+                messages.ERROR,
+            )
+            return None
+        return super().response_action(request, queryset, *args, **kwargs)
 
     # --- operator actions -----------------------------------------------------------------
 

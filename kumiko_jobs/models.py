@@ -101,6 +101,25 @@ class JobRun(models.Model):
             models.Index(fields=("status", "started_at"), name="kj_run_status_started"),
             models.Index(fields=("job_name", "schema_name", "status"), name="kj_run_job_tenant"),
             models.Index(fields=("finished_at",), name="kj_run_finished"),
+            # The admin's run lists at millions of rows (migration 0010, built CONCURRENTLY;
+            # docs/observability.md, "History at scale"). Each matches one filter and the
+            # list's order (queued_at DESC, run_id DESC: the admin adds the pk as tie-break),
+            # so a page is an index range read, never a sort of the table. run_id is in the
+            # key so that a deep page's OFFSET is skipped by an index-only scan.
+            models.Index(fields=("queued_at", "run_id"), name="kj_run_recent"),
+            models.Index(fields=("status", "queued_at", "run_id"), name="kj_run_status_recent"),
+            models.Index(fields=("job_name", "queued_at"), name="kj_run_job_recent"),
+            # A tenant's list by status (theirs, or an operator's tenant + status): without it
+            # the list's bounded count reads thousands of a busy tenant's rows one by one.
+            models.Index(
+                fields=("schema_name", "status", "queued_at"), name="kj_run_tenant_status"
+            ),
+            # The operators' search finds a request's runs by its correlation id (exactly).
+            models.Index(fields=("correlation_id",), name="kj_run_correlation"),
+            # Not declared here: kj_run_subject_trgm, the trigram index for substring search
+            # on subjects, made by SQL in 0010 (a GinIndex here would make every project add
+            # django.contrib.postgres to INSTALLED_APPS, and it needs pg_trgm, which 0010
+            # creates when the project's user may and skips, with a warning, when not).
         )
 
     def __str__(self) -> str:
