@@ -518,7 +518,28 @@ def out_of_date(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
         stale = [row[0] for row in cursor.fetchall()]
         expected = {login for role in roles for login in _tenant_roles_of(role)}
         orphans = sorted(set(our_roles(cursor, alias)) - expected)
-    return [*stale, *(f"role {role} (no such tenant)" for role in orphans)]
+        door = _atomic_success_ungranted(cursor, alias)
+    return [*stale, *door, *(f"role {role} (no such tenant)" for role in orphans)]
+
+
+def _atomic_success_ungranted(cursor: Any, alias: str) -> list[str]:
+    """The atomic runs' success function (migration 0011) when the tenants' group may not
+    execute it: a deploy that migrated without running the roles command. Every atomic run
+    under DB_ROLES would fail with 'permission denied' at its end."""
+    from .run_sql import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
+
+    public = conf.public_schema_name()
+    function = f"{public}.{ATOMIC_FUNCTION}{ATOMIC_SIGNATURE}"
+    cursor.execute(
+        "SELECT NOT has_function_privilege(g.oid, f.oid, 'EXECUTE')"
+        " FROM (SELECT to_regprocedure(%s) AS oid) f, (SELECT to_regrole(quote_ident(%s)) AS oid) g"
+        " WHERE f.oid IS NOT NULL AND g.oid IS NOT NULL",
+        [function, group_name(alias)],
+    )
+    row = cursor.fetchone()
+    return (
+        [f"function {function} (the tenants' group may not execute it)"] if row and row[0] else []
+    )
 
 
 def tenant_of_schema(schema: str) -> Any:

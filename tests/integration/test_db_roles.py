@@ -468,3 +468,27 @@ def test_ddl_fails_as_the_tenant_role_even_in_its_own_schema(tenants, guard_data
     assert not observer.rows(
         "SELECT 1 FROM pg_tables WHERE schemaname = 't1' AND tablename = 'kj_made_by_a_job'"
     )
+
+
+def test_e012_names_the_atomic_success_function_when_the_group_lost_it(tenants, observer):
+    """A deploy that migrated 0011 but did not run the roles command: every atomic run under
+    DB_ROLES would fail at its end. The check names the function; the command grants it."""
+    from kumiko_jobs.run_sql import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
+
+    function = f"public.{ATOMIC_FUNCTION}{ATOMIC_SIGNATURE}"
+    group = db_roles.group_name()
+    granted = "SELECT has_function_privilege(%s, %s, 'EXECUTE')"
+    assert observer.value(granted, (group, function)) is True
+    assert db_roles.out_of_date() == []
+    observer.rows(f'REVOKE EXECUTE ON FUNCTION {function} FROM "{group}"')
+    try:
+        assert observer.value(granted, (group, function)) is False
+        assert db_roles.out_of_date() == [
+            f"function {function} (the tenants' group may not execute it)"
+        ]
+        (error,) = _e012()
+        assert ATOMIC_FUNCTION in error.msg
+    finally:
+        call_command("kumiko_jobs", "roles", stdout=StringIO())
+    assert observer.value(granted, (group, function)) is True
+    assert db_roles.out_of_date() == []
