@@ -21,11 +21,16 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, RateLimit, get_current_job
-from rq.job import Job
+from rq.executions import Execution
+from rq.job import Job, JobStatus, Retry
+from rq.rate_limit import release_slot
 from rq.serializers import JSONSerializer
+from rq.suspension import WORKERS_SUSPENDED
 from rq.timeouts import JobTimeoutException, UnixSignalDeathPenalty
+from rq.utils import now as rq_now
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQForkingWorker
+from rq.worker import WorkerStatus
 
 from . import conf
 
@@ -39,6 +44,154 @@ Serializer = JSONSerializer
 # catches Exception swallows RQ's JobTimeoutException; the note makes the timeout final).
 DeathPenaltyBase = UnixSignalDeathPenalty
 JobTimeout = JobTimeoutException
+
+
+class BookkeepingSimpleWorker(RQSimpleWorker):
+    """RQ's ``SimpleWorker`` with its per-message bookkeeping in fewer Redis round trips.
+
+    RQ 3's ``SimpleWorker`` sends, per message, besides the dequeue (``LMOVE``, then
+    ``HGETALL`` of the job hash): the start as two pipelines (the execution and its registries,
+    then the job's and the worker's heartbeats), the job's last heartbeat on its own, the
+    outcome as ``WATCH`` and a ``MULTI``/``EXEC``, the worker's state ``idle`` twice, and a
+    suspension check. This class writes the same keys and fields, so ``rq info``, django-rq's
+    pages and RQ's registries show exactly what they show for RQ's own worker, in:
+
+    * one start pipeline (``MULTI``/``EXEC``): the execution, ``StartedJobRegistry``, the
+      worker's execution set, its state ``busy``, its heartbeat, the job's ``started`` fields,
+      ``PERSIST``, and the removal from the intermediate queue. One transaction, so no reader
+      ever sees the job in neither the intermediate queue nor the started registry;
+    * one finish pipeline (``MULTI``/``EXEC``) for a successful attempt: RQ's own writes
+      (counters, job status and fields, its last heartbeat and end time, the result stream,
+      ``FinishedJobRegistry``, the execution's removal), the worker's state ``idle``, and two
+      reads in the same transaction: the job's dependents and whether workers are suspended;
+    * the worker's state only when it changes (RQ writes ``idle`` after every message and
+      again before every dequeue).
+
+    The finish needs no ``WATCH``: RQ watches the dependents set so that a dependent added
+    while it reads them is not stranded. Here the count of dependents is read inside the
+    transaction that marks the job finished: one added before it is counted and moved to
+    ready by RQ's own ``move_dependents_to_ready`` afterwards; one added after it finds the
+    job finished (RQ's enqueue watches the parent's hash, which the transaction writes).
+    The suspension answer read there is the one the loop's next check uses, instead of its
+    own round trip a moment later (RQ's check has the same window: it runs before the
+    dequeue, not with it).
+
+    Anything unusual takes RQ's own path unchanged: a ``Retry`` returned by the job, a repeat,
+    a success callback, a ``result_ttl`` of 0 (RQ deletes the job hash, which it does after
+    moving dependents), and every failure (kumiko records failures itself and returns
+    normally, so RQ's failure path is rare).
+    """
+
+    _start_pipeline: Any = None
+    # The state last written to the worker's hash (None: unknown, write the next one).
+    _state_sent: str | None = None
+    # The finish pipeline's answer to "are workers suspended?", for the loop's next check.
+    _suspension_checked = False
+
+    def register_birth(self) -> None:
+        super().register_birth()
+        # A new registration (at start, or after Redis lost the worker) has no state field.
+        self._state_sent = None
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is None and state == self._state_sent:
+            self._state = state
+            return
+        try:
+            super().set_state(state, pipeline)
+        except Exception:
+            self._state_sent = None
+            raise
+        # In a pipeline the write is sent with it; a failed pipeline raises to the worker,
+        # which then forgets the state (forget_state).
+        self._state_sent = state
+
+    def forget_state(self) -> None:
+        """The worker's Redis writes may have been lost: write everything anew."""
+        self._state_sent = None
+        self._suspension_checked = False
+
+    def check_for_suspension(self, burst: bool) -> None:
+        if self._suspension_checked:
+            self._suspension_checked = False
+            return
+        super().check_for_suspension(burst)
+
+    def prepare_execution(self, job: Job) -> Execution:
+        # RQ's rq.executions.prepare_execution, minus its execute(): the commands wait for
+        # prepare_job_execution, which runs next (SimpleWorker.execute_job -> perform_job).
+        pipeline = self.connection.pipeline()
+        try:
+            execution = Execution.create(
+                job, self.get_heartbeat_ttl(job), pipeline=pipeline, worker_name=self.name
+            )
+            self.executions[execution.id] = execution
+            self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
+        except BaseException:
+            pipeline.reset()
+            raise
+        self._start_pipeline = pipeline
+        return execution
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        pipeline, self._start_pipeline = self._start_pipeline, None
+        if pipeline is None:
+            super().prepare_job_execution(job, remove_from_intermediate_queue)
+            return
+        # RQ's prepare_job_execution on the start pipeline. Its job.heartbeat() is left out:
+        # prepare_for_execution writes the same last_heartbeat field in the same HSET.
+        with pipeline:
+            heartbeat_ttl = self.get_heartbeat_ttl(job)
+            self.heartbeat(heartbeat_ttl, pipeline=pipeline)
+            job.prepare_for_execution(self.name, pipeline=pipeline)
+            pipeline.persist(job.key)
+            if remove_from_intermediate_queue:
+                intermediate = Queue(job.origin, connection=self.connection).intermediate_queue_key
+                pipeline.lrem(intermediate, 1, job.id)
+            pipeline.execute()
+        self.procline(f"Processing {job.func_name} from {job.origin} since {time.time()}")
+
+    def _finalize_success(
+        self, job: Job, queue: Queue, execution: Execution, return_value: Any
+    ) -> None:
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        if (
+            isinstance(return_value, Retry)
+            or result_ttl == 0
+            or job.repeats_left is not None
+            or job.success_callback is not None
+        ):
+            super()._finalize_success(job, queue, execution, return_value)
+            return
+        # RQ's handle_execution_ended sends the job's last heartbeat on its own; job.save() in
+        # the finish pipeline writes the same field (and ended_at) from these attributes.
+        job.ended_at = job.last_heartbeat = rq_now()
+        job._result = return_value
+        job._status = JobStatus.FINISHED
+        with self.connection.pipeline() as pipeline:
+            pipeline.scard(job.dependents_key)
+            pipeline.exists(WORKERS_SUSPENDED)
+            # What RQ's handle_job_success writes, in its order.
+            self.increment_successful_job_count(pipeline=pipeline)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipeline)  # type: ignore[operator]
+            job._handle_success(
+                result_ttl,
+                pipeline=pipeline,
+                worker_name=self.name,
+                execution_id=execution.id,
+                execution_started_at=execution.created_at,
+                execution_ended_at=job.ended_at,
+            )
+            job.cleanup(result_ttl, pipeline=pipeline, remove_from_queue=False)
+            self.cleanup_execution(job, pipeline=pipeline, execution=execution)
+            # SimpleWorker.execute_job sets it right after; here it costs no round trip.
+            self.set_state(WorkerStatus.IDLE, pipeline=pipeline)
+            dependents, suspended = pipeline.execute()[:2]
+        self._suspension_checked = not suspended
+        if dependents:
+            queue.enqueue_ready_jobs_by_queue(queue.move_dependents_to_ready(job))
+        release_slot(job)
+        job.send_webhooks(JobStatus.FINISHED)  # none on a kumiko message (refused), as RQ does
 
 
 class JsonJob(Job):
