@@ -22,11 +22,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, RateLimit, get_current_job
 from rq.executions import Execution
-from rq.job import Job, JobStatus, Retry
+from rq.job import Job, JobStatus, Retry, parse_job_id
 from rq.rate_limit import release_slot
 from rq.serializers import JSONSerializer
 from rq.suspension import WORKERS_SUSPENDED
 from rq.timeouts import JobTimeoutException, UnixSignalDeathPenalty
+from rq.utils import as_text, backend_class, get_version
 from rq.utils import now as rq_now
 from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQForkingWorker
@@ -46,6 +47,86 @@ DeathPenaltyBase = UnixSignalDeathPenalty
 JobTimeout = JobTimeoutException
 
 
+# RQ's dequeue of one queue in one round trip: LMOVE the next job id to the queue's intermediate
+# list, exactly as RQ's Queue.lmove does, and read the job's hash, as Job.fetch does.
+_DEQUEUE_ONE = """
+local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+if not id then return false end
+return {id, redis.call('HGETALL', ARGV[1] .. id)}
+"""
+
+
+class _OneTripDequeue:
+    """Mixed into the worker's queue class: ``dequeue_any`` of a single queue in one round
+    trip instead of two (``LMOVE``, then ``HGETALL``). RQ takes the same path (``LMOVE`` to the
+    intermediate queue) for one queue on Redis >= 6.2; a blocking wait on an empty queue, and
+    every other case, is RQ's own code."""
+
+    @classmethod
+    def dequeue_any(
+        cls,
+        queues: Any,
+        timeout: int | None,
+        connection: Redis,
+        job_class: Any = None,
+        serializer: Any = None,
+        death_penalty_class: Any = None,
+    ) -> tuple[Job, Queue] | None:
+        queues = list(queues)
+        if len(queues) == 1 and get_version(connection) >= (6, 2, 0):
+            queue = queues[0]
+            job_cls: type[Job] = backend_class(cls, "job_class", override=job_class)
+            script = connection.register_script(_DEQUEUE_ONE)
+            while True:
+                popped = script(
+                    keys=[queue.key, queue.intermediate_queue_key],
+                    args=[job_cls.redis_job_namespace_prefix],
+                )
+                if popped is None:
+                    break  # empty: RQ's own dequeue waits (BLMOVE) or says so
+                job_id, flat = parse_job_id(as_text(popped[0])), popped[1]
+                if not flat:
+                    continue  # no hash any more: RQ skips such an id silently
+                found = cls.from_queue_key(  # type: ignore[attr-defined]
+                    queue.key,
+                    connection=connection,
+                    job_class=job_cls,
+                    serializer=serializer,
+                    death_penalty_class=death_penalty_class,
+                )
+                job = job_cls(job_id, connection=connection, serializer=serializer)
+                try:
+                    job.restore(dict(zip(flat[::2], flat[1::2], strict=True)))
+                except Exception as exc:
+                    # As RQ's _fetch_dequeued_job: the worker handles an unreadable hash.
+                    exc.job_id = job_id  # type: ignore[attr-defined]
+                    exc.queue = found  # type: ignore[attr-defined]
+                    raise
+                return job, found
+        return super().dequeue_any(  # type: ignore[misc]
+            queues,
+            timeout,
+            connection=connection,
+            job_class=job_class,
+            serializer=serializer,
+            death_penalty_class=death_penalty_class,
+        )
+
+
+_one_trip_queue_classes: dict[type, type] = {}
+
+
+def _one_trip_dequeue(queue_class: Any) -> Any:
+    """``queue_class`` (RQ's, django-rq's or the project's) with the one-trip dequeue."""
+    if issubclass(queue_class, _OneTripDequeue):
+        return queue_class
+    cls = _one_trip_queue_classes.get(queue_class)
+    if cls is None:
+        cls = type(queue_class.__name__, (_OneTripDequeue, queue_class), {})
+        _one_trip_queue_classes[queue_class] = cls
+    return cls
+
+
 class BookkeepingSimpleWorker(RQSimpleWorker):
     """RQ's ``SimpleWorker`` with its per-message bookkeeping in fewer Redis round trips.
 
@@ -56,6 +137,8 @@ class BookkeepingSimpleWorker(RQSimpleWorker):
     suspension check. This class writes the same keys and fields, so ``rq info``, django-rq's
     pages and RQ's registries show exactly what they show for RQ's own worker, in:
 
+    * one round trip for the dequeue of a single queue (a script doing RQ's ``LMOVE`` and the
+      ``HGETALL`` of the job hash; ``_OneTripDequeue``);
     * one start pipeline (``MULTI``/``EXEC``): the execution, ``StartedJobRegistry``, the
       worker's execution set, its state ``busy``, its heartbeat, the job's ``started`` fields,
       ``PERSIST``, and the removal from the intermediate queue. One transaction, so no reader
@@ -83,6 +166,11 @@ class BookkeepingSimpleWorker(RQSimpleWorker):
     """
 
     _start_pipeline: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue_class = _one_trip_dequeue(self.queue_class)
+
     # The state last written to the worker's hash (None: unknown, write the next one).
     _state_sent: str | None = None
     # The finish pipeline's answer to "are workers suspended?", for the loop's next check.
