@@ -2,9 +2,10 @@
 
 RQ's worker sends a heartbeat's three commands one by one, and beats three times around every
 message. kumiko's Worker sends each beat as one pipeline and at most one beat a second on its
-own; it dequeues a message in one round trip, starts it in one transaction and finishes it in another, and writes its state
-only when it changes (transport.BookkeepingSimpleWorker). These tests pin that down with
-counts, not timings, and count RQ's own SimpleWorker on the same Redis as the calibration.
+own; it dequeues a message in one round trip, starts it in one transaction and finishes it in
+another, and writes its state only when it changes (transport.BookkeepingSimpleWorker). These
+tests pin that down with counts, not timings, and count RQ's own SimpleWorker on the same
+Redis as the calibration.
 """
 
 from __future__ import annotations
