@@ -48,11 +48,15 @@ JobTimeout = JobTimeoutException
 
 
 # RQ's dequeue of one queue in one round trip: LMOVE the next job id to the queue's intermediate
-# list, exactly as RQ's Queue.lmove does, and read the job's hash, as Job.fetch does.
+# list, exactly as RQ's Queue.lmove does, and read the job's hash, as Job.fetch does. A key that
+# is not a hash answers 0 instead of failing the script after the LMOVE: the caller then reads
+# it the way RQ does, so the worker handles the error as it would RQ's.
 _DEQUEUE_ONE = """
 local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
 if not id then return false end
-return {id, redis.call('HGETALL', ARGV[1] .. id)}
+local fields = redis.pcall('HGETALL', ARGV[1] .. id)
+if fields.err then return {id, 0} end
+return {id, fields}
 """
 
 
@@ -85,6 +89,18 @@ class _OneTripDequeue:
                 if popped is None:
                     break  # empty: RQ's own dequeue waits (BLMOVE) or says so
                 job_id, flat = parse_job_id(as_text(popped[0])), popped[1]
+                if flat == 0:  # not a hash: RQ's own read raises, tagged for the worker
+                    fetched = cls._fetch_dequeued_job(  # type: ignore[attr-defined]
+                        connection,
+                        queue.key,
+                        job_id,
+                        job_class=job_cls,
+                        serializer=serializer,
+                        death_penalty_class=death_penalty_class,
+                    )
+                    if fetched is None:
+                        continue
+                    return fetched
                 if not flat:
                     continue  # no hash any more: RQ skips such an id silently
                 found = cls.from_queue_key(  # type: ignore[attr-defined]
