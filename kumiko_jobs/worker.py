@@ -55,6 +55,7 @@ from .steps.tenancy import reset_connections
 from .transport import (
     HOOK_FIELDS,
     RUNNER,
+    BookkeepingSimpleWorker,
     ForkingWorkerBase,
     Serializer,
     SimpleWorkerBase,
@@ -628,6 +629,10 @@ class _KeepsRunsAlive:
             logger.warning("worker %s: could not register its death (%s)", self.name, exc)
 
     def _redis_down(self, exc: Exception) -> None:
+        forget_state = getattr(self, "forget_state", None)
+        if forget_state is not None:
+            # Writes of the worker's state may be lost with the connection: send the next one.
+            forget_state()
         if not self._redis_lost:
             logger.warning("worker %s: Redis unreachable (%s); waiting for it", self.name, exc)
         self._redis_lost = True
@@ -660,7 +665,7 @@ def _record_overrun(job_id: str, how: str, *, push: bool) -> bool:
         return True
 
 
-class Worker(_KeepsRunsAlive, _RefusesForeignMessages, SimpleWorkerBase):
+class Worker(_KeepsRunsAlive, _RefusesForeignMessages, BookkeepingSimpleWorker):
     death_penalty_class = _FinalTimeout
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
