@@ -1,0 +1,52 @@
+"""Dotted paths that live outside the code keep resolving, whatever the package's layout.
+
+They are stored in Redis (every queued message and cron entry names the runner), written in
+users' settings (RQ's WORKER_CLASS and SCHEDULER_CLASS, MIDDLEWARE, LOGGING, TASKS) and in
+their code (``from kumiko_jobs import job``, signal receivers, type hints). Moving a module must
+leave each of these importable at its old path; docs/design.md, "Public paths", lists them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.utils.module_loading import import_string
+
+# (dotted path, who names it)
+PUBLIC_PATHS = [
+    ("kumiko_jobs.runner.execute", "every queued RQ message and cron entry (transport.RUNNER)"),
+    ("kumiko_jobs.worker.Worker", "RQ['WORKER_CLASS'], manage.py rqworker --worker-class"),
+    ("kumiko_jobs.worker.ForkingWorker", "RQ['WORKER_CLASS']"),
+    ("kumiko_jobs.transport.Scheduler", "RQ['SCHEDULER_CLASS'] for manage.py rqscheduler"),
+    ("kumiko_jobs.origin.KumikoJobsMiddleware", "MIDDLEWARE"),
+    ("kumiko_jobs.origin.public_intake", "views of webhooks (docs/guard.md)"),
+    ("kumiko_jobs.log_context.RunContextFilter", "LOGGING['filters']"),
+    ("kumiko_jobs.tasks.KumikoBackend", "TASKS['BACKEND'] (Django 6)"),
+    ("kumiko_jobs.tasks.TaskCancelled", "code of django.tasks users"),
+    ("kumiko_jobs.context.JobContext", "type hints of job bodies (example_project/billing)"),
+    ("kumiko_jobs.operations.OperationRefused", "operators' code (docs/reference.md)"),
+    ("kumiko_jobs.operations.retry_run", "operators' code (docs/reference.md)"),
+    ("kumiko_jobs.operations.cancel_run", "operators' code (docs/reference.md)"),
+    ("kumiko_jobs.urls.django_rq_urls", "project urlconfs"),
+    ("kumiko_jobs.models.JobRun", "users' queries"),
+    ("kumiko_jobs.models.RunStatus", "users' queries"),
+    ("kumiko_jobs.signals.job_succeeded", "signal receivers"),
+    ("kumiko_jobs.signals.job_failed", "signal receivers"),
+    ("kumiko_jobs.testing.run_jobs", "users' tests (pytest_plugins = ['kumiko_jobs.testing'])"),
+    ("kumiko_jobs.job", "`from kumiko_jobs import job` in every jobs.py"),
+    ("kumiko_jobs.enqueue", "enqueue by name"),
+    ("kumiko_jobs.emit", "events"),
+    ("kumiko_jobs.EscapeHatch", "@job(escape_hatches=...)"),
+    ("kumiko_jobs.DatabaseAccessDenied", "users' except clauses"),
+    ("kumiko_jobs.Unrecoverable", "job bodies"),
+]
+
+
+@pytest.mark.parametrize(("path", "named_by"), PUBLIC_PATHS, ids=[p for p, _ in PUBLIC_PATHS])
+def test_the_public_path_resolves(path: str, named_by: str) -> None:
+    assert import_string(path) is not None, named_by
+
+
+def test_the_runner_path_is_the_one_messages_carry() -> None:
+    from kumiko_jobs import transport
+
+    assert import_string(transport.RUNNER) is import_string("kumiko_jobs.runner.execute")
