@@ -3,16 +3,20 @@
 Every queued message and every cron entry names ``kumiko_jobs.runner.execute`` as its function
 and carries a signed envelope; both live in Redis across deploys. ``data/pre_house_message.json``
 is one real message as RQ stored it (every field of its job hash, byte for byte) together with
-its history row, captured on 2026-12-01 from the code before the package was split into layers
-(issue 16). Re-capturing it from today's code would prove nothing: keep the file as it is.
+its history row, and ``data/pre_house_cron_entry.json`` one cron job's entry in rq-scheduler's
+set (``every_minute`` of the test app), both captured on 2026-12-01 from the code before the
+package was split into layers (issue 16). Re-capturing them from today's code would prove
+nothing: keep the files as they are.
 
-``capture()`` below is how it was made (run once inside a test with the ``tenants`` fixture).
+``capture()`` and ``capture_cron_entry()`` below are how they were made (run once inside a test
+with the ``tenants`` fixture).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from datetime import datetime
 from pathlib import Path
@@ -32,6 +36,8 @@ FIXTURE = Path(__file__).parent / "data" / "pre_house_message.json"
 # The captured message is signed once and for ever: it is years old by the time this runs in
 # some CI, so the test accepts old messages (the expiry has its own tests in test_messages).
 FOREVER = 100 * 365 * 24 * 3600
+CRON_FIXTURE = Path(__file__).parent / "data" / "pre_house_cron_entry.json"
+SCHEDULED = "rq:scheduler:scheduled_jobs"  # rq-scheduler's sorted set of due times
 
 
 def capture(path: Path = FIXTURE) -> None:
@@ -54,8 +60,23 @@ def capture(path: Path = FIXTURE) -> None:
     path.write_text(json.dumps(document, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _load() -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(FIXTURE.read_text())
+def capture_cron_entry(path: Path = CRON_FIXTURE) -> None:
+    """Register the test app's cron jobs and write ``every_minute``'s entry to ``path``."""
+    from kumiko_jobs.schedules import schedule_id, sync_schedules
+    from tests.testapp import jobs
+
+    sync_schedules()
+    alarm = schedule_id(jobs.every_minute)
+    fields = transport.connection_for("default").hgetall(f"rq:job:{alarm}")
+    document = {
+        "job_id": alarm,
+        "job_hash": {k.decode(): base64.b64encode(v).decode() for k, v in sorted(fields.items())},
+    }
+    path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
+
+
+def _load(path: Path = FIXTURE) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(path.read_text())
     return document
 
 
@@ -134,3 +155,25 @@ def test_the_same_message_is_refused_once_it_is_older_than_message_max_age(tenan
         work()
     assert "MESSAGE_MAX_AGE" in RejectedMessage.objects.get().reason
     assert _probe_tags("t2") == []
+
+
+def test_a_cron_entry_registered_before_the_package_moved_still_fans_out(tenants):
+    """rq-scheduler keeps the entry (its function path and its signed template) across deploys:
+    rung after the move, it fires one tick that runs in every tenant once."""
+    document = _load(CRON_FIXTURE)
+    redis = transport.connection_for("default")
+    into_minute = time.time() % 60
+    if into_minute > 50:  # the tick is named after its minute; keep one minute for the test
+        time.sleep(60 - into_minute + 0.5)
+    fields = {k: base64.b64decode(v) for k, v in document["job_hash"].items()}
+    redis.hset(f"rq:job:{document['job_id']}", mapping=fields)
+    redis.zadd(SCHEDULED, {document["job_id"]: int(time.time()) - 1})
+    assert transport.move_due_scheduled_jobs("default") == 1
+    work()  # the tick: fans out one child per tenant
+    work()  # the children
+    for schema in ("t1", "t2", "t3"):
+        assert _probe_tags(schema) == ["cron"]
+    assert RejectedMessage.objects.count() == 0
+    # The entry rang for this tick only: the alarm is set again for a later one.
+    due = redis.zscore(SCHEDULED, document["job_id"])
+    assert due is not None and due > time.time()
