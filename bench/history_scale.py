@@ -662,7 +662,7 @@ def measure_page(page: Page, client: Any, requests: int, check: Callable[[str], 
 
 
 def pages_to_measure(now: datetime) -> list[tuple[Page, Callable[[str], str]]]:
-    from kumiko_jobs.admin import MAX_PAGES
+    from kumiko_jobs.admin.pagination import MAX_PAGES
     from kumiko_jobs.models import JobRun
 
     def rows(expect: int) -> Callable[[str], str]:
@@ -695,7 +695,7 @@ def pages_to_measure(now: datetime) -> list[tuple[Page, Callable[[str], str]]]:
     subject = str(
         JobRun.objects.filter(schema_name="hs00500").values_list("subject", flat=True)[:1][0]
     )
-    # The deepest page the list offers (kumiko_jobs.admin.MAX_PAGES), for the busy tenant too.
+    # The deepest page the list offers (admin.pagination.MAX_PAGES), for the busy tenant too.
     deep = MAX_PAGES
     tenant_deep = min(MAX_PAGES, -(-JobRun.objects.filter(schema_name=BUSY_TENANT).count() // 50))
     return [

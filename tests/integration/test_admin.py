@@ -159,7 +159,7 @@ def text(response: Any) -> str:
     ],
 )
 def test_durations_read_like_durations(ms, shown):
-    from kumiko_jobs.admin import human_duration
+    from kumiko_jobs.admin.render import human_duration
 
     assert human_duration(ms) == shown
 

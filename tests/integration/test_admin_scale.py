@@ -17,7 +17,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from kumiko_jobs import admin as kj_admin
+from kumiko_jobs.admin import filters, pagination
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.integration.test_admin import RUNS, client_for, make_user, text
 
@@ -69,7 +69,7 @@ def filter_choices(response: Any, parameter: str) -> list[str]:
 
 
 def test_pages_are_counted_only_as_far_as_the_list_goes(operator, monkeypatch):
-    monkeypatch.setattr(kj_admin, "MAX_PAGES", 2)
+    monkeypatch.setattr(pagination, "MAX_PAGES", 2)
     runs = bulk_runs(130)  # newest first, one minute apart
     newest_first = [r.run_id for r in runs]
 
@@ -87,14 +87,14 @@ def test_pages_are_counted_only_as_far_as_the_list_goes(operator, monkeypatch):
 
 
 def test_calibration_an_uncapped_list_says_how_many(operator, monkeypatch):
-    monkeypatch.setattr(kj_admin, "MAX_PAGES", 3)
+    monkeypatch.setattr(pagination, "MAX_PAGES", 3)
     bulk_runs(130)
     html = text(operator.get(RUNS))
     assert "130 job runs" in html and "More than" not in html
 
 
 def test_select_all_is_refused_beyond_what_the_list_counts(operator, monkeypatch):
-    monkeypatch.setattr(kj_admin, "MAX_PAGES", 1)
+    monkeypatch.setattr(pagination, "MAX_PAGES", 1)
     runs = bulk_runs(60, status=RunStatus.QUEUED)
     data = {
         "action": "cancel_selected",
@@ -107,7 +107,7 @@ def test_select_all_is_refused_beyond_what_the_list_counts(operator, monkeypatch
     assert JobRun.objects.filter(status=RunStatus.CANCELLED).count() == 0
 
     # Calibration: the same "select all" within the cap does act on every row.
-    monkeypatch.setattr(kj_admin, "MAX_PAGES", 2)
+    monkeypatch.setattr(pagination, "MAX_PAGES", 2)
     operator.post(RUNS, data, follow=True)
     assert JobRun.objects.filter(status=RunStatus.CANCELLED).count() == 60
 
@@ -122,10 +122,10 @@ def test_job_filter_reads_the_names_from_the_index_for_each_audience(operator, c
     expected = list(
         JobRun.objects.order_by("job_name").values_list("job_name", flat=True).distinct()
     )
-    assert kj_admin.run_job_names() == expected == ["scale.a_job", "scale.b_job", "scale.c_only_t2"]
+    assert filters.run_job_names() == expected == ["scale.a_job", "scale.b_job", "scale.c_only_t2"]
     assert filter_choices(operator.get(RUNS), "job") == expected
     # A tenant sees its own jobs only, never another tenant's.
-    assert kj_admin.run_job_names("t1") == ["scale.a_job", "scale.b_job"]
+    assert filters.run_job_names("t1") == ["scale.a_job", "scale.b_job"]
     assert filter_choices(clerk.get(RUNS), "job") == ["scale.a_job", "scale.b_job"]
 
 
@@ -143,7 +143,7 @@ def test_many_tenants_turn_the_tenant_filter_into_an_input(operator, monkeypatch
     ]
     assert 'id="kj-tenant-filter"' not in text(few)
 
-    monkeypatch.setattr(kj_admin.TenantFilter, "MAX_CHOICES", 2)
+    monkeypatch.setattr(filters.TenantFilter, "MAX_CHOICES", 2)
     many = operator.get(RUNS, {"status__exact": "failed"})
     html = text(many)
     assert 'id="kj-tenant-filter"' in html and 'name="tenant"' in html
@@ -159,7 +159,7 @@ def test_many_tenants_turn_the_tenant_filter_into_an_input(operator, monkeypatch
 
 
 def test_listing_tenants_costs_one_bounded_query(operator, monkeypatch):
-    monkeypatch.setattr(kj_admin.TenantFilter, "MAX_CHOICES", 2)
+    monkeypatch.setattr(filters.TenantFilter, "MAX_CHOICES", 2)
     with CaptureQueriesContext(connection) as captured:
         operator.get(RUNS)
     tenant_queries = [q["sql"] for q in captured.captured_queries if "customers_client" in q["sql"]]

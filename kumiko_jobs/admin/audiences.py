@@ -1,0 +1,127 @@
+"""Who sees what: read-only history, operator-only tables, and the two-audience base admin.
+
+The audience is the request's schema (``audience.is_operator_request``), never the user: a
+tenant superuser is still a tenant. ``TenantScopedAdmin`` picks per request between the
+operator's and the tenant's columns, filters, search fields, fieldsets and lookups, and
+limits a tenant to its own rows; its lists are counted by ``BoundedPaginator``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.views.main import PAGE_VAR
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from ..audience import is_operator_request, tenant_schema
+from .pagination import BoundedPaginator
+from .query_strings import CleanQueryStrings
+
+
+class ReadOnly:
+    """Rows written by the runner, never by hand; the retention sweep is what deletes them."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class OperatorsOnly:
+    """Shown on the public (operator) domain only, never on a tenant's."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return is_operator_request() and super().has_module_permission(request)  # type: ignore[misc]
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_operator_request() and super().has_view_permission(request, obj)  # type: ignore[misc]
+
+
+class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):
+    """Read-only history: rows are written by the runner, never by hand.
+
+    Subclasses describe both audiences; the methods below pick one per request.
+    """
+
+    # Only these changelist query parameters are honoured on a tenant's domain. Django allows
+    # any lookup on a local field by default (``?payload__secret=...``), which would let a
+    # tenant probe fields it cannot see by watching the row count change.
+    tenant_lookups: frozenset[str] = frozenset()
+    tenant_list_display: tuple[Any, ...] = ()
+    tenant_list_filter: tuple[Any, ...] = ()
+    tenant_search_fields: tuple[str, ...] = ()
+    tenant_fieldsets: Any = ()
+    tenant_only: tuple[str, ...] = ()
+    operator_list_display: tuple[Any, ...] = ()
+    operator_list_filter: tuple[Any, ...] = ()
+    operator_search_fields: tuple[str, ...] = ()
+    operator_fieldsets: Any = ()
+
+    show_full_result_count = False  # the history is large; skip the second COUNT(*)
+    paginator = BoundedPaginator  # and count the first only as far as the pages go
+    # Sortable by time only: each other column would sort millions of rows per page.
+    sortable_by = ("queued", "failed")
+    empty_value_display = "—"
+
+    def get_paginator(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        per_page: int,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> BoundedPaginator:
+        try:
+            page = int(request.GET.get(PAGE_VAR, 1))
+        except ValueError:
+            page = 1
+        return BoundedPaginator(queryset, per_page, orphans, allow_empty_first_page, page)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        queryset = super().get_queryset(request)
+        if is_operator_request():
+            return queryset
+        queryset = queryset.filter(schema_name=tenant_schema())
+        # Load only what the tenant view renders: payloads can be large and are not theirs.
+        return queryset.only(*self.tenant_only) if self.tenant_only else queryset
+
+    def get_list_display(self, request: HttpRequest) -> tuple[Any, ...]:
+        if is_operator_request():
+            return self.operator_list_display
+        return self.tenant_list_display
+
+    def get_list_display_links(
+        self, request: HttpRequest, list_display: Sequence[Any]
+    ) -> tuple[Any, ...]:
+        return tuple(list_display[:1])
+
+    def get_list_filter(self, request: HttpRequest) -> tuple[Any, ...]:
+        if is_operator_request():
+            return self.operator_list_filter
+        return self.tenant_list_filter
+
+    def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
+        if is_operator_request():
+            return self.operator_search_fields
+        return self.tenant_search_fields
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        if is_operator_request():
+            return self.operator_fieldsets
+        return self.tenant_fieldsets
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return tuple(flatten_fieldsets(self.get_fieldsets(request, obj)))
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        if is_operator_request():
+            return bool(super().lookup_allowed(lookup, value, request))
+        return lookup in self.tenant_lookups

@@ -1,0 +1,174 @@
+"""How a run and its attempts are shown: the run's columns and fields (``RunDisplay``) and its
+attempts (``JobAttemptInline``, operators only: errors, tracebacks and log lines).
+
+Kept apart from ``JobRunAdmin`` so that the admin class says which columns each audience
+gets, and this module how each column reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timezone import now
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from ..audience import is_operator_request
+from ..models import JobAttempt, JobRun, RunStatus
+from .audiences import ReadOnly
+from .render import (
+    failure_sentence,
+    human_duration,
+    job_title,
+    log_table,
+    pre,
+    pretty_json,
+    short_time,
+    status_badge,
+    subject_html,
+)
+
+
+class JobAttemptInline(ReadOnly, admin.StackedInline):
+    model = JobAttempt
+    extra = 0
+    can_delete = False
+    show_change_link = False
+    verbose_name = _("attempt")
+    verbose_name_plural = _("attempts")
+    fields = (
+        ("number", "outcome", "worker"),
+        ("started_at", "finished_at", "duration"),
+        "error",
+        "traceback_block",
+        "log_lines",
+    )
+    readonly_fields = (
+        "number",
+        "outcome",
+        "worker",
+        "started_at",
+        "finished_at",
+        "duration",
+        "error",
+        "traceback_block",
+        "log_lines",
+    )
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_operator_request() and super().has_view_permission(request, obj)
+
+    @admin.display(description=_("duration"))
+    def duration(self, attempt: JobAttempt) -> str:
+        return human_duration(attempt.duration_ms)
+
+    @admin.display(description=_("error"))
+    def error(self, attempt: JobAttempt) -> str:
+        if not attempt.error_type and not attempt.error_message:
+            return "—"
+        return f"{attempt.error_type}: {attempt.error_message}".strip(": ")
+
+    @admin.display(description=_("traceback"))
+    def traceback_block(self, attempt: JobAttempt) -> SafeString | str:
+        return pre(attempt.traceback)
+
+    @admin.display(description=_("log"))
+    def log_lines(self, attempt: JobAttempt) -> SafeString | str:
+        return log_table(attempt.log or [])
+
+
+class RunDisplay:
+    """Column and field renderers shared by the run list and detail pages."""
+
+    @admin.display(description=_("job"), ordering="job_name")
+    def job(self, run: JobRun) -> str:
+        return run.job_name if is_operator_request() else job_title(run.job_name)
+
+    @admin.display(description=_("tenant"), ordering="schema_name")
+    def tenant(self, run: JobRun) -> SafeString | str:
+        return run.schema_name or format_html("<em>{}</em>", gettext("system"))
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_label(self, run: JobRun) -> SafeString:
+        # A run waiting for a retry's back-off or an enqueue_in delay is "queued" (the same
+        # word as in code and the CLI); the time says it is not due yet.
+        if run.status == RunStatus.QUEUED and run.scheduled_for and run.scheduled_for > now():
+            return format_html(
+                '{} <span class="kj-until" style="font-size:0.85em;white-space:nowrap">{}</span>',
+                status_badge(run.status),
+                gettext("until %(time)s") % {"time": short_time(run.scheduled_for)},
+            )
+        return status_badge(run.status)
+
+    @admin.display(description=_("attempts"))
+    def attempts_of(self, run: JobRun) -> str:
+        return f"{run.attempts}/{run.max_attempts}"
+
+    @admin.display(description=_("duration"), ordering="duration_ms")
+    def duration(self, run: JobRun) -> str:
+        return human_duration(run.duration_ms)
+
+    @admin.display(description=_("problem"))
+    def problem(self, run: JobRun) -> str:
+        return failure_sentence(getattr(run, "failure_key", None)) or "—"
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_and_problem(self, run: JobRun) -> SafeString:
+        # One column for both keeps the tenant's list narrow enough to read beside the filters.
+        sentence = failure_sentence(getattr(run, "failure_key", None))
+        if not sentence:
+            return status_badge(run.status)
+        return format_html(
+            '{}<div class="kj-problem" style="margin-top:4px">{}</div>',
+            status_badge(run.status),
+            sentence,
+        )
+
+    @admin.display(description=_("payload"))
+    def payload_block(self, run: JobRun) -> SafeString:
+        return pretty_json(run.payload)
+
+    @admin.display(description=_("result"))
+    def result_block(self, run: JobRun) -> SafeString | str:
+        # Operators only (not in the tenant's fieldsets): what the job returned, or the marker
+        # saying why it was not kept (kumiko_jobs.results).
+        if run.result is None:
+            return "—"
+        return pretty_json(run.result)
+
+    @admin.display(description=_("error"))
+    def error_block(self, run: JobRun) -> SafeString | str:
+        if not run.error_type and not run.error_message:
+            return "—"
+        return pre(f"{run.error_type}: {run.error_message}".strip(": "))
+
+    @admin.display(description=_("run id"))
+    def run_ref(self, run: JobRun) -> str:
+        return str(run.run_id)
+
+    @admin.display(description=_("subject"), ordering="subject")
+    def subject_cell(self, run: JobRun) -> SafeString | str:
+        return subject_html(run.subject)
+
+    @admin.display(description=_("queued"), ordering="queued_at")
+    def queued(self, run: JobRun) -> str:
+        return short_time(run.queued_at)
+
+    @admin.display(description=_("finished"), ordering="finished_at")
+    def finished(self, run: JobRun) -> str:
+        return short_time(run.finished_at)
+
+    @admin.display(description=_("finished"), ordering="finished_at")
+    def finished_with_duration(self, run: JobRun) -> SafeString | str:
+        # The duration under the time, so the tenant's list needs one column less.
+        if run.finished_at is None:
+            return "—"
+        return format_html(
+            '{}<div class="kj-duration" style="opacity:0.7">{}</div>',
+            short_time(run.finished_at),
+            human_duration(run.duration_ms),
+        )

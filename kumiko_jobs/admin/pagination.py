@@ -1,0 +1,79 @@
+"""Pages of a history that may hold millions of rows, counted only as far as they are offered.
+
+The run lists offer the newest ``MAX_PAGES`` pages; older runs are found by filter or search.
+The "select all" action limit follows from the same figure (``selectable_rows``). Every
+reader looks ``MAX_PAGES`` up in this module when it runs, so tests lower it here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.paginator import Page, Paginator
+from django.db.models import QuerySet
+from django.utils.functional import cached_property
+
+# The run lists offer this many pages at most: the newest runs; older ones are found by filter
+# or search (a page 20,000 deep would mean skipping a million rows on every request).
+MAX_PAGES = 200
+# ... and count rows only this many pages beyond the one shown: a count reads every row it
+# counts, and a filter no index fully answers (a busy tenant's search) makes that row by row.
+LOOKAHEAD_PAGES = 5
+
+
+class BoundedPaginator(Paginator):
+    """Pages of a list that may hold millions of rows, without counting them all.
+
+    ``count`` stops at ``LOOKAHEAD_PAGES`` pages beyond the page asked for (``page_hint``), and
+    never beyond ``MAX_PAGES`` (``COUNT`` over a ``LIMIT``ed subquery, which an index answers);
+    ``capped`` says there are more. A page is read in
+    two steps: the primary keys of its rows (the ``OFFSET`` is skipped in an index-only scan
+    of the list's order), then those rows with their columns and annotations, so the rows
+    skipped over are never read from the table.
+    """
+
+    def __init__(
+        self,
+        object_list: Any,
+        per_page: int | str,
+        orphans: int = 0,
+        allow_empty_first_page: bool = True,
+        page_hint: int = 1,
+    ) -> None:
+        super().__init__(object_list, per_page, orphans, allow_empty_first_page)
+        pages = min(MAX_PAGES, max(page_hint, 1) + LOOKAHEAD_PAGES)
+        self.limit = pages * int(per_page)
+        self.capped = False
+
+    object_list: QuerySet[Any]
+
+    @cached_property
+    def count(self) -> int:
+        # In the list's order, like the page itself: the planner then reads the same index the
+        # page does and stops at the limit; unordered, it may pick a scan of the whole table
+        # for a filter it cannot estimate (a busy tenant's search for a short value: 5 s).
+        found = int(self.object_list.values("pk")[: self.limit + 1].count())
+        self.capped = found > self.limit
+        return min(found, self.limit)
+
+    def page(self, number: Any) -> Page:
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        keys = list(self.object_list.values_list("pk", flat=True)[bottom:top])
+        rows = list(self.object_list.filter(pk__in=keys))
+        return self._get_page(rows, number, self)  # type: ignore[attr-defined]
+
+
+def selectable_rows() -> int:
+    """The most rows "select all" may act on: as many as the list's pages show (50 a page)."""
+    return MAX_PAGES * 50
+
+
+def too_many_selected(queryset: QuerySet[Any]) -> bool:
+    """Whether "select all" would act on more rows than the list can show."""
+    return bool(
+        queryset.order_by().values("pk")[: selectable_rows() + 1].count() > selectable_rows()
+    )

@@ -1,0 +1,196 @@
+"""The "Run a job…" page: operators enqueue a manual job (``@job(manual=True)``) by hand.
+
+For a tenant or, for a system job, for none; the arguments are a JSON object checked against
+the job's signature before anything is written. Operators holding the (otherwise unused) add
+permission only; the page's URL is added to the run admin's own (``get_urls``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import uuid
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+from django_tenants.utils import get_tenant_model
+
+from .. import conf, operations
+from ..audience import is_operator_request
+from ..exceptions import KumikoJobsError
+from ..registry import JobDefinition, registry
+
+
+class RunJobView(admin.ModelAdmin):
+    """The "Run a job…" page of the run admin: its URL, permission and view."""
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path(
+                "run-job/",
+                self.admin_site.admin_view(self.run_job_view),
+                name="{}_{}_run_job".format(*info),
+            ),
+            *super().get_urls(),
+        ]
+
+    def has_run_job_permission(self, request: HttpRequest) -> bool:
+        """Run a manual job: operators holding the (otherwise unused) add permission."""
+        return is_operator_request() and request.user.has_perm("kumiko_jobs.add_jobrun")
+
+    def run_job_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_run_job_permission(request):
+            raise PermissionDenied
+        form = RunJobForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                # One transaction: an error after the history row was written leaves neither
+                # the row nor (the push waits for commit) a queue message.
+                with transaction.atomic():
+                    handle = operations.enqueue_manual(
+                        form.cleaned_data["definition"],
+                        form.cleaned_data["tenant"] or None,
+                        form.cleaned_data["arguments"],
+                        by=request.user,
+                    )
+            except KumikoJobsError as exc:
+                form.add_error(None, str(exc))
+            else:
+                url = reverse(
+                    f"{self.admin_site.name}:kumiko_jobs_jobrun_change",
+                    args=[uuid.UUID(handle.run_id)],
+                )
+                self.message_user(
+                    request,
+                    format_html(
+                        gettext("Queued {job} for {tenant}: run {run}."),
+                        job=handle.job_name,
+                        tenant=handle.schema_name or gettext("system"),
+                        run=format_html('<a href="{}">{}</a>', url, handle.run_id),
+                    ),
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(url)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Run a job"),
+            "opts": self.opts,
+            "form": form,
+            "manual_jobs": _manual_job_rows(),
+            "has_view_permission": self.has_view_permission(request),
+        }
+        return TemplateResponse(request, "admin/kumiko_jobs/jobrun/run_job.html", context)
+
+
+def manual_jobs() -> list[JobDefinition]:
+    return [d for d in registry if d.manual]
+
+
+def _signature(definition: JobDefinition) -> str:
+    """``invoice_id: int, fail_times: int = 0``, from annotations that may be strings."""
+    parts = []
+    for param in list(inspect.signature(definition.func).parameters.values())[1:]:
+        text = param.name
+        if param.annotation is not param.empty:
+            annotation = param.annotation
+            text += f": {annotation if isinstance(annotation, str) else annotation.__name__}"
+        if param.default is not param.empty:
+            text += f" = {param.default!r}"
+        parts.append(text)
+    return ", ".join(parts)
+
+
+def _manual_job_rows() -> list[dict[str, Any]]:
+    # Plain dicts: templates call callables, and a JobDefinition is callable.
+    return [
+        {
+            "name": d.name,
+            "system": d.system,
+            "description": d.description,
+            "signature": _signature(d),
+        }
+        for d in manual_jobs()
+    ]
+
+
+class RunJobForm(forms.Form):
+    job = forms.ChoiceField(label=_("Job"))
+    tenant = forms.ChoiceField(
+        label=_("Tenant"), required=False, help_text=_("Leave empty for a system job.")
+    )
+    arguments = forms.CharField(
+        label=_("Arguments"),
+        required=False,
+        initial="{}",
+        widget=forms.Textarea(attrs={"rows": 6, "cols": 60, "spellcheck": "false"}),
+        help_text=_('A JSON object of the job\'s keyword arguments, e.g. {"invoice_id": 7}.'),
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        job_field = self.fields["job"]
+        assert isinstance(job_field, forms.ChoiceField)
+        job_field.choices = [
+            (d.name, f"{d.name} — {d.description}" if d.description else d.name)
+            for d in manual_jobs()
+        ]
+        tenants = (
+            get_tenant_model()
+            .objects.exclude(schema_name=conf.public_schema_name())
+            .order_by("schema_name")
+        )
+        tenant_field = self.fields["tenant"]
+        assert isinstance(tenant_field, forms.ChoiceField)
+        tenant_field.choices = [
+            ("", "—"),
+            *((t.schema_name, f"{t} ({t.schema_name})") for t in tenants),
+        ]
+
+    def clean_arguments(self) -> dict[str, Any]:
+        text = (self.cleaned_data.get("arguments") or "").strip() or "{}"
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(
+                gettext("Not valid JSON: %(error)s") % {"error": exc}
+            ) from None
+        except RecursionError:
+            # json.loads recurses once per nesting level; thousands of levels exhaust the stack
+            # before enqueue's own MAX_ARGUMENT_DEPTH check could give its clearer message.
+            raise forms.ValidationError(
+                gettext("The arguments are nested too deeply; pass ids, not deep structures.")
+            ) from None
+        if not isinstance(value, dict):
+            raise forms.ValidationError(
+                gettext('Arguments must be a JSON object, e.g. {"invoice_id": 7}.')
+            )
+        return value
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        name = data.get("job")
+        if not name or name not in registry:
+            return data
+        definition = registry.get(name)
+        data["definition"] = definition
+        if definition.system and data.get("tenant"):
+            self.add_error("tenant", gettext("A system job runs for no tenant; leave it empty."))
+        elif not definition.system and not data.get("tenant"):
+            self.add_error("tenant", gettext("Choose the tenant this job runs for."))
+        arguments = data.get("arguments")
+        if isinstance(arguments, dict):
+            try:
+                definition.bind_arguments(arguments)
+            except KumikoJobsError as exc:
+                self.add_error("arguments", str(exc))
+        return data

@@ -1,0 +1,194 @@
+"""The run history's admin: ``JobRunAdmin``, one class for both audiences.
+
+Composed of the run's display (``RunDisplay``), the operators' actions (``RunActions``) and
+"Run a job…" (``RunJobView``) on ``TenantScopedAdmin``; this module holds what each audience
+sees of a run, and what only the run list does: the failure annotation for the "problem"
+column, the indexed search, the tenant's page subtitle and the missing-scheduler banner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import OuterRef, QuerySet, Subquery
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from ..audience import is_operator_request
+from ..models import JobFailure, JobRun, RunStatus
+from ..scheduler_liveness import overdue_problem
+from .actions import RunActions
+from .audiences import TenantScopedAdmin
+from .display import JobAttemptInline, RunDisplay
+from .filters import JobFilter, TenantFilter
+from .render import job_title
+from .run_job import RunJobView
+from .search import operator_search, tenant_search
+
+_TENANT_RUN_FIELDS = (
+    "job",
+    "subject",
+    "status_label",
+    "problem",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "duration",
+)
+
+
+@admin.register(JobRun)
+class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
+    change_list_template = "admin/kumiko_jobs/jobrun/change_list.html"
+    list_per_page = 50
+    ordering = ("-queued_at",)
+
+    operator_list_display = (
+        "job",
+        "tenant",
+        "subject_cell",
+        "status_label",
+        "attempts_of",
+        "queued",
+        "duration",
+    )
+    operator_list_filter = (
+        "status",
+        JobFilter,
+        TenantFilter,
+        ("queued_at", admin.DateFieldListFilter),
+    )
+    operator_search_fields = ("subject", "job_name", "=correlation_id")
+    operator_fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "run_ref",
+                    ("job_name", "tenant"),
+                    "subject",
+                    ("status_label", "attempts_of"),
+                    "problem",
+                    ("queue", "defer_count", "gate_defer_count"),
+                )
+            },
+        ),
+        (
+            _("Times"),
+            {
+                "fields": (
+                    ("queued_at", "scheduled_for"),
+                    ("started_at", "finished_at"),
+                    "duration",
+                )
+            },
+        ),
+        (
+            _("Origin"),
+            {
+                "fields": (
+                    ("trigger", "triggered_by"),
+                    ("correlation_id", "trace_id"),
+                    ("parent_run_id", "rq_job_id"),
+                )
+            },
+        ),
+        (_("Arguments"), {"fields": ("payload_block",)}),
+        (_("Result"), {"fields": ("result_block",)}),
+        (_("Error"), {"fields": ("error_block",)}),
+    )
+
+    # The list leaves out "started" to stay readable next to the filters; the detail has it.
+    tenant_list_display = (
+        "job",
+        "subject_cell",
+        "status_and_problem",
+        "queued",
+        "finished_with_duration",
+    )
+    tenant_list_filter = ("status", JobFilter, ("queued_at", admin.DateFieldListFilter))
+    tenant_search_fields = ("subject",)
+    tenant_fieldsets = ((None, {"fields": _TENANT_RUN_FIELDS}),)
+    tenant_lookups = frozenset(
+        {
+            "status__exact",
+            "job",
+            "queued_at__gte",
+            "queued_at__lt",
+            "queued_at__isnull",
+        }
+    )
+    tenant_only = (
+        "run_id",
+        "job_name",
+        "schema_name",
+        "subject",
+        "status",
+        "queued_at",
+        "started_at",
+        "finished_at",
+        "duration_ms",
+    )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[JobRun]:
+        # The tenant-visible failure of a run, for the "problem" column; correlated on the
+        # unique (tenant, job, subject) key so each row costs one index probe.
+        failure = JobFailure.objects.filter(
+            schema_name=OuterRef("schema_name"),
+            job_name=OuterRef("job_name"),
+            subject=OuterRef("subject"),
+            run_id=OuterRef("run_id"),
+        ).values("message_key")[:1]
+        return super().get_queryset(request).annotate(failure_key=Subquery(failure))
+
+    def get_inlines(
+        self, request: HttpRequest, obj: Any
+    ) -> list[type[admin.options.InlineModelAdmin]]:
+        return [JobAttemptInline] if is_operator_request() else []
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
+    ) -> tuple[QuerySet[JobRun], bool]:
+        if not is_operator_request():
+            return tenant_search(queryset, search_term), False
+        return operator_search(queryset, search_term), False
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        if not is_operator_request():
+            # The page's subtitle defaults to str(run), which is written for operators (raw
+            # status, schema name); a tenant reads the job's title and the translated status.
+            run = self.get_object(request, object_id)
+            if run is not None:
+                status = RunStatus(run.status).label if run.status in RunStatus.values else ""
+                parts = [job_title(run.job_name), run.subject, str(status)]
+                extra_context["subtitle"] = " · ".join(p for p in parts if p)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra_context = dict(extra_context or {})
+        if self.has_run_job_permission(request):
+            extra_context["kumiko_run_job_url"] = reverse(
+                f"{self.admin_site.name}:kumiko_jobs_jobrun_run_job"
+            )
+        if is_operator_request() and request.method == "GET":
+            self._warn_if_scheduler_missing(request)
+        return super().changelist_view(request, extra_context)
+
+    def _warn_if_scheduler_missing(self, request: HttpRequest) -> None:
+        """A banner on the operators' run list when delayed work is overdue (no scheduler):
+        otherwise retries and enqueue_in runs just sit in "queued" and nothing says why."""
+        problem = overdue_problem()
+        if problem:
+            messages.warning(request, gettext("Scheduler: %(problem)s") % {"problem": problem})
