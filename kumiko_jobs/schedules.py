@@ -39,7 +39,6 @@ from .registry import JobDefinition, registry
 
 logger = logging.getLogger("kumiko_jobs.schedules")
 
-CRON_PREFIX = "kj-cron-"
 TEMPLATE_RUN_ID = "0" * 32
 # rq-scheduler stores whole-second scores and may ring an alarm up to a second early; a crontab
 # time this close ahead of the clock is the tick being rung.
@@ -124,7 +123,7 @@ def seconds_until_next(cron: str, timezone: str, now: datetime | None = None) ->
 
 
 def schedule_id(definition: JobDefinition) -> str:
-    return CRON_PREFIX + definition.name.replace(".", "_").replace(":", "_")
+    return transport.CRON_PREFIX + definition.name.replace(".", "_").replace(":", "_")
 
 
 def template(definition: JobDefinition) -> Envelope:
@@ -306,3 +305,20 @@ def restore_missing_cron() -> tuple[str, ...]:
         transport.cancel_scheduled(sid)
         transport.register_cron(spec, seconds_until_next(spec.cron, spec.timezone))
     return tuple(missing)
+
+
+class _CronHooks:
+    """``transport.Scheduler``'s way into the cron domain (``transport.CronHooks``), which the
+    transport cannot import: it sits below the registry. ``KumikoJobsConfig.ready`` installs it."""
+
+    def sync_schedules(self) -> SyncResult:
+        return sync_schedules()
+
+    def restore_missing_cron(self) -> tuple[str, ...]:
+        return restore_missing_cron()
+
+    def fire(self, alarm_id: str) -> Firing:
+        return fire(alarm_id)
+
+
+CRON_HOOKS = _CronHooks()
