@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
+from .definition.cron import check_cron, check_timezone
 from .exceptions import InvalidJob, JobNotRegistered, message_key_problem
 
 if TYPE_CHECKING:
@@ -196,6 +197,11 @@ _OPTION_TYPES: dict[str, str] = {
 }
 
 
+def is_async(func: Callable[..., Any]) -> bool:
+    """An ``async def`` body (run through ``async_body.call_async``), which ``atomic=`` refuses."""
+    return inspect.iscoroutinefunction(func)
+
+
 def _fail(func_name: str, message: str) -> InvalidJob:
     return InvalidJob(f"@job on {func_name}: {message}")
 
@@ -355,8 +361,6 @@ def _check_atomic(
 ) -> None:
     """``atomic=True`` only where one transaction on the body's connection can hold the whole
     effect: the combinations below would write on another connection (or none at all)."""
-    from .async_body import is_async
-
     if system:
         raise _fail(
             where,
@@ -403,8 +407,6 @@ def _trigger_options(where: str, options: Mapping[str, Any], system: bool) -> di
         raise _fail(where, "a job is either system=True (public schema) or per_tenant=True.")
     cron = options.get("cron")
     if cron is not None:
-        from .schedules import check_cron, check_timezone
-
         out["cron"] = check_cron(where, cron, per_tenant=out["per_tenant"])
         out["timezone"] = check_timezone(where, options.get("timezone", "UTC"))
         if not (system or out["per_tenant"]):

@@ -23,7 +23,7 @@ from .enqueueing import message_for, queue_of
 from .exceptions import EnvelopeError, JobNotRegistered
 from .models import JobRun, RejectedMessage, RunStatus
 from .pipeline import Next, compose
-from .registry import registry
+from .registry import is_async, registry
 
 logger = logging.getLogger("kumiko_jobs.runner")
 
@@ -46,7 +46,7 @@ def call_job(state: RunState) -> None:
     state.ctx = ctx
     func = state.definition.func
     with _final_timeout(state):
-        if async_body.is_async(func):
+        if is_async(func):
             # In this thread's tenant, guard and connection; cancelled by the timeout.
             result = async_body.call_async(state, func, ctx, **state.envelope.kwargs)
         else:
