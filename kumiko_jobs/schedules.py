@@ -148,8 +148,6 @@ class SyncResult:
 
 def cron_spec(definition: JobDefinition) -> transport.CronSpec:
     """The cron entry a cron job should have with rq-scheduler."""
-    from .enqueueing import queue_of, timeout_of
-
     assert definition.cron
     return transport.CronSpec(
         schedule_id=schedule_id(definition),
@@ -157,8 +155,8 @@ def cron_spec(definition: JobDefinition) -> transport.CronSpec:
         timezone=definition.timezone,
         # Signed as of the epoch: the same bytes at every sync, and expired for any worker.
         body=encode(template(definition), now=0.0),
-        queue=queue_of(definition),
-        timeout=timeout_of(definition),
+        queue=definition.queue_name,
+        timeout=definition.timeout_seconds,
     )
 
 

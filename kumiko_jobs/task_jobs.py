@@ -12,11 +12,12 @@ kumiko task backend can be configured, so nothing is registered and nothing impo
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from . import conf
 from .exceptions import InvalidJob
-from .registry import registry
+from .registry import build_definition, registry
 
 PREFIX = "django_tasks."
 
@@ -25,14 +26,8 @@ def job_name(alias: str, queue: str) -> str:
     return f"{PREFIX}{alias}:{queue}"
 
 
-def is_task_job(name: str) -> bool:
-    return name.startswith(PREFIX)
-
-
 def register_task_jobs() -> None:
     """One job per (kumiko task backend, queue), with the backend's OPTIONS."""
-    from .registry import build_definition
-
     for alias, params in conf.kumiko_task_backends().items():
         options = dict(params.get("OPTIONS") or {})
         unknown = set(options) - {"RETRIES", "TIMEOUT", "BACKOFF"}
@@ -47,7 +42,9 @@ def register_task_jobs() -> None:
             for key in ("RETRIES", "TIMEOUT", "BACKOFF"):
                 if key in options:
                     job_options[key.lower()] = options[key]
-            registry.register(build_definition(run_django_task, job_options))
+            definition = build_definition(run_django_task, job_options)
+            # A task's priority orders its messages in the queue (tasks.KumikoBackend).
+            registry.register(dataclasses.replace(definition, front_by_priority=True))
 
 
 def run_django_task(

@@ -51,7 +51,7 @@ from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
-from . import async_body, task_jobs
+from . import async_body, enqueueing, task_jobs
 from .context import current_run
 from .exceptions import InvalidJob, JobNotRegistered, Unrecoverable
 from .models import JobAttempt, JobRun, RunStatus
@@ -101,9 +101,9 @@ class KumikoBackend(BaseTaskBackend):
         }
         try:
             if task.run_after is not None:
-                handle = definition.enqueue_at(task.run_after, **call)
+                handle = enqueueing.enqueue_at(definition, task.run_after, **call)
             else:
-                handle = definition.enqueue(**call)
+                handle = enqueueing.enqueue(definition, **call)
         except InvalidJob as exc:
             # The tenant is the current schema's (a tenant's request, or tenant_context()):
             # from public, there is none, and a task never runs there silently.
