@@ -18,8 +18,14 @@ class KumikoJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, conf, db_roles  # noqa: F401 - checks registers the system checks
+        # Imported here, not at the top: Django imports apps.py while it is still loading the
+        # apps, before the package's modules (which reach models and settings) are safe to import.
+        # Importing checks registers the system checks.
+        from . import checks, conf, db_roles, schedules, transport  # noqa: F401
         from .registry import registry
+
+        # The scheduler (transport) sits below the cron domain and cannot import it.
+        transport.install_cron_hooks(schedules.CRON_HOOKS)
 
         if conf.get_or_none() is None:
             # A broken KUMIKO_JOBS (a typo'd key, a wrong type) is the system check

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import inspect
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -28,10 +27,6 @@ from asgiref.sync import AsyncToSync, async_to_sync
 
 from . import transport
 from .context import RunState
-
-
-def is_async(func: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(func)
 
 
 class _Running:

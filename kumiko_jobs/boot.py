@@ -55,16 +55,14 @@ def on_worker_start(queues: Collection[str] | None = None, bound: Bound | None =
 
 def run_boot_gates(queues: Collection[str] | None = None, bound: Bound | None = None) -> None:
     """Run the boot gates of ``queues`` (every gate when None), each to its end."""
-    from .enqueueing import queue_of
-
     for definition in registry:
         if not definition.boot_gate:
             continue
-        if queues is not None and queue_of(definition) not in queues:
+        if queues is not None and definition.queue_name not in queues:
             logger.debug(
                 "boot gate %s guards queue %s, not served here",
                 definition.name,
-                queue_of(definition),
+                definition.queue_name,
             )
             continue
         _run_gate(definition, bound)

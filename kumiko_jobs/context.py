@@ -164,10 +164,7 @@ class RunState:
 
     @property
     def max_attempts(self) -> int:
-        from . import conf
-
-        retries = self.definition.retries
-        return 1 + (conf.get().DEFAULT_RETRIES if retries is None else retries)
+        return self.definition.max_attempts
 
 
 class JobLog:

@@ -210,22 +210,14 @@ def _resolve_schema(definition: JobDefinition, tenant: Any) -> str | None:
     return schema
 
 
-def queue_of(definition: JobDefinition) -> str:
-    return definition.queue or conf.get().DEFAULT_QUEUE
-
-
-def timeout_of(definition: JobDefinition) -> int:
-    return definition.timeout or conf.get().DEFAULT_TIMEOUT
-
-
 def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> transport.Message:
     key, limit = rate_limit_of(definition, envelope.schema)
     return transport.Message(
         # Signed now, due after the delay: the message expires MESSAGE_MAX_AGE after that.
         body=encode(envelope, delay=delay),
-        queue=queue_of(definition),
+        queue=definition.queue_name,
         job_id=envelope.rq_job_id,
-        timeout=timeout_of(definition),
+        timeout=definition.timeout_seconds,
         delay=delay,
         rate_limit_key=key,
         rate_limit=limit,
@@ -236,10 +228,8 @@ def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> 
 def _at_front(definition: JobDefinition, envelope: Envelope) -> bool:
     """A Django task's priority (kumiko_jobs.tasks): above the default 0, the front of the
     queue, for every push of the run (first, retries, relayed): RQ has no other order."""
-    from .task_jobs import is_task_job
-
     priority = envelope.kwargs.get("priority", 0)
-    return is_task_job(definition.name) and isinstance(priority, int) and priority > 0
+    return definition.front_by_priority and isinstance(priority, int) and priority > 0
 
 
 def concurrency_owner(definition: JobDefinition, schema: str | None) -> str | None:
@@ -287,9 +277,8 @@ def _row(definition: JobDefinition, env: Envelope, subject: str, delay: float) -
         schema_name=env.schema or "",
         subject=subject,
         status=RunStatus.QUEUED,
-        queue=queue_of(definition),
-        max_attempts=1
-        + (conf.get().DEFAULT_RETRIES if definition.retries is None else definition.retries),
+        queue=definition.queue_name,
+        max_attempts=definition.max_attempts,
         queued_at=now,
         scheduled_for=now + timedelta(seconds=delay) if delay else None,
         triggered_by=env.triggered_by or "",
@@ -410,7 +399,7 @@ def _submit_admitted(
     trigger: str | None,
     run_id: str | None = None,
 ) -> RunHandle:
-    with telemetry.producer_span(queue_of(definition), definition.name, trigger) as trace_context:
+    with telemetry.producer_span(definition.queue_name, definition.name, trigger) as trace_context:
         env = _new_envelope(definition, schema, kwargs, run_id, trigger, trace=trace_context)
         telemetry.describe_message(env)
         message = message_for(definition, env, delay)
@@ -569,13 +558,10 @@ def largest_reachable(definition: JobDefinition, env: Envelope) -> Envelope:
     only at attempt 1 would be refused by every worker from some later attempt on, and the
     relay would push it again and again.
     """
-    settings = conf.get()
-    max_defers = settings.MAX_DEFERS if definition.max_defers is None else definition.max_defers
-    retries = settings.DEFAULT_RETRIES if definition.retries is None else definition.retries
     largest = dataclasses.replace(
         env,
-        attempt=max(env.attempt, 1 + retries),
-        defers=max(env.defers, max_defers),
+        attempt=max(env.attempt, definition.max_attempts),
+        defers=max(env.defers, definition.effective_max_defers),
         gate_defers=max(env.gate_defers, GATE_DEFERS_HEADROOM),
     )
     if definition.per_tenant and env.schema is None:
@@ -591,10 +577,12 @@ def largest_reachable(definition: JobDefinition, env: Envelope) -> Envelope:
 def _growth_bound(definition: JobDefinition) -> int:
     """More than the bytes ``largest_reachable`` can add: the counters' digits, and for a
     fan-out child its schema (63), parent id (32) and trigger, with quotes."""
-    settings = conf.get()
-    retries = settings.DEFAULT_RETRIES if definition.retries is None else definition.retries
-    defers = settings.MAX_DEFERS if definition.max_defers is None else definition.max_defers
-    return 128 + len(str(GATE_DEFERS_HEADROOM)) + len(str(1 + retries)) + len(str(defers))
+    return (
+        128
+        + len(str(GATE_DEFERS_HEADROOM))
+        + len(str(definition.max_attempts))
+        + len(str(definition.effective_max_defers))
+    )
 
 
 def _check_size(definition: JobDefinition, env: Envelope, message: transport.Message) -> None:
@@ -705,7 +693,7 @@ def prepare_followup(
     # The follow-up's producer span is a child of this run's job.execute span: one cause, one
     # trace. Without a tracer the parent's context is passed on unchanged.
     trigger = f"followup:{parent.job}"
-    with telemetry.producer_span(queue_of(definition), definition.name, trigger) as context:
+    with telemetry.producer_span(definition.queue_name, definition.name, trigger) as context:
         env = Envelope(
             job=definition.name,
             schema=schema,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import conf
-from .registry import job
+from .enqueue.api import job
 from .sweep import delete_expired, sweep_abandoned
 from .task_jobs import register_task_jobs
 

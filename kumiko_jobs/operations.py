@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from . import cancellation, conf, transport
-from .enqueueing import RunHandle, resolve, submit, timeout_of
+from .enqueueing import RunHandle, resolve, submit
 from .exceptions import KumikoJobsError
 from .models import WAITING_STATUSES, JobRun, RunStatus
 from .registry import JobDefinition, registry
@@ -162,7 +162,7 @@ def _cancel_flag_ttl(job_name: str) -> int:
     settings = conf.get()
     timeout = settings.DEFAULT_TIMEOUT
     if job_name in registry:
-        timeout = timeout_of(registry.get(job_name))
+        timeout = registry.get(job_name).timeout_seconds
     return (
         timeout
         + settings.TIMEOUT_KILL_AFTER

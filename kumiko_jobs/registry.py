@@ -11,14 +11,11 @@ import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from . import conf
+from .definition.cron import check_cron, check_timezone
 from .exceptions import InvalidJob, JobNotRegistered, message_key_problem
-
-if TYPE_CHECKING:
-    from .context import JobContext
-    from .enqueueing import RunHandle
 
 GRANTS = ("unsafe_raw", "global_writes", "cross_tenant_reads", "system_identity")
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
@@ -86,7 +83,8 @@ class FailureVisibility:
 
 @dataclass(frozen=True, eq=False)
 class JobDefinition:
-    """A registered job. Call ``enqueue`` / ``enqueue_in`` / ``enqueue_at`` to run it."""
+    """A registered job: its validated options. ``@job`` returns the subclass
+    ``kumiko_jobs.enqueue.api.Job``, whose ``enqueue`` / ``enqueue_in`` / ``enqueue_at`` run it."""
 
     name: str
     func: Callable[..., Any]
@@ -117,31 +115,35 @@ class JobDefinition:
     # The body's writes and the run's success commit in one transaction (docs/reliability.md,
     # "Exactly once for database-only jobs").
     atomic: bool = False
+    # A Django task's priority above 0 puts its messages at the front of the queue (set by
+    # task_jobs.register_task_jobs: @job has no such option).
+    front_by_priority: bool = False
 
-    # --- enqueue API (delegates to kumiko_jobs.enqueueing) ----------------------------------
-
-    def enqueue(self, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
-        from .enqueueing import enqueue
-
-        return enqueue(self, tenant=tenant, **kwargs)
-
-    def enqueue_in(
-        self, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any
-    ) -> RunHandle:
-        from .enqueueing import enqueue_in
-
-        return enqueue_in(self, delay, tenant=tenant, **kwargs)
-
-    def enqueue_at(self, when: datetime, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
-        from .enqueueing import enqueue_at
-
-        return enqueue_at(self, when, tenant=tenant, **kwargs)
-
-    def __call__(self, ctx: JobContext, /, **kwargs: Any) -> Any:
-        """Call the function directly (tests); no pipeline, no guard, no history."""
+    def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
+        """Call the function directly (tests, with any context); no pipeline, no guard, no
+        history."""
         return self.func(ctx, **kwargs)
 
-    # --- derived facts --------------------------------------------------------------------
+    # --- derived facts: the job's option, else the project's default (read at each use, so
+    # override_settings applies) -----------------------------------------------------------
+
+    @property
+    def queue_name(self) -> str:
+        return self.queue or conf.get().DEFAULT_QUEUE
+
+    @property
+    def timeout_seconds(self) -> int:
+        return self.timeout or conf.get().DEFAULT_TIMEOUT
+
+    @property
+    def max_attempts(self) -> int:
+        """The first attempt and every retry."""
+        return 1 + (conf.get().DEFAULT_RETRIES if self.retries is None else self.retries)
+
+    @property
+    def effective_max_defers(self) -> int:
+        """How often a run may defer itself (``max_defers=``, else ``MAX_DEFERS``)."""
+        return conf.get().MAX_DEFERS if self.max_defers is None else self.max_defers
 
     @property
     def grants(self) -> tuple[str, ...]:
@@ -194,6 +196,11 @@ _OPTION_TYPES: dict[str, str] = {
     "tenant_may_start": "bool (system jobs only)",
     "atomic": "bool (tenant jobs whose whole effect is in the default database)",
 }
+
+
+def is_async(func: Callable[..., Any]) -> bool:
+    """An ``async def`` body (run through ``async_body.call_async``), which ``atomic=`` refuses."""
+    return inspect.iscoroutinefunction(func)
 
 
 def _fail(func_name: str, message: str) -> InvalidJob:
@@ -249,8 +256,6 @@ def _int_option(
 
 
 def _bounded_retries(where: str, value: Any) -> int | None:
-    from . import conf
-
     settings = conf.get_or_none()
     retries = _int_option(where, "retries", value, 0)
     # Invalid settings: the bound is unknown, and check E001 stops every command that runs jobs.
@@ -355,8 +360,6 @@ def _check_atomic(
 ) -> None:
     """``atomic=True`` only where one transaction on the body's connection can hold the whole
     effect: the combinations below would write on another connection (or none at all)."""
-    from .async_body import is_async
-
     if system:
         raise _fail(
             where,
@@ -403,8 +406,6 @@ def _trigger_options(where: str, options: Mapping[str, Any], system: bool) -> di
         raise _fail(where, "a job is either system=True (public schema) or per_tenant=True.")
     cron = options.get("cron")
     if cron is not None:
-        from .schedules import check_cron, check_timezone
-
         out["cron"] = check_cron(where, cron, per_tenant=out["per_tenant"])
         out["timezone"] = check_timezone(where, options.get("timezone", "UTC"))
         if not (system or out["per_tenant"]):
@@ -558,14 +559,3 @@ class Registry:
 
 
 registry = Registry()
-
-
-def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
-    """Declare a job: ``@job`` or ``@job(retries=3, queue="default", ...)``."""
-
-    def decorate(f: Callable[..., Any]) -> JobDefinition:
-        return registry.register(build_definition(f, options))
-
-    if func is not None:
-        return decorate(func)
-    return decorate

@@ -19,11 +19,11 @@ from django.utils import timezone
 from . import async_body, results, schedules, transport
 from . import envelope as envelope_mod
 from .context import JobContext, RunState, current_run, job_alarm, storable
-from .enqueueing import message_for, queue_of
+from .enqueueing import message_for
 from .exceptions import EnvelopeError, JobNotRegistered
 from .models import JobRun, RejectedMessage, RunStatus
 from .pipeline import Next, compose
-from .registry import registry
+from .registry import is_async, registry
 
 logger = logging.getLogger("kumiko_jobs.runner")
 
@@ -46,7 +46,7 @@ def call_job(state: RunState) -> None:
     state.ctx = ctx
     func = state.definition.func
     with _final_timeout(state):
-        if async_body.is_async(func):
+        if is_async(func):
             # In this thread's tenant, guard and connection; cancelled by the timeout.
             result = async_body.call_async(state, func, ctx, **state.envelope.kwargs)
         else:
@@ -130,7 +130,7 @@ def execute(message: object) -> str:
         envelope=env,
         definition=definition,
         rq_job_id=rq_job_id,
-        queue=transport.current_job_origin() or queue_of(definition),
+        queue=transport.current_job_origin() or definition.queue_name,
         worker_name=_worker_name,
     )
     run_state(state)

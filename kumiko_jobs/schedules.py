@@ -25,106 +25,23 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from datetime import UTC, datetime
 
-from crontab import CronTab
 from django.db import IntegrityError, close_old_connections, transaction
 
 from . import transport
+from .definition.cron import latest_tick, seconds_until_next
 from .envelope import Envelope, encode
-from .exceptions import InvalidJob
 from .registry import JobDefinition, registry
 
 logger = logging.getLogger("kumiko_jobs.schedules")
 
-CRON_PREFIX = "kj-cron-"
 TEMPLATE_RUN_ID = "0" * 32
-# rq-scheduler stores whole-second scores and may ring an alarm up to a second early; a crontab
-# time this close ahead of the clock is the tick being rung.
-_EARLY = 3.0
 _TICK_NAMESPACE = uuid.UUID("6f1c2b9e-3a57-4d0e-9a61-1c9f0b7f4e21")
 
 
-# The shortest interval between two ticks of a cron job: rq-scheduler's resolution with
-# ``rqscheduler --interval 1`` (a finer crontab could not be honoured, only skipped).
-MIN_CRON_INTERVAL = 1.0
-# A per-tenant cron tick fans out to every tenant; below this interval it would flood the
-# queues with one run per tenant per tick.
-MIN_PER_TENANT_CRON_INTERVAL = 60.0
-
-
-def has_seconds(cron: str) -> bool:
-    """A 7-field crontab: ``second minute hour day month weekday year``."""
-    return len(cron.split()) == 7
-
-
-def check_cron(where: str, cron: Any, *, per_tenant: bool = False) -> str:
-    if not isinstance(cron, str):
-        raise InvalidJob(f"@job on {where}: cron must be a string like '0 3 * * *'.")
-    fields = len(cron.split())
-    if fields == 6:
-        # The crontab library reads six fields as minute..weekday plus a *year*: a seconds
-        # field written first would silently shift every field by one.
-        raise InvalidJob(
-            f"@job on {where}: cron={cron!r} has 6 fields, which is ambiguous. Use 5 fields "
-            "('minute hour day month weekday'), or 7 with seconds first and a year last "
-            "('*/10 * * * * * *': every 10 seconds)."
-        )
-    try:
-        CronTab(cron)
-    except ValueError as exc:
-        raise InvalidJob(f"@job on {where}: cron={cron!r} is not a crontab: {exc}.") from None
-    if has_seconds(cron):
-        interval = shortest_interval(cron)
-        if per_tenant and interval < MIN_PER_TENANT_CRON_INTERVAL:
-            raise InvalidJob(
-                f"@job on {where}: cron={cron!r} ticks every {interval:g} s; a per_tenant "
-                f"cron fans out to every tenant on each tick and must tick at most once a "
-                f"minute. Use a system cron that does the sub-minute work itself."
-            )
-    return cron
-
-
-def shortest_interval(cron: str) -> float:
-    """The shortest gap between consecutive ticks (seconds), sampled over the next ticks
-    from a fixed time (a crontab's gaps repeat every minute for the seconds field)."""
-    tab = CronTab(cron)
-    at = datetime(2001, 1, 1, tzinfo=UTC)
-    first = tab.next(now=at, default_utc=True)
-    if first is None:
-        return math.inf
-    at += timedelta(seconds=float(first))  # on a tick: from here on, steps are gaps
-    shortest = math.inf
-    for _ in range(120):
-        step = tab.next(now=at, default_utc=True)
-        if step is None:
-            break
-        shortest = min(shortest, float(step))
-        at += timedelta(seconds=float(step))
-    return shortest
-
-
-def check_timezone(where: str, name: Any) -> str:
-    try:
-        ZoneInfo(str(name))
-    except (ZoneInfoNotFoundError, ValueError):
-        raise InvalidJob(
-            f"@job on {where}: timezone={name!r} is not an IANA zone (e.g. 'Europe/Berlin')."
-        ) from None
-    return str(name)
-
-
-def seconds_until_next(cron: str, timezone: str, now: datetime | None = None) -> float:
-    """Seconds until the next tick, with the crontab read in ``timezone`` (DST-aware)."""
-    local_now = (now or datetime.now(ZoneInfo("UTC"))).astimezone(ZoneInfo(timezone))
-    delay = CronTab(cron).next(now=local_now, default_utc=False)
-    return max(float(delay or 0.0), 0.0)
-
-
 def schedule_id(definition: JobDefinition) -> str:
-    return CRON_PREFIX + definition.name.replace(".", "_").replace(":", "_")
+    return transport.CRON_PREFIX + definition.name.replace(".", "_").replace(":", "_")
 
 
 def template(definition: JobDefinition) -> Envelope:
@@ -145,23 +62,6 @@ def tick_run_id(job_name: str, tick: datetime) -> str:
     """
     second = tick.astimezone(UTC).replace(microsecond=0).isoformat()
     return uuid.uuid5(_TICK_NAMESPACE, f"{job_name}@{second}").hex
-
-
-def _early(cron: str) -> float:
-    # A tick this close ahead of the clock is the one being rung. For a crontab with seconds
-    # (ticks at least MIN_CRON_INTERVAL apart), half a second: the alarm's scores are whole
-    # seconds computed from the tick itself, so it rings on time or later, except the first
-    # ring after registration (score truncated, up to a second early), which then takes the
-    # tick before, a real one. The probe can never reach the tick after the due one.
-    return _EARLY if not has_seconds(cron) else MIN_CRON_INTERVAL / 2
-
-
-def latest_tick(cron: str, timezone: str, now: datetime) -> datetime:
-    """The latest time ``cron`` (read in ``timezone``) fired at or just before ``now``, in UTC."""
-    probe = (now + timedelta(seconds=_early(cron))).astimezone(ZoneInfo(timezone))
-    back = CronTab(cron).previous(now=probe, default_utc=False)  # negative seconds, strictly before
-    tick = probe + timedelta(seconds=float(back or 0.0))
-    return tick.astimezone(UTC).replace(microsecond=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,8 +148,6 @@ class SyncResult:
 
 def cron_spec(definition: JobDefinition) -> transport.CronSpec:
     """The cron entry a cron job should have with rq-scheduler."""
-    from .enqueueing import queue_of, timeout_of
-
     assert definition.cron
     return transport.CronSpec(
         schedule_id=schedule_id(definition),
@@ -257,8 +155,8 @@ def cron_spec(definition: JobDefinition) -> transport.CronSpec:
         timezone=definition.timezone,
         # Signed as of the epoch: the same bytes at every sync, and expired for any worker.
         body=encode(template(definition), now=0.0),
-        queue=queue_of(definition),
-        timeout=timeout_of(definition),
+        queue=definition.queue_name,
+        timeout=definition.timeout_seconds,
     )
 
 
@@ -306,3 +204,20 @@ def restore_missing_cron() -> tuple[str, ...]:
         transport.cancel_scheduled(sid)
         transport.register_cron(spec, seconds_until_next(spec.cron, spec.timezone))
     return tuple(missing)
+
+
+class _CronHooks:
+    """``transport.Scheduler``'s way into the cron domain (``transport.CronHooks``), which the
+    transport cannot import: it sits below the registry. ``KumikoJobsConfig.ready`` installs it."""
+
+    def sync_schedules(self) -> SyncResult:
+        return sync_schedules()
+
+    def restore_missing_cron(self) -> tuple[str, ...]:
+        return restore_missing_cron()
+
+    def fire(self, alarm_id: str) -> Firing:
+        return fire(alarm_id)
+
+
+CRON_HOOKS = _CronHooks()

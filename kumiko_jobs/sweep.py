@@ -30,7 +30,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import conf, retention, transport
-from .enqueueing import message_for, timeout_of
+from .enqueueing import message_for
 from .envelope import Envelope
 from .exceptions import JobNotRegistered
 from .models import JobAttempt, JobRun, RunStatus
@@ -88,7 +88,7 @@ def sweep_abandoned() -> tuple[int, int]:
             definition = registry.get(run.job_name)
         except JobNotRegistered:
             definition = None
-        timeout = timeout_of(definition) if definition else conf.get().DEFAULT_TIMEOUT
+        timeout = definition.timeout_seconds if definition else conf.get().DEFAULT_TIMEOUT
         if run.started_at is None:
             continue
         reason = _unattended(run, alive, now)

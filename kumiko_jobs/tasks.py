@@ -24,7 +24,6 @@ from __future__ import annotations
 import builtins
 import uuid
 from datetime import datetime
-from inspect import iscoroutinefunction
 from typing import Any
 
 import django
@@ -33,7 +32,6 @@ try:
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import (
         Task,
-        TaskContext,
         TaskError,
         TaskResult,
         TaskResultStatus,
@@ -49,11 +47,9 @@ except ImportError as exc:  # Django 5.2: no task framework
 
 from django.utils import timezone
 from django.utils.json import normalize_json
-from django.utils.module_loading import import_string
 
-from . import async_body, task_jobs
-from .context import current_run
-from .exceptions import InvalidJob, JobNotRegistered, Unrecoverable
+from . import enqueueing, task_jobs
+from .exceptions import InvalidJob, JobNotRegistered
 from .models import JobAttempt, JobRun, RunStatus
 from .registry import registry
 
@@ -101,9 +97,9 @@ class KumikoBackend(BaseTaskBackend):
         }
         try:
             if task.run_after is not None:
-                handle = definition.enqueue_at(task.run_after, **call)
+                handle = enqueueing.enqueue_at(definition, task.run_after, **call)
             else:
-                handle = definition.enqueue(**call)
+                handle = enqueueing.enqueue(definition, **call)
         except InvalidJob as exc:
             # The tenant is the current schema's (a tenant's request, or tenant_context()):
             # from public, there is none, and a task never runs there silently.
@@ -137,7 +133,7 @@ class KumikoBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         payload = run.payload
         try:
-            task = _task_at(payload["task"]).using(
+            task = task_jobs.task_at(payload["task"]).using(
                 priority=payload.get("priority", 0),
                 queue_name=run.queue,
                 run_after=_parse(payload.get("run_after")),
@@ -192,13 +188,6 @@ class KumikoBackend(BaseTaskBackend):
         return result
 
 
-def _task_at(path: str) -> Task:
-    found = import_string(path)
-    if not isinstance(found, Task):
-        raise TypeError(f"{path} is not a Django task (@task)")
-    return found
-
-
 def _parse(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
@@ -214,35 +203,3 @@ def _class_path(type_name: str, traceback: str) -> str:
     if isinstance(getattr(builtins, name, None), type):
         return f"builtins.{name}"
     return "builtins.Exception"  # unknown: still a class TaskError.exception_class resolves
-
-
-def call_task(ctx: Any, path: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-    """In the worker: call the task's function, in the run's tenant and under its guard."""
-    try:
-        task = _task_at(path)
-    except (ImportError, TypeError) as exc:
-        raise Unrecoverable(f"the Django task {path} cannot be loaded: {exc}") from exc
-    call_args = list(args)
-    if task.takes_context:
-        running: TaskResult[Any, Any] = TaskResult(
-            task=task,
-            id=ctx.run_id,
-            status=TaskResultStatus.RUNNING,
-            enqueued_at=None,
-            started_at=timezone.now(),
-            finished_at=None,
-            last_attempted_at=timezone.now(),
-            args=args,
-            kwargs=kwargs,
-            backend=task.backend,
-            errors=[],
-            # TaskContext.attempt is len(worker_ids): the run's attempt number.
-            worker_ids=[""] * ctx.attempt,
-        )
-        call_args.insert(0, TaskContext(task_result=running))
-    if iscoroutinefunction(task.func):
-        state = current_run.get()
-        if state is None:  # pragma: no cover - call_task runs only inside a run
-            raise Unrecoverable("a Django task ran outside a kumiko run")
-        return async_body.call_async(state, task.func, *call_args, **kwargs)
-    return task.func(*call_args, **kwargs)

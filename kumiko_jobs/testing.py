@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from . import relay, sweep, tenant_connections, transport
 from .context import RunState, current_run
-from .enqueueing import RunHandle, queue_of
+from .enqueueing import RunHandle
 from .exceptions import JobNotRegistered
 from .models import JobRun, RunStatus
 from .pipeline import Next, compose
@@ -137,7 +137,7 @@ def _run(row: JobRun) -> Ran:
         envelope=env,
         definition=definition,
         rq_job_id=env.rq_job_id,
-        queue=queue_of(definition),
+        queue=definition.queue_name,
         worker_name=WORKER_NAME,
     )
     wrapper: Any = connections[DEFAULT_DB_ALIAS]

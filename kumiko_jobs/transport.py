@@ -12,9 +12,10 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import django_rq
+from django.core.exceptions import ImproperlyConfigured
 from django_rq.queues import DjangoScheduler
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -36,6 +37,8 @@ from rq.worker import WorkerStatus
 from . import conf
 
 RUNNER = "kumiko_jobs.runner.execute"
+# The id prefix of kumiko's cron entries with rq-scheduler (``kj-cron-<job name>``).
+CRON_PREFIX = "kj-cron-"
 
 # Re-exported for worker.py, which adds per-run hygiene to RQ's worker classes.
 SimpleWorkerBase = RQSimpleWorker
@@ -347,6 +350,53 @@ class WorkerJob(JsonJob):
         return super().restore(raw_data)
 
 
+class CronFiring(Protocol):
+    """A cron alarm rung: push ``message`` (if any), ring the alarm again at ``next_at``."""
+
+    @property
+    def message(self) -> Message | None: ...
+
+    @property
+    def next_at(self) -> float | None:
+        """Epoch seconds; None: the alarm belongs to no registered cron job (remove it)."""
+
+
+class CronHooks(Protocol):
+    """What ``Scheduler`` asks of the cron domain (``schedules.CRON_HOOKS``).
+
+    The transport sits below the job definitions and the registry, so it cannot import the
+    module that knows which cron jobs exist; ``KumikoJobsConfig.ready`` installs the hooks.
+    """
+
+    def sync_schedules(self) -> object:
+        """Make rq-scheduler's cron entries match the registered cron jobs."""
+
+    def restore_missing_cron(self) -> Sequence[str]:
+        """Re-register deleted cron entries; return their schedule ids."""
+
+    def fire(self, alarm_id: str) -> CronFiring:
+        """Write the run row of the tick the alarm ``alarm_id`` rings for; build its message."""
+
+
+_cron_hooks: CronHooks | None = None
+
+
+def install_cron_hooks(hooks: CronHooks) -> None:
+    """Give ``Scheduler`` the cron domain (called by ``KumikoJobsConfig.ready``)."""
+    global _cron_hooks
+    _cron_hooks = hooks
+
+
+def cron_hooks() -> CronHooks:
+    if _cron_hooks is None:
+        raise ImproperlyConfigured(
+            "kumiko_jobs.transport.Scheduler has no cron hooks: add 'kumiko_jobs' to "
+            "INSTALLED_APPS and run the scheduler through Django (manage.py rqscheduler), whose "
+            "start-up (KumikoJobsConfig.ready) installs them."
+        )
+    return _cron_hooks
+
+
 class Scheduler(DjangoScheduler):
     """rq-scheduler that reads kumiko's JSON jobs. Set ``RQ["SCHEDULER_CLASS"]`` to this.
 
@@ -366,11 +416,10 @@ class Scheduler(DjangoScheduler):
         rq-scheduler's own loop ends on the first Redis error (its heartbeat, then the
         ``register_death`` in its ``finally``), even for a one-second restart.
         """
-        from .schedules import sync_schedules
-
+        hooks = cron_hooks()
         while True:
             try:
-                sync_schedules()
+                hooks.sync_schedules()
                 super().run(burst=burst)
                 return
             except (RedisConnectionError, RedisTimeoutError) as exc:
@@ -415,16 +464,12 @@ class Scheduler(DjangoScheduler):
     def enqueue_jobs(self) -> Any:
         """One round of the loop (under rq-scheduler's lock): first put back any kumiko cron
         entry someone deleted, e.g. from django-rq's pages, so it ticks without a restart."""
-        from .schedules import restore_missing_cron
-
-        restored = restore_missing_cron()
+        restored = cron_hooks().restore_missing_cron()
         if restored:
             self.log.warning("restored deleted cron entries: %s", ", ".join(restored))
         return super().enqueue_jobs()
 
     def enqueue_job(self, job: Job) -> None:
-        from .schedules import CRON_PREFIX
-
         if job.id.startswith(CRON_PREFIX):
             self._fire_cron(job)
             return
@@ -433,17 +478,15 @@ class Scheduler(DjangoScheduler):
     def _fire_cron(self, job: Job) -> None:
         """A kumiko cron alarm rang: push the tick's own message, never the alarm itself.
 
-        The tick is identified by signed data (schedules.fire): the job the alarm's id names
-        in the registry and the time its crontab fired. The alarm's score, meta and body are
-        not trusted, so a copied or re-scored alarm can at most ring the current tick again,
-        which finds its run row and pushes nothing.
+        The tick is identified by signed data (``CronHooks.fire``, i.e. schedules.fire): the job
+        the alarm's id names in the registry and the time its crontab fired. The alarm's score,
+        meta and body are not trusted, so a copied or re-scored alarm can at most ring the
+        current tick again, which finds its run row and pushes nothing.
         """
         from django.db import DatabaseError
 
-        from .schedules import fire
-
         try:
-            firing = fire(job.id)
+            firing = cron_hooks().fire(job.id)
         except DatabaseError as exc:
             # Left due: the next round rings it again, for the same tick.
             self.log.warning("cron %s not fired, PostgreSQL unavailable (%s)", job.id, exc)
@@ -609,8 +652,6 @@ def push_many(messages: Iterable[Message]) -> None:
 
 def cron_entries() -> dict[str, CronSpec]:
     """kumiko's cron entries currently registered with rq-scheduler, by schedule id."""
-    from .schedules import CRON_PREFIX
-
     scheduler = scheduler_for(conf.get().DEFAULT_QUEUE)
     entries = {}
     for job in scheduler.get_jobs():

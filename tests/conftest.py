@@ -204,13 +204,14 @@ def declare(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
 
     Jobs are named ``<JOB_PREFIX>.<function>``, with the test module's ``JOB_PREFIX``.
     """
-    from kumiko_jobs.registry import build_definition, registry
+    from kumiko_jobs.enqueue.api import define
+    from kumiko_jobs.registry import registry
 
     prefix = getattr(request.module, "JOB_PREFIX", "test")
     added: list[str] = []
 
     def add(func: Any, **options: Any) -> Any:
-        definition = build_definition(func, {"name": f"{prefix}.{func.__name__}", **options})
+        definition = define(func, {"name": f"{prefix}.{func.__name__}", **options})
         registry._jobs[definition.name] = definition
         added.append(definition.name)
         return definition

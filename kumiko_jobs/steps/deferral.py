@@ -6,7 +6,7 @@ written, so a quick next attempt can never overtake the record of the previous o
 
 from __future__ import annotations
 
-from .. import cancellation, conf
+from .. import cancellation
 from ..context import RunState
 from ..exceptions import (
     FALLBACK_MESSAGE_KEY,
@@ -83,9 +83,7 @@ def _defer(state: RunState) -> None:
     if state.deferred_by_gate:
         state.reschedule = (env.deferred(by_gate=True), seconds)
         return
-    limit = state.definition.max_defers
-    if limit is None:
-        limit = conf.get().MAX_DEFERS
+    limit = state.definition.effective_max_defers
     if env.defers >= limit:
         state.outcome = "failed"
         state.error = Unrecoverable(

@@ -12,16 +12,12 @@ from django.test import override_settings
 from django_tenants.utils import tenant_context
 
 from kumiko_jobs import emit, signals, transport
+from kumiko_jobs.definition.cron import latest_tick, seconds_until_next
 from kumiko_jobs.enqueueing import message_for
 from kumiko_jobs.envelope import Envelope
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.registry import registry
-from kumiko_jobs.schedules import (
-    latest_tick,
-    schedule_id,
-    seconds_until_next,
-    sync_schedules,
-)
+from kumiko_jobs.schedules import schedule_id, sync_schedules
 from tests.conftest import probes, work
 from tests.testapp import jobs
 

@@ -13,6 +13,7 @@ import pytest
 
 from kumiko_jobs import InvalidJob, JobNotRegistered
 from kumiko_jobs import registry as registry_module
+from kumiko_jobs.enqueue import api
 from kumiko_jobs.registry import (
     GRANTS,
     Backoff,
@@ -111,13 +112,13 @@ def test_a_backoff_instance_is_taken_as_is():
 
 def test_bare_and_called_decorator_register_in_the_registry(monkeypatch):
     fresh = Registry()
-    monkeypatch.setattr(registry_module, "registry", fresh)
+    monkeypatch.setattr(api, "registry", fresh)
 
-    @registry_module.job
+    @api.job
     def bare(ctx: Any) -> None:
         pass
 
-    @registry_module.job(name="tests.called", retries=1)
+    @api.job(name="tests.called", retries=1)
     def called(ctx: Any, *, x: int) -> None:
         pass
 
@@ -532,7 +533,7 @@ def test_a_frozen_registry_refuses_late_jobs():
 
 def test_the_project_registry_is_frozen_after_start_up():
     with pytest.raises(InvalidJob, match="declared after start-up"):
-        registry_module.job(name="tests.too_late")(other_sync_invoice)
+        api.job(name="tests.too_late")(other_sync_invoice)
     assert "tests.too_late" not in registry_module.registry
 
 

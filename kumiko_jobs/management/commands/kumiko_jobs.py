@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ...enqueueing import enqueue, queue_of
+from ...enqueueing import enqueue
 from ...exceptions import KumikoJobsError
 from ...models import JobRun, RunStatus
 from ...registry import registry
@@ -274,7 +274,7 @@ class Command(BaseCommand):
             rows.append(
                 (
                     d.name,
-                    queue_of(d),
+                    d.queue_name,
                     str(d.retries if d.retries is not None else "-"),
                     kind,
                     ",".join(d.grants) or "-",

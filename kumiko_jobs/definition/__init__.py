@@ -1,0 +1,1 @@
+"""What a job is and when it runs (options, cron expressions); imports only the foundation."""
