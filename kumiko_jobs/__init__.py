@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .core.current import current_user
 from .exceptions import (
     DatabaseAccessDenied,
     EnvelopeError,
@@ -62,10 +63,3 @@ def emit(event: str, /, *, tenant: Any = None, **payload: Any) -> list[RunHandle
     from .enqueueing import emit as _emit
 
     return _emit(event, tenant=tenant, **payload)
-
-
-def current_user() -> Any:
-    """The user a job acts for inside ``ctx.act_as(user)``, else None."""
-    from .context import current_user as _current_user
-
-    return _current_user()

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from . import audit
+from .core import current
 from .exceptions import InvalidJob
 from .scrubbing import MASK, is_sensitive_key, scrub
 
@@ -26,19 +28,21 @@ logger = logging.getLogger("kumiko_jobs.job")
 # EscapeHatchUse.actor: "user:<pk>" of the user a job acts as.
 ACTOR_MAX_LENGTH = 100
 
-# The user app code acts for inside ``ctx.act_as(user)``; read with kumiko_jobs.current_user().
-_acting_user: ContextVar[Any] = ContextVar("kumiko_jobs_acting_user", default=None)
-# The run executing in this thread, for the logging filter and follow-up enqueues.
+# The run executing in this thread, for the worker's timeout and the Django tasks backend.
+# Modules below the run side read core.current.current_envelope instead.
 current_run: ContextVar[RunState | None] = ContextVar("kumiko_jobs_current_run", default=None)
-# Cancels the job's timeout alarm; set by a kumiko worker's death penalty while it is armed. The
-# runner calls it when the job body is done: the timeout bounds the job's code, and must not
-# interrupt the history writes after it.
-job_alarm: ContextVar[Callable[[], None] | None] = ContextVar("kumiko_jobs_job_alarm", default=None)
 
 
-def current_user() -> Any:
-    """The user a job acts for (``ctx.act_as``), or None."""
-    return _acting_user.get()
+@contextlib.contextmanager
+def running(state: RunState) -> Iterator[None]:
+    """``state`` is the current run inside the block: ``current_run`` and the context
+    variables of core.current (runner.run_state and testing run the pipeline in it)."""
+    token = current_run.set(state)
+    try:
+        with current.running(state.envelope):
+            yield
+    finally:
+        current_run.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +119,8 @@ class RunState:
     active_grants: list[str] = field(default_factory=list)
     readable_schema: str | None = None
     guard_violations: list[str] = field(default_factory=list)
-    audit_uses: list[tuple[str, str, str]] = field(default_factory=list)
+    # The escape-hatch uses the run reported (audit.record_use), made from the definition.
+    audit_uses: audit.AuditUses = field(init=False)
     system_db_open: bool = False
     # Set by the worker's death penalty when the attempt's timeout fires (its seconds): from then
     # on the attempt is timed out, whatever the job's code catches or returns (runner.call_job).
@@ -140,6 +145,12 @@ class RunState:
     db_identity: Any = None
     # An atomic run's body and success committed together (steps.atomic).
     atomic_committed: bool = False
+
+    def __post_init__(self) -> None:
+        hatch = self.definition.escape_hatch
+        self.audit_uses = audit.AuditUses(
+            reason=hatch.reason if hatch else "system job", system=self.definition.system
+        )
 
     def note_timeout(self, seconds: int) -> None:
         """The attempt's timeout fired: from now on it is timed out (runner._final_timeout)."""
@@ -442,26 +453,19 @@ class JobContext:
     @contextlib.contextmanager
     def act_as(self, user: Any) -> Iterator[None]:
         """Make ``kumiko_jobs.current_user()`` return ``user`` for app code in this block."""
-        with self._granted("system_identity"):
-            from . import audit
-
-            token = _acting_user.set(user)
+        with self._granted("system_identity"), current.acting_as(user):
             actor = audit.actor_of(self._state)
             if len(actor) > ACTOR_MAX_LENGTH:
                 # The audit row's actor column holds this much; a longer one would make the
                 # run's final history write fail and leave it running.
-                _acting_user.reset(token)
                 raise InvalidJob(
                     f"ctx.act_as(): the user's id makes the actor {actor[:40]!r}... "
                     f"{len(actor)} characters long; the audit keeps at most "
                     f"{ACTOR_MAX_LENGTH}. Act as a user whose primary key is shorter."
                 )
-            try:
-                # Reported after the switch, so that the audit's actor is the user acted as.
-                audit.record_use(self._state, "system_identity")
-                yield
-            finally:
-                _acting_user.reset(token)
+            # Reported after the switch, so that the audit's actor is the user acted as.
+            audit.record_use(self._state, "system_identity")
+            yield
 
     @contextlib.contextmanager
     def system_db(self) -> Iterator[None]:
@@ -471,7 +475,6 @@ class JobContext:
                 "ctx.system_db() is for system jobs; declare @job(system=True) on "
                 f"{self.job_name!r}."
             )
-        from . import audit
         from .tenant_connections import project_identity
 
         audit.record_use(self._state, "system_db")
