@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# The enqueue package is loaded here, before the enqueue() function below is defined: loading a
+# submodule binds its name on this package, which would replace the function if it came later.
+from . import enqueue as _enqueue_package  # noqa: F401
 from .core.current import current_user
 from .exceptions import (
     DatabaseAccessDenied,

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import audit
 from .core import current
+from .enqueue.followups import FollowupBatch, collecting
+from .enqueueing import prepare_followup
 from .exceptions import InvalidJob
 from .scrubbing import MASK, is_sensitive_key, scrub
 
@@ -35,11 +37,12 @@ current_run: ContextVar[RunState | None] = ContextVar("kumiko_jobs_current_run",
 
 @contextlib.contextmanager
 def running(state: RunState) -> Iterator[None]:
-    """``state`` is the current run inside the block: ``current_run`` and the context
-    variables of core.current (runner.run_state and testing run the pipeline in it)."""
+    """``state`` is the current run inside the block: ``current_run``, the context variables
+    of core.current, and its follow-up batch (runner.run_state and testing run the pipeline
+    in it)."""
     token = current_run.set(state)
     try:
-        with current.running(state.envelope):
+        with current.running(state.envelope), collecting(state.followups):
             yield
     finally:
         current_run.reset(token)
@@ -111,7 +114,8 @@ class RunState:
     drop_reason: str = ""
     # (envelope, delay in seconds) to push once the history is written
     reschedule: tuple[Envelope, float] | None = None
-    followups: list[Any] = field(default_factory=list)
+    # What the attempt enqueued (enqueue.followups), sent if it succeeds; made from the envelope.
+    followups: FollowupBatch = field(init=False)
     log_lines: list[dict[str, Any]] = field(default_factory=list)
     # Bytes of JSON the kept ctx.log lines take, and the marker line once lines are dropped.
     log_bytes: int = 0
@@ -147,6 +151,7 @@ class RunState:
     atomic_committed: bool = False
 
     def __post_init__(self) -> None:
+        self.followups = FollowupBatch(parent=self.envelope)
         hatch = self.definition.escape_hatch
         self.audit_uses = audit.AuditUses(
             reason=hatch.reason if hatch else "system job", system=self.definition.system
@@ -385,8 +390,6 @@ class JobContext:
 
     def enqueue(self, job: Any, /, **kwargs: Any) -> Any:
         """Queue a follow-up in the same tenant, sent when this attempt succeeds."""
-        from .enqueueing import prepare_followup
-
         if self._state.definition.atomic:
             # Follow-ups are history rows written after the atomic commit, on the project's
             # connection: a crash between the two would lose them (docs/reliability.md).
@@ -396,8 +399,7 @@ class JobContext:
                 "enqueues this job, or make this job non-atomic."
             )
 
-        handle = prepare_followup(self._state, job, kwargs)
-        return handle
+        return prepare_followup(self._state.followups, job, kwargs)
 
     # --- escape hatches -------------------------------------------------------------------
 

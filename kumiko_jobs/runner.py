@@ -157,7 +157,7 @@ def dispatch(state: RunState) -> None:
         next_env, delay = state.reschedule
         messages.append(message_for(state.definition, next_env, delay))
     if state.outcome == "succeeded":
-        messages.extend(message for message, _ in state.followups)
+        messages.extend(state.followups.messages())
     if messages:
         transport.push_many(messages)
 

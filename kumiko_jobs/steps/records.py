@@ -226,7 +226,7 @@ def _finish(state: RunState) -> None:
         (outcome == "failed" and bool(state.failure_key))
         or (outcome == "succeeded" and definition.tenant_visible_failure is not None)
     )
-    followups = outcome == "succeeded" and state.followups
+    followups = outcome == "succeeded" and bool(state.followups.entries)
     if not (touches_failure or state.audit_uses.reported or followups):
         # The common case: one statement, so one round trip and its own transaction.
         run_sql.finish(attempt, run_update, env.run_id)
@@ -279,5 +279,5 @@ def _finish_in_transaction(
                 schema_name=env.schema, job_name=env.job, subject=state.subject
             ).delete()
         audit.save_uses(state)
-        if outcome == "succeeded" and state.followups:
-            JobRun.objects.bulk_create([row for _, row in state.followups], ignore_conflicts=True)
+        if outcome == "succeeded" and state.followups.entries:
+            JobRun.objects.bulk_create(state.followups.rows(), ignore_conflicts=True)

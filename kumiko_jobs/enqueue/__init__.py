@@ -1,0 +1,1 @@
+"""The enqueue side (enqueue, emit, follow-ups, fan-out); imports definition, transport, core."""
