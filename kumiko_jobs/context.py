@@ -30,8 +30,8 @@ logger = logging.getLogger("kumiko_jobs.job")
 # EscapeHatchUse.actor: "user:<pk>" of the user a job acts as.
 ACTOR_MAX_LENGTH = 100
 
-# The run executing in this thread, for the worker's timeout and the Django tasks backend.
-# Modules below the run side read core.current.current_envelope instead.
+# The run executing in this thread, for the run side and above (the guard, the worker's timeout,
+# the Django tasks backend). Modules below the run side read core.current.current_envelope.
 current_run: ContextVar[RunState | None] = ContextVar("kumiko_jobs_current_run", default=None)
 
 
