@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from .core.current import current_user
 from .enqueue.api import emit, enqueue, enqueue_at, enqueue_in, job
 from .exceptions import (
     DatabaseAccessDenied,
@@ -34,10 +33,3 @@ __all__ = [
     "enqueue_in",
     "job",
 ]
-
-
-def current_user() -> Any:
-    """The user a job acts for inside ``ctx.act_as(user)``, else None."""
-    from .context import current_user as _current_user
-
-    return _current_user()

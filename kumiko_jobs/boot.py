@@ -120,9 +120,9 @@ def _warn_long(definition: JobDefinition, env: Envelope) -> None:
 
 
 def _insert_row(definition: JobDefinition, env: Envelope) -> None:
-    from .enqueueing import _row
+    from .enqueueing import row_for
 
-    _row(definition, env, "", 0.0).save(force_insert=True)
+    row_for(definition, env, "", 0.0).save(force_insert=True)
 
 
 def boot_run_id(job_name: str, dataset: str) -> str:

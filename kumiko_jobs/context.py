@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from . import audit
+from .core import current
+from .enqueue.followups import FollowupBatch, collecting
+from .enqueueing import prepare_followup
 from .exceptions import InvalidJob
 from .scrubbing import MASK, is_sensitive_key, scrub
 
@@ -26,19 +30,22 @@ logger = logging.getLogger("kumiko_jobs.job")
 # EscapeHatchUse.actor: "user:<pk>" of the user a job acts as.
 ACTOR_MAX_LENGTH = 100
 
-# The user app code acts for inside ``ctx.act_as(user)``; read with kumiko_jobs.current_user().
-_acting_user: ContextVar[Any] = ContextVar("kumiko_jobs_acting_user", default=None)
-# The run executing in this thread, for the logging filter and follow-up enqueues.
+# The run executing in this thread, for the run side and above (the guard, the worker's timeout,
+# the Django tasks backend). Modules below the run side read core.current.current_envelope.
 current_run: ContextVar[RunState | None] = ContextVar("kumiko_jobs_current_run", default=None)
-# Cancels the job's timeout alarm; set by a kumiko worker's death penalty while it is armed. The
-# runner calls it when the job body is done: the timeout bounds the job's code, and must not
-# interrupt the history writes after it.
-job_alarm: ContextVar[Callable[[], None] | None] = ContextVar("kumiko_jobs_job_alarm", default=None)
 
 
-def current_user() -> Any:
-    """The user a job acts for (``ctx.act_as``), or None."""
-    return _acting_user.get()
+@contextlib.contextmanager
+def running(state: RunState) -> Iterator[None]:
+    """``state`` is the current run inside the block: ``current_run``, the context variables
+    of core.current, and its follow-up batch (runner.run_state and testing run the pipeline
+    in it)."""
+    token = current_run.set(state)
+    try:
+        with current.running(state.envelope), collecting(state.followups):
+            yield
+    finally:
+        current_run.reset(token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +114,8 @@ class RunState:
     drop_reason: str = ""
     # (envelope, delay in seconds) to push once the history is written
     reschedule: tuple[Envelope, float] | None = None
-    followups: list[Any] = field(default_factory=list)
+    # What the attempt enqueued (enqueue.followups), sent if it succeeds; made from the envelope.
+    followups: FollowupBatch = field(init=False)
     log_lines: list[dict[str, Any]] = field(default_factory=list)
     # Bytes of JSON the kept ctx.log lines take, and the marker line once lines are dropped.
     log_bytes: int = 0
@@ -115,7 +123,8 @@ class RunState:
     active_grants: list[str] = field(default_factory=list)
     readable_schema: str | None = None
     guard_violations: list[str] = field(default_factory=list)
-    audit_uses: list[tuple[str, str, str]] = field(default_factory=list)
+    # The escape-hatch uses the run reported (audit.record_use), made from the definition.
+    audit_uses: audit.AuditUses = field(init=False)
     system_db_open: bool = False
     # Set by the worker's death penalty when the attempt's timeout fires (its seconds): from then
     # on the attempt is timed out, whatever the job's code catches or returns (runner.call_job).
@@ -140,6 +149,13 @@ class RunState:
     db_identity: Any = None
     # An atomic run's body and success committed together (steps.atomic).
     atomic_committed: bool = False
+
+    def __post_init__(self) -> None:
+        self.followups = FollowupBatch(parent=self.envelope)
+        hatch = self.definition.escape_hatch
+        self.audit_uses = audit.AuditUses(
+            reason=hatch.reason if hatch else "system job", system=self.definition.system
+        )
 
     def note_timeout(self, seconds: int) -> None:
         """The attempt's timeout fired: from now on it is timed out (runner._final_timeout)."""
@@ -371,8 +387,6 @@ class JobContext:
 
     def enqueue(self, job: Any, /, **kwargs: Any) -> Any:
         """Queue a follow-up in the same tenant, sent when this attempt succeeds."""
-        from .enqueueing import prepare_followup
-
         if self._state.definition.atomic:
             # Follow-ups are history rows written after the atomic commit, on the project's
             # connection: a crash between the two would lose them (docs/reliability.md).
@@ -382,8 +396,7 @@ class JobContext:
                 "enqueues this job, or make this job non-atomic."
             )
 
-        handle = prepare_followup(self._state, job, kwargs)
-        return handle
+        return prepare_followup(self._state.followups, job, kwargs)
 
     # --- escape hatches -------------------------------------------------------------------
 
@@ -439,26 +452,19 @@ class JobContext:
     @contextlib.contextmanager
     def act_as(self, user: Any) -> Iterator[None]:
         """Make ``kumiko_jobs.current_user()`` return ``user`` for app code in this block."""
-        with self._granted("system_identity"):
-            from . import audit
-
-            token = _acting_user.set(user)
+        with self._granted("system_identity"), current.acting_as(user):
             actor = audit.actor_of(self._state)
             if len(actor) > ACTOR_MAX_LENGTH:
                 # The audit row's actor column holds this much; a longer one would make the
                 # run's final history write fail and leave it running.
-                _acting_user.reset(token)
                 raise InvalidJob(
                     f"ctx.act_as(): the user's id makes the actor {actor[:40]!r}... "
                     f"{len(actor)} characters long; the audit keeps at most "
                     f"{ACTOR_MAX_LENGTH}. Act as a user whose primary key is shorter."
                 )
-            try:
-                # Reported after the switch, so that the audit's actor is the user acted as.
-                audit.record_use(self._state, "system_identity")
-                yield
-            finally:
-                _acting_user.reset(token)
+            # Reported after the switch, so that the audit's actor is the user acted as.
+            audit.record_use(self._state, "system_identity")
+            yield
 
     @contextlib.contextmanager
     def system_db(self) -> Iterator[None]:
@@ -468,7 +474,6 @@ class JobContext:
                 "ctx.system_db() is for system jobs; declare @job(system=True) on "
                 f"{self.job_name!r}."
             )
-        from . import audit
         from .tenant_connections import project_identity
 
         audit.record_use(self._state, "system_db")

@@ -24,7 +24,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from . import conf, origin, signals, telemetry, transport
-from .context import RunState, current_run
+from .enqueue import followups
+from .enqueue.followups import FollowupBatch
 from .envelope import WIDEST_SIGNING_TIME, Envelope, encode, new_run_id
 from .exceptions import InvalidJob
 from .guard_allowlists import ADMISSION_LOCK_CLASS
@@ -269,8 +270,9 @@ def _validated(definition: JobDefinition, kwargs: dict[str, Any]) -> str:
     return build_subject(definition, kwargs)
 
 
-def _row(definition: JobDefinition, env: Envelope, subject: str, delay: float) -> JobRun:
+def row_for(definition: JobDefinition, env: Envelope, subject: str, delay: float) -> JobRun:
     now = timezone.now()
+    """The history row of a new run (queued), written before its message is pushed."""
     return JobRun(
         run_id=uuid.UUID(env.run_id),
         job_name=definition.name,
@@ -304,11 +306,11 @@ def submit(
 ) -> RunHandle:
     """The enqueue path. ``run_id``: a deterministic id (boot jobs), so that a second submit
     of the same run fails on the primary key instead of starting it twice."""
-    state = current_run.get()
-    if state is not None:
+    batch = followups.current()
+    if batch is not None:
         # Inside a run the guard forbids writes to shared tables: follow-ups are recorded and
         # pushed by the runner once the attempt has succeeded.
-        return prepare_followup(state, definition, kwargs, delay=delay, tenant=tenant)
+        return prepare_followup(batch, definition, kwargs, delay=delay, tenant=tenant)
     subject = _validated(definition, kwargs)
     schema = _resolve_schema(definition, tenant)
     if definition.concurrency == "debounce":
@@ -342,7 +344,7 @@ def record_refusal(
     ``capped``) so the admin shows it, and ``job_dropped`` with that outcome on commit. No
     message is built or pushed. Written in the caller's transaction, like an admitted run."""
     env = _new_envelope(definition, schema, kwargs, run_id, trigger, tick=tick)
-    row = _row(definition, env, subject, 0.0)
+    row = row_for(definition, env, subject, 0.0)
     row.status = status
     row.finished_at = row.queued_at
     row.rq_job_id = ""
@@ -404,7 +406,7 @@ def _submit_admitted(
         telemetry.describe_message(env)
         message = message_for(definition, env, delay)
         _check_size(definition, env, message)
-        row = _row(definition, env, subject, delay)
+        row = row_for(definition, env, subject, delay)
         row.save(force_insert=True)
         transaction.on_commit(lambda: _push(message, row), robust=True)
     return RunHandle(
@@ -506,13 +508,13 @@ def emit(event: str, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
     ]
     if not listeners:
         return []
-    state = current_run.get()
+    batch = followups.current()
     # Inside a run, listeners are its follow-ups (prepare_followup keeps them in its tenant),
     # and a tenant run's event is still a tenant's event.
-    owner = state.envelope.schema if state is not None else _event_tenant(tenant)
+    owner = batch.parent.schema if batch is not None else _event_tenant(tenant)
     # Every listener is checked before any is enqueued: an emit starts all of its runs or none.
     for definition in listeners:
-        if state is None and owner is None and not (definition.system or definition.per_tenant):
+        if batch is None and owner is None and not (definition.system or definition.per_tenant):
             raise InvalidJob(
                 f"emit({event!r}) in the public schema: listener {definition.name!r} runs in a "
                 "tenant. Pass tenant=<Tenant or schema name>, or emit inside the tenant."
@@ -523,7 +525,7 @@ def emit(event: str, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
                 "and a tenant's event never starts work outside its tenant. Emit the event "
                 "from the public schema, or make the listener a tenant job."
             )
-    target = tenant if state is not None else owner
+    target = tenant if batch is not None else owner
     return [
         submit(definition, target, dict(payload), delay=0.0, trigger=event)
         for definition in listeners
@@ -646,7 +648,7 @@ def _push(message: transport.Message, row: JobRun) -> None:
 
 
 def prepare_followup(
-    state: RunState,
+    batch: FollowupBatch,
     job: JobDefinition | str,
     kwargs: dict[str, Any],
     *,
@@ -656,14 +658,14 @@ def prepare_followup(
     """A job enqueued from inside a run: same tenant, same correlation, sent on success."""
     definition = resolve(job)
     limit = conf.get().MAX_FOLLOWUPS_PER_RUN
-    if len(state.followups) >= limit:
+    if len(batch.entries) >= limit:
         raise InvalidJob(
-            f"Job {state.envelope.job!r} enqueued more than MAX_FOLLOWUPS_PER_RUN={limit} "
+            f"Job {batch.parent.job!r} enqueued more than MAX_FOLLOWUPS_PER_RUN={limit} "
             "follow-ups in one attempt. Enqueue one job that processes the batch, or a "
             "per_tenant fan-out, or raise the setting."
         )
     subject = _validated(definition, kwargs)
-    parent = state.envelope
+    parent = batch.parent
     if definition.system and parent.schema is not None and not definition.tenant_may_start:
         # A system job runs in public, outside any tenant, with the arguments it is given: a
         # tenant run (whose arguments and code paths tenants influence) may not choose them.
@@ -709,5 +711,5 @@ def prepare_followup(
         telemetry.describe_message(env)
         message = message_for(definition, env, delay)
         _check_size(definition, env, message)
-    state.followups.append((message, _row(definition, env, subject, delay)))
+    batch.add(message, row_for(definition, env, subject, delay))
     return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema)

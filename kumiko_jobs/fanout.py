@@ -29,10 +29,11 @@ from django.utils.module_loading import import_string
 from django_tenants.utils import get_tenant_model
 
 from . import conf, transport
-from .context import RunState
+from .enqueueing import message_for, row_for
 from .envelope import Envelope
 from .exceptions import Unrecoverable
 from .models import JobRun
+from .registry import JobDefinition
 
 
 def active_tenants() -> QuerySet[Any]:
@@ -108,11 +109,11 @@ def insert_new(rows: list[JobRun]) -> set[uuid.UUID]:
     return {row[0] for row in returned or ()}
 
 
-def fan_out(state: RunState) -> int:
-    """Create and push one child run per tenant, chunk by chunk; the number of tenants."""
-    from .enqueueing import _row, message_for
+def fan_out(parent: Envelope, definition: JobDefinition, subject: str) -> int:
+    """Create and push one child run per tenant, chunk by chunk; the number of tenants.
 
-    parent, definition = state.envelope, state.definition
+    ``parent``: the fan-out run's envelope; ``subject``: its subject, which every child shares.
+    """
     settings = conf.get()
     limit, size = settings.MAX_FANOUT_TENANTS, settings.FANOUT_CHUNK_SIZE
     tenants = active_tenants()
@@ -127,7 +128,7 @@ def fan_out(state: RunState) -> int:
     count = 0
     for schemas in tenant_chunks(tenants, size):
         children = [child_envelope(parent, schema) for schema in schemas]
-        rows = [_row(definition, child, state.subject, 0.0) for child in children]
+        rows = [row_for(definition, child, subject, 0.0) for child in children]
         # One short transaction per chunk: its rows commit before its messages exist.
         with transaction.atomic():
             inserted = insert_new(rows)

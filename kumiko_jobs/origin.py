@@ -42,6 +42,13 @@ def correlation_id() -> str:
     return origin.correlation_id if origin else new_correlation_id()
 
 
+def peek_correlation_id() -> str | None:
+    """The request's correlation id, or None outside a request (``correlation_id()`` would
+    make up a fresh one there): for log lines, which must not invent ids."""
+    origin = _current.get()
+    return origin.correlation_id if origin else None
+
+
 def triggered_by() -> str | None:
     origin = _current.get()
     if origin is None:

@@ -18,7 +18,8 @@ from django.utils import timezone
 
 from . import async_body, results, schedules, transport
 from . import envelope as envelope_mod
-from .context import JobContext, RunState, current_run, job_alarm, storable
+from .context import JobContext, RunState, running, storable
+from .core.current import job_alarm
 from .enqueueing import message_for
 from .exceptions import EnvelopeError, JobNotRegistered
 from .models import JobRun, RejectedMessage, RunStatus
@@ -143,11 +144,8 @@ def run_state(state: RunState, *, push: bool = True) -> None:
     global _pipeline
     if _pipeline is None:
         _pipeline = build_pipeline()
-    token = current_run.set(state)
-    try:
+    with running(state):
         _pipeline(state)
-    finally:
-        current_run.reset(token)
     if push:
         dispatch(state)
 
@@ -159,7 +157,7 @@ def dispatch(state: RunState) -> None:
         next_env, delay = state.reschedule
         messages.append(message_for(state.definition, next_env, delay))
     if state.outcome == "succeeded":
-        messages.extend(message for message, _ in state.followups)
+        messages.extend(state.followups.messages())
     if messages:
         transport.push_many(messages)
 

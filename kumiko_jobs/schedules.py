@@ -86,7 +86,7 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     Raises ``django.db.DatabaseError`` when PostgreSQL is unreachable: the scheduler then leaves
     the alarm due and rings it again on its next round, for the same tick.
     """
-    from .enqueueing import _row, admission, message_for, record_refusal
+    from .enqueueing import admission, message_for, record_refusal, row_for
     from .subject import build_subject
 
     definition = definition_for(alarm_id)
@@ -108,7 +108,7 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     after = seconds_until_next(definition.cron, definition.timezone, tick)
     next_at = float(math.ceil(tick.timestamp() + after))
     subject = build_subject(definition, {})
-    row = _row(definition, env, subject, 0.0)
+    row = row_for(definition, env, subject, 0.0)
     try:
         with transaction.atomic(), admission(definition, None) as refused:
             # A system cron's tick is an enqueue like any other: its concurrency options apply

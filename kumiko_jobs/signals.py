@@ -17,6 +17,9 @@ from typing import Any
 
 from django.dispatch import Signal
 
+from .core.current import current_envelope
+from .exceptions import InvalidJob
+
 logger = logging.getLogger("kumiko_jobs.signals")
 
 
@@ -49,13 +52,10 @@ class RunSignal(Signal):
 
 
 def _refuse_inside_a_run(action: str) -> None:
-    from .context import current_run
-    from .exceptions import InvalidJob
-
-    state = current_run.get()
-    if state is not None:
+    envelope = current_envelope.get()
+    if envelope is not None:
         raise InvalidJob(
-            f"Job {state.envelope.job!r} tried to {action} a kumiko_jobs signal receiver during "
+            f"Job {envelope.job!r} tried to {action} a kumiko_jobs signal receiver during "
             "its run. Connect receivers once, at start-up (in an AppConfig.ready()), never "
             "inside a job."
         )

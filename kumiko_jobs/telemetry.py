@@ -24,7 +24,6 @@ from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
-    from .context import RunState
     from .envelope import Envelope
 
 logger = logging.getLogger("kumiko_jobs.telemetry")
@@ -200,28 +199,18 @@ _meter.create_observable_gauge(
 )
 
 
-def run_finished(state: RunState, duration_ms: float) -> None:
-    """Metrics and the failure log line of one finished attempt. Never raises."""
-    try:
-        from . import log_context
+def record_attempt(job: str, outcome: str, duration_ms: float, *, deferred_by: str) -> None:
+    """Count one finished attempt (run.report.run_finished; its caller catches errors).
 
-        job = state.envelope.job
-        outcome = state.outcome or "failed"
-        attributes = {"job": job, "outcome": outcome}
-        _runs.add(1, attributes)
-        _duration.record(duration_ms, attributes)
-        if outcome == "succeeded":
-            _last_success[job] = time.time()
-        elif outcome == "deferred":
-            _deferrals.add(1, {"job": job, "by": "gate" if state.deferred_by_gate else "job"})
-        if outcome in ("failed", "retrying"):
-            log_context.log_failed_attempt(state, outcome)
-        else:
-            log_context.log_attempt_outcome(state, outcome, duration_ms)
-    except Exception:  # telemetry must never change the outcome of a run
-        logger.warning(
-            "could not record telemetry for run %s", state.envelope.run_id, exc_info=True
-        )
+    ``deferred_by`` ("job" or "gate") is recorded for a deferred attempt only.
+    """
+    attributes = {"job": job, "outcome": outcome}
+    _runs.add(1, attributes)
+    _duration.record(duration_ms, attributes)
+    if outcome == "succeeded":
+        _last_success[job] = time.time()
+    elif outcome == "deferred":
+        _deferrals.add(1, {"job": job, "by": deferred_by})
 
 
 def escape_hatch_used(job: str, grant: str) -> None:

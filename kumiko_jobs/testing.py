@@ -31,7 +31,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import relay, sweep, tenant_connections, transport
-from .context import RunState, current_run
+from .context import RunState, running
 from .enqueueing import RunHandle
 from .exceptions import JobNotRegistered
 from .models import JobRun, RunStatus
@@ -142,17 +142,16 @@ def _run(row: JobRun) -> Ran:
     )
     wrapper: Any = connections[DEFAULT_DB_ALIAS]
     tenant_before = getattr(wrapper, "tenant", None)
-    token = current_run.set(state)
     inline = tenant_connections.inline_in_callers_transaction.set(wrapper.in_atomic_block)
     try:
         # What runner.run_state does, minus the push of the next message (the next attempt
         # is a row, which the next round finds).
         # A job's exception ends in its outcome (the retry step); what still raises here
         # (a history write that failed, a timeout outside the body) is the test's to see.
-        _pipeline()(state)
+        with running(state):
+            _pipeline()(state)
     finally:
         tenant_connections.inline_in_callers_transaction.reset(inline)
-        current_run.reset(token)
         if tenant_before is not None and hasattr(wrapper, "set_tenant"):
             # The run ends on public; a test inside a tenant (TenantTestCase) stays there.
             wrapper.set_tenant(tenant_before)

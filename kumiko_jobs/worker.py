@@ -50,7 +50,8 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import boot, cancellation, conf, telemetry_flush, transport
-from .context import current_run, job_alarm
+from .context import current_run
+from .core.current import job_alarm
 from .steps.tenancy import reset_connections
 from .transport import (
     HOOK_FIELDS,
@@ -131,7 +132,7 @@ class _FinalTimeout(transport.DeathPenaltyBase):
     "succeed" late. The note, owned by the run, makes the timeout final (``runner.call_job``).
     RQ also uses this class for callbacks and for the forking worker's monitor; only the job's
     own timeout is noted. The runner cancels the alarm when the job body is done
-    (``context.job_alarm``), so the timeout never interrupts the writes of the run's outcome.
+    (``core.current.job_alarm``), so the timeout never interrupts the writes of the run's outcome.
     """
 
     def __init__(self, timeout: Any, *args: Any, **kwargs: Any) -> None:

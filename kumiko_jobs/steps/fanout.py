@@ -8,14 +8,13 @@ job body may write. The job's own function is not called for the parent.
 from __future__ import annotations
 
 from ..context import RunState
+from ..fanout import fan_out
 from ..pipeline import Next
 
 
 def fanout(state: RunState, call_next: Next) -> None:
     if state.definition.per_tenant and state.envelope.schema is None:
-        from ..fanout import fan_out
-
-        state.result = fan_out(state)
+        state.result = fan_out(state.envelope, state.definition, state.subject)
         state.outcome = "succeeded"
         return
     call_next(state)

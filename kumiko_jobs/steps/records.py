@@ -23,11 +23,12 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from .. import audit, conf, run_sql, signals, telemetry
+from .. import audit, conf, run_sql, signals
 from ..context import RunState
 from ..exceptions import Unrecoverable
 from ..models import JobAttempt, JobFailure, JobRun, RunStatus
 from ..pipeline import Next
+from ..run import report
 
 logger = logging.getLogger("kumiko_jobs.records")
 
@@ -225,7 +226,8 @@ def _finish(state: RunState) -> None:
         (outcome == "failed" and bool(state.failure_key))
         or (outcome == "succeeded" and definition.tenant_visible_failure is not None)
     )
-    if not (touches_failure or state.audit_uses or (outcome == "succeeded" and state.followups)):
+    followups = outcome == "succeeded" and bool(state.followups.entries)
+    if not (touches_failure or state.audit_uses.reported or followups):
         # The common case: one statement, so one round trip and its own transaction.
         run_sql.finish(attempt, run_update, env.run_id)
     else:
@@ -244,7 +246,7 @@ def _finish(state: RunState) -> None:
         error=error,
         **extra,
     )
-    telemetry.run_finished(state, duration_ms)
+    report.run_finished(state, duration_ms)
 
 
 def _finish_in_transaction(
@@ -277,5 +279,5 @@ def _finish_in_transaction(
                 schema_name=env.schema, job_name=env.job, subject=state.subject
             ).delete()
         audit.save_uses(state)
-        if outcome == "succeeded" and state.followups:
-            JobRun.objects.bulk_create([row for _, row in state.followups], ignore_conflicts=True)
+        if outcome == "succeeded" and state.followups.entries:
+            JobRun.objects.bulk_create(state.followups.rows(), ignore_conflicts=True)

@@ -66,7 +66,8 @@ def _other_aliases_in(tenant: Any) -> None:
 def _leave(state: RunState, busy: frozenset[str]) -> list[str]:
     """End of the body: no transaction, no session state, public schema (module doc)."""
     try:
-        return session.clean_up(state, busy)
+        marks = session.Marks(dirty=state.dirty_sessions, unwatched=state.unwatched_sessions)
+        return session.clean_up(marks, busy)
     finally:
         reset_connections()
 

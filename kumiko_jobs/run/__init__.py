@@ -1,0 +1,1 @@
+"""The run side (one attempt, message to history); imports every layer below it, none above."""
