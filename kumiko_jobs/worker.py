@@ -51,6 +51,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import boot, cancellation, conf, telemetry_flush, transport
 from .context import current_run, job_alarm
+from .history.rejections import record_rejection
 from .steps.tenancy import reset_connections
 from .transport import (
     HOOK_FIELDS,
@@ -190,10 +191,8 @@ def _raw_text(raw: bytes | str) -> str:
 
 
 def _record(message: str, reason: str, job_id: str, queue: str) -> None:
-    from .runner import reject
-
     try:
-        reject(message, reason, job_id, queue)
+        record_rejection(message, reason, job_id, queue)
     except Exception:
         # The history is down; the refusal still stands (and RQ's failed registry keeps it).
         logger.exception("could not record rejected message %s: %s", job_id, reason)
