@@ -17,6 +17,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import django_rq
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django_rq.queues import DjangoScheduler
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -539,6 +541,13 @@ def redis_identity(redis: Redis) -> tuple[Any, ...]:
 def forget_queues() -> None:
     """Drop cached queues (settings changed, e.g. RQ_QUEUES in a test)."""
     _queues.clear()
+
+
+@receiver(setting_changed)
+def _forget_queues_on_change(*, setting: str, **_: object) -> None:
+    # Connected here, not in conf: the settings reader stays below the transport.
+    if setting in {"RQ_QUEUES", "RQ"}:
+        forget_queues()
 
 
 def connection_for(queue: str) -> Redis:
