@@ -298,10 +298,7 @@ def _reset(*, setting: str, **_: object) -> None:
     if setting in {"KUMIKO_JOBS", "RQ_QUEUES", "RQ", "TENANT_APPS", "SHARED_APPS"}:
         get.cache_clear()
         shared_apps.cache_clear()
-    if setting in {"RQ_QUEUES", "RQ"}:
-        from . import transport
-
-        transport.forget_queues()
+    # The transport forgets its cached queues on RQ_QUEUES/RQ through its own receiver.
 
 
 # --- other projects' settings that the library needs to read ------------------------------

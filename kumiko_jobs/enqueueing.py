@@ -295,6 +295,28 @@ def row_for(definition: JobDefinition, env: Envelope, subject: str, delay: float
     )
 
 
+def envelope_of(run: JobRun, *, attempt: int) -> Envelope:
+    """Rebuild the message of a run from its history row (the row holds what the envelope held).
+
+    The inverse of ``_row``, beside it: the sweep, the relay and ``kumiko_jobs.testing`` push
+    a waiting run's message from its row."""
+    return Envelope(
+        job=run.job_name,
+        schema=run.schema_name or None,
+        kwargs=run.payload,
+        run_id=uuid.UUID(str(run.run_id)).hex,
+        attempt=attempt,
+        defers=run.defer_count,
+        gate_defers=run.gate_defer_count,
+        correlation_id=run.correlation_id,
+        triggered_by=run.triggered_by or None,
+        trigger=run.trigger or None,
+        origin=run.origin,
+        parent_run_id=run.parent_run_id.hex if run.parent_run_id else None,
+        trace=dict(run.trace_context or {}),
+    )
+
+
 def submit(
     definition: JobDefinition,
     tenant: Any,

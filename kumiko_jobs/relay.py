@@ -50,6 +50,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from . import conf, transport
+from .enqueueing import envelope_of, message_for
 from .envelope import Envelope
 from .exceptions import JobNotRegistered
 from .models import FINISHED_STATUSES, WAITING_STATUSES, JobRun, RunStatus
@@ -113,8 +114,6 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
 
     Raises when Redis or PostgreSQL is unreachable; nothing is lost then, the next call retries.
     """
-    from .worker import liveness
-
     settings = conf.get()
     grace = settings.RELAY_GRACE if grace is None else grace
     cutoff = timezone.now() - timedelta(seconds=grace)
@@ -125,7 +124,7 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
         .filter(due__lte=cutoff)
         .order_by("pk")
     )
-    alive = liveness()
+    alive = transport.liveness()
     checked = pushed = failed = 0
     last_pk: uuid.UUID | None = None
     while True:
@@ -209,7 +208,9 @@ class _Missing:
     dead: list[str]
 
 
-def _missing_messages(rows: Sequence[tuple[Any, ...]], alive: Any) -> dict[uuid.UUID, _Missing]:
+def _missing_messages(
+    rows: Sequence[tuple[Any, ...]], alive: transport.Liveness | None
+) -> dict[uuid.UUID, _Missing]:
     """The runs of ``rows`` whose message no RQ job in Redis will ever deliver."""
     by_queue: dict[str, list[tuple[uuid.UUID, Snapshot, list[str]]]] = {}
     for pk, status, attempts, defers, gate_defers, queue in rows:
@@ -313,12 +314,9 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
 
 
 def _message_for(run: JobRun, definition: Any, entry: _Missing) -> transport.Message:
-    from .enqueueing import message_for
-    from .sweep import envelope_of
-
     counters = pending_counters(run.status, run.attempts, run.defer_count, run.gate_defer_count)
     choice = counters[0]
-    if len(counters) == 2 and _deferred_by_gate(run):
+    if len(counters) == 2 and deferred_by_gate(run):
         choice = counters[1]
     attempt, defers, gate_defers = choice
     env = dataclasses.replace(
@@ -328,7 +326,7 @@ def _message_for(run: JobRun, definition: Any, entry: _Missing) -> transport.Mes
     return message_for(definition, env, 0.0)
 
 
-def _deferred_by_gate(run: JobRun) -> bool:
+def deferred_by_gate(run: JobRun) -> bool:
     """Was this deferral the inactive-tenant gate's (the row does not say which kind it was)?
 
     The gate defers only runs of inactive tenants under ``INACTIVE_TENANT="defer"``; a tenant

@@ -18,13 +18,15 @@ from django.utils import timezone
 
 from . import async_body, results, schedules, transport
 from . import envelope as envelope_mod
-from .context import JobContext, RunState, running, storable
+from .context import JobContext, RunState, running
 from .core.current import job_alarm
 from .enqueueing import message_for
 from .exceptions import EnvelopeError, JobNotRegistered
-from .models import JobRun, RejectedMessage, RunStatus
+from .history.rejections import record_rejection
+from .models import JobRun, RunStatus
 from .pipeline import Next, compose
 from .registry import is_async, registry
+from .steps import DEFAULT_STEPS
 
 logger = logging.getLogger("kumiko_jobs.runner")
 
@@ -33,8 +35,6 @@ _worker_name = f"{socket.gethostname()}:{__import__('os').getpid()}"
 
 
 def build_pipeline() -> Next:
-    from .steps import DEFAULT_STEPS
-
     return compose(DEFAULT_STEPS, call_job)
 
 
@@ -110,7 +110,7 @@ def execute(message: object) -> str:
     try:
         env = envelope_mod.decode(message)
     except EnvelopeError as exc:
-        reject(message, str(exc), rq_job_id)
+        record_rejection(message, str(exc), rq_job_id, transport.current_job_origin())
         return "rejected"
     try:
         definition = registry.get(env.job)
@@ -121,10 +121,11 @@ def execute(message: object) -> str:
         # A cron alarm is not a run: only the scheduler turns it into a tick (schedules.fire),
         # identified by signed data. A template in a queue is a copy (or a version 1 template
         # queued before a deploy): running it would start a tick no schedule fired.
-        reject(
+        record_rejection(
             message,
             f"cron template of {env.job} is not a run: kumiko's scheduler fires ticks",
             rq_job_id,
+            transport.current_job_origin(),
         )
         return "rejected"
     state = RunState(
@@ -162,25 +163,6 @@ def dispatch(state: RunState) -> None:
         transport.push_many(messages)
 
 
-def reject(message: object, reason: str, rq_job_id: str = "", queue: str = "") -> None:
-    logger.error("rejected queue message %s: %s", rq_job_id or "?", reason)
-    try:
-        excerpt = message if isinstance(message, str) else repr(message)
-    except RecursionError:
-        excerpt = f"<a {type(message).__name__} nested too deeply to show>"
-    RejectedMessage.objects.create(
-        rq_job_id=_storable(rq_job_id, 128),
-        reason=_storable(reason, 500),
-        queue=_storable(queue or transport.current_job_origin(), 100),
-        excerpt=_storable(excerpt, 2000),
-    )
-
-
-def _storable(text: str, limit: int) -> str:
-    """Forged text as PostgreSQL can store it: NUL and lone surrogates escaped, not fatal."""
-    return storable(text[:limit])[:limit]
-
-
 def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
     logger.error("run %s failed closed: %s", env.run_id, reason)
 
@@ -192,7 +174,7 @@ def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
         attempts=env.attempt,
     )
     if not updated:
-        reject(env, reason, transport.current_job_id())
+        record_rejection(env, reason, transport.current_job_id(), transport.current_job_origin())
 
 
 def reset_pipeline(factory: Callable[[], Next] | None = None) -> None:

@@ -30,8 +30,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import conf, retention, transport
-from .enqueueing import message_for
-from .envelope import Envelope
+from .enqueueing import envelope_of, message_for
 from .exceptions import JobNotRegistered
 from .models import JobAttempt, JobRun, RunStatus
 from .registry import registry
@@ -57,30 +56,10 @@ def sweep() -> SweepResult:
     )
 
 
-def envelope_of(run: JobRun, *, attempt: int) -> Envelope:
-    """Rebuild the message of a run from its history row (the row holds what the envelope held)."""
-    return Envelope(
-        job=run.job_name,
-        schema=run.schema_name or None,
-        kwargs=run.payload,
-        run_id=uuid.UUID(str(run.run_id)).hex,
-        attempt=attempt,
-        defers=run.defer_count,
-        gate_defers=run.gate_defer_count,
-        correlation_id=run.correlation_id,
-        triggered_by=run.triggered_by or None,
-        trigger=run.trigger or None,
-        origin=run.origin,
-        parent_run_id=run.parent_run_id.hex if run.parent_run_id else None,
-        trace=dict(run.trace_context or {}),
-    )
-
-
 def sweep_abandoned() -> tuple[int, int]:
-    from .worker import liveness
-
     grace = conf.get().RUNNING_TIMEOUT_GRACE
-    alive = liveness()  # before reading the runs: a run started later is too young to judge
+    # Before reading the runs: a run started later is too young to judge.
+    alive = transport.liveness()
     now = timezone.now()
     retried = abandoned = 0
     for run in JobRun.objects.filter(status=RunStatus.RUNNING).order_by("started_at"):
@@ -244,7 +223,7 @@ def _end_cancelled(claimed: JobRun, error_type: str, reason: str, now: datetime)
     return str(claimed.status)
 
 
-def _may_still_run(run: JobRun, alive: Any) -> bool:
+def _may_still_run(run: JobRun, alive: transport.Liveness | None) -> bool:
     """Whether a kumiko worker may still be executing this run (so its timeout proves nothing).
 
     A kumiko worker that executes the run beats for it, and ends an attempt that outlives its
@@ -259,7 +238,7 @@ def _may_still_run(run: JobRun, alive: Any) -> bool:
     return bool(alive.executes(run.rq_job_id, uuid.UUID(str(run.run_id)).hex))
 
 
-def _unattended(run: JobRun, alive: Any, now: datetime) -> str | None:
+def _unattended(run: JobRun, alive: transport.Liveness | None, now: datetime) -> str | None:
     """Why no worker executes this run any more, or None if one may (or we cannot tell)."""
     dead_after = conf.get().WORKER_DEAD_AFTER
     if alive is None or not run.rq_job_id or run.started_at is None:

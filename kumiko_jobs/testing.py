@@ -30,9 +30,9 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import relay, sweep, tenant_connections, transport
+from . import relay, tenant_connections, transport
 from .context import RunState, running
-from .enqueueing import RunHandle
+from .enqueueing import RunHandle, envelope_of
 from .exceptions import JobNotRegistered
 from .models import JobRun, RunStatus
 from .pipeline import Next, compose
@@ -128,10 +128,10 @@ def _run(row: JobRun) -> Ran:
     counters = relay.pending_counters(
         row.status, row.attempts, row.defer_count, row.gate_defer_count
     )
-    choice = counters[1] if len(counters) == 2 and relay._deferred_by_gate(row) else counters[0]
+    choice = counters[1] if len(counters) == 2 and relay.deferred_by_gate(row) else counters[0]
     attempt, defers, gate_defers = choice
     env = dataclasses.replace(
-        sweep.envelope_of(row, attempt=attempt), defers=defers, gate_defers=gate_defers
+        envelope_of(row, attempt=attempt), defers=defers, gate_defers=gate_defers
     )
     state = RunState(
         envelope=env,

@@ -7,6 +7,8 @@ ever crosses Redis, so a forged message cannot execute code while being decoded.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
@@ -16,9 +18,12 @@ from typing import Any, Protocol
 
 import django_rq
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django_rq.queues import DjangoScheduler
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.sentinel import SentinelConnectionPool
 from rq import Queue, RateLimit, get_current_job
@@ -581,6 +586,13 @@ def forget_queues() -> None:
     _queues.clear()
 
 
+@receiver(setting_changed)
+def _forget_queues_on_change(*, setting: str, **_: object) -> None:
+    # Connected here, not in conf: the settings reader stays below the transport.
+    if setting in {"RQ_QUEUES", "RQ"}:
+        forget_queues()
+
+
 def connection_for(queue: str) -> Redis:
     return get_queue(queue).connection
 
@@ -848,6 +860,76 @@ def queue_length(queue: str) -> int:
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+# --- worker liveness: which kumiko worker executes which RQ job (worker.py beats, the sweep and
+# the relay read) -----------------------------------------------------------------------------
+
+LIVE_WORKERS = "kumiko:workers"  # set of worker names that beat
+WORKER_KEY = "kumiko:worker:"  # + name -> the RQ job id it executes ("" when idle), with a TTL
+# When liveness data started to be collected in this Redis dataset. Right after a flush, or a
+# restart that lost the data, no worker has beaten yet and a missing key proves nothing.
+WORKERS_SINCE_KEY = "kumiko:workers:since"
+# Set in a kumiko worker's RQ worker hash: a live RQ worker without it is some other worker
+# class, whose runs only the timeout rule may end.
+RQ_WORKER_MARK = "kumiko"
+# The worker's logger, as when this lived in worker.py: users' LOGGING may route it.
+_liveness_logger = logging.getLogger("kumiko_jobs.worker")
+
+
+class Liveness:
+    """A snapshot of the live kumiko workers and the RQ job each executes."""
+
+    def __init__(self, workers: dict[str, str], redis: Any):
+        self.workers = workers
+        self._redis = redis
+        self._jobs = {job for job in workers.values() if job}
+        # RQ job ids of runs start with kj-<run id>; the run also counts as executed when a
+        # later message of it is (the records step lets a newer attempt take a run over).
+        self._runs = {job[3:35] for job in self._jobs if job.startswith("kj-")}
+
+    def executes(self, rq_job_id: str, run_hex: str) -> bool:
+        return rq_job_id in self._jobs or run_hex in self._runs
+
+    def worker_of(self, rq_job_id: str) -> str | None:
+        """The RQ worker that took this RQ job, as RQ recorded it (None when unknown)."""
+        if not rq_job_id:
+            return None
+        return _text(self._redis.hget(JsonJob.key_for(rq_job_id), "worker_name"))
+
+    def is_gone(self, worker: str) -> bool:
+        """True unless ``worker`` is a live kumiko worker or a live RQ worker of another kind."""
+        if worker in self.workers:
+            return False
+        key = RQSimpleWorker.redis_worker_namespace_prefix + worker
+        birth, mark = self._redis.hmget(key, "birth", RQ_WORKER_MARK)
+        return birth is None or mark is not None
+
+
+def liveness() -> Liveness | None:
+    """Which workers are alive now, or None when that cannot be known (Redis down or just
+    emptied): callers then fall back to the timeout rule."""
+    settings = conf.get()
+    redis = connection_for(settings.DEFAULT_QUEUE)
+    try:
+        since = redis.get(WORKERS_SINCE_KEY)
+        if since is None or time.time() - float(since) < settings.WORKER_DEAD_AFTER:
+            return None
+        names = sorted(name for n in redis.smembers(LIVE_WORKERS) if (name := _text(n)))
+        values = redis.mget([WORKER_KEY + n for n in names]) if names else []
+    except RedisError as exc:
+        _liveness_logger.warning("worker liveness unknown: %s", exc)
+        return None
+    workers = {n: _text(v) or "" for n, v in zip(names, values, strict=True) if v is not None}
+    gone = [n for n in names if n not in workers]
+    if gone:
+        with contextlib.suppress(RedisError):
+            redis.srem(LIVE_WORKERS, *gone)
+    return Liveness(workers, redis)
+
+
+def _text(value: bytes | str | None) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 # --- django-rq's web pages and queue configuration (kumiko_jobs.urls, checks.py) --------------

@@ -52,14 +52,21 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from . import boot, cancellation, conf, telemetry_flush, transport
 from .context import current_run
 from .core.current import job_alarm
+from .history.rejections import record_rejection
+from .relay import relay_pending
+from .scheduler_liveness import RateLimitedWarning
 from .steps.tenancy import reset_connections
+from .sweep import record_cancelled, record_timed_out, sweep_abandoned
 from .transport import (
     HOOK_FIELDS,
+    LIVE_WORKERS,
+    RQ_WORKER_MARK,
     RUNNER,
+    WORKER_KEY,
+    WORKERS_SINCE_KEY,
     BookkeepingSimpleWorker,
     ForkingWorkerBase,
     Serializer,
-    SimpleWorkerBase,
     WorkerJob,
 )
 
@@ -191,10 +198,8 @@ def _raw_text(raw: bytes | str) -> str:
 
 
 def _record(message: str, reason: str, job_id: str, queue: str) -> None:
-    from .runner import reject
-
     try:
-        reject(message, reason, job_id, queue)
+        record_rejection(message, reason, job_id, queue)
     except Exception:
         # The history is down; the refusal still stands (and RQ's failed registry keeps it).
         logger.exception("could not record rejected message %s: %s", job_id, reason)
@@ -264,15 +269,7 @@ class _RefusesForeignMessages:
 
 # --- liveness: which worker executes which run --------------------------------------------
 
-LIVE_WORKERS = "kumiko:workers"  # set of worker names that beat
-_WORKER_KEY = "kumiko:worker:"  # + name -> the RQ job id it executes ("" when idle), with a TTL
-# When liveness data started to be collected in this Redis dataset. Right after a flush, or a
-# restart that lost the data, no worker has beaten yet and a missing key proves nothing.
-_SINCE_KEY = "kumiko:workers:since"
 _MAINTENANCE_LOCK = "kumiko:maintenance"
-# Set in a kumiko worker's RQ worker hash: a live RQ worker without it is some other worker
-# class, whose runs only the timeout rule may end.
-_RQ_WORKER_MARK = "kumiko"
 _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError)
 _HEARTBEAT_AT_MOST_EVERY = 1.0  # seconds between RQ worker heartbeats sent on their own
 _WATCH_EVERY = 0.5  # seconds between the watchdog's looks at the attempt being executed
@@ -286,62 +283,8 @@ def _redis() -> Any:
     return transport.connection_for(conf.get().DEFAULT_QUEUE)
 
 
-class Liveness:
-    """A snapshot of the live kumiko workers and the RQ job each executes."""
-
-    def __init__(self, workers: dict[str, str], redis: Any):
-        self.workers = workers
-        self._redis = redis
-        self._jobs = {job for job in workers.values() if job}
-        # RQ job ids of runs start with kj-<run id>; the run also counts as executed when a
-        # later message of it is (the records step lets a newer attempt take a run over).
-        self._runs = {job[3:35] for job in self._jobs if job.startswith("kj-")}
-
-    def executes(self, rq_job_id: str, run_hex: str) -> bool:
-        return rq_job_id in self._jobs or run_hex in self._runs
-
-    def worker_of(self, rq_job_id: str) -> str | None:
-        """The RQ worker that took this RQ job, as RQ recorded it (None when unknown)."""
-        if not rq_job_id:
-            return None
-        return _text(self._redis.hget(transport.JsonJob.key_for(rq_job_id), "worker_name"))
-
-    def is_gone(self, worker: str) -> bool:
-        """True unless ``worker`` is a live kumiko worker or a live RQ worker of another kind."""
-        if worker in self.workers:
-            return False
-        key = SimpleWorkerBase.redis_worker_namespace_prefix + worker
-        birth, mark = self._redis.hmget(key, "birth", _RQ_WORKER_MARK)
-        return birth is None or mark is not None
-
-
-def liveness() -> Liveness | None:
-    """Which workers are alive now, or None when that cannot be known (Redis down or just
-    emptied): callers then fall back to the timeout rule."""
-    settings = conf.get()
-    redis = _redis()
-    try:
-        since = redis.get(_SINCE_KEY)
-        if since is None or time.time() - float(since) < settings.WORKER_DEAD_AFTER:
-            return None
-        names = sorted(name for n in redis.smembers(LIVE_WORKERS) if (name := _text(n)))
-        values = redis.mget([_WORKER_KEY + n for n in names]) if names else []
-    except RedisError as exc:
-        logger.warning("worker liveness unknown: %s", exc)
-        return None
-    workers = {n: _text(v) or "" for n, v in zip(names, values, strict=True) if v is not None}
-    gone = [n for n in names if n not in workers]
-    if gone:
-        with contextlib.suppress(RedisError):
-            redis.srem(LIVE_WORKERS, *gone)
-    return Liveness(workers, redis)
-
-
 def run_maintenance() -> None:
     """One round of what workers do in the background: sweep, then relay."""
-    from .relay import relay_pending
-    from .sweep import sweep_abandoned
-
     sweep_abandoned()
     relay_pending()
 
@@ -396,13 +339,11 @@ class _Heart:
             if thread is not threading.current_thread():
                 thread.join(timeout)
         with contextlib.suppress(RedisError), _redis().pipeline(transaction=False) as pipe:
-            pipe.delete(_WORKER_KEY + self.name)
+            pipe.delete(WORKER_KEY + self.name)
             pipe.srem(LIVE_WORKERS, self.name)
             pipe.execute()
 
     def _beat(self) -> None:
-        from .scheduler_liveness import RateLimitedWarning
-
         settings = conf.get()
         redis = _redis()
         failing = False
@@ -414,9 +355,9 @@ class _Heart:
                 current = self.current
                 run_id = cancellation.run_of(current)
                 with redis.pipeline(transaction=False) as pipe:
-                    pipe.set(_WORKER_KEY + self.name, current, ex=settings.WORKER_DEAD_AFTER)
+                    pipe.set(WORKER_KEY + self.name, current, ex=settings.WORKER_DEAD_AFTER)
                     pipe.sadd(LIVE_WORKERS, self.name)
-                    pipe.set(_SINCE_KEY, time.time(), nx=True)
+                    pipe.set(WORKERS_SINCE_KEY, time.time(), nx=True)
                     if run_id is not None:
                         # A cancellation of the run being executed rides on the beat: one more
                         # command, no extra round trip, no database read inside the job body.
@@ -540,7 +481,7 @@ class _KeepsRunsAlive:
 
     def register_birth(self) -> None:
         super().register_birth()  # type: ignore[misc]
-        self.connection.hset(self.key, _RQ_WORKER_MARK, "1")
+        self.connection.hset(self.key, RQ_WORKER_MARK, "1")
 
     def execute_job(self, job: Any, queue: Any) -> None:
         heart = self._heart
@@ -650,8 +591,6 @@ class _KeepsRunsAlive:
 def _record_overrun(job_id: str, how: str, *, push: bool) -> bool:
     """Record the attempt of ``job_id`` as timed out. False: its outcome was already recorded
     (the attempt ended just now, and only RQ's bookkeeping is left)."""
-    from .sweep import record_timed_out
-
     kill_after = conf.get().TIMEOUT_KILL_AFTER
     reason = (
         f"the attempt was still running {kill_after} s after its timeout (the job caught the "
@@ -795,8 +734,6 @@ class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase)
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)
         if self._killed_for_cancel == job.id:
             self._killed_for_cancel = ""
-            from .sweep import record_cancelled
-
             try:
                 record_cancelled(
                     job.id, f"its worker {self.name} killed the work horse after CANCEL_GRACE"

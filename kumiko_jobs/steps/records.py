@@ -26,6 +26,7 @@ from django.utils import timezone
 from .. import audit, conf, run_sql, signals
 from ..context import RunState
 from ..exceptions import Unrecoverable
+from ..history.rejections import record_rejection
 from ..models import JobAttempt, JobFailure, JobRun, RunStatus
 from ..pipeline import Next
 from ..run import report
@@ -154,8 +155,6 @@ def _refuse_without_row(state: RunState) -> None:
     deleted by retention or by hand. Recreating the run from the message would run a finished
     job again from any copy of its message.
     """
-    from ..runner import reject
-
     env = state.envelope
     reason = (
         f"no run {env.run_id} of {env.job}: its history row is gone (deleted by retention or by "
@@ -164,7 +163,7 @@ def _refuse_without_row(state: RunState) -> None:
     logger.warning("refused message for run %s: %s", env.run_id, reason)
     state.outcome, state.drop_reason = "dropped", reason
     excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
-    reject(excerpt, reason, state.rq_job_id, state.queue)
+    record_rejection(excerpt, reason, state.rq_job_id, state.queue)
     signals.send(
         signals.job_dropped,
         run_id=env.run_id,

@@ -23,9 +23,8 @@ def _no_worker_beats_for_it() -> None:
     """Liveness data collected for an hour, in which no kumiko worker beats for the run: the
     proof the sweep needs that its worker is gone (an overdue run a worker may still execute
     is left to that worker; docs/reliability.md, Timeouts)."""
-    from kumiko_jobs import worker
 
-    transport.connection_for("default").set(worker._SINCE_KEY, time.time() - 3600)
+    transport.connection_for("default").set(transport.WORKERS_SINCE_KEY, time.time() - 3600)
 
 
 def test_deferral_resumes_the_same_run_in_the_same_tenant(tenants):

@@ -248,9 +248,7 @@ def test_relay_command(tenants, redis_conn, capsys):
 
 
 def _liveness_data(redis: Any, *, age: float = 100.0) -> None:
-    from kumiko_jobs import worker
-
-    redis.set(worker._SINCE_KEY, time.time() - age)
+    redis.set(transport.WORKERS_SINCE_KEY, time.time() - age)
 
 
 def _running(handle: Any, rq_job_id: str, worker_name: str, started_ago: float = 10.0) -> None:
@@ -268,8 +266,6 @@ def _running(handle: Any, rq_job_id: str, worker_name: str, started_ago: float =
 
 @override_settings(KUMIKO_JOBS=fast_settings())
 def test_sweep_tells_dead_live_and_foreign_workers_apart(tenants, redis_conn):
-    from kumiko_jobs import worker
-
     transport.get_queue("default").empty()
     _liveness_data(redis_conn)
     dead = jobs.flaky.enqueue(tenant="t1", tag="dead", fail_times=0)
@@ -282,8 +278,8 @@ def test_sweep_tells_dead_live_and_foreign_workers_apart(tenants, redis_conn):
     prefix = transport.SimpleWorkerBase.redis_worker_namespace_prefix
     redis_conn.hset(prefix + "ghost", mapping={"birth": "then", "kumiko": "1"})  # killed
     redis_conn.hset(prefix + "plain-rq", mapping={"birth": "then"})  # alive, no liveness beats
-    redis_conn.set(worker._WORKER_KEY + "busy", f"kj-{live.run_id}-a1-d0-g0", ex=30)
-    redis_conn.sadd(worker.LIVE_WORKERS, "busy")
+    redis_conn.set(transport.WORKER_KEY + "busy", f"kj-{live.run_id}-a1-d0-g0", ex=30)
+    redis_conn.sadd(transport.LIVE_WORKERS, "busy")
 
     assert sweep_abandoned() == (1, 0)
 

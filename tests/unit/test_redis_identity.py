@@ -1,7 +1,9 @@
-"""transport.redis_identity: which Redis dataset a client talks to, Sentinel included."""
+"""transport.redis_identity: which Redis dataset a client talks to, Sentinel included; and the
+cached queues, dropped when RQ_QUEUES changes."""
 
 from __future__ import annotations
 
+from django.test import override_settings
 from redis import Redis
 from redis.sentinel import Sentinel
 
@@ -28,3 +30,14 @@ def test_plain_clients_by_address_and_database():
     assert a == transport.redis_identity(Redis(host="10.0.0.1", port=6379, db=0))
     assert a != transport.redis_identity(Redis(host="10.0.0.1", port=6379, db=1))
     assert a != transport.redis_identity(_sentinel_client("main", 0))
+
+
+def test_an_override_of_rq_queues_drops_the_cached_queues():
+    """The transport's own setting_changed receiver: a queue built before the override does not
+    survive it (clients connect lazily: nothing here reaches a server)."""
+    before = transport.get_queue("default")
+    with override_settings(RQ_QUEUES={"default": {"URL": "redis://10.0.0.9:6379/5"}}):
+        during = transport.get_queue("default")
+        assert during is not before
+        assert during.connection.connection_pool.connection_kwargs["host"] == "10.0.0.9"
+    assert transport.get_queue("default") is not during
