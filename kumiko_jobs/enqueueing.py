@@ -25,9 +25,9 @@ from django.utils import timezone
 
 from . import conf, origin, signals, telemetry, transport
 from .context import RunState, current_run
+from .core.db import ADMISSION_LOCK_CLASS
 from .envelope import WIDEST_SIGNING_TIME, Envelope, encode, new_run_id
 from .exceptions import InvalidJob
-from .guard_allowlists import ADMISSION_LOCK_CLASS
 from .models import REFUSED_STATUSES, JobRun, RunStatus
 from .registry import JobDefinition, registry
 from .subject import build_subject

@@ -12,10 +12,8 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from functools import cache
 from typing import Any
 
-from django.apps import apps
 from django.db import connections
 from django.db.backends.signals import connection_created
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
@@ -26,52 +24,13 @@ from .. import audit, conf, session
 from ..context import RunState, current_run, render_error
 from ..exceptions import DatabaseAccessDenied
 from ..guard import Grant, Policy, Verdict, classify
+from ..guard_tables import personal_data_columns, protected_tables, shared_tables
 from ..pipeline import Next
 from ..sql_tree import statement_shape
 
 logger = logging.getLogger("kumiko_jobs.guard")
 
-PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
 _UNSAFE_RAW = str(Grant.UNSAFE_RAW)
-
-
-@cache
-def shared_tables() -> frozenset[str]:
-    """Tables that exist only in public: models of SHARED_APPS that are not also TENANT_APPS."""
-    shared, tenant = conf.shared_apps()
-    tables = set(conf.get().EXTRA_SHARED_TABLES)
-    for config in apps.get_app_configs():
-        if config.name in shared and config.name not in tenant:
-            for model in config.get_models(include_auto_created=True):
-                tables.add(model._meta.db_table.lower())
-    return frozenset(tables)
-
-
-@cache
-def protected_tables() -> frozenset[str]:
-    """kumiko_jobs' own tables and the tenant and domain tables: no grant writes them."""
-    from django_tenants.utils import get_tenant_domain_model, get_tenant_model
-
-    models = [
-        *apps.get_app_config("kumiko_jobs").get_models(),
-        get_tenant_model(),
-        get_tenant_domain_model(),
-    ]
-    return frozenset(model._meta.db_table.lower() for model in models)
-
-
-@cache
-def personal_data_columns() -> Mapping[str, frozenset[str]]:
-    """``{table: columns}`` from models that list ``kumiko_personal_data = ["field", ...]``."""
-    found: dict[str, frozenset[str]] = {}
-    for model in apps.get_models():
-        names = getattr(model, PERSONAL_DATA_ATTRIBUTE, None)
-        if names:
-            columns = {
-                str(getattr(model._meta.get_field(name), "column", name)).lower() for name in names
-            }
-            found[model._meta.db_table.lower()] = frozenset(columns)
-    return found
 
 
 def db_guard(state: RunState, call_next: Next) -> None:
