@@ -24,16 +24,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantDatabaseWrapper
 from psycopg import ClientCursor
 from psycopg.pq import TransactionStatus
-
-from .context import RunState
 
 logger = logging.getLogger("kumiko_jobs.session")
 
@@ -80,7 +79,18 @@ def busy_aliases() -> frozenset[str]:
     )
 
 
-def clean_up(state: RunState, busy: frozenset[str]) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class Marks:
+    """What the guard noted about the run's sessions (the run's ``dirty_sessions`` and
+    ``unwatched_sessions``): which ones may hold more than their transaction."""
+
+    # Aliases whose session the body may have changed beyond its transaction.
+    dirty: Set[str] = frozenset()
+    # The guard did not watch (DB_GUARD="off"): every session counts as dirty.
+    unwatched: bool = False
+
+
+def clean_up(marks: Marks, busy: frozenset[str]) -> list[str]:
     """Reset what the run left on its connections; returns the aliases it left in a transaction.
 
     Never raises: a connection that cannot be cleaned is closed (the next run reconnects).
@@ -90,11 +100,7 @@ def clean_up(state: RunState, busy: frozenset[str]) -> list[str]:
         if conn.alias in busy or conn.connection is None:
             continue
         try:
-            dirty = (
-                state.unwatched_sessions
-                or conn.alias in state.dirty_sessions
-                or conn.connection in _unjudged
-            )
+            dirty = marks.unwatched or conn.alias in marks.dirty or conn.connection in _unjudged
             if in_transaction(conn):
                 left_open.append(conn.alias)
                 roll_back(conn)

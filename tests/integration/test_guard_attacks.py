@@ -439,7 +439,7 @@ def protections_off(monkeypatch: pytest.MonkeyPatch) -> None:
     from kumiko_jobs import run_sql, session, signals
     from kumiko_jobs.registry import registry
 
-    monkeypatch.setattr(session, "clean_up", lambda state, busy: [])
+    monkeypatch.setattr(session, "clean_up", lambda marks, busy: [])
     monkeypatch.setattr(run_sql, "end_stray_transaction", lambda: False)
     monkeypatch.setattr(signals, "_refuse_inside_a_run", lambda action: None)
     accepting = dataclasses.replace(jobs.system_reprice, tenant_may_start=True)
