@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -110,7 +111,18 @@ def guard_state(tenant: Any) -> Any:
     envelope = Envelope(
         job=definition.name, schema=tenant.schema_name, kwargs={"n": 0}, run_id=new_run_id()
     )
-    return RunState(envelope=envelope, definition=definition, tenant=tenant)
+    state = RunState(envelope=envelope, definition=definition)
+    state.tenant = tenant
+    return state
+
+
+def guard_wrapper(state: Any) -> Any:
+    """The ``GuardWrapper`` the db_guard step installs for ``state``'s body (enforce mode)."""
+    from kumiko_jobs import audit
+    from kumiko_jobs.steps.db_guard import GuardWrapper
+
+    report = functools.partial(audit.record_use, state)
+    return GuardWrapper(state.watch, enforce=True, report_use=report)
 
 
 @contextlib.contextmanager
@@ -118,9 +130,7 @@ def guarded(state: Any) -> Iterator[Any]:
     """What ``kumiko_jobs.steps.db_guard.db_guard`` does around a job body."""
     from django.db import connections
 
-    from kumiko_jobs.steps.db_guard import GuardWrapper
-
-    wrapper = GuardWrapper(state, enforce=True)
+    wrapper = guard_wrapper(state)
     with contextlib.ExitStack() as stack:
         for conn in connections.all():
             stack.enter_context(conn.execute_wrapper(wrapper))
@@ -188,9 +198,8 @@ def guard_call_cost(state: Any, count: int) -> float:
     from django.db import connection
 
     from example_project.billing.models import ActivityLog
-    from kumiko_jobs.steps.db_guard import GuardWrapper
 
-    wrapper = GuardWrapper(state, enforce=True)
+    wrapper = guard_wrapper(state)
     query = ActivityLog.objects.filter(pk=1).query
     sql, params = query.get_compiler(connection.alias).as_sql()
     context = {"connection": connection, "cursor": None}

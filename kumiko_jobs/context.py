@@ -19,6 +19,7 @@ from .core import current
 from .enqueue.followups import FollowupBatch, collecting
 from .enqueueing import prepare_followup
 from .exceptions import InvalidJob
+from .guard_watch import Watch
 from .scrubbing import MASK, is_sensitive_key, scrub
 
 if TYPE_CHECKING:
@@ -96,7 +97,6 @@ class RunState:
     rq_job_id: str = ""
     queue: str = ""
     worker_name: str = ""
-    tenant: Any = None
     # The tenant the message names, as the records step loaded it (None: no such tenant).
     tenant_loaded: bool = False
     loaded_tenant: Any = None
@@ -120,12 +120,8 @@ class RunState:
     # Bytes of JSON the kept ctx.log lines take, and the marker line once lines are dropped.
     log_bytes: int = 0
     log_overflow: dict[str, Any] | None = None
-    active_grants: list[str] = field(default_factory=list)
-    readable_schema: str | None = None
-    guard_violations: list[str] = field(default_factory=list)
     # The escape-hatch uses the run reported (audit.record_use), made from the definition.
     audit_uses: audit.AuditUses = field(init=False)
-    system_db_open: bool = False
     # Set by the worker's death penalty when the attempt's timeout fires (its seconds): from then
     # on the attempt is timed out, whatever the job's code catches or returns (runner.call_job).
     timeout_fired: int | None = None
@@ -137,25 +133,37 @@ class RunState:
     subject: str = ""
     # The job body's exception, rendered inside the guarded tenant context (db_guard step).
     rendered_error: RenderedError | None = None
-    # Aliases whose session the body may have changed beyond its transaction (statements the
-    # guard allowed under unsafe_raw or inside system_db, server-side cursors); all of them
-    # when the guard did not watch (DB_GUARD="off"). The tenancy step resets those sessions.
-    dirty_sessions: set[str] = field(default_factory=set)
-    unwatched_sessions: bool = False
-    # The db_guard step's installation while the body runs (it adopts connections opened
-    # meanwhile); None outside the body and with DB_GUARD="off".
-    guard: Any = None
-    # The body's database identity while it runs as its tenant's role (tenant_connections).
-    db_identity: Any = None
     # An atomic run's body and success committed together (steps.atomic).
     atomic_committed: bool = False
+    # The guard's part: grants open, violations, session marks, the installed guard, the
+    # body's database identity (guard_watch). Built from the envelope and the definition.
+    watch: Watch = field(init=False)
 
     def __post_init__(self) -> None:
-        self.followups = FollowupBatch(parent=self.envelope)
-        hatch = self.definition.escape_hatch
-        self.audit_uses = audit.AuditUses(
-            reason=hatch.reason if hatch else "system job", system=self.definition.system
+        env, definition = self.envelope, self.definition
+        self.watch = Watch(
+            job=env.job,
+            schema=env.schema,
+            origin=env.origin,
+            declared_grants=frozenset(definition.grants),
+            system=definition.system,
+            atomic=definition.atomic,
         )
+        self.followups = FollowupBatch(parent=env)
+        hatch = definition.escape_hatch
+        self.audit_uses = audit.AuditUses(
+            reason=hatch.reason if hatch else "system job", system=definition.system
+        )
+
+    @property
+    def tenant(self) -> Any:
+        """The run's tenant (None: a system run); kept on the Watch, which the guard reads.
+        Set by the gates step."""
+        return self.watch.tenant
+
+    @tenant.setter
+    def tenant(self, tenant: Any) -> None:
+        self.watch.tenant = tenant
 
     def note_timeout(self, seconds: int) -> None:
         """The attempt's timeout fired: from now on it is timed out (runner._final_timeout)."""
@@ -411,11 +419,8 @@ class JobContext:
     def _granted(self, grant: str) -> Iterator[None]:
         # SQL grants are reported by the guard when a statement actually needs them.
         self._require(grant)
-        self._state.active_grants.append(grant)
-        try:
+        with self._state.watch.hatch(grant):
             yield
-        finally:
-            self._state.active_grants.pop()
 
     def unsafe_raw(self) -> contextlib.AbstractContextManager[None]:
         """Allow SQL the guard cannot verify (DDL, COPY, SET, multi-statements)."""
@@ -425,9 +430,11 @@ class JobContext:
     def global_writes(self) -> Iterator[None]:
         """Allow writes to shared (public) tables. With DB_ROLES the block logs in as the
         tenant's writer (its own privileges plus writes on the shared tables)."""
+        # tenant_connections imports django-tenants' backend, which needs the app registry;
+        # this module is imported while apps load (the logging filter).
         from .tenant_connections import writer_identity
 
-        with self._granted("global_writes"), writer_identity(self._state):
+        with self._granted("global_writes"), writer_identity(self._state.watch):
             yield
 
     @contextlib.contextmanager
@@ -435,19 +442,19 @@ class JobContext:
         """Read another tenant's schema, SELECT only, then come back."""
         from django.db import connection as default_connection
 
-        from .tenant_connections import read_identity
+        from .tenant_connections import read_identity  # (in the function: see global_writes)
 
+        watch = self._state.watch
         # django-tenants' wrapper (with DB_ROLES, the other tenant's role's, for the block)
         connection: Any = default_connection
-        with self._granted("cross_tenant_reads"), read_identity(self._state, tenant):
+        with self._granted("cross_tenant_reads"), read_identity(watch, tenant):
             previous = connection.tenant
-            self._state.readable_schema = tenant.schema_name
-            connection.set_tenant(tenant)
-            try:
-                yield
-            finally:
-                connection.set_tenant(previous)
-                self._state.readable_schema = None
+            with watch.reading(tenant.schema_name):
+                connection.set_tenant(tenant)
+                try:
+                    yield
+                finally:
+                    connection.set_tenant(previous)
 
     @contextlib.contextmanager
     def act_as(self, user: Any) -> Iterator[None]:
@@ -474,12 +481,9 @@ class JobContext:
                 "ctx.system_db() is for system jobs; declare @job(system=True) on "
                 f"{self.job_name!r}."
             )
-        from .tenant_connections import project_identity
+        from .tenant_connections import project_identity  # (in the function: see global_writes)
 
+        watch = self._state.watch
         audit.record_use(self._state, "system_db")
-        with project_identity(self._state):
-            self._state.system_db_open = True
-            try:
-                yield
-            finally:
-                self._state.system_db_open = False
+        with project_identity(watch), watch.stepped_aside():
+            yield

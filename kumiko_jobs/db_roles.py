@@ -33,10 +33,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from psycopg import sql
 
 from . import conf
+from .core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
+from .guard_tables import protected_tables, shared_tables
 
 logger = logging.getLogger("kumiko_jobs.db_roles")
 
@@ -139,10 +142,6 @@ def readable_shared_tables() -> frozenset[str]:
     own (every tenant's runs, arguments, errors and logs: no tenant reads them, which the
     classifier alone allows). The tenant and domain tables stay readable: a job names another
     tenant through them (``ctx.cross_tenant_reads(Client.objects.get(...))``)."""
-    from django.apps import apps
-
-    from .steps.db_guard import shared_tables
-
     kumiko = apps.get_app_config("kumiko_jobs").get_models(include_auto_created=True)
     return shared_tables() - {model._meta.db_table.lower() for model in kumiko}
 
@@ -173,8 +172,6 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
     _execute(
         cursor, sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(_ident(public), _ident(group))
     )
-    from .steps.db_guard import protected_tables
-
     cursor.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = %s AND c.relkind IN ('r', 'p', 'v', 'm', 'f')",
@@ -215,8 +212,6 @@ def _grant_atomic_success(cursor: Any, public: str, group: str) -> None:
     """The one door a tenant login has to kumiko's history: the SECURITY DEFINER function an
     atomic run records its success with, in its own transaction (migration 0011, which checks
     that the run is one of the caller's schema). Skipped until that migration ran."""
-    from .run_sql import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
-
     cursor.execute("SELECT to_regprocedure(%s)", [f"{public}.{ATOMIC_FUNCTION}{ATOMIC_SIGNATURE}"])
     if cursor.fetchone()[0] is None:
         return
@@ -526,8 +521,6 @@ def _atomic_success_ungranted(cursor: Any, alias: str) -> list[str]:
     """The atomic runs' success function (migration 0011) when the tenants' group may not
     execute it: a deploy that migrated without running the roles command. Every atomic run
     under DB_ROLES would fail with 'permission denied' at its end."""
-    from .run_sql import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
-
     public = conf.public_schema_name()
     function = f"{public}.{ATOMIC_FUNCTION}{ATOMIC_SIGNATURE}"
     cursor.execute(

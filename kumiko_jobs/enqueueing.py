@@ -24,11 +24,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from . import conf, origin, signals, telemetry, transport
+from .core.db import ADMISSION_LOCK_CLASS
 from .enqueue import followups
 from .enqueue.followups import FollowupBatch
 from .envelope import WIDEST_SIGNING_TIME, Envelope, encode, new_run_id
 from .exceptions import InvalidJob
-from .guard_allowlists import ADMISSION_LOCK_CLASS
 from .models import REFUSED_STATUSES, JobRun, RunStatus
 from .registry import JobDefinition, registry
 from .subject import build_subject

@@ -14,11 +14,6 @@ listed under the name the parser produces.
 
 from __future__ import annotations
 
-# kumiko's own admission lock uses the two-int4 advisory key space with this class id
-# (pg_advisory_xact_lock(ADMISSION_LOCK_CLASS, hashtext(...))). Tenant SQL may use the two-int
-# form only with a constant first argument different from this one (see guard docs).
-ADMISSION_LOCK_CLASS = 0x4B4A  # "KJ"
-
 
 def _words(*texts: str) -> frozenset[str]:
     return frozenset(" ".join(texts).split())

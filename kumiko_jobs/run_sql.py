@@ -34,6 +34,7 @@ from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantData
 from django_tenants.utils import get_tenant_model
 
 from . import conf
+from .core.db import ATOMIC_FUNCTION
 from .models import JobAttempt, JobRun, RunStatus
 
 
@@ -253,10 +254,6 @@ def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> 
 
 
 # --- atomic runs (docs/reliability.md, "Exactly once for database-only jobs") ------------------
-
-# Created by migration 0011 (SECURITY DEFINER, owned by the project user); its signature.
-ATOMIC_FUNCTION = "kumiko_jobs_atomic_success"
-ATOMIC_SIGNATURE = "(uuid, integer, xid8, timestamptz, jsonb)"
 
 
 def atomic_function() -> str:

@@ -34,8 +34,8 @@ from psycopg import errors as pg_errors
 # behaviour this module relies on, so a psycopg upgrade that changes it fails loudly.
 from psycopg._queries import _split_query
 
+from .core.db import ADMISSION_LOCK_CLASS
 from .guard_allowlists import (
-    ADMISSION_LOCK_CLASS,
     ADVISORY_XACT_LOCKS,
     BUILTIN_FUNCTIONS,
     CATALOG_RELATIONS,

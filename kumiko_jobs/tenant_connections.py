@@ -34,8 +34,8 @@ from django.db.utils import load_backend
 from psycopg import ServerCursor, errors
 
 from . import conf, db_roles, session
-from .context import RunState, current_run
 from .exceptions import DatabaseAccessDenied
+from .guard_watch import Watch, current_watch, watching
 
 ROLE_ATTRIBUTE = "kumiko_db_role"
 TENANT_ENGINE = "django_tenants.postgresql_backend"
@@ -73,9 +73,9 @@ inline_in_callers_transaction: ContextVar[bool] = ContextVar(
 )
 
 
-def enabled_for(state: RunState) -> bool:
+def enabled_for(watch: Watch) -> bool:
     return (
-        state.tenant is not None and conf.get().DB_ROLES and not inline_in_callers_transaction.get()
+        watch.tenant is not None and conf.get().DB_ROLES and not inline_in_callers_transaction.get()
     )
 
 
@@ -136,8 +136,7 @@ def close_all() -> None:
 class Identity:
     """The run's swap: which wrappers the thread's aliases had before, and which the body got."""
 
-    def __init__(self, state: RunState) -> None:
-        self.state = state
+    def __init__(self) -> None:
         self.thread = threading.get_ident()
         self.aliases = tenant_aliases()
         self.project: dict[str, Any] = {}
@@ -167,63 +166,66 @@ def _thread_connections() -> Any:
 
 
 @contextlib.contextmanager
-def body_identity(state: RunState) -> Iterator[Identity | None]:
+def body_identity(watch: Watch) -> Iterator[Identity | None]:
     """For the body of a tenant run: every django-tenants alias logs in as the tenant's role.
     Yields the swap, or None (DB_ROLES off, or a system run: the project's own user)."""
-    if not enabled_for(state):
+    if not enabled_for(watch):
         yield None
         return
-    identity = Identity(state)
-    identity.tenant = {a: wrapper_for(a, state.tenant.pk) for a in identity.aliases}
+    identity = Identity()
+    identity.tenant = {a: wrapper_for(a, watch.tenant.pk) for a in identity.aliases}
     identity.project = {a: w for a, w in identity.swap_to(identity.tenant).items() if w is not None}
-    state.db_identity = identity
+    watch.db_identity = identity
     try:
-        yield identity
+        # The connection_created receiver and the tenant role's cursors (a denial recorded on
+        # the run) find the identity through the current Watch.
+        with watching(watch):
+            yield identity
     finally:
-        state.db_identity = None
+        watch.db_identity = None
         identity.swap_to({a: identity.project.get(a) for a in identity.aliases})
 
 
 @contextlib.contextmanager
-def writer_identity(state: RunState) -> Iterator[None]:
+def writer_identity(watch: Watch) -> Iterator[None]:
     """``ctx.global_writes()`` inside a tenant body: the tenant's writer login (its own
     privileges plus writes on the shared tables, nothing on other tenants), in the run's
     schema, guarded like the body's, for the block; reset when the block ends."""
-    identity: Identity | None = getattr(state, "db_identity", None)
+    identity: Identity | None = watch.db_identity
     if identity is None:
         yield
         return
     wrappers = {
-        a: wrapper_for(a, state.tenant.pk, db_roles.WRITER_SUFFIX) for a in identity.aliases
+        a: wrapper_for(a, watch.tenant.pk, db_roles.WRITER_SUFFIX) for a in identity.aliases
     }
-    with _switched(state, identity, wrappers, reset=True):
+    with _switched(watch, identity, wrappers, reset=True):
         yield
 
 
 @contextlib.contextmanager
-def project_identity(state: RunState) -> Iterator[None]:
+def project_identity(watch: Watch) -> Iterator[None]:
     """``ctx.system_db()`` inside a body with a tenant identity: the project's own
     connections, in the run's schema, for the block."""
-    identity: Identity | None = getattr(state, "db_identity", None)
+    identity: Identity | None = watch.db_identity
     if identity is None:
         yield
         return
     wrappers = {a: identity.project_wrapper(a) for a in identity.aliases}
     identity.project_used = True  # reset by the tenancy step after the run
-    with _switched(state, identity, wrappers, reset=False):
+    with _switched(watch, identity, wrappers, reset=False):
         yield
 
 
 @contextlib.contextmanager
 def _switched(
-    state: RunState, identity: Identity, wrappers: dict[str, Any], *, reset: bool
+    watch: Watch, identity: Identity, wrappers: dict[str, Any], *, reset: bool
 ) -> Iterator[None]:
     """The block's connections in place of the body's, in the run's schema, guarded like the
     body's; with ``reset``, their sessions are reset when the block ends (pooled logins)."""
     for wrapper in wrappers.values():
-        wrapper.set_tenant(state.tenant)
-        if state.guard is not None:
-            state.guard.cover(wrapper)
+        wrapper.set_tenant(watch.tenant)
+        if watch.guard is not None:
+            watch.guard.cover(wrapper)
     previous = identity.swap_to(wrappers)
     try:
         yield
@@ -236,14 +238,14 @@ def _switched(
 
 
 @contextlib.contextmanager
-def read_identity(state: RunState, tenant: Any) -> Iterator[None]:
+def read_identity(watch: Watch, tenant: Any) -> Iterator[None]:
     """``ctx.cross_tenant_reads(t)`` inside a tenant body: ``t``'s reader login (SELECT only),
     in ``t``'s schema, in a READ ONLY transaction: PostgreSQL confines the block to reads of
     ``t`` and the shared tables, whatever transaction the block's own code ends."""
     from django.db import transaction
 
-    identity: Identity | None = getattr(state, "db_identity", None)
-    if identity is None or tenant.pk == state.tenant.pk:
+    identity: Identity | None = watch.db_identity
+    if identity is None or tenant.pk == watch.tenant.pk:
         yield
         return
     wrappers = {a: wrapper_for(a, tenant.pk, db_roles.READER_SUFFIX) for a in identity.aliases}
@@ -254,8 +256,8 @@ def read_identity(state: RunState, tenant: Any) -> Iterator[None]:
                 wrapper.set_tenant(tenant)
                 stack.enter_context(transaction.atomic(using=alias))
                 wrapper.connection.execute("SET TRANSACTION READ ONLY")
-                if state.guard is not None:
-                    state.guard.cover(wrapper)
+                if watch.guard is not None:
+                    watch.guard.cover(wrapper)
             yield
     finally:
         identity.swap_to(previous)
@@ -271,19 +273,18 @@ def read_identity(state: RunState, tenant: Any) -> Iterator[None]:
 
 
 def _denial(exc: errors.InsufficientPrivilege) -> BaseException:
-    state = current_run.get()
-    if state is None or state.envelope.schema is None:
+    watch = current_watch()
+    if watch is None or watch.schema is None:
         return exc
-    env = state.envelope
     message = (
-        f"Job {env.job!r} (tenant {env.schema}) was denied by PostgreSQL: "
+        f"Job {watch.job!r} (tenant {watch.schema}) was denied by PostgreSQL: "
         f"{exc.diag.message_primary or exc}. The job body runs as the tenant's own database "
         "role, which holds no privilege outside its schema and the shared tables it may "
         "read (docs/guard.md, Two walls). No grant allows this; run a job in that tenant "
         "instead."
     )
-    state.guard_violations.append(message)
-    return DatabaseAccessDenied(message, job_name=env.job, kind="privilege")
+    watch.violations.append(message)
+    return DatabaseAccessDenied(message, job_name=watch.job, kind="privilege")
 
 
 @cache
@@ -331,8 +332,8 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     """During a tenant body with roles on, a connection with the project's credentials made
     anew (``connections.create_connection()``, a wrapper copied from settings, another thread
     carrying the run's context) is closed and refused: the body's identity is its tenant's."""
-    state = current_run.get()
-    identity = getattr(state, "db_identity", None) if state is not None else None
+    watch = current_watch()
+    identity: Identity | None = watch.db_identity if watch is not None else None
     if identity is None or getattr(connection, ROLE_ATTRIBUTE, None):
         return
     if any(connection is w for w in identity.project.values()) and threading.get_ident() == (
@@ -341,14 +342,14 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
         return  # the project's connection, in an identity switch the runner made
     with contextlib.suppress(Exception):
         connection.close()
-    assert state is not None
+    assert watch is not None
     message = (
-        f"Job {state.envelope.job!r} (tenant {state.envelope.schema}): a connection (alias "
+        f"Job {watch.job!r} (tenant {watch.schema}): a connection (alias "
         f"{connection.alias!r}) with the project's credentials was opened during the run; the "
         "job body connects as its tenant's role only (docs/guard.md, Two walls)."
     )
-    state.guard_violations.append(message)
-    raise DatabaseAccessDenied(message, job_name=state.envelope.job, kind="connection")
+    watch.violations.append(message)
+    raise DatabaseAccessDenied(message, job_name=watch.job, kind="connection")
 
 
 connection_created.connect(_on_connection_created, dispatch_uid="kumiko_jobs.tenant_connections")

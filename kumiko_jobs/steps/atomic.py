@@ -35,7 +35,7 @@ def atomic(state: RunState, call_next: Next) -> None:
         with session.judged():
             xid = run_sql.atomic_begin()
         call_next(state)
-        if state.outcome != "succeeded" or state.guard_violations:
+        if state.outcome != "succeeded" or state.watch.violations:
             transaction.set_rollback(True, using=DEFAULT_DB_ALIAS)
             return
         try:

@@ -3,19 +3,19 @@
 Installed with ``connection.execute_wrapper`` on every database alias, for the job body only:
 the runner's own history writes happen outside it. The classification is ``guard.classify``
 (pure); this module builds the policy for the call site and turns a refusal into
-``DatabaseAccessDenied`` before the statement reaches PostgreSQL.
+``DatabaseAccessDenied`` before the statement reaches PostgreSQL. Below the step itself, the
+guard reads and writes only the run's ``Watch`` (``guard_watch``), never the run state.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from functools import cache
 from typing import Any
 
-from django.apps import apps
 from django.db import connections
 from django.db.backends.signals import connection_created
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
@@ -23,64 +23,28 @@ from psycopg import ServerCursor
 from psycopg import sql as psycopg_sql
 
 from .. import audit, conf, session
-from ..context import RunState, current_run, render_error
+from ..context import RunState, render_error
 from ..exceptions import DatabaseAccessDenied
 from ..guard import Grant, Policy, Verdict, classify
+from ..guard_tables import personal_data_columns, protected_tables, shared_tables
+from ..guard_watch import Watch, current_watch, watching
 from ..pipeline import Next
 from ..sql_tree import statement_shape
 
 logger = logging.getLogger("kumiko_jobs.guard")
 
-PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
 _UNSAFE_RAW = str(Grant.UNSAFE_RAW)
-
-
-@cache
-def shared_tables() -> frozenset[str]:
-    """Tables that exist only in public: models of SHARED_APPS that are not also TENANT_APPS."""
-    shared, tenant = conf.shared_apps()
-    tables = set(conf.get().EXTRA_SHARED_TABLES)
-    for config in apps.get_app_configs():
-        if config.name in shared and config.name not in tenant:
-            for model in config.get_models(include_auto_created=True):
-                tables.add(model._meta.db_table.lower())
-    return frozenset(tables)
-
-
-@cache
-def protected_tables() -> frozenset[str]:
-    """kumiko_jobs' own tables and the tenant and domain tables: no grant writes them."""
-    from django_tenants.utils import get_tenant_domain_model, get_tenant_model
-
-    models = [
-        *apps.get_app_config("kumiko_jobs").get_models(),
-        get_tenant_model(),
-        get_tenant_domain_model(),
-    ]
-    return frozenset(model._meta.db_table.lower() for model in models)
-
-
-@cache
-def personal_data_columns() -> Mapping[str, frozenset[str]]:
-    """``{table: columns}`` from models that list ``kumiko_personal_data = ["field", ...]``."""
-    found: dict[str, frozenset[str]] = {}
-    for model in apps.get_models():
-        names = getattr(model, PERSONAL_DATA_ATTRIBUTE, None)
-        if names:
-            columns = {
-                str(getattr(model._meta.get_field(name), "column", name)).lower() for name in names
-            }
-            found[model._meta.db_table.lower()] = frozenset(columns)
-    return found
 
 
 def db_guard(state: RunState, call_next: Next) -> None:
     mode = conf.get().DB_GUARD
     if mode == "off":
-        state.unwatched_sessions = True  # nothing watched the body: its sessions are reset
+        state.watch.unwatched_sessions = True  # nothing watched the body: its sessions are reset
         _call_body(state, call_next)
         return
-    with GuardSession(state, enforce=mode == "enforce"):
+    # The guard reads only the run's Watch; the audit of a grant's use needs the whole run.
+    report = functools.partial(audit.record_use, state)
+    with GuardSession(state.watch, enforce=mode == "enforce", report_use=report):
         _call_body(state, call_next)
 
 
@@ -104,23 +68,25 @@ class GuardSession:
     from it once the run ends.
     """
 
-    def __init__(self, state: RunState, *, enforce: bool) -> None:
-        self.state = state
+    def __init__(self, watch: Watch, *, enforce: bool, report_use: Callable[[str], None]) -> None:
+        self.watch = watch
         self.enforce = enforce
-        self.wrapper = GuardWrapper(state, enforce=enforce)
+        self.wrapper = GuardWrapper(watch, enforce=enforce, report_use=report_use)
         self.thread = threading.get_ident()
         self._stack = contextlib.ExitStack()
         self._guarded: list[Any] = []
         self._kept: list[Any] = []
 
     def __enter__(self) -> GuardSession:
+        # The connection_created receiver finds this installation through the current Watch.
+        self._stack.enter_context(watching(self.watch))
         for conn in connections.all():
             self._install(conn)
-        self.state.guard = self
+        self.watch.guard = self
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self.state.guard = None
+        self.watch.guard = None
         self._stack.close()
         for conn in self._guarded:
             if any(conn is kept for kept in self._kept):
@@ -149,12 +115,12 @@ class GuardSession:
         """``conn`` has just connected during the body (``connection_created``)."""
         if any(conn is guarded for guarded in self._guarded):
             return  # a guarded connection that reconnected
-        state = self.state
+        watch = self.watch
         if threading.get_ident() != self.thread:
             if self.enforce:  # in log mode the refusal is only logged
                 _close(conn)
             _refuse(
-                state,
+                watch,
                 self.enforce,
                 "database",
                 f"a connection (alias {conn.alias!r}) was opened in another thread during the "
@@ -164,28 +130,28 @@ class GuardSession:
                 "ORM in the job (or `async_to_sync`, which runs the query in the job's thread).",
             )
             return
-        if state.tenant is not None and not hasattr(conn, "set_tenant"):
+        if watch.tenant is not None and not hasattr(conn, "set_tenant"):
             if self.enforce:
                 _close(conn)
             _refuse(
-                state,
+                watch,
                 self.enforce,
                 "database",
                 _not_a_tenant_alias(conn),
             )
             return
         self._install(conn)
-        if state.tenant is not None:
-            conn.set_tenant(state.tenant)
+        if watch.tenant is not None:
+            conn.set_tenant(watch.tenant)
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     # A thread that carries the run's context (contextvars) sees the run here, also in
     # sync_to_async's executor thread; a plain thread does not (docs/guard.md, Not covered).
-    state = current_run.get()
-    session = state.guard if state is not None else None
-    if session is not None:
-        session.adopt(connection)
+    watch = current_watch()
+    installed = watch.guard if watch is not None else None
+    if installed is not None:
+        installed.adopt(connection)
 
 
 connection_created.connect(_on_connection_created, dispatch_uid="kumiko_jobs.db_guard")
@@ -214,13 +180,13 @@ def _not_a_tenant_alias(conn: Any) -> str:
     )
 
 
-def _refuse(state: RunState, enforce: bool, kind: str, reason: str) -> None:
-    message = f"Job {state.envelope.job!r} (tenant {state.envelope.schema or 'public'}): {reason}"
+def _refuse(watch: Watch, enforce: bool, kind: str, reason: str) -> None:
+    message = f"Job {watch.job!r} (tenant {watch.schema or 'public'}): {reason}"
     if not enforce:
         logger.warning("DB guard (log mode) would deny: %s", message)
         return
-    state.guard_violations.append(message)
-    raise DatabaseAccessDenied(message, job_name=state.envelope.job, kind=kind)
+    watch.violations.append(message)
+    raise DatabaseAccessDenied(message, job_name=watch.job, kind=kind)
 
 
 @contextlib.contextmanager
@@ -239,7 +205,7 @@ def _guarded_routes(conn: Any, wrapper: GuardWrapper) -> Iterator[None]:
 
     def refused_shell(parameters: Any) -> None:
         _refuse(
-            wrapper.state,
+            wrapper.watch,
             wrapper.enforce,
             "shell",
             f"`dbshell` on alias {conn.alias!r} would start a database client with the "
@@ -312,18 +278,22 @@ class GuardedDebugCursor(_GuardsOtherRoutes, CursorDebugWrapper):
 
 
 class GuardWrapper:
-    def __init__(self, state: RunState, *, enforce: bool):
-        self.state = state
+    """The execute wrapper: judges each statement against the run's Watch (grants open now,
+    readable schema, system_db), records a denial on it, and reports each grant a statement
+    used with ``report_use`` (the escape-hatch audit)."""
+
+    def __init__(self, watch: Watch, *, enforce: bool, report_use: Callable[[str], None]):
+        self.watch = watch
         self.enforce = enforce
-        env = state.envelope
-        self.schema = env.schema or conf.public_schema_name()
-        origin = env.origin or {}
+        self.report_use = report_use
+        self.schema = watch.schema or conf.public_schema_name()
+        origin = watch.origin or {}
         self.deny_personal = bool(origin.get("anonymous")) and not origin.get("public_intake")
         self._policies: dict[tuple[tuple[str, ...], str | None], Policy] = {}
         self._read_only: dict[str, Policy] = {}
 
     def policy(self) -> Policy:
-        key = (tuple(self.state.active_grants), self.state.readable_schema)
+        key = (tuple(self.watch.active_grants), self.watch.readable_schema)
         policy = self._policies.get(key)
         if policy is None:
             grants = frozenset(Grant(g) for g in key[0] if g in Grant.__members__.values())
@@ -349,24 +319,24 @@ class GuardWrapper:
         many: bool,
         context: Mapping[str, Any],
     ) -> Any:
-        state = self.state
+        watch = self.watch
         conn = context["connection"]
-        if state.system_db_open:
-            state.dirty_sessions.add(conn.alias)  # unwatched: its session is reset after the run
+        if watch.system_db_open:
+            watch.dirty_sessions.add(conn.alias)  # unwatched: its session is reset after the run
             return _run_judged(execute, sql, params, many, context)
-        if state.tenant is not None and getattr(conn, "schema_name", None) is None:
+        if watch.tenant is not None and getattr(conn, "schema_name", None) is None:
             _refuse(
-                state,
+                watch,
                 self.enforce,
                 "database",
                 _not_a_tenant_alias(conn),
             )
             return _run_judged(execute, sql, params, many, context)  # log mode
         text = sql if isinstance(sql, str) else _composed_text(sql, context)
-        if state.definition.atomic and statement_shape(text, params is not None).ends_transaction:
+        if watch.atomic and statement_shape(text, params is not None).ends_transaction:
             # Whatever the grants: the runner's transaction holds the body and its success.
             _refuse(
-                state,
+                watch,
                 self.enforce,
                 "transaction",
                 "an atomic job cannot end or restart its transaction (BEGIN, COMMIT, ROLLBACK, "
@@ -374,7 +344,7 @@ class GuardWrapper:
                 "run's success. Savepoints (`with transaction.atomic():` inside the job) work; "
                 "to commit on your own, drop atomic=True.",
             )
-            state.dirty_sessions.add(conn.alias)  # log mode
+            watch.dirty_sessions.add(conn.alias)  # log mode
             return _run_judged(execute, sql, params, many, context)
         policy = self.policy()
         verdict = classify(text, policy, parameters=params is not None)
@@ -384,27 +354,27 @@ class GuardWrapper:
             verdict, grants = self._judge_switch(text, params, switched_to, policy, verdict)
         if verdict.allowed:
             for grant in grants:
-                audit.record_use(state, str(grant))
-            if Grant.UNSAFE_RAW in grants or _UNSAFE_RAW in state.active_grants:
+                self.report_use(str(grant))
+            if Grant.UNSAFE_RAW in grants or _UNSAFE_RAW in watch.active_grants:
                 # What the guard allows only under unsafe_raw (SET, set_config, session
                 # advisory locks, PREPARE, LISTEN, temporary tables, ...) may outlive the run:
                 # the tenancy step resets this session. Any statement inside the block counts,
                 # not only those that needed the grant: the reset must not depend on the
                 # classifier seeing every way a statement changes the session.
-                state.dirty_sessions.add(conn.alias)
+                watch.dirty_sessions.add(conn.alias)
             elif _server_side(context):
-                state.dirty_sessions.add(conn.alias)  # a cursor Django may hold past the tx
+                watch.dirty_sessions.add(conn.alias)  # a cursor Django may hold past the tx
             return _run_judged(execute, sql, params, many, context)
-        message = denial_message(state, verdict)
+        message = denial_message(watch, verdict)
         if not self.enforce:
             logger.warning("DB guard (log mode) would deny: %s", message)
-            state.dirty_sessions.add(conn.alias)
+            watch.dirty_sessions.add(conn.alias)
             return _run_judged(execute, sql, params, many, context)
         # Kept on the run, so a job that catches the exception still fails.
-        state.guard_violations.append(message)
+        watch.violations.append(message)
         raise DatabaseAccessDenied(
             message,
-            job_name=state.envelope.job,
+            job_name=watch.job,
             kind=verdict.kind,
             grant=str(verdict.grant_needed) if verdict.grant_needed else None,
         )
@@ -465,15 +435,15 @@ def _composed_text(sql: Any, context: Mapping[str, Any]) -> str:
     return str(as_string(context["connection"].connection))
 
 
-def denial_message(state: RunState, verdict: Verdict) -> str:
-    job = state.envelope.job
-    where = state.envelope.schema or "public"
+def denial_message(watch: Watch, verdict: Verdict) -> str:
+    job = watch.job
+    where = watch.schema or "public"
     text = f"Job {job!r} (tenant {where}) was denied a {verdict.kind} statement: {verdict.reason}."
-    if state.definition.system and verdict.rule == "shared_write":
+    if watch.system and verdict.rule == "shared_write":
         return text + " System jobs write inside `with ctx.system_db():`."
     if verdict.grant_needed is not None:
         grant = str(verdict.grant_needed)
-        if grant in state.definition.grants:
+        if grant in watch.declared_grants:
             return text + f" The job declares {grant!r}: wrap this code in `with ctx.{grant}():`."
         return (
             text + f" If this is intended, declare escape_hatch=EscapeHatch(reason='...', "

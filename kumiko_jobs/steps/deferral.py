@@ -28,12 +28,12 @@ def deferral(state: RunState, call_next: Next) -> None:
     except Exception as exc:
         _failed(state, exc)
     else:
-        if state.guard_violations and state.outcome in ("succeeded", "deferred"):
+        if state.watch.violations and state.outcome in ("succeeded", "deferred"):
             # The job caught DatabaseAccessDenied and carried on: it still fails.
             _failed(
                 state,
                 DatabaseAccessDenied(
-                    "the job swallowed a database access denial: " + state.guard_violations[0],
+                    "the job swallowed a database access denial: " + state.watch.violations[0],
                     job_name=state.envelope.job,
                 ),
             )

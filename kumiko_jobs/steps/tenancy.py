@@ -25,7 +25,7 @@ def tenancy(state: RunState, call_next: Next) -> None:
     left_open: list[str] = []
     identity = None
     try:
-        with tenant_connections.body_identity(state) as identity:
+        with tenant_connections.body_identity(state.watch) as identity:
             # With DB_ROLES the body's connections are the tenant role's (pooled, never inside
             # a caller's transaction); the project's, set aside, are cleaned after the swap.
             body_busy = frozenset() if identity is not None else busy
@@ -44,7 +44,7 @@ def tenancy(state: RunState, call_next: Next) -> None:
         if identity is not None and identity.project_used:
             # ctx.system_db() used the project's connections inside a tenant identity: reset
             # them whatever the guard saw, since the raw driver there is the project's user.
-            state.dirty_sessions.update(identity.aliases)
+            state.watch.dirty_sessions.update(identity.aliases)
             left_open += _leave(state, busy)
     if left_open:
         raise Unrecoverable(
@@ -66,7 +66,8 @@ def _other_aliases_in(tenant: Any) -> None:
 def _leave(state: RunState, busy: frozenset[str]) -> list[str]:
     """End of the body: no transaction, no session state, public schema (module doc)."""
     try:
-        marks = session.Marks(dirty=state.dirty_sessions, unwatched=state.unwatched_sessions)
+        watch = state.watch
+        marks = session.Marks(dirty=watch.dirty_sessions, unwatched=watch.unwatched_sessions)
         return session.clean_up(marks, busy)
     finally:
         reset_connections()

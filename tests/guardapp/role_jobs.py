@@ -136,7 +136,7 @@ ADMISSION_KEY = "kumiko_jobs:testapp.capped:t2"  # the key t2's capped enqueues 
 @job
 def raw_hold_admission_lock(ctx: JobContext) -> None:
     """A session advisory lock on kumiko's admission key for t2, sent past the classifier."""
-    from kumiko_jobs.guard_allowlists import ADMISSION_LOCK_CLASS
+    from kumiko_jobs.core.db import ADMISSION_LOCK_CLASS
 
     connection.ensure_connection()
     connection.connection.execute(

@@ -473,7 +473,7 @@ def test_ddl_fails_as_the_tenant_role_even_in_its_own_schema(tenants, guard_data
 def test_e012_names_the_atomic_success_function_when_the_group_lost_it(tenants, observer):
     """A deploy that migrated 0011 but did not run the roles command: every atomic run under
     DB_ROLES would fail at its end. The check names the function; the command grants it."""
-    from kumiko_jobs.run_sql import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
+    from kumiko_jobs.core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
 
     function = f"public.{ATOMIC_FUNCTION}{ATOMIC_SIGNATURE}"
     group = db_roles.group_name()

@@ -19,7 +19,7 @@ from django.test import override_settings
 from django_tenants.utils import tenant_context
 
 from kumiko_jobs import session
-from kumiko_jobs.guard_allowlists import ADMISSION_LOCK_CLASS
+from kumiko_jobs.core.db import ADMISSION_LOCK_CLASS
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
 from tests.guardapp import role_jobs, support

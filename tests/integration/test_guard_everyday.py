@@ -10,6 +10,7 @@ proves the statements were executed (not only classified), and that they were ma
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from typing import Any
@@ -23,6 +24,7 @@ from django.db.models.functions import Coalesce, Lower, Now, RowNumber, TruncMon
 from django_tenants.utils import tenant_context
 
 from example_project.billing.models import ActivityLog, Customer, Invoice
+from kumiko_jobs import audit
 from kumiko_jobs.context import RunState
 from kumiko_jobs.envelope import Envelope, new_run_id
 from kumiko_jobs.exceptions import DatabaseAccessDenied
@@ -44,7 +46,9 @@ def _state(tenant: Any) -> RunState:
     envelope = Envelope(
         job=definition.name, schema=tenant.schema_name, kwargs={}, run_id=new_run_id()
     )
-    return RunState(envelope=envelope, definition=definition, tenant=tenant)
+    state = RunState(envelope=envelope, definition=definition)
+    state.tenant = tenant
+    return state
 
 
 @contextlib.contextmanager
@@ -59,7 +63,11 @@ def guarded(tenant: Any) -> Iterator[tuple[RunState, list[str]]]:
 
     with (
         tenant_context(tenant),
-        connection.execute_wrapper(GuardWrapper(state, enforce=True)),
+        connection.execute_wrapper(
+            GuardWrapper(
+                state.watch, enforce=True, report_use=functools.partial(audit.record_use, state)
+            )
+        ),
         connection.execute_wrapper(spy),  # inner: sees only what the guard let through
     ):
         yield state, seen
@@ -138,7 +146,7 @@ def test_everyday_statements_pass_the_guard_and_run(tenants: dict[str, Any]) -> 
             for sql, params in RAW_EVERYDAY:
                 cursor.execute(sql, params)
                 cursor.fetchall()
-    assert state.guard_violations == []
+    assert state.watch.violations == []
     distinct = {s for s in seen if not s.startswith("SET search_path")}
     assert len(distinct) >= 40, sorted(distinct)
     for sql, _ in RAW_EVERYDAY:
@@ -155,7 +163,7 @@ def test_django_introspection_passes_the_guard(tenants: dict[str, Any]) -> None:
         sequences = introspection.get_sequences(cursor, "billing_invoice")
         relations = introspection.get_relations(cursor, "auth_user_groups")
         primary_key = introspection.get_primary_key_column(cursor, "billing_invoice")
-    assert state.guard_violations == []
+    assert state.watch.violations == []
     assert {c.name for c in description} >= {"id", "number", "amount"}
     assert any(c["unique"] for c in constraints.values())
     assert sequences and primary_key == "id"
@@ -178,4 +186,4 @@ def test_denied_statements_never_reach_postgresql(tenants: dict[str, Any]) -> No
         cursor.execute("SELECT 1")
     assert not set(refused) & set(seen)
     assert "SELECT 1" in seen
-    assert len(state.guard_violations) == len(refused)
+    assert len(state.watch.violations) == len(refused)

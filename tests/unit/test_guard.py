@@ -12,8 +12,8 @@ from typing import Any
 import django
 import pytest
 
+from kumiko_jobs.core.db import ADMISSION_LOCK_CLASS
 from kumiko_jobs.guard import Grant, Policy, Verdict, classify, statement_shape
-from kumiko_jobs.guard_allowlists import ADMISSION_LOCK_CLASS
 
 SHARED = frozenset({"kumiko_jobs_jobrun", "example_shared_plan"})
 BASE = Policy(schema="t1", shared_tables=SHARED)
