@@ -6,18 +6,15 @@ run reads that key with its liveness beat (one more command in the beat's existi
 no extra round trip and no database read while the job body runs) and marks the run here, in
 the process that executes the body: the in-process worker directly, the forking worker by
 signalling its work horse (``SIGNAL``). The job sees the mark through ``ctx.cancel_requested``
-and ``ctx.check_cancelled()``; the outcome rules are in ``decide`` (docs/reliability.md,
-Cancellation).
+and ``ctx.check_cancelled()``; the outcome rules are in ``settle_cancellation`` of the
+deferral step (docs/reliability.md, Cancellation).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .context import RunState
+from typing import Any
 
 logger = logging.getLogger("kumiko_jobs.cancellation")
 
@@ -79,36 +76,12 @@ def horse_executes(run_id: str) -> None:
     _horse_run = run_id
 
 
-def settle(state: RunState) -> bool:
-    """Turn the attempt's outcome into ``cancelled`` when a cancellation decides it.
-
-    * The job acknowledged the request (``ctx.check_cancelled()`` raised): cancelled, whatever
-      the body did after catching the exception.
-    * A request reached the run and the body did not complete (it raised, timed out, was
-      denied, or asked to be deferred): cancelled, never retried or resumed.
-    * The body returned normally without acknowledging: **success wins**. Its work is done, and
-      calling it cancelled would hide effects that happened; ``cancel_requested_at`` stays on
-      the row to show the request came too late.
-    """
-    from .exceptions import JobCancelled
-
-    who = requested_by(state.envelope.run_id)
-    if not state.cancel_acknowledged and who is None:
-        return False
-    if state.outcome == "succeeded" and not state.cancel_acknowledged:
-        return False
-    if not isinstance(state.error, JobCancelled):
-        ended = f" (the attempt ended with {type(state.error).__name__})" if state.error else ""
-        state.error = JobCancelled(f"cancelled on request{_by(who)}{ended}")
-        state.error_traceback = ""
-        state.rendered_error = None
-    state.outcome, state.reschedule, state.failure_key = "cancelled", None, None
-    return True
-
-
 def message(who: str | None) -> str:
-    return f"cancellation requested{_by(who)}"
+    """The run's error message for a cancellation ``who`` asked for."""
+    return f"cancellation requested{by_whom(who)}"
 
 
-def _by(who: str | None) -> str:
+def by_whom(who: str | None) -> str:
+    """`` by <who>`` for messages, or nothing when nobody is known (``-``: the operator's
+    identity was not recorded)."""
     return f" by {who}" if who and who != "-" else ""

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from . import audit
+from . import audit, cancellation
 from .core import current
 from .enqueue.followups import FollowupBatch, collecting
 from .enqueueing import prepare_followup
-from .exceptions import InvalidJob
+from .exceptions import InvalidJob, JobCancelled
 from .guard_watch import Watch
 from .scrubbing import MASK, is_sensitive_key, scrub
 
@@ -366,16 +366,11 @@ class JobContext:
     def cancel_requested(self) -> bool:
         """True once an operator asked to cancel this running run (read from process memory:
         the worker's liveness beat brings the request, so checking costs no I/O)."""
-        from . import cancellation
-
         return cancellation.requested_by(self.run_id) is not None
 
     def check_cancelled(self) -> None:
         """Raise ``JobCancelled`` if an operator asked to cancel this run; call it between
         units of work. The run then ends ``cancelled`` and is not retried."""
-        from . import cancellation
-        from .exceptions import JobCancelled
-
         who = cancellation.requested_by(self.run_id)
         if who is not None:
             self._state.cancel_acknowledged = True

@@ -12,6 +12,7 @@ from ..exceptions import (
     FALLBACK_MESSAGE_KEY,
     DatabaseAccessDenied,
     InvalidJob,
+    JobCancelled,
     TenantVisibleError,
     Unrecoverable,
     message_key_problem,
@@ -37,7 +38,7 @@ def deferral(state: RunState, call_next: Next) -> None:
                     job_name=state.envelope.job,
                 ),
             )
-    if cancellation.settle(state):
+    if settle_cancellation(state):
         return  # cancelled on an operator's request: no retry, no resumption
     if state.outcome == "deferred":
         _defer(state)
@@ -91,3 +92,28 @@ def _defer(state: RunState) -> None:
         )
         return
     state.reschedule = (env.deferred(by_gate=False), seconds)
+
+
+def settle_cancellation(state: RunState) -> bool:
+    """Turn the attempt's outcome into ``cancelled`` when a cancellation decides it.
+
+    * The job acknowledged the request (``ctx.check_cancelled()`` raised): cancelled, whatever
+      the body did after catching the exception.
+    * A request reached the run and the body did not complete (it raised, timed out, was
+      denied, or asked to be deferred): cancelled, never retried or resumed.
+    * The body returned normally without acknowledging: **success wins**. Its work is done, and
+      calling it cancelled would hide effects that happened; ``cancel_requested_at`` stays on
+      the row to show the request came too late.
+    """
+    who = cancellation.requested_by(state.envelope.run_id)
+    if not state.cancel_acknowledged and who is None:
+        return False
+    if state.outcome == "succeeded" and not state.cancel_acknowledged:
+        return False
+    if not isinstance(state.error, JobCancelled):
+        ended = f" (the attempt ended with {type(state.error).__name__})" if state.error else ""
+        state.error = JobCancelled(f"cancelled on request{cancellation.by_whom(who)}{ended}")
+        state.error_traceback = ""
+        state.rendered_error = None
+    state.outcome, state.reschedule, state.failure_key = "cancelled", None, None
+    return True
