@@ -129,7 +129,8 @@ def check(tenants: int, runs: Any, key: str) -> list[str]:
 
 def measure_fanout(tenants: Sequence[Any], around: Around = nullcontext) -> Measurement:
     from example_project.billing.jobs import bench_fanout
-    from kumiko_jobs import fanout, transport
+    from kumiko_jobs import transport
+    from kumiko_jobs.enqueueing import fanout
     from kumiko_jobs.models import JobRun, RunStatus
     from kumiko_jobs.worker import Worker
 
@@ -193,7 +194,7 @@ def peak_memory(into: dict[str, int]) -> Iterator[None]:
 def cron_definition() -> Any:
     """A per-tenant cron job for the tick (registered for this run only, like a test's)."""
     from example_project.billing.jobs import bench_fanout
-    from kumiko_jobs.registry import build_definition, registry
+    from kumiko_jobs.definition.registry import build_definition, registry
 
     definition = build_definition(
         bench_fanout.func, {"name": "bench.fanout_cron", "per_tenant": True, "cron": "0 3 * * *"}
@@ -205,8 +206,8 @@ def cron_definition() -> Any:
 def measure_cron_tick(definition: Any, around: Around = nullcontext) -> dict[str, Any]:
     """One tick of a per-tenant cron job through ``transport.Scheduler.enqueue_job``."""
     from kumiko_jobs import transport
+    from kumiko_jobs.enqueueing.schedules import schedule_id, sync_schedules
     from kumiko_jobs.models import JobRun
-    from kumiko_jobs.schedules import schedule_id, sync_schedules
 
     reset([])
     sync_schedules()
@@ -424,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 note="tenants are rows without schemas; only the enqueue side is measured",
             )
             print("warm-up, counting SQL statements and Redis round trips ...", flush=True)
-            from kumiko_jobs import conf
+            from kumiko_jobs.core import conf
 
             results.chunk_size = conf.get().FANOUT_CHUNK_SIZE
             results.round_trips = round_trips(tenants, keys)

@@ -103,9 +103,9 @@ def create_tenant() -> Any:
 
 def guard_state(tenant: Any) -> Any:
     """The RunState the db_guard step would hold for a tenant run of ``billing.bench_write``."""
-    from kumiko_jobs.context import RunState
-    from kumiko_jobs.envelope import Envelope, new_run_id
-    from kumiko_jobs.registry import registry
+    from kumiko_jobs.core.envelope import Envelope, new_run_id
+    from kumiko_jobs.definition.registry import registry
+    from kumiko_jobs.run.context import RunState
 
     definition = registry.get("billing.bench_write")
     envelope = Envelope(
@@ -118,8 +118,8 @@ def guard_state(tenant: Any) -> Any:
 
 def guard_wrapper(state: Any) -> Any:
     """The ``GuardWrapper`` the db_guard step installs for ``state``'s body (enforce mode)."""
-    from kumiko_jobs import audit
-    from kumiko_jobs.steps.db_guard import GuardWrapper
+    from kumiko_jobs.history import audit
+    from kumiko_jobs.run.steps.db_guard import GuardWrapper
 
     report = functools.partial(audit.record_use, state)
     return GuardWrapper(state.watch, enforce=True, report_use=report)
@@ -249,7 +249,7 @@ def check_guard_is_live(state: Any) -> None:
     """A fast wrong answer is not a number: the installed wrapper must refuse a crossing."""
     from django.db import connection
 
-    from kumiko_jobs.exceptions import DatabaseAccessDenied
+    from kumiko_jobs.core.exceptions import DatabaseAccessDenied
 
     with guarded(state), connection.cursor() as cursor:
         try:

@@ -525,7 +525,7 @@ def retention_day() -> dict[str, Any]:
     """Delete the oldest day of finished runs as the sweep does (retention.delete_in_batches,
     BATCH_SIZE rows and their attempts per statement and transaction): rows, time, the
     slowest batch (how long one batch holds its row locks)."""
-    from kumiko_jobs import retention
+    from kumiko_jobs.history import retention
     from kumiko_jobs.models import FINISHED_STATUSES, JobRun
 
     oldest = sql("SELECT min(finished_at) FROM kumiko_jobs_jobrun")[0][0]

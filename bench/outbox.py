@@ -67,7 +67,7 @@ def relay_rates(tenants: Sequence[Any], jobs: int) -> dict[str, float]:
 
     from kumiko_jobs import transport
     from kumiko_jobs.models import JobRun
-    from kumiko_jobs.relay import relay_pending
+    from kumiko_jobs.worker.relay import relay_pending
 
     reset(tenants)
     enqueue_kumiko(tenants, jobs)

@@ -73,7 +73,7 @@ ATOMIC_JOB = JOBS["atomic"]
 
 
 def job(name: str) -> Any:
-    from kumiko_jobs.registry import registry
+    from kumiko_jobs.definition.registry import registry
 
     return registry.get(name)
 
@@ -327,7 +327,7 @@ def run_soak(
     """The soak itself; Django must already point at the soak's database and ``redis``."""
     from django.db import connections
 
-    from kumiko_jobs import conf
+    from kumiko_jobs.core import conf
     from kumiko_jobs.models import FINISHED_STATUSES
 
     rng = random.Random(config.seed)
@@ -485,7 +485,7 @@ def _waits_for(run_id: str) -> str:
     """A stuck run and what Redis holds of the message it waits for (for the report)."""
     from kumiko_jobs import transport
     from kumiko_jobs.models import JobRun
-    from kumiko_jobs.relay import pending_rq_job_ids
+    from kumiko_jobs.worker.relay import pending_rq_job_ids
 
     run = JobRun.objects.get(pk=run_id)
     redis = transport.connection_for(QUEUE)

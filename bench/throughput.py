@@ -94,7 +94,7 @@ def drop_database(admin_url: str, database: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from kumiko_jobs import db_roles
+    from kumiko_jobs.guard import db_roles
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(
@@ -383,7 +383,7 @@ def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) ->
         enqueue(tenants, warmup)
         drain(worker, variant.queue())
     reset(tenants)
-    from kumiko_jobs import tenant_connections
+    from kumiko_jobs.guard import connections as tenant_connections
 
     enqueue_seconds = enqueue(tenants, jobs)
     connects = tenant_connections.connects()
@@ -742,7 +742,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from django.test import override_settings
 
         override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, **roles}).enable()
-    from kumiko_jobs import conf as kumiko_conf
+    from kumiko_jobs.core import conf as kumiko_conf
 
     print(
         f"DB_ROLES {kumiko_conf.get().DB_ROLES}, DB_ROLE_POOL_SIZE "

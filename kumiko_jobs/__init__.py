@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from .core.current import current_user
-from .enqueue.api import emit, enqueue, enqueue_at, enqueue_in, job
-from .exceptions import (
+from .core.exceptions import (
     DatabaseAccessDenied,
     EnvelopeError,
     InvalidJob,
@@ -14,7 +13,8 @@ from .exceptions import (
     TenantVisibleError,
     Unrecoverable,
 )
-from .registry import EscapeHatch
+from .definition.registry import EscapeHatch
+from .enqueueing.api import emit, enqueue, enqueue_at, enqueue_in, job
 
 __all__ = [
     "DatabaseAccessDenied",

@@ -6,7 +6,7 @@ from django.utils.translation import gettext_lazy as _
 
 
 def conf_has_tenants() -> bool:
-    from . import conf
+    from .core import conf
 
     return conf.has_tenant_settings()
 
@@ -21,8 +21,11 @@ class KumikoJobsConfig(AppConfig):
         # Imported here, not at the top: Django imports apps.py while it is still loading the
         # apps, before the package's modules (which reach models and settings) are safe to import.
         # Importing checks registers the system checks.
-        from . import checks, conf, db_roles, schedules, transport  # noqa: F401
-        from .registry import registry
+        from . import checks, transport  # noqa: F401
+        from .core import conf
+        from .definition.registry import registry
+        from .enqueueing import schedules
+        from .guard import db_roles
 
         # The scheduler (transport) sits below the cron domain and cannot import it.
         transport.install_cron_hooks(schedules.CRON_HOOKS)
@@ -49,7 +52,7 @@ class KumikoJobsConfig(AppConfig):
         from django.db.models.signals import post_delete
         from django_tenants.utils import get_tenant_model
 
-        from .retention import on_tenant_deleted
+        from .history.retention import on_tenant_deleted
 
         post_delete.connect(
             on_tenant_deleted, sender=get_tenant_model(), dispatch_uid="kumiko_jobs.tenant_gone"

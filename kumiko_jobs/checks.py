@@ -8,8 +8,8 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from . import conf
-from .registry import registry
+from .core import conf
+from .definition.registry import registry
 
 TENANT_ENGINE = "django_tenants.postgresql_backend"
 
@@ -272,7 +272,7 @@ def check_scheduler_running(app_configs: Any = None, **kwargs: Any) -> list[chec
     A deploy check because it reads Redis, which a plain ``check`` (run by every command)
     should not need; it says nothing when Redis cannot be read.
     """
-    from .scheduler_liveness import overdue_problem
+    from .transport.scheduler_liveness import overdue_problem
 
     if conf.get_or_none() is None:
         return []  # E001 says why
@@ -345,7 +345,7 @@ def check_db_roles_in_step(
             return []
     except ImproperlyConfigured:
         return []
-    from . import db_roles
+    from .guard import db_roles
 
     stale = db_roles.out_of_date()
     if not stale:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import conf
-from .enqueue.api import job
-from .sweep import delete_expired, sweep_abandoned
+from .core import conf
+from .enqueueing.api import job
 from .task_jobs import register_task_jobs
+from .worker.sweep import delete_expired, sweep_abandoned
 
 if conf.get().HOUSEKEEPING:
 

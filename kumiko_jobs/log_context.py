@@ -21,10 +21,10 @@ from typing import Any
 
 from opentelemetry import trace
 
-from . import conf, scrubbing
+from .core import conf, scrubbing
 from .core.current import current_envelope
+from .core.scrubbing import DEFAULT_LIMIT, MASK
 from .origin import peek_correlation_id
-from .scrubbing import DEFAULT_LIMIT, MASK
 
 __all__ = ["MASK", "RunContextFilter", "context_fields", "scrub"]
 # Record attributes set by RunContextFilter; "-" outside a run so that format strings such as

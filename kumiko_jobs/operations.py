@@ -16,11 +16,13 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from . import cancellation, conf, transport
-from .enqueueing import RunHandle, resolve, submit
-from .exceptions import KumikoJobsError
+from . import transport
+from .core import conf
+from .core.exceptions import KumikoJobsError
+from .definition.registry import JobDefinition, registry
+from .enqueueing.submit import RunHandle, resolve, submit
 from .models import WAITING_STATUSES, JobRun, RunStatus
-from .registry import JobDefinition, registry
+from .run import cancellation
 
 logger = logging.getLogger("kumiko_jobs.operations")
 

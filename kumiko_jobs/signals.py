@@ -18,7 +18,7 @@ from typing import Any
 from django.dispatch import Signal
 
 from .core.current import current_envelope
-from .exceptions import InvalidJob
+from .core.exceptions import InvalidJob
 
 logger = logging.getLogger("kumiko_jobs.signals")
 

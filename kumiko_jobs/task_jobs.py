@@ -20,10 +20,11 @@ from typing import Any
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from . import async_body, conf
-from .context import current_run
-from .exceptions import InvalidJob, Unrecoverable
-from .registry import build_definition, registry
+from .core import conf
+from .core.exceptions import InvalidJob, Unrecoverable
+from .definition.registry import build_definition, registry
+from .run import async_body
+from .run.context import current_run
 
 PREFIX = "django_tasks."
 

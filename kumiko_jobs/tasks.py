@@ -48,10 +48,11 @@ except ImportError as exc:  # Django 5.2: no task framework
 from django.utils import timezone
 from django.utils.json import normalize_json
 
-from . import enqueueing, task_jobs
-from .exceptions import InvalidJob, JobNotRegistered
+from . import task_jobs
+from .core.exceptions import InvalidJob, JobNotRegistered
+from .definition.registry import registry
+from .enqueueing import submit as enqueueing
 from .models import JobAttempt, JobRun, RunStatus
-from .registry import registry
 
 __all__ = ["KumikoBackend", "TaskCancelled"]
 

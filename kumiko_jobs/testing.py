@@ -30,13 +30,15 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import relay, tenant_connections, transport
-from .context import RunState, running
-from .enqueueing import RunHandle, envelope_of
-from .exceptions import JobNotRegistered
+from . import transport
+from .core.exceptions import JobNotRegistered
+from .definition.registry import JobDefinition, registry
+from .enqueueing.submit import RunHandle, envelope_of
+from .guard import connections as tenant_connections
 from .models import JobRun, RunStatus
-from .pipeline import Next, compose
-from .registry import JobDefinition, registry
+from .run.context import RunState, running
+from .run.pipeline import Next, compose
+from .worker import relay
 
 WORKER_NAME = "kumiko_jobs.testing"
 _WAITING = (RunStatus.QUEUED, RunStatus.DEFERRED)
@@ -206,8 +208,8 @@ _built: Next | None = None
 def _pipeline() -> Next:
     global _built
     if _built is None:
-        from .runner import call_job
-        from .steps import DEFAULT_STEPS
+        from .run.entry import call_job
+        from .run.steps import DEFAULT_STEPS
 
         _built = compose((*DEFAULT_STEPS, _savepoint_for_the_body), call_job)
     return _built

@@ -30,7 +30,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern
 
 from . import transport
-from .audience import MANAGE_QUEUES, is_operator_request
+from .core.audience import MANAGE_QUEUES, is_operator_request
 
 # Set on every view this module guards; the system check looks for it.
 GUARD_MARK = "kumiko_operators_only"

@@ -51,7 +51,8 @@ def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> It
             )
     yield
     with django_db_blocker.unblock():
-        from kumiko_jobs import db_roles, tenant_connections
+        from kumiko_jobs.guard import connections as tenant_connections
+        from kumiko_jobs.guard import db_roles
 
         # Roles are cluster-wide: this database's (its prefix, never another suite's) go with it.
         tenant_connections.close_all()
@@ -204,8 +205,8 @@ def declare(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
 
     Jobs are named ``<JOB_PREFIX>.<function>``, with the test module's ``JOB_PREFIX``.
     """
-    from kumiko_jobs.enqueue.api import define
-    from kumiko_jobs.registry import registry
+    from kumiko_jobs.definition.registry import registry
+    from kumiko_jobs.enqueueing.api import define
 
     prefix = getattr(request.module, "JOB_PREFIX", "test")
     added: list[str] = []

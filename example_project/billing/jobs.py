@@ -13,7 +13,7 @@ from kumiko_jobs import Unrecoverable, job
 from .models import ActivityLog, Invoice
 
 if TYPE_CHECKING:
-    from kumiko_jobs.context import JobContext
+    from kumiko_jobs.run.context import JobContext
 
 
 @job(

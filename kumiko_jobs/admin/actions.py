@@ -23,8 +23,8 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import operations
-from ..audience import is_operator_request
-from ..exceptions import KumikoJobsError
+from ..core.audience import is_operator_request
+from ..core.exceptions import KumikoJobsError
 from ..models import JobRun
 from .pagination import selectable_rows, too_many_selected
 

@@ -17,7 +17,7 @@ from django.contrib.admin.views.main import PAGE_VAR
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from ..audience import is_operator_request, tenant_schema
+from ..core.audience import is_operator_request, tenant_schema
 from .pagination import BoundedPaginator
 from .query_strings import CleanQueryStrings
 

@@ -17,7 +17,7 @@ from django.utils.timezone import now
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..audience import is_operator_request
+from ..core.audience import is_operator_request
 from ..models import JobAttempt, JobRun, RunStatus
 from .audiences import ReadOnly
 from .render import (

@@ -18,8 +18,8 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django_tenants.utils import get_tenant_model
 
-from .. import conf
-from ..audience import is_operator_request, tenant_schema
+from ..core import conf
+from ..core.audience import is_operator_request, tenant_schema
 from ..models import JobRun
 from .render import job_title
 

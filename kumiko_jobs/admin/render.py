@@ -20,8 +20,8 @@ from django.utils.timezone import localtime
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from ..definition.registry import registry
 from ..models import RunStatus
-from ..registry import registry
 
 # Text on a coloured background; chosen for contrast on both light and dark admin themes.
 _BADGE_COLOURS: dict[str, str] = {

@@ -24,10 +24,11 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django_tenants.utils import get_tenant_model
 
-from .. import conf, operations
-from ..audience import is_operator_request
-from ..exceptions import KumikoJobsError
-from ..registry import JobDefinition, registry
+from .. import operations
+from ..core import conf
+from ..core.audience import is_operator_request
+from ..core.exceptions import KumikoJobsError
+from ..definition.registry import JobDefinition, registry
 
 
 class RunJobView(admin.ModelAdmin):

@@ -17,9 +17,9 @@ from django.urls import reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..audience import is_operator_request
+from ..core.audience import is_operator_request
 from ..models import JobFailure, JobRun, RunStatus
-from ..scheduler_liveness import overdue_problem
+from ..transport.scheduler_liveness import overdue_problem
 from .actions import RunActions
 from .audiences import TenantScopedAdmin
 from .display import JobAttemptInline, RunDisplay

@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..envelope import Envelope
+    from .envelope import Envelope
 
 # The envelope of the run executing in this thread (set beside context.current_run).
 current_envelope: ContextVar[Envelope | None] = ContextVar(

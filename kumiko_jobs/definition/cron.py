@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from crontab import CronTab
 
-from ..exceptions import InvalidJob
+from ..core.exceptions import InvalidJob
 
 # rq-scheduler stores whole-second scores and may ring an alarm up to a second early; a crontab
 # time this close ahead of the clock is the tick being rung.

@@ -16,8 +16,8 @@ import json
 import logging
 
 from .. import telemetry
-from ..context import RunState
 from ..log_context import scrub
+from .context import RunState
 
 logger = logging.getLogger("kumiko_jobs.runs")
 # A failure to report is telemetry's: logged under its name, where operators look for it.

@@ -23,8 +23,8 @@ from psycopg import sql
 from example_project.catalog.models import Plan
 from example_project.customers.models import Client
 from kumiko_jobs import DatabaseAccessDenied, EscapeHatch, current_user, job
-from kumiko_jobs.context import JobContext
 from kumiko_jobs.models import JobRun
+from kumiko_jobs.run.context import JobContext
 
 from .models import Finding, Person, Secret
 
@@ -532,7 +532,7 @@ def rename_people(ctx: JobContext, *, name: str) -> None:
 
 @job
 def guard_installed(ctx: JobContext) -> None:
-    from kumiko_jobs.steps.db_guard import GuardWrapper
+    from kumiko_jobs.run.steps.db_guard import GuardWrapper
 
     for conn in connections.all():
         installed = any(isinstance(w, GuardWrapper) for w in conn.execute_wrappers)

@@ -11,7 +11,7 @@ from django.db import connection
 from example_project.catalog.models import Plan
 from example_project.customers.models import Client
 from kumiko_jobs import EscapeHatch, job
-from kumiko_jobs.context import JobContext
+from kumiko_jobs.run.context import JobContext
 
 from .models import Finding, Secret
 

@@ -19,7 +19,7 @@ from django.db import connection, connections, transaction
 
 from example_project.catalog.models import Plan
 from kumiko_jobs import EscapeHatch, job, signals
-from kumiko_jobs.context import JobContext
+from kumiko_jobs.run.context import JobContext
 
 from .models import Finding, Secret
 

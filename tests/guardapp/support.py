@@ -29,7 +29,7 @@ def refuse_unless_test_database() -> None:
 
 def seed() -> None:
     """Fresh guardapp tables in every tenant (one secret each) and two shared plans."""
-    from kumiko_jobs import audit
+    from kumiko_jobs.history import audit
 
     refuse_unless_test_database()
 
@@ -51,7 +51,7 @@ def seed() -> None:
 
 
 def clean() -> None:
-    from kumiko_jobs import audit
+    from kumiko_jobs.history import audit
 
     audit._last_reported.clear()
     connection.set_schema_to_public()  # type: ignore[attr-defined]
@@ -381,7 +381,7 @@ def discard_worker_connections() -> None:
             conn.needs_rollback = False
             conn.closed_in_transaction = False
         conn.close()
-    from kumiko_jobs import tenant_connections
+    from kumiko_jobs.guard import connections as tenant_connections
 
     tenant_connections.close_all()  # the tenant roles' connections (DB_ROLES)
 

@@ -118,7 +118,7 @@ def history(tenants: dict[str, Any]) -> SimpleNamespace:
 
 
 def jobs_by_name(name: str) -> Any:
-    from kumiko_jobs.registry import registry
+    from kumiko_jobs.definition.registry import registry
 
     return registry.get(name)
 
@@ -534,7 +534,7 @@ def test_operator_sees_escape_hatch_uses_read_only(operator):
 
 
 def test_cancel_action_asks_a_running_run_to_stop(operator, history, redis_conn):
-    from kumiko_jobs import cancellation
+    from kumiko_jobs.run import cancellation
 
     run_id = history.t2_waiting.run_id
     # As the records step marks a run the moment a worker starts it.

@@ -16,9 +16,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.test import override_settings
 
-from kumiko_jobs import conf, run_sql, transport
-from kumiko_jobs.enqueueing import message_for
-from kumiko_jobs.envelope import decode
+from kumiko_jobs import transport
+from kumiko_jobs.core import conf
+from kumiko_jobs.core.envelope import decode
+from kumiko_jobs.enqueueing.submit import message_for
+from kumiko_jobs.history import run_sql
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from tests.conftest import probes, work, worker_env
 from tests.integration.test_reliability import Workers, attempts_of, status, workers  # noqa: F401
@@ -136,7 +138,7 @@ def test_the_success_function_forces_a_synchronous_commit(tenants):
 
 def test_the_success_function_refuses_another_schemas_run(tenants):
     """A tenant login cannot mark another tenant's run (DB_ROLES)."""
-    from kumiko_jobs import tenant_connections
+    from kumiko_jobs.guard import connections as tenant_connections
 
     handle = jobs.probe.enqueue(tenant="t2", tag="other")
     JobRun.objects.filter(pk=handle.run_id).update(status=RunStatus.RUNNING, attempts=1)

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from kumiko_jobs import InvalidJob, transport
-from kumiko_jobs.boot import BootGateFailed, enqueue_boot_jobs
+from kumiko_jobs.definition.registry import build_definition
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.registry import build_definition
+from kumiko_jobs.worker.boot import BootGateFailed, enqueue_boot_jobs
 from tests.conftest import probes, work
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -91,8 +91,8 @@ def test_boot_options_are_validated():
 
 
 def test_a_boot_job_survives_a_worker_that_died_before_its_push(tenants, declare, redis_conn):
-    from kumiko_jobs.boot import DATASET_KEY, boot_run_id
-    from kumiko_jobs.relay import relay_pending
+    from kumiko_jobs.worker.boot import DATASET_KEY, boot_run_id
+    from kumiko_jobs.worker.relay import relay_pending
 
     definition = declare(_on_boot, per_tenant=True, run_on_boot=True)
     [run_id] = enqueue_boot_jobs()
@@ -115,7 +115,7 @@ def test_a_boot_job_survives_a_worker_that_died_before_its_push(tenants, declare
 def test_a_boot_job_is_enqueued_by_the_next_worker_if_the_first_died_before_its_row(
     tenants, declare, redis_conn
 ):
-    from kumiko_jobs.boot import DATASET_KEY
+    from kumiko_jobs.worker.boot import DATASET_KEY
 
     declare(_on_boot, per_tenant=True, run_on_boot=True)
     # The first worker got as far as identifying the dataset, then died.

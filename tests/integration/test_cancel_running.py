@@ -18,8 +18,9 @@ from django.core.management import CommandError, call_command
 from django.db import connections
 from django.test import override_settings
 
-from kumiko_jobs import cancellation, operations, signals, transport
+from kumiko_jobs import operations, signals, transport
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
+from kumiko_jobs.run import cancellation
 from tests.conftest import probes, start_rqworker, work
 from tests.testapp import jobs
 

@@ -19,7 +19,8 @@ from django.db import connection
 from django.test import override_settings
 from django_tenants.utils import tenant_context
 
-from kumiko_jobs import db_roles, tenant_connections
+from kumiko_jobs.guard import connections as tenant_connections
+from kumiko_jobs.guard import db_roles
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
 from tests.guardapp import role_jobs, support
@@ -152,7 +153,7 @@ def test_cross_tenant_reads_cannot_write_even_past_the_classifier(tenants, guard
 
 
 def test_system_jobs_run_as_the_project_user(live_db, guard_data):
-    from kumiko_jobs.enqueueing import enqueue
+    from kumiko_jobs.enqueueing.submit import enqueue
 
     with override_settings(KUMIKO_JOBS=ROLES_ENFORCE):
         handle = enqueue(role_jobs.role_system_identity)

@@ -18,7 +18,7 @@ from django.db import connection
 from django.test import override_settings
 from django_tenants.utils import tenant_context
 
-from kumiko_jobs import session
+from kumiko_jobs.core import session
 from kumiko_jobs.core.db import ADMISSION_LOCK_CLASS
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
@@ -121,7 +121,7 @@ def test_role_defaults_a_tenant_gives_itself_are_reset_by_the_roles_command(
 
     from django.core.management import call_command
 
-    from kumiko_jobs import db_roles
+    from kumiko_jobs.guard import db_roles
 
     role = db_roles.role_name(tenants["t1"].pk)
     query = (

@@ -43,7 +43,7 @@ def _drop_database(admin_url: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from kumiko_jobs import db_roles
+    from kumiko_jobs.guard import db_roles
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(

@@ -41,10 +41,12 @@ from django.db import connection
 from django.test import override_settings
 
 from bench import soak
-from kumiko_jobs import boot, cancellation, transport
+from kumiko_jobs import transport
+from kumiko_jobs.definition.registry import registry
+from kumiko_jobs.enqueueing.schedules import schedule_id
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.registry import registry
-from kumiko_jobs.schedules import schedule_id
+from kumiko_jobs.run import cancellation
+from kumiko_jobs.worker import boot
 from tests.conftest import TENANTS, probes
 from tests.integration.test_outages import _start_scheduler
 from tests.integration.test_reliability import Workers, fast_settings
@@ -303,7 +305,7 @@ def _statuses(run_ids: list[str]) -> Counter[str]:
 
 def _stuck(run_ids: list[str], redis_client: redis.Redis) -> str:
     """What Redis holds for each run that is not done yet (a failure message)."""
-    from kumiko_jobs.relay import pending_rq_job_ids
+    from kumiko_jobs.worker.relay import pending_rq_job_ids
 
     lines = []
     waiting = JobRun.objects.filter(pk__in=run_ids).exclude(status=RunStatus.SUCCEEDED)
@@ -454,8 +456,8 @@ def test_relay_frees_a_rate_limit_slot_whose_release_redis_lost(redis_conn, monk
 
     from django.utils import timezone
 
-    from kumiko_jobs import relay
-    from kumiko_jobs.relay import pending_rq_job_ids, relay_pending
+    from kumiko_jobs.worker import relay
+    from kumiko_jobs.worker.relay import pending_rq_job_ids, relay_pending
     from tests.conftest import work
     from tests.integration.test_reliability import status
 

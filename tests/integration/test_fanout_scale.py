@@ -15,8 +15,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from kumiko_jobs import fanout, relay, transport
+from kumiko_jobs import transport
+from kumiko_jobs.enqueueing import fanout
 from kumiko_jobs.models import JobRun, RunStatus
+from kumiko_jobs.worker import relay
 
 pytestmark = pytest.mark.usefixtures("live_db")
 JOB_PREFIX = "fanscale"
@@ -214,7 +216,7 @@ def test_a_fan_out_over_the_limit_creates_no_child_even_in_chunks(many_tenants, 
 def test_the_chunk_size_is_a_validated_setting(value: Any) -> None:
     from django.core.exceptions import ImproperlyConfigured
 
-    from kumiko_jobs import conf
+    from kumiko_jobs.core import conf
 
     with pytest.raises(ImproperlyConfigured, match=r"FANOUT_CHUNK_SIZE.*must be an integer >= 1"):
         conf._validate({"FANOUT_CHUNK_SIZE": value})
@@ -228,7 +230,7 @@ def test_out_of_date_finds_a_lost_group_membership_and_sequence_grant(tenants):
     """``db_roles.out_of_date`` joins the tenants with pg_class once (it scanned pg_class once
     per tenant before); the branches test_db_roles.py does not reach: the group membership
     and a sequence's USAGE. Repaired by the command's ``sync_all``."""
-    from kumiko_jobs import db_roles
+    from kumiko_jobs.guard import db_roles
 
     t1, t2 = db_roles.role_name(tenants["t1"].pk), db_roles.role_name(tenants["t2"].pk)
     assert db_roles.out_of_date() == []

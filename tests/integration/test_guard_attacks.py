@@ -436,8 +436,10 @@ def protections_off(monkeypatch: pytest.MonkeyPatch) -> None:
     system job that does not declare ``tenant_may_start``."""
     import dataclasses
 
-    from kumiko_jobs import run_sql, session, signals
-    from kumiko_jobs.registry import registry
+    from kumiko_jobs import signals
+    from kumiko_jobs.core import session
+    from kumiko_jobs.definition.registry import registry
+    from kumiko_jobs.history import run_sql
 
     monkeypatch.setattr(session, "clean_up", lambda marks, busy: [])
     monkeypatch.setattr(run_sql, "end_stray_transaction", lambda: False)

@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from kumiko_jobs import guard
-from kumiko_jobs.guard_tables import protected_tables, shared_tables
+from kumiko_jobs.guard.tables import protected_tables, shared_tables
 from tests.guardapp import support
 from tests.guardapp.attacks_base import CANARY
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from kumiko_jobs import signals, transport
 from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
-from kumiko_jobs.sweep import sweep
+from kumiko_jobs.worker.sweep import sweep
 from tests.conftest import probes, work
 from tests.testapp import jobs
 
@@ -196,8 +196,8 @@ def test_management_command_enqueue_list_and_sweep(tenants, capsys):
 
 
 def test_housekeeping_runs_as_a_system_cron_job(tenants):
-    from kumiko_jobs.registry import registry
-    from kumiko_jobs.schedules import fire, schedule_id
+    from kumiko_jobs.definition.registry import registry
+    from kumiko_jobs.enqueueing.schedules import fire, schedule_id
 
     sweeper = registry.get("kumiko_jobs.sweep_abandoned")
     assert sweeper.system and sweeper.cron == "* * * * *"

@@ -17,7 +17,8 @@ from django.test import Client
 from django_tenants.utils import schema_context
 
 from kumiko_jobs import EscapeHatch, InvalidJob, TenantVisibleError, transport
-from kumiko_jobs.exceptions import FALLBACK_MESSAGE_KEY
+from kumiko_jobs.core.exceptions import FALLBACK_MESSAGE_KEY
+from kumiko_jobs.definition.registry import JobDefinition
 from kumiko_jobs.models import (
     EscapeHatchUse,
     JobAttempt,
@@ -26,7 +27,6 @@ from kumiko_jobs.models import (
     RejectedMessage,
     RunStatus,
 )
-from kumiko_jobs.registry import JobDefinition
 from tests.conftest import TENANTS, probes, work
 from tests.testapp import jobs
 

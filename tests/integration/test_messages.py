@@ -16,13 +16,14 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
-from kumiko_jobs import conf, transport
-from kumiko_jobs.enqueueing import envelope_of, message_for
-from kumiko_jobs.envelope import decode, encode
+from kumiko_jobs import transport
+from kumiko_jobs.core import conf
+from kumiko_jobs.core.envelope import decode, encode
+from kumiko_jobs.enqueueing.schedules import schedule_id, sync_schedules, tick_run_id
+from kumiko_jobs.enqueueing.submit import envelope_of, message_for
 from kumiko_jobs.models import JobRun, RejectedMessage, RunStatus
-from kumiko_jobs.relay import relay_pending
-from kumiko_jobs.schedules import schedule_id, sync_schedules, tick_run_id
-from kumiko_jobs.sweep import delete_expired
+from kumiko_jobs.worker.relay import relay_pending
+from kumiko_jobs.worker.sweep import delete_expired
 from tests.conftest import TENANTS, work
 from tests.testapp import jobs
 

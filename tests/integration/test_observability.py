@@ -31,10 +31,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from kumiko_jobs import log_context
-from kumiko_jobs.enqueueing import submit
-from kumiko_jobs.envelope import Envelope
+from kumiko_jobs.core.envelope import Envelope
+from kumiko_jobs.definition.registry import registry
+from kumiko_jobs.enqueueing.submit import submit
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.registry import registry
 from tests.conftest import ROOT, start_rqworker, work
 from tests.integration.test_admin import client_for, make_user
 from tests.testapp import jobs
@@ -206,7 +206,7 @@ def test_retries_are_one_span_per_attempt_under_the_same_enqueue(tenants, teleme
 
 def test_a_relayed_message_continues_the_trace_of_its_enqueue(tenants, telemetry):
     from kumiko_jobs import transport
-    from kumiko_jobs.relay import relay_pending
+    from kumiko_jobs.worker.relay import relay_pending
 
     handle = jobs.probe.enqueue(tenant="t2", tag="relayed")
     transport.connection_for("default").flushdb()  # the message is lost; the row is not
@@ -353,8 +353,8 @@ def test_queue_depth_gauge_reads_the_queues(tenants, telemetry):
 
 
 def test_every_escape_hatch_use_is_counted_though_reports_are_deduplicated(telemetry, caplog):
-    from kumiko_jobs import audit
-    from kumiko_jobs.context import RunState
+    from kumiko_jobs.history import audit
+    from kumiko_jobs.run.context import RunState
 
     definition = registry.get("testapp.probe")
     env = Envelope(job=definition.name, schema="t1", kwargs={}, run_id=uuid.uuid4().hex)

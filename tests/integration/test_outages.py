@@ -321,8 +321,8 @@ def test_long_redis_outage_loses_nothing_committed(own_redis, tmp_path):
 
 
 def test_after_a_failed_push_commits_leave_pushes_to_the_relay_for_a_while(own_redis):
-    from kumiko_jobs import enqueueing
-    from kumiko_jobs.relay import relay_pending
+    from kumiko_jobs.enqueueing import submit as enqueueing
+    from kumiko_jobs.worker.relay import relay_pending
     from tests.conftest import work
 
     own_redis.stop()

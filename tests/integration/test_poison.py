@@ -33,10 +33,10 @@ from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker as PlainRQWorker
 
 from kumiko_jobs import transport
-from kumiko_jobs.envelope import VERSION, Envelope, encode
+from kumiko_jobs.core.envelope import VERSION, Envelope, encode
+from kumiko_jobs.definition.registry import registry
 from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
-from kumiko_jobs.registry import registry
-from kumiko_jobs.runner import execute
+from kumiko_jobs.run.entry import execute
 from kumiko_jobs.worker import refusal
 from tests.conftest import TENANTS, probes, start_rqworker, work
 from tests.testapp import jobs

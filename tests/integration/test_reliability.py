@@ -28,8 +28,8 @@ from django.utils import timezone
 from bench import soak
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
-from kumiko_jobs.relay import pending_rq_job_ids, relay_pending
-from kumiko_jobs.sweep import sweep_abandoned
+from kumiko_jobs.worker.relay import pending_rq_job_ids, relay_pending
+from kumiko_jobs.worker.sweep import sweep_abandoned
 from tests.conftest import ROOT, probes, work, worker_env
 from tests.testapp import jobs
 

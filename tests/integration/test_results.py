@@ -10,8 +10,8 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
+from kumiko_jobs.history.results import NOT_KEPT
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
-from kumiko_jobs.results import NOT_KEPT
 from tests.conftest import work
 from tests.integration.test_admin import (  # noqa: F401 - fixtures
     change_url,

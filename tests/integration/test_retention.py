@@ -14,7 +14,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from kumiko_jobs.models import EscapeHatchUse, JobAttempt, JobFailure, JobRun, RunStatus
-from kumiko_jobs.sweep import sweep
+from kumiko_jobs.worker.sweep import sweep
 
 pytestmark = pytest.mark.usefixtures("live_db")
 BASE = {"DB_GUARD": "enforce", "DEFAULT_RETRIES": 0, "PUSH_FAILURE_PAUSE": 0}

@@ -16,7 +16,7 @@ from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from kumiko_jobs import retention
+from kumiko_jobs.history import retention
 from kumiko_jobs.models import JobAttempt, JobFailure, JobRun, RunStatus
 
 pytestmark = pytest.mark.usefixtures("live_db")

@@ -22,8 +22,8 @@ from django_tenants.utils import tenant_context
 
 from example_project.customers.models import Client
 from kumiko_jobs import transport
+from kumiko_jobs.core.session import DISCARD_ALL as DISCARD
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.session import DISCARD_ALL as DISCARD
 from tests.conftest import work
 from tests.guardapp import jobs, route_jobs, support
 
@@ -233,10 +233,10 @@ def test_with_the_guard_off_every_run_is_reset(tenants, guard_data):
 @pytest.fixture
 def without_tenancy_step() -> Iterator[None]:
     """A pipeline without the tenancy step (a project's own list of steps)."""
-    from kumiko_jobs import runner
-    from kumiko_jobs.pipeline import compose
-    from kumiko_jobs.steps import DEFAULT_STEPS
-    from kumiko_jobs.steps.tenancy import tenancy
+    from kumiko_jobs.run import entry as runner
+    from kumiko_jobs.run.pipeline import compose
+    from kumiko_jobs.run.steps import DEFAULT_STEPS
+    from kumiko_jobs.run.steps.tenancy import tenancy
 
     steps = [step for step in DEFAULT_STEPS if step is not tenancy]
     runner.reset_pipeline(lambda: compose(steps, runner.call_job))

@@ -21,10 +21,12 @@ from django.test import override_settings
 from django.utils import timezone
 
 from example_project.customers.models import Client
-from kumiko_jobs import relay, run_sql, signals, transport
-from kumiko_jobs.enqueueing import message_for
-from kumiko_jobs.envelope import Envelope
+from kumiko_jobs import signals, transport
+from kumiko_jobs.core.envelope import Envelope
+from kumiko_jobs.enqueueing.submit import message_for
+from kumiko_jobs.history import run_sql
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
+from kumiko_jobs.worker import relay
 from tests.conftest import probes, work
 from tests.testapp import jobs
 

@@ -18,7 +18,7 @@ from django.core import checks
 from kumiko_jobs import transport
 from kumiko_jobs.checks import check_scheduler_running
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.scheduler_liveness import RateLimitedWarning, overdue_problem
+from kumiko_jobs.transport.scheduler_liveness import RateLimitedWarning, overdue_problem
 from tests.conftest import work
 from tests.integration.test_admin import RUNS, client_for, make_user
 from tests.testapp import jobs

@@ -12,12 +12,12 @@ from django.test import override_settings
 from django_tenants.utils import tenant_context
 
 from kumiko_jobs import emit, signals, transport
+from kumiko_jobs.core.envelope import Envelope
 from kumiko_jobs.definition.cron import latest_tick, seconds_until_next
-from kumiko_jobs.enqueueing import message_for
-from kumiko_jobs.envelope import Envelope
+from kumiko_jobs.definition.registry import registry
+from kumiko_jobs.enqueueing.schedules import schedule_id, sync_schedules
+from kumiko_jobs.enqueueing.submit import message_for
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.registry import registry
-from kumiko_jobs.schedules import schedule_id, sync_schedules
 from tests.conftest import probes, work
 from tests.testapp import jobs
 
@@ -47,7 +47,7 @@ def test_a_retried_fan_out_creates_no_duplicates(tenants):
     # The same fan-out message delivered again after the parent finished, and once more as a
     # retry of a parent that is queued again (e.g. its worker died after pushing the children).
     JobRun.objects.filter(pk=handle.run_id).update(status=RunStatus.QUEUED)
-    from kumiko_jobs.envelope import decode
+    from kumiko_jobs.core.envelope import decode
 
     transport.push(message_for(jobs.fanned, decode(body), 0))
     work()
@@ -267,7 +267,7 @@ def test_max_per_tenant_is_atomic_under_concurrent_enqueues(tenants):
 
 def test_a_per_tenant_cron_without_system_or_per_tenant_is_refused():
     from kumiko_jobs import InvalidJob
-    from kumiko_jobs.registry import build_definition
+    from kumiko_jobs.definition.registry import build_definition
 
     def report(ctx):
         return None

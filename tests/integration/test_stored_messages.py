@@ -62,7 +62,7 @@ def capture(path: Path = FIXTURE) -> None:
 
 def capture_cron_entry(path: Path = CRON_FIXTURE) -> None:
     """Register the test app's cron jobs and write ``every_minute``'s entry to ``path``."""
-    from kumiko_jobs.schedules import schedule_id, sync_schedules
+    from kumiko_jobs.enqueueing.schedules import schedule_id, sync_schedules
     from tests.testapp import jobs
 
     sync_schedules()

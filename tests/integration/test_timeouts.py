@@ -24,7 +24,7 @@ from django.test import override_settings
 
 from bench import soak
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
-from kumiko_jobs.sweep import sweep_abandoned
+from kumiko_jobs.worker.sweep import sweep_abandoned
 from tests.conftest import ROOT, probes, work, worker_env
 from tests.integration.test_reliability import (
     Workers,
@@ -223,7 +223,8 @@ def test_without_liveness_the_timeout_rule_hands_back_only_runs_outside_rq(tenan
 def test_the_timeout_bounds_the_job_body_not_the_record_after_it(tenants):
     """The worker's death penalty arms RQ's alarm around the whole message; once the body is
     done the runner cancels it, so recording the outcome is never cut short by the timeout."""
-    from kumiko_jobs import runner, transport
+    from kumiko_jobs import transport
+    from kumiko_jobs.run import entry as runner
     from kumiko_jobs.worker import _FinalTimeout
 
     note = SimpleNamespace(timeout_fired=None)  # the run's state: only its note is used

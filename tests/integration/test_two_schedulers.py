@@ -20,8 +20,8 @@ from typing import IO, Any
 import pytest
 
 from kumiko_jobs import transport
+from kumiko_jobs.enqueueing.schedules import cron_spec
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.schedules import cron_spec
 from tests.conftest import ROOT, TENANTS, probes, work, worker_env
 from tests.testapp import jobs
 

@@ -8,8 +8,8 @@ import pytest
 from django.db import connections
 
 from kumiko_jobs import transport
+from kumiko_jobs.enqueueing.schedules import fire, schedule_id
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
-from kumiko_jobs.schedules import fire, schedule_id
 from tests.conftest import probes, work
 from tests.testapp import jobs
 
@@ -78,8 +78,8 @@ def test_a_cron_tick_is_retried(tenants):
 
 
 def test_a_boot_job_is_retried(tenants, monkeypatch):
-    from kumiko_jobs.boot import enqueue_boot_jobs
-    from kumiko_jobs.registry import build_definition, registry
+    from kumiko_jobs.definition.registry import build_definition, registry
+    from kumiko_jobs.worker.boot import enqueue_boot_jobs
 
     def boot_flaky(ctx) -> None:
         _fail_on_first_attempt(ctx)

@@ -367,7 +367,7 @@ def queue_keeper() -> Client:
 @pytest.mark.parametrize("how", ["empty the queue", "delete the message"])
 def test_the_relay_restores_messages_removed_through_django_rq(queue_keeper, queued_message, how):
     from kumiko_jobs import transport
-    from kumiko_jobs.relay import relay_pending
+    from kumiko_jobs.worker.relay import relay_pending
     from tests.conftest import probes
 
     url = (
@@ -394,7 +394,7 @@ def test_the_scheduler_restores_cron_entries_deleted_through_django_rq(queue_kee
     """rq-scheduler syncs kumiko's cron entries only when it starts; every later round of its
     loop (``enqueue_jobs``, under its lock) now puts back what was deleted meanwhile."""
     from kumiko_jobs import transport
-    from kumiko_jobs.schedules import sync_schedules
+    from kumiko_jobs.enqueueing.schedules import sync_schedules
 
     sync_schedules()
     before = transport.cron_entries()
@@ -518,7 +518,7 @@ def test_a_cron_entry_outlives_its_own_tick(tenants):
     """Each tick runs the entry's own RQ job; its hash must not expire afterwards (it did, after
     RESULT_TTL seconds, and rq-scheduler then dropped the entry at the next tick)."""
     from kumiko_jobs import transport
-    from kumiko_jobs.schedules import sync_schedules
+    from kumiko_jobs.enqueueing.schedules import sync_schedules
 
     sync_schedules()
     sid = "kj-cron-kumiko_jobs_delete_expired"  # daily: its next tick is hours away

@@ -9,8 +9,8 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from kumiko_jobs import conf
-from kumiko_jobs.conf import DEFAULT_SENSITIVE_KEYS, KumikoSettings, _validate
+from kumiko_jobs.core import conf
+from kumiko_jobs.core.conf import DEFAULT_SENSITIVE_KEYS, KumikoSettings, _validate
 
 POSITIVE = ("DEFAULT_TIMEOUT", "MAX_ENVELOPE_BYTES", "LOG_LINES_PER_ATTEMPT")
 NON_NEGATIVE = (

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from kumiko_jobs import schedules, transport
-from kumiko_jobs.registry import build_definition
+from kumiko_jobs import transport
+from kumiko_jobs.definition.registry import build_definition
+from kumiko_jobs.enqueueing import schedules
 
 
 def test_app_start_up_installs_the_cron_domain() -> None:

@@ -14,7 +14,7 @@ from django.core import signing
 from django.test import override_settings
 
 from kumiko_jobs import EnvelopeError
-from kumiko_jobs.envelope import VERSION, Envelope, decode, encode, expires_at
+from kumiko_jobs.core.envelope import VERSION, Envelope, decode, encode, expires_at
 
 SALT = "kumiko_jobs.envelope.v2"
 V1_SALT = "kumiko_jobs.envelope.v1"
@@ -474,7 +474,7 @@ def test_next_attempt_and_deferred_change_only_their_counter():
 def test_fields_longer_than_their_history_columns_are_refused(field, value):
     from dataclasses import replace
 
-    from kumiko_jobs.envelope import Envelope, decode, encode
+    from kumiko_jobs.core.envelope import Envelope, decode, encode
 
     env = replace(Envelope(job="a.b", schema="t1", kwargs={}, run_id="a" * 32), **{field: value})
     with pytest.raises(EnvelopeError, match=field):
@@ -482,7 +482,7 @@ def test_fields_longer_than_their_history_columns_are_refused(field, value):
 
 
 def test_nul_characters_are_refused_but_a_literal_backslash_u_is_not():
-    from kumiko_jobs.envelope import Envelope, decode, encode
+    from kumiko_jobs.core.envelope import Envelope, decode, encode
 
     nul = Envelope(job="a.b", schema="t1", kwargs={"x": "a\x00b"}, run_id="a" * 32)
     with pytest.raises(EnvelopeError, match="NUL"):

@@ -979,7 +979,7 @@ def test_two_key_advisory_locks_need_a_constant_class(sql: str) -> None:
 def test_admission_lock_statement_uses_the_reserved_class() -> None:
     import inspect
 
-    from kumiko_jobs import enqueueing
+    from kumiko_jobs.enqueueing import submit as enqueueing
 
     source = inspect.getsource(enqueueing.admission)
     assert "pg_advisory_xact_lock(%s, hashtext(%s))" in source
@@ -1303,6 +1303,6 @@ def test_everyday_list_is_long_enough() -> None:
 )
 def test_statements_that_end_the_transaction_are_told_apart(sql, ends):
     # What an atomic job's guard refuses (steps/db_guard.py); savepoints stay inside.
-    from kumiko_jobs.sql_tree import statement_shape
+    from kumiko_jobs.guard.sql_tree import statement_shape
 
     assert statement_shape(sql, parameters=False).ends_transaction is ends

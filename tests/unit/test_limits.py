@@ -13,18 +13,18 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from kumiko_jobs import InvalidJob, TenantVisibleError
-from kumiko_jobs import conf as conf_module
-from kumiko_jobs.context import entry_size, log_entry
-from kumiko_jobs.enqueueing import (
+from kumiko_jobs.core import conf as conf_module
+from kumiko_jobs.core.envelope import WIDEST_SIGNING_TIME, Envelope, encode
+from kumiko_jobs.core.exceptions import FALLBACK_MESSAGE_KEY, MESSAGE_KEY_MAX_LENGTH
+from kumiko_jobs.definition.registry import MAX_DEFERS_LIMIT, EscapeHatch, build_definition
+from kumiko_jobs.enqueueing.submit import (
     GATE_DEFERS_HEADROOM,
     _check_size,
     check_json,
     largest_reachable,
     message_for,
 )
-from kumiko_jobs.envelope import WIDEST_SIGNING_TIME, Envelope, encode
-from kumiko_jobs.exceptions import FALLBACK_MESSAGE_KEY, MESSAGE_KEY_MAX_LENGTH
-from kumiko_jobs.registry import MAX_DEFERS_LIMIT, EscapeHatch, build_definition
+from kumiko_jobs.run.context import entry_size, log_entry
 
 RUN_ID = "0123456789abcdef0123456789abcdef"
 KEYS = conf_module.DEFAULT_SENSITIVE_KEYS
@@ -307,7 +307,7 @@ def test_one_log_line_is_capped_in_bytes() -> None:
 
 
 def test_a_subject_at_the_column_size_is_kept_one_more_is_refused() -> None:
-    from kumiko_jobs.subject import build_subject
+    from kumiko_jobs.definition.subject import build_subject
 
     definition = define(tenant_visible_run=["tag"])
     tag = "t" * (255 - len("tag="))

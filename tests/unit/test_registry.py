@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 from kumiko_jobs import InvalidJob, JobNotRegistered
-from kumiko_jobs import registry as registry_module
-from kumiko_jobs.enqueue import api
-from kumiko_jobs.registry import (
+from kumiko_jobs.definition import registry as registry_module
+from kumiko_jobs.definition.registry import (
     GRANTS,
     Backoff,
     EscapeHatch,
@@ -23,6 +22,7 @@ from kumiko_jobs.registry import (
     Registry,
     build_definition,
 )
+from kumiko_jobs.enqueueing import api
 
 
 def sync_invoice(ctx: Any, *, invoice_id: int, force: bool = False) -> None:

@@ -6,9 +6,9 @@ the text. These tests pin what the text holds, and that rendering never raises.
 
 from __future__ import annotations
 
-from kumiko_jobs.context import RunState, render_error
-from kumiko_jobs.envelope import Envelope
-from kumiko_jobs.registry import build_definition
+from kumiko_jobs.core.envelope import Envelope
+from kumiko_jobs.definition.registry import build_definition
+from kumiko_jobs.run.context import RunState, render_error
 
 
 class Refused(Exception):

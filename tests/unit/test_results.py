@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from kumiko_jobs.results import NOT_KEPT, is_marker, storable
+from kumiko_jobs.history.results import NOT_KEPT, is_marker, storable
 
 
 class Items(dict):  # type: ignore[type-arg]

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from kumiko_jobs import log_context
-from kumiko_jobs.conf import DEFAULT_SENSITIVE_KEYS
-from kumiko_jobs.scrubbing import (
+from kumiko_jobs.core.conf import DEFAULT_SENSITIVE_KEYS
+from kumiko_jobs.core.scrubbing import (
     DEFAULT_LIMIT,
     is_sensitive_key,
     scrub,
@@ -204,7 +204,7 @@ def test_the_span_exception_event_is_built_scrubbed_and_bounded() -> None:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     # steps/__init__ exports the step function under the module's name.
-    tracing = importlib.import_module("kumiko_jobs.steps.tracing")
+    tracing = importlib.import_module("kumiko_jobs.run.steps.tracing")
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))

@@ -16,11 +16,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ...enqueueing import enqueue
-from ...exceptions import KumikoJobsError
+from ...core.exceptions import KumikoJobsError
+from ...definition.registry import registry
+from ...enqueueing.submit import enqueue
 from ...models import JobRun, RunStatus
-from ...registry import registry
-from ...sweep import sweep
+from ...worker.sweep import sweep
 
 _SINCE = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -103,7 +103,7 @@ class Command(BaseCommand):
         if action == "list":
             self._list()
         elif action == "schedule":
-            from ...schedules import sync_schedules
+            from ...enqueueing.schedules import sync_schedules
 
             synced = sync_schedules()
             for label, ids in (
@@ -197,7 +197,7 @@ class Command(BaseCommand):
             self.stdout.write(line.rstrip())
 
     def _roles(self, check_only: bool) -> None:
-        from ... import db_roles
+        from ...guard import db_roles
 
         if check_only:
             stale = db_roles.out_of_date()
@@ -219,8 +219,8 @@ class Command(BaseCommand):
 
         from django.db import connections
 
-        from ... import conf
-        from ...relay import relay_pending
+        from ...core import conf
+        from ...worker.relay import relay_pending
 
         pause = interval if interval is not None else conf.get().MAINTENANCE_INTERVAL or 10
         while True:

@@ -1,0 +1,428 @@
+"""The one reader of Django settings for kumiko_jobs.
+
+Everything the library needs from ``settings`` goes through this module, so that option
+names, defaults and validation live in one place and tests can override settings with
+Django's ``override_settings`` (the cache is cleared on ``setting_changed``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Literal
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+GuardMode = Literal["enforce", "log", "off"]
+InactiveTenantPolicy = Literal["skip", "defer"]
+TenantDeletionPolicy = Literal["purge", "anonymise"]
+
+DEFAULT_SENSITIVE_KEYS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "cookie",
+    "session",
+    "credit_card",
+    "iban",
+    "private_key",
+    "access_key",
+    "credential",
+)
+
+
+# Python's json module recurses per nesting level (about 1000 levels before RecursionError).
+MAX_ARGUMENT_DEPTH_LIMIT = 500
+
+
+@dataclass(frozen=True, slots=True)
+class KumikoSettings:
+    """``settings.KUMIKO_JOBS``, validated. Every key is documented in docs/settings.md."""
+
+    DB_GUARD: GuardMode = "enforce"
+    DEFAULT_QUEUE: str = "default"
+    DEFAULT_RETRIES: int = 0
+    DEFAULT_TIMEOUT: int = 600
+    MAX_DEFERS: int = 20
+    RETENTION_DAYS: int = 30
+    RESULT_TTL: int = 60
+    FAILURE_TTL: int = 7 * 24 * 3600
+    TENANT_ACTIVE_FIELD: str | None = None
+    INACTIVE_TENANT: InactiveTenantPolicy = "skip"
+    INACTIVE_TENANT_DEFER_SECONDS: int = 300
+    EXTRA_SHARED_TABLES: tuple[str, ...] = ()
+    SENSITIVE_KEYS: tuple[str, ...] = DEFAULT_SENSITIVE_KEYS
+    MAX_ENVELOPE_BYTES: int = 512 * 1024
+    ESCAPE_HATCH_DEDUPE_SECONDS: int = 60
+    TENANT_CONCURRENCY: int | None = None
+    TENANT_QUERYSET: str | None = None
+    HOUSEKEEPING: bool = True
+    RUNNING_TIMEOUT_GRACE: int = 60
+    TIMEOUT_KILL_AFTER: int = 10
+    # Seconds a forking worker's work horse gets to end a cancelled run itself before it is
+    # killed (docs/reliability.md, Cancellation).
+    CANCEL_GRACE: int = 10
+    # Seconds one attempt of a boot gate may run (it runs before RQ's own timeouts apply), and
+    # after which a warning says the worker is still waiting for it.
+    BOOT_GATE_TIMEOUT: int = 60
+    BOOT_GATE_WARN_AFTER: int = 10
+    # Retention beyond runs (retention.py): unresolved tenant-visible failures (0 keeps them
+    # until a success resolves them) and escape-hatch audit rows; a deleted tenant's history.
+    FAILURE_RETENTION_DAYS: int = 0
+    ESCAPE_HATCH_RETENTION_DAYS: int = 365
+    TENANT_DELETION: TenantDeletionPolicy = "purge"
+    LOG_LINES_PER_ATTEMPT: int = 200
+    LOG_LINE_BYTES: int = 4096
+    LOG_BYTES_PER_ATTEMPT: int = 256 * 1024
+    MAX_FOLLOWUPS_PER_RUN: int = 1000
+    MAX_RETRIES: int = 100
+    MAX_FANOUT_TENANTS: int = 100_000
+    # Tenants a fan-out reads, inserts (one statement) and pushes (one pipeline) at a time.
+    FANOUT_CHUNK_SIZE: int = 1000
+    MAX_ARGUMENT_DEPTH: int = 32
+    WORKER_HEARTBEAT: int = 5
+    WORKER_DEAD_AFTER: int = 20
+    MAINTENANCE_INTERVAL: int = 10
+    RELAY_GRACE: int = 30
+    HISTORY_SYNCHRONOUS_COMMIT: bool = True
+    PUSH_FAILURE_PAUSE: int = 5
+    # Seconds past its due time a scheduled message (retry, enqueue_in, deferral, cron tick)
+    # may wait before the worker log, the admin and check W003 say that no scheduler moves it
+    # (rqscheduler moves due messages every --interval seconds, 60 by default). 0: never say.
+    SCHEDULER_OVERDUE_AFTER: int = 120
+    # Seconds after its due time a signed message is refused (envelope.py). Seven days: a
+    # weekend-plus outage's backlog still runs, while a copy of an old message is useless well
+    # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
+    MESSAGE_MAX_AGE: int = 7 * 24 * 3600
+    GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
+    # Bytes of JSON a job's return value may take on its run (kumiko_jobs.results); 0 keeps none.
+    MAX_RESULT_BYTES: int = 64 * 1024
+    # The second wall (docs/guard.md, "Two walls"): tenant job bodies log in as their tenant's
+    # PostgreSQL role. Off by default: turning it on needs the operator's set-up steps.
+    DB_ROLES: bool = False
+    # Per-tenant connections a worker keeps open (least recently used closed first).
+    DB_ROLE_POOL_SIZE: int = 32
+    # What sits between Django and PostgreSQL: None (a direct connection), "session" or
+    # "transaction" (PgBouncer's pool modes). Transaction pooling shares server sessions
+    # between clients; checks.py refuses it where that crosses tenants.
+    DB_POOLER: str | None = None
+
+
+_CHOICES: dict[str, tuple[str | None, ...]] = {
+    "DB_GUARD": ("enforce", "log", "off"),
+    "INACTIVE_TENANT": ("skip", "defer"),
+    "TENANT_DELETION": ("purge", "anonymise"),
+    "DB_POOLER": (None, "session", "transaction"),
+}
+_POSITIVE_INTS = (
+    "DEFAULT_TIMEOUT",
+    "MAX_ENVELOPE_BYTES",
+    "LOG_LINES_PER_ATTEMPT",
+    "LOG_LINE_BYTES",
+    "LOG_BYTES_PER_ATTEMPT",
+    "MAX_FOLLOWUPS_PER_RUN",
+    "MAX_FANOUT_TENANTS",
+    "FANOUT_CHUNK_SIZE",
+    "MAX_ARGUMENT_DEPTH",
+    "WORKER_HEARTBEAT",
+    "WORKER_DEAD_AFTER",
+    "TIMEOUT_KILL_AFTER",
+    "CANCEL_GRACE",
+    "BOOT_GATE_TIMEOUT",
+    "BOOT_GATE_WARN_AFTER",
+    "MESSAGE_MAX_AGE",
+    "DB_ROLE_POOL_SIZE",
+)
+_NON_NEGATIVE_INTS = (
+    "DEFAULT_RETRIES",
+    "MAX_RETRIES",
+    "MAX_DEFERS",
+    "RETENTION_DAYS",
+    "FAILURE_RETENTION_DAYS",
+    "ESCAPE_HATCH_RETENTION_DAYS",
+    "RESULT_TTL",
+    "FAILURE_TTL",
+    "INACTIVE_TENANT_DEFER_SECONDS",
+    "ESCAPE_HATCH_DEDUPE_SECONDS",
+    "RUNNING_TIMEOUT_GRACE",
+    "MAINTENANCE_INTERVAL",
+    "RELAY_GRACE",
+    "PUSH_FAILURE_PAUSE",
+    "SCHEDULER_OVERDUE_AFTER",
+    "MAX_RESULT_BYTES",
+)
+
+
+def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
+    if not isinstance(raw, Mapping):
+        raise ImproperlyConfigured("settings.KUMIKO_JOBS must be a dict.")
+    known = {f.name for f in dataclasses.fields(KumikoSettings)}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            hint = difflib.get_close_matches(str(key).upper(), sorted(known), n=1)
+            suggestion = f" Did you mean {hint[0]!r}?" if hint else ""
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS has an unknown key {key!r}.{suggestion} "
+                f"Known keys: {', '.join(sorted(known))}."
+            )
+        values[key] = value
+    for key, allowed in _CHOICES.items():
+        if key in values and values[key] not in allowed:
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS[{key!r}] is {values[key]!r}; use one of {allowed}."
+            )
+    for key in (*_POSITIVE_INTS, *_NON_NEGATIVE_INTS):
+        if key not in values:
+            continue
+        value = values[key]
+        minimum = 1 if key in _POSITIVE_INTS else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS[{key!r}] must be an integer >= {minimum}, got {value!r}."
+            )
+    for key in ("DEFAULT_QUEUE",):
+        if key in values and (not isinstance(values[key], str) or not values[key]):
+            raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be a queue name.")
+    for key in ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT", "DB_ROLES"):
+        if not isinstance(values.get(key, True), bool):
+            raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be True or False.")
+    defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
+    beat = values.get("WORKER_HEARTBEAT", defaults["WORKER_HEARTBEAT"])
+    if values.get("WORKER_DEAD_AFTER", defaults["WORKER_DEAD_AFTER"]) < 2 * beat:
+        # One late beat (a busy machine) must not make a live worker look dead.
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['WORKER_DEAD_AFTER'] must be at least twice "
+            f"WORKER_HEARTBEAT ({beat} s)."
+        )
+    if values.get("MAX_ARGUMENT_DEPTH", 0) > MAX_ARGUMENT_DEPTH_LIMIT:
+        # Deeper than this, json.loads / json.dumps themselves raise RecursionError.
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['MAX_ARGUMENT_DEPTH'] must be at most "
+            f"{MAX_ARGUMENT_DEPTH_LIMIT}."
+        )
+    max_retries = values.get("MAX_RETRIES", defaults["MAX_RETRIES"])
+    if values.get("DEFAULT_RETRIES", defaults["DEFAULT_RETRIES"]) > max_retries:
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS['DEFAULT_RETRIES'] is over MAX_RETRIES ({max_retries})."
+        )
+    queryset_path = values.get("TENANT_QUERYSET")
+    if queryset_path is not None and (
+        not isinstance(queryset_path, str) or "." not in queryset_path
+    ):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_QUERYSET'] must be the dotted path of a callable "
+            "returning a tenant queryset, or None."
+        )
+    active_field = values.get("TENANT_ACTIVE_FIELD")
+    if active_field is not None and not isinstance(active_field, str):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_ACTIVE_FIELD'] must be a field name or None."
+        )
+    tc = values.get("TENANT_CONCURRENCY")
+    if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or tc < 1):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_CONCURRENCY'] must be None or an integer >= 1."
+        )
+    if "GUARD_EXTRA_FUNCTIONS" in values:
+        values["GUARD_EXTRA_FUNCTIONS"] = _function_names(values["GUARD_EXTRA_FUNCTIONS"])
+    for key in ("EXTRA_SHARED_TABLES", "SENSITIVE_KEYS"):
+        if key in values:
+            seq = values[key]
+            if not isinstance(seq, list | tuple | set | frozenset) or not all(
+                isinstance(v, str) for v in seq
+            ):
+                raise ImproperlyConfigured(
+                    f"settings.KUMIKO_JOBS[{key!r}] must be a list of strings."
+                )
+            values[key] = tuple(v.lower() for v in seq)
+    return KumikoSettings(**values)
+
+
+_FUNCTION_NAME = re.compile(r"(?:[a-z_][a-z0-9_$]*\.)?[a-z_][a-z0-9_$]*")
+
+
+def _function_names(raw: Any) -> tuple[str, ...]:
+    """``GUARD_EXTRA_FUNCTIONS``: ``name`` or ``schema.name``, as PostgreSQL folds them."""
+    if not isinstance(raw, list | tuple | set | frozenset) or not all(
+        isinstance(v, str) for v in raw
+    ):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['GUARD_EXTRA_FUNCTIONS'] must be a list of function names "
+            "such as ['unaccent', 'similarity', 'public.st_distance']."
+        )
+    names = tuple(v.strip().lower() for v in raw)
+    for name in names:
+        if not _FUNCTION_NAME.fullmatch(name):
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS['GUARD_EXTRA_FUNCTIONS'] has {name!r}: use a function "
+                f"name ('unaccent') or a schema-qualified one ('extensions.unaccent'), without "
+                f"parentheses or argument types."
+            )
+    return names
+
+
+@cache
+def get() -> KumikoSettings:
+    """The validated ``KUMIKO_JOBS`` settings (raises ``ImproperlyConfigured`` when invalid)."""
+    return _validate(getattr(settings, "KUMIKO_JOBS", {}))
+
+
+def get_or_none() -> KumikoSettings | None:
+    """The settings, or None while they are invalid.
+
+    For code that runs while Django starts (the app's ready(), ``@job`` at import time): a
+    broken ``KUMIKO_JOBS`` is reported by the system check ``kumiko_jobs.E001`` as one clean
+    error, not as a traceback out of whichever import met it first. Everything that runs jobs
+    calls ``get()`` and still raises.
+    """
+    try:
+        return get()
+    except ImproperlyConfigured:
+        return None
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **_: object) -> None:
+    if setting in {"KUMIKO_JOBS", "RQ_QUEUES", "RQ", "TENANT_APPS", "SHARED_APPS"}:
+        get.cache_clear()
+        shared_apps.cache_clear()
+    # The transport forgets its cached queues on RQ_QUEUES/RQ through its own receiver.
+
+
+# --- other projects' settings that the library needs to read ------------------------------
+
+
+def rq_queue_names() -> tuple[str, ...]:
+    return tuple(getattr(settings, "RQ_QUEUES", {}) or {})
+
+
+def rq_queue_config(name: str) -> Mapping[str, Any]:
+    return dict((getattr(settings, "RQ_QUEUES", {}) or {}).get(name, {}))
+
+
+def rq_option(name: str, default: Any = None) -> Any:
+    return (getattr(settings, "RQ", {}) or {}).get(name, default)
+
+
+def installed_apps() -> tuple[str, ...]:
+    return tuple(settings.INSTALLED_APPS)
+
+
+@cache
+def shared_apps() -> tuple[frozenset[str], frozenset[str]]:
+    """(SHARED_APPS, TENANT_APPS) as sets of dotted names."""
+    return (
+        frozenset(getattr(settings, "SHARED_APPS", ()) or ()),
+        frozenset(getattr(settings, "TENANT_APPS", ()) or ()),
+    )
+
+
+def has_tenant_settings() -> bool:
+    return hasattr(settings, "TENANT_MODEL") and hasattr(settings, "SHARED_APPS")
+
+
+def database_engines() -> dict[str, str]:
+    return {alias: str(cfg.get("ENGINE", "")) for alias, cfg in settings.DATABASES.items()}
+
+
+def database_settings(alias: str) -> dict[str, Any]:
+    """The alias's connection settings as Django completed them (a copy)."""
+    from django.db import connections
+
+    return dict(connections.settings[alias])
+
+
+def secret_key() -> str:
+    return str(settings.SECRET_KEY)
+
+
+def debug() -> bool:
+    return bool(settings.DEBUG)
+
+
+def tenant_model_label() -> str:
+    return str(getattr(settings, "TENANT_MODEL", ""))
+
+
+def public_schema_name() -> str:
+    return str(getattr(settings, "PUBLIC_SCHEMA_NAME", "public"))
+
+
+def extra_search_paths() -> tuple[str, ...]:
+    """django-tenants' ``PG_EXTRA_SEARCH_PATHS``: schemas appended to every search path."""
+    return tuple(str(s) for s in getattr(settings, "PG_EXTRA_SEARCH_PATHS", ()) or ())
+
+
+def limit_set_calls() -> bool:
+    return bool(getattr(settings, "TENANT_LIMIT_SET_CALLS", False))
+
+
+def urlconf_names() -> tuple[str, ...]:
+    """The URLconfs the project serves: tenants' (ROOT_URLCONF) and the public schema's."""
+    names = (
+        getattr(settings, "ROOT_URLCONF", None),
+        getattr(settings, "PUBLIC_SCHEMA_URLCONF", None),
+    )
+    return tuple(dict.fromkeys(str(n) for n in names if n))
+
+
+KUMIKO_TASK_BACKEND = "kumiko_jobs.tasks.KumikoBackend"
+
+
+def kumiko_task_backends() -> dict[str, Mapping[str, Any]]:
+    """``settings.TASKS`` entries (Django 6's task framework) that use kumiko's backend."""
+    configured = getattr(settings, "TASKS", None) or {}
+    return {
+        str(alias): params
+        for alias, params in configured.items()
+        if isinstance(params, Mapping) and params.get("BACKEND") == KUMIKO_TASK_BACKEND
+    }
+
+
+# --- test hooks (environment, never settings: a deployment cannot switch them on by accident) ---
+
+CRASH_HOOK_ENV = "KUMIKO_JOBS_TEST_CRASH_BEFORE_OUTCOME"
+
+
+@dataclass(frozen=True)
+class CrashHook:
+    """Make the worker ``os._exit`` after a successful body, before its outcome commits."""
+
+    probability: float  # of a successful run, 0 < p <= 1
+    log_path: str  # each crash appends its run id here before exiting ("" = nowhere)
+
+
+@cache
+def crash_hook() -> CrashHook | None:
+    """``KUMIKO_JOBS_TEST_CRASH_BEFORE_OUTCOME="<probability>[:<log file>]"`` (tests, the soak):
+    the point where a crash duplicates the effect of a job that is not ``atomic`` (docs/
+    reliability.md). Read once per process."""
+    import os
+
+    raw = os.environ.get(CRASH_HOOK_ENV, "").strip()
+    if not raw:
+        return None
+    text, _, log_path = raw.partition(":")
+    try:
+        probability = float(text)
+    except ValueError:
+        probability = -1.0
+    if not 0 < probability <= 1:
+        raise ImproperlyConfigured(
+            f"{CRASH_HOOK_ENV}={raw!r}: expected a probability in (0, 1], optionally followed by "
+            f"':<file>' to log each crash's run id, e.g. '0.01:/tmp/crashes.log'; unset it to "
+            "switch the hook off."
+        )
+    return CrashHook(probability, log_path)

@@ -1,0 +1,85 @@
+"""The public enqueue API: ``@job``, a job's ``enqueue`` / ``enqueue_in`` / ``enqueue_at``, and
+``kumiko_jobs.enqueue(name, ...)`` / ``emit``.
+
+``kumiko_jobs/__init__`` hands these on, and Django imports ``kumiko_jobs`` while it loads the
+apps, when no model can be imported yet. So this module imports only the definitions at its
+top; the enqueueing itself, which writes run rows, is imported inside each call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from ..definition.registry import JobDefinition, build_definition, registry
+
+if TYPE_CHECKING:
+    from .submit import RunHandle
+
+
+class Job(JobDefinition):
+    """A job declared with ``@job``: its definition, and the calls that enqueue it."""
+
+    def enqueue(self, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+        """Run the job as soon as the current transaction commits (at once outside one)."""
+        return enqueue(self, tenant=tenant, **kwargs)
+
+    def enqueue_in(
+        self, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any
+    ) -> RunHandle:
+        return enqueue_in(self, delay, tenant=tenant, **kwargs)
+
+    def enqueue_at(self, when: datetime, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+        return enqueue_at(self, when, tenant=tenant, **kwargs)
+
+
+def define(func: Callable[..., Any], options: Mapping[str, Any]) -> Job:
+    """Validate ``@job`` options for ``func`` (``build_definition``) and return its ``Job``."""
+    definition = build_definition(func, options)
+    return Job(**{f.name: getattr(definition, f.name) for f in dataclasses.fields(definition)})
+
+
+def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """Declare a job: ``@job`` or ``@job(retries=3, queue="default", ...)``."""
+
+    def decorate(f: Callable[..., Any]) -> Job:
+        declared = define(f, options)
+        registry.register(declared)
+        return declared
+
+    if func is not None:
+        return decorate(func)
+    return decorate
+
+
+def enqueue(job: JobDefinition | str, /, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+    """Run a job, or a job by name, as soon as the current transaction commits (at once outside
+    one): ``kumiko_jobs.enqueue("billing.sync_invoice", invoice_id=7)``."""
+    from .submit import enqueue as submit  # imports models: see the module docstring
+
+    return submit(job, tenant=tenant, **kwargs)
+
+
+def enqueue_in(
+    job: JobDefinition | str, delay: timedelta | float, /, *, tenant: Any = None, **kwargs: Any
+) -> RunHandle:
+    from .submit import enqueue_in as submit_in  # imports models: see the module docstring
+
+    return submit_in(job, delay, tenant=tenant, **kwargs)
+
+
+def enqueue_at(
+    job: JobDefinition | str, when: datetime, /, *, tenant: Any = None, **kwargs: Any
+) -> RunHandle:
+    from .submit import enqueue_at as submit_at  # imports models: see the module docstring
+
+    return submit_at(job, when, tenant=tenant, **kwargs)
+
+
+def emit(event: str, /, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
+    """Run every job declared ``on=event`` (and matching its ``where=``), on commit."""
+    from .submit import emit as submit_event  # imports models: see the module docstring
+
+    return submit_event(event, tenant=tenant, **payload)

@@ -1,0 +1,102 @@
+"""What a succeeded job returned, as its run keeps it (``JobRun.result``).
+
+The return value is turned into JSON in ``runner.call_job``, right after the body, while the
+run's tenant and guard are still in place: encoding can run the job's own code (a ``dict``
+subclass's ``items()``, a ``list`` subclass's ``__iter__``), which must not run later in the
+public schema, outside the guard. The history's finish statement then writes the plain JSON
+value it gets from here.
+
+A value that cannot be kept (not JSON, over ``MAX_RESULT_BYTES``, text PostgreSQL's ``jsonb``
+refuses) does not fail the run: the job's effects are committed, and a retry would repeat
+them. The run stays succeeded, its result is a marker saying why, and the log says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+logger = logging.getLogger("kumiko_jobs.results")
+
+# The key of the marker stored instead of a result that could not be kept.
+NOT_KEPT = "kumiko_result_not_kept"
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def marker(reason: str) -> dict[str, str]:
+    return {NOT_KEPT: reason}
+
+
+def is_marker(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {NOT_KEPT}
+
+
+def storable(value: Any, limit: int) -> tuple[Any, str]:
+    """``(JSON value to store, "")``, or ``(marker, why)`` when ``value`` cannot be kept.
+
+    The size is that of the ASCII JSON text (every non-ASCII character escaped), an upper
+    bound of what PostgreSQL stores. Encoding stops as soon as it passes ``limit``, so a huge
+    return value costs at most ``limit`` bytes of work, never its full size.
+    """
+    if value is None or limit == 0:  # nothing returned, or results switched off
+        return None, ""
+    encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=True, separators=(",", ":"))
+    chunks: list[str] = []
+    size = 0
+    try:
+        for chunk in encoder.iterencode(value):
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge
+            chunks.append(chunk)
+    except _TooLarge:
+        why = f"the result is larger than MAX_RESULT_BYTES={limit}"
+        return marker(why), why
+    except (TypeError, ValueError) as exc:  # not JSON, NaN or Infinity, a circular reference
+        why = f"the result is not JSON: {str(exc)[:200]}"
+        return marker(why), why
+    except RecursionError:
+        why = "the result is nested too deeply for JSON"
+        return marker(why), why
+    kept = json.loads("".join(chunks))
+    problem = _jsonb_problem(kept)
+    if problem:
+        why = f"the result {problem}, which PostgreSQL's jsonb cannot store"
+        return marker(why), why
+    return kept, ""
+
+
+def _jsonb_problem(value: Any) -> str:
+    """jsonb refuses NUL characters and lone surrogates, which JSON text can carry."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, str):
+            if "\x00" in item:
+                return "contains a NUL character"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "contains a lone surrogate"
+    return ""
+
+
+def keep(run_id: str, job_name: str, value: Any) -> Any:
+    """The value to store for a succeeded run; logs when it is a marker."""
+    from ..core import conf
+
+    stored, why = storable(value, conf.get().MAX_RESULT_BYTES)
+    if why:
+        logger.warning(
+            "run %s of %s succeeded, but its result was not kept: %s", run_id, job_name, why
+        )
+    return stored

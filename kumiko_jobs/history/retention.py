@@ -1,0 +1,196 @@
+"""How long history is kept, and what is left of a tenant's history once the tenant is gone.
+
+* Runs (``RETENTION_DAYS``) and rejected messages: finished ones older than the setting.
+* Tenant-visible failures (``JobFailure``): a failure is *resolved* once a later run of the
+  same job and subject succeeded; resolved ones are deleted at the next sweep whatever their
+  age (a success normally deletes its failure at once, but not when the job stopped declaring
+  ``tenant_visible_failure``, say). An unresolved failure is what tells a tenant that something
+  still needs them, so it is kept, even after retention deleted the run it points to, unless
+  ``FAILURE_RETENTION_DAYS`` is set; its deletions are counted and logged, never silent.
+* Escape-hatch audit rows (``EscapeHatchUse``): deleted ``ESCAPE_HATCH_RETENTION_DAYS`` after
+  their last use.
+* A deleted tenant (``TENANT_DELETION``): history rows outlive the schema, and they hold the
+  tenant's data (arguments, log lines, error texts, subjects). ``"purge"`` (default) deletes
+  its runs and failures; ``"anonymise"`` keeps the runs' shape (job, status, times, attempts)
+  for the operators' statistics and blanks everything the tenant's data could be in. The
+  escape-hatch audit is the operators' record and stays (under its own retention).
+
+Every deletion here runs in batches of ``BATCH_SIZE`` rows, each batch one ``DELETE`` statement
+(the batch's attempts with it) in a transaction of its own: the history can hold millions of
+rows, and one big ``DELETE`` would hold its row locks and a transaction open for minutes, while
+Django's ``QuerySet.delete()`` would first load every run into Python to cascade to its
+attempts. No ``pre_delete``/``post_delete`` signals are sent for history rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, models, transaction
+from django.db.models import Exists, OuterRef, QuerySet
+from django.utils import timezone
+
+from ..core import conf
+from ..models import (
+    FINISHED_STATUSES,
+    EscapeHatchUse,
+    JobAttempt,
+    JobFailure,
+    JobRun,
+    RejectedMessage,
+    RunStatus,
+)
+
+logger = logging.getLogger("kumiko_jobs.retention")
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted:
+    runs: int = 0
+    rejections: int = 0
+    failures: int = 0
+    audit: int = 0
+
+
+# Rows per DELETE: a batch of runs with their attempts holds its row locks about half a second
+# at 10 million runs on a busy 2-CPU machine (bench/history_scale.py --retention; only rows of
+# finished runs, which no worker writes), and a day of that history goes in ~20 batches.
+BATCH_SIZE = 5000
+
+
+def delete_in_batches(
+    queryset: QuerySet[Any],
+    *,
+    batch_size: int = BATCH_SIZE,
+    after_batch: Callable[[int], None] | None = None,
+) -> int:
+    """Delete the rows of ``queryset`` (and the rows that cascade from them, one level) in
+    batches, each one SQL statement in its own transaction; returns the rows deleted.
+
+    Rows are chosen by the database (``LIMIT`` over the queryset's own SQL, ``FOR UPDATE SKIP
+    LOCKED`` so that a row a worker holds is left for the next sweep), never loaded into
+    Python. ``after_batch`` is called with each batch's count once it has committed.
+    """
+    model = queryset.model
+    qn = connection.ops.quote_name
+    table, pk = qn(model._meta.db_table), qn(model._meta.pk.column)
+    cascades = []
+    for relation in model._meta.related_objects:
+        related = relation.related_model
+        if relation.on_delete is not models.CASCADE or related._meta.related_objects:
+            # Not a case this module meets today; refuse rather than leave orphans behind.
+            raise NotImplementedError(f"batched delete of {model.__name__}: {relation}")
+        cascades.append((qn(related._meta.db_table), qn(relation.field.column)))
+    total = 0
+    while True:
+        with transaction.atomic():
+            chosen = queryset.order_by().select_for_update(skip_locked=True).values("pk")
+            select, params = chosen[:batch_size].query.sql_with_params()
+            parts = [f"batch(key) AS ({select})"]
+            parts += [
+                f"gone{i} AS (DELETE FROM {related} WHERE {column} IN (SELECT key FROM batch))"
+                for i, (related, column) in enumerate(cascades)
+            ]
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"WITH {', '.join(parts)} DELETE FROM {table}"
+                    f" WHERE {pk} IN (SELECT key FROM batch)",
+                    params,
+                )
+                deleted = max(cursor.rowcount, 0)
+        total += deleted
+        if after_batch is not None:
+            after_batch(deleted)
+        if deleted < batch_size:
+            return total
+
+
+def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
+    settings = conf.get()
+    now = timezone.now()
+    runs = rejections = 0
+    if settings.RETENTION_DAYS:
+        cutoff = now - timedelta(days=settings.RETENTION_DAYS)
+        runs = delete_in_batches(
+            JobRun.objects.filter(status__in=FINISHED_STATUSES, finished_at__lt=cutoff),
+            batch_size=batch_size,
+        )
+        rejections = delete_in_batches(
+            RejectedMessage.objects.filter(received_at__lt=cutoff), batch_size=batch_size
+        )
+    failures = delete_resolved_failures(batch_size=batch_size)
+    if settings.FAILURE_RETENTION_DAYS:
+        cutoff = now - timedelta(days=settings.FAILURE_RETENTION_DAYS)
+        old = delete_in_batches(
+            JobFailure.objects.filter(failed_at__lt=cutoff), batch_size=batch_size
+        )
+        if old:
+            logger.warning(
+                "deleted %d unresolved tenant-visible failure(s) older than "
+                "FAILURE_RETENTION_DAYS=%d",
+                old,
+                settings.FAILURE_RETENTION_DAYS,
+            )
+        failures += old
+    audit = 0
+    if settings.ESCAPE_HATCH_RETENTION_DAYS:
+        cutoff = now - timedelta(days=settings.ESCAPE_HATCH_RETENTION_DAYS)
+        audit = delete_in_batches(
+            EscapeHatchUse.objects.filter(last_seen__lt=cutoff), batch_size=batch_size
+        )
+    return Deleted(runs, rejections, failures, audit)
+
+
+def delete_resolved_failures(*, batch_size: int = BATCH_SIZE) -> int:
+    """Failures a later success of the same job and subject has resolved."""
+    later_success = JobRun.objects.filter(
+        schema_name=OuterRef("schema_name"),
+        job_name=OuterRef("job_name"),
+        subject=OuterRef("subject"),
+        status=RunStatus.SUCCEEDED,
+        finished_at__gt=OuterRef("failed_at"),
+    )
+    return delete_in_batches(
+        JobFailure.objects.filter(Exists(later_success)), batch_size=batch_size
+    )
+
+
+def forget_tenant(schema: str) -> int:
+    """Purge or anonymise the history of the deleted tenant ``schema``; returns the runs
+    touched. Failures (tenant-facing texts) go in both modes."""
+    if not schema:
+        return 0  # system runs are nobody's tenant
+    mode = conf.get().TENANT_DELETION
+    runs = JobRun.objects.filter(schema_name=schema)
+    if mode == "purge":
+        # In batches (a tenant may have millions of runs); fan-out children are among them.
+        delete_in_batches(JobFailure.objects.filter(schema_name=schema))
+        touched = delete_in_batches(runs)
+    else:
+        with transaction.atomic():
+            JobFailure.objects.filter(schema_name=schema).delete()
+            JobAttempt.objects.filter(run__schema_name=schema).update(
+                error_message="", traceback="", log=[]
+            )
+            touched = runs.update(
+                payload={},
+                subject="",
+                error_message="",
+                origin=None,
+                triggered_by="",
+                result=None,
+                cancel_requested_by="",
+            )
+    logger.info("tenant %s deleted: its run history was %sd (%d rows)", schema, mode, touched)
+    return touched
+
+
+def on_tenant_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """``post_delete`` receiver for the tenant model (connected in ``apps.ready``)."""
+    schema = getattr(instance, "schema_name", "")
+    if schema and schema != conf.public_schema_name():
+        forget_tenant(str(schema))

@@ -1,0 +1,291 @@
+"""The two statements every run costs: its start (with its tenant) and its finish.
+
+They are the history's hot path, so they are written once as SQL instead of being compiled by
+the ORM for every run, and every table in them is qualified with the public schema. That makes
+them independent of the connection's ``search_path``, so they run on a cursor that skips
+django-tenants' ``SET search_path``: between two runs the worker's connection would otherwise
+switch to public and back for nothing. Every other statement still goes through django-tenants'
+cursor, which sets the path again because the tenancy step has marked it stale.
+
+Per run, this makes the history cost one statement at the start (the run's ``running`` row and
+the run's tenant together) and one at the end (the attempt row and the run's outcome
+together), each its own implicit transaction.
+
+With ``HISTORY_SYNCHRONOUS_COMMIT = False`` both statements commit asynchronously
+(``set_config('synchronous_commit', 'off', true)`` inside the statement, so it applies to that
+one transaction and never to the job's own): they do not wait for the WAL flush. Other sessions
+see them at once; only a crash of the PostgreSQL server can lose the last fraction of a second of
+them, and a run whose state was lost is delivered again by the relay (a lost start) or handed
+back by the sweep (a lost finish), as after a worker crash. docs/reliability.md has the details.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantDatabaseWrapper
+from django_tenants.utils import get_tenant_model
+
+from ..core import conf
+from ..core.db import ATOMIC_FUNCTION
+from ..models import JobAttempt, JobRun, RunStatus
+
+
+@contextmanager
+def public_cursor() -> Iterator[Any]:
+    """``connection.cursor()`` as Django makes it (health check, execute wrappers, error
+    translation, query logging), minus the ``SET search_path`` django-tenants adds to it.
+
+    Only for statements whose every table is schema-qualified; anything else must use
+    ``connection.cursor()``. (A project's own subclass of django-tenants' wrapper is bypassed
+    here too; its ``_cursor`` additions do not apply to these two statements.)
+    """
+    wrapper = connections[DEFAULT_DB_ALIAS]  # ``connection`` is only a proxy to it
+    if isinstance(wrapper, TenantDatabaseWrapper):
+        cursor = super(TenantDatabaseWrapper, wrapper)._cursor()
+    else:  # not django-tenants' backend (the system checks say so): nothing to skip
+        cursor = wrapper.cursor()
+    try:
+        yield cursor
+    finally:
+        cursor.close()
+
+
+def _qualified(table: str) -> str:
+    qn = connection.ops.quote_name
+    return f"{qn(conf.public_schema_name())}.{qn(table)}"
+
+
+@dataclass(frozen=True, slots=True)
+class _TenantColumns:
+    names: tuple[str, ...]  # attnames, in the model's concrete field order
+    sql: str  # the SELECT list, qualified with the alias "tenant"
+    converters: tuple[tuple[int, tuple[Callable[..., Any], ...], Any], ...]
+
+
+@functools.cache
+def _tenant_columns() -> _TenantColumns:
+    """The tenant model's columns, and the converters the ORM would apply to them.
+
+    Every concrete field is loaded, as ``Tenant.objects.get()`` would: jobs read
+    ``ctx.tenant``, and a deferred field would cost a query inside the guarded job.
+    """
+    model = get_tenant_model()
+    qn = connection.ops.quote_name
+    fields = model._meta.concrete_fields
+    converters = []
+    for index, field in enumerate(fields):
+        col = field.get_col("tenant")
+        found = tuple(connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+        if found:
+            converters.append((index, found, col))
+    return _TenantColumns(
+        names=tuple(field.attname for field in fields),
+        sql=", ".join(f"tenant.{qn(field.column)}" for field in fields),
+        converters=tuple(converters),
+    )
+
+
+def _tenant_from(values: Sequence[Any]) -> Any:
+    """The tenant instance for a row of ``_TenantColumns``, or None when the join found none."""
+    columns = _tenant_columns()
+    if values[0] is None:  # the primary key: nothing joined
+        return None
+    row = list(values)
+    for index, converters, col in columns.converters:
+        for convert in converters:
+            row[index] = convert(row[index], col, connection)
+    return get_tenant_model().from_db(connection.alias, list(columns.names), row)
+
+
+def _schema_column() -> str:
+    field: Any = get_tenant_model()._meta.get_field("schema_name")
+    return connection.ops.quote_name(field.column)
+
+
+def _commit_mode() -> str:
+    """A one-row FROM item that sets this transaction's commit mode (see the module's doc)."""
+    if conf.get().HISTORY_SYNCHRONOUS_COMMIT:
+        return "(SELECT 1)"
+    return "(SELECT set_config('synchronous_commit', 'off', true))"
+
+
+@functools.cache
+def _start_sql(commit_mode: str) -> str:
+    qn = connection.ops.quote_name
+    tenant_model = get_tenant_model()
+
+    def col(name: str) -> str:
+        field: Any = JobRun._meta.get_field(name)
+        return qn(field.column)
+
+    return (
+        f"WITH started AS (UPDATE {_qualified(JobRun._meta.db_table)} SET "
+        f"{col('status')} = %s, {col('attempts')} = %s, {col('started_at')} = %s, "
+        f"{col('finished_at')} = NULL, {col('scheduled_for')} = NULL, "
+        f"{col('defer_count')} = %s, {col('gate_defer_count')} = %s, {col('rq_job_id')} = %s "
+        # Only the message the run waits for (relay.pending_counters states the same rule):
+        # a queued run waits for the attempt after its last, with its deferral counts; a
+        # deferred one for the same attempt with one more deferral of either kind.
+        f"WHERE {col('run_id')} = %s AND ("
+        f"({col('status')} = %s AND {col('attempts')} + 1 = %s "
+        f"AND {col('defer_count')} = %s AND {col('gate_defer_count')} = %s) OR "
+        f"({col('status')} = %s AND GREATEST({col('attempts')}, 1) = %s AND ("
+        f"({col('defer_count')} + 1 = %s AND {col('gate_defer_count')} = %s) OR "
+        f"({col('defer_count')} = %s AND {col('gate_defer_count')} + 1 = %s)))"
+        f") RETURNING 1) "
+        f"SELECT (SELECT count(*) FROM started), {_tenant_columns().sql} "
+        f"FROM {commit_mode} AS one LEFT JOIN {_qualified(tenant_model._meta.db_table)} AS tenant "
+        f"ON tenant.{_schema_column()} = %s"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    updated: bool  # False: the run does not wait for this message (or its row is gone)
+    tenant: Any  # the tenant whose schema_name the message names, or None
+
+
+def start(
+    *,
+    run_id: str,
+    attempt: int,
+    started_at: datetime,
+    defers: int,
+    gate_defers: int,
+    rq_job_id: str,
+    schema: str | None,
+) -> Started:
+    """Mark the run ``running`` if it waits for this message, and load its tenant, in one
+    round trip.
+
+    A run waits for exactly one message: a queued run after attempt n for attempt n + 1 (with
+    the run's deferral counts), a deferred one for its attempt with one more deferral.
+    Anything else is a duplicate or a stale delivery (say, attempt n delivered again after the
+    run was queued for n + 1), and running it would repeat an attempt that already ran.
+
+    The tenant is looked up by ``schema_name`` in the tenant table itself; a custom default
+    manager's filters do not hide a tenant from its runs (``TENANT_ACTIVE_FIELD`` does).
+    """
+    params = [
+        RunStatus.RUNNING.value,
+        attempt,
+        started_at,
+        defers,
+        gate_defers,
+        rq_job_id,
+        uuid.UUID(run_id),
+        RunStatus.QUEUED.value,
+        attempt,
+        defers,
+        gate_defers,
+        RunStatus.DEFERRED.value,
+        attempt,
+        defers,
+        gate_defers,
+        defers,
+        gate_defers,
+        schema,
+    ]
+    with public_cursor() as cursor:
+        cursor.execute(_start_sql(_commit_mode()), params)
+        row = cursor.fetchone()
+    return Started(updated=bool(row[0]), tenant=_tenant_from(row[1:]))
+
+
+def find_tenant(schema: str) -> Any:
+    """The tenant with this schema_name, or None: the same lookup as ``start`` makes."""
+    tenant_table = _qualified(get_tenant_model()._meta.db_table)
+    with public_cursor() as cursor:
+        cursor.execute(
+            f"SELECT {_tenant_columns().sql} FROM {tenant_table} AS tenant "
+            f"WHERE tenant.{_schema_column()} = %s",
+            [schema],
+        )
+        row = cursor.fetchone()
+    return None if row is None else _tenant_from(row)
+
+
+def end_stray_transaction() -> bool:
+    """Roll back a transaction left open on the history's connection; True if there was one.
+
+    The tenancy step already ends what a job leaves open (and fails the run); this is the
+    history's own guarantee, for pipelines without that step: a run's outcome must commit,
+    never join a transaction that nobody will commit. A transaction Django knows of (an inline
+    run inside a caller's ``atomic()``) is the caller's, and left alone. The check is
+    client-side: no round trip.
+    """
+    from ..core import session
+
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    if wrapper.in_atomic_block or not session.in_transaction(wrapper):
+        return False
+    session.roll_back(wrapper)
+    return True
+
+
+def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> None:
+    """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement."""
+    qn = connection.ops.quote_name
+    a_meta, r_meta = JobAttempt._meta, JobRun._meta
+    a_fields: list[Any] = [a_meta.get_field(name) for name in attempt]
+    r_fields: list[Any] = [r_meta.get_field(name) for name in run_update]
+    params: list[Any] = [f.get_db_prep_save(attempt[f.name], connection) for f in a_fields]
+    params += [f.get_db_prep_save(run_update[f.name], connection) for f in r_fields]
+    params.append(uuid.UUID(run_id))
+    sql = (
+        f"WITH attempt AS (INSERT INTO {_qualified(a_meta.db_table)} "
+        f"({', '.join(qn(f.column) for f in a_fields)}) "
+        f"VALUES ({', '.join(['%s'] * len(a_fields))})) "
+        f"UPDATE {_qualified(r_meta.db_table)} SET "
+        f"{', '.join(f'{qn(f.column)} = %s' for f in r_fields)} "
+        f"FROM {_commit_mode()} AS commit_mode "
+        f"WHERE {qn(str(r_meta.pk.column))} = %s"
+    )
+    with public_cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+# --- atomic runs (docs/reliability.md, "Exactly once for database-only jobs") ------------------
+
+
+def atomic_function() -> str:
+    return f"{connection.ops.quote_name(conf.public_schema_name())}.{ATOMIC_FUNCTION}"
+
+
+def atomic_begin() -> str:
+    """Inside the atomic run's open transaction on the body's connection: its id (assigned
+    now, so that the success record can tell the same transaction from a later one)."""
+    with public_cursor() as cursor:
+        cursor.execute("SELECT pg_current_xact_id()::text")
+        row = cursor.fetchone()
+    return str(row[0])
+
+
+def atomic_success(
+    *, run_id: str, attempt: int, xid: str, finished_at: datetime, result: Any
+) -> None:
+    """The run's success, in the body's transaction, through migration 0011's function: the
+    body's login may hold no privilege on kumiko's tables (DB_ROLES). The function also sets
+    ``synchronous_commit = on`` for the transaction and refuses when the job ended the
+    transaction the runner opened (``xid``) or the run no longer runs this attempt."""
+    from psycopg.types.json import Jsonb
+
+    with public_cursor() as cursor:
+        cursor.execute(
+            f"SELECT {atomic_function()}(%s, %s, %s::xid8, %s, %s)",
+            [
+                uuid.UUID(run_id),
+                attempt,
+                xid,
+                finished_at,
+                None if result is None else Jsonb(result),
+            ],
+        )

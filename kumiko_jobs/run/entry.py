@@ -1,0 +1,186 @@
+"""The one function RQ calls for every kumiko message.
+
+decode -> definition -> pipeline -> dispatch. A message that fails to decode is recorded as a
+``RejectedMessage`` and never reaches a schema; a message for a job this worker does not know
+fails its run closed. Neither is retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+
+from .. import transport
+from ..core import envelope as envelope_mod
+from ..core.current import job_alarm
+from ..core.exceptions import EnvelopeError, JobNotRegistered
+from ..definition.registry import is_async, registry
+from ..enqueueing import schedules
+from ..enqueueing.submit import message_for
+from ..history import results
+from ..history.rejections import record_rejection
+from ..models import JobRun, RunStatus
+from . import async_body
+from .context import JobContext, RunState, running
+from .pipeline import Next, compose
+from .steps import DEFAULT_STEPS
+
+logger = logging.getLogger("kumiko_jobs.runner")
+
+_pipeline: Next | None = None
+_worker_name = f"{socket.gethostname()}:{__import__('os').getpid()}"
+
+
+def build_pipeline() -> Next:
+    return compose(DEFAULT_STEPS, call_job)
+
+
+def call_job(state: RunState) -> None:
+    """The terminal step: the job's own function."""
+    from ..core import conf
+    from .context import Deferral
+
+    ctx = JobContext(state, conf.get().LOG_LINES_PER_ATTEMPT)
+    state.ctx = ctx
+    func = state.definition.func
+    with _final_timeout(state):
+        if is_async(func):
+            # In this thread's tenant, guard and connection; cancelled by the timeout.
+            result = async_body.call_async(state, func, ctx, **state.envelope.kwargs)
+        else:
+            result = func(ctx, **state.envelope.kwargs)
+    if isinstance(result, Deferral):
+        state.outcome = "deferred"
+        state.deferral_seconds = result.seconds
+    else:
+        state.outcome = "succeeded"
+        # Encoded here, still in the tenant and under the guard (results.py says why).
+        state.result = results.keep(state.envelope.run_id, state.envelope.job, result)
+
+
+@contextlib.contextmanager
+def _final_timeout(state: RunState) -> Iterator[None]:
+    """A timeout is final: once it fired, the body cannot turn the attempt into anything else.
+
+    A job that catches ``Exception`` swallows RQ's timeout; the worker's death penalty noted it
+    on the run (``state.timeout_fired``). From then on every SQL statement of the body raises
+    the timeout again (a swallowing job cannot go on writing its tenant's data), and however
+    the body ends, returning or raising something else, it ends in the timeout, which the
+    retry step then treats like any other (retried per ``retries``, never ``succeeded``).
+    """
+
+    def refuse_after_timeout(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
+        if state.timeout_fired is not None:
+            raise _timed_out(state, "a SQL statement after it")
+        return execute(sql, params, many, context)
+
+    with contextlib.ExitStack() as stack:
+        for conn in connections.all():
+            stack.enter_context(conn.execute_wrapper(refuse_after_timeout))
+        try:
+            try:
+                yield
+            finally:
+                # The timeout bounds the job's code; the outcome's record after it must not be
+                # cut short by it (the worker's watchdog still bounds that).
+                cancel_alarm = job_alarm.get()
+                if cancel_alarm is not None:
+                    cancel_alarm()
+        except BaseException as exc:
+            if state.timeout_fired is None or isinstance(exc, transport.JobTimeout):
+                raise
+            raise _timed_out(state, f"it raised {type(exc).__name__} instead") from exc
+    if state.timeout_fired is not None:
+        raise _timed_out(state, "it returned")
+
+
+def _timed_out(state: RunState, after: str) -> Exception:
+    return transport.JobTimeout(
+        f"the attempt exceeded its timeout of {state.timeout_fired} s; the job caught the "
+        f"timeout and went on ({after}), so the attempt is recorded as timed out"
+    )
+
+
+def execute(message: object) -> str:
+    """Run one message. Returns the outcome; raises only when the history cannot be written."""
+    rq_job_id = transport.current_job_id()
+    try:
+        env = envelope_mod.decode(message)
+    except EnvelopeError as exc:
+        record_rejection(message, str(exc), rq_job_id, transport.current_job_origin())
+        return "rejected"
+    try:
+        definition = registry.get(env.job)
+    except JobNotRegistered as exc:
+        _fail_unknown(env, str(exc))
+        return "failed"
+    if schedules.is_template(env):
+        # A cron alarm is not a run: only the scheduler turns it into a tick (schedules.fire),
+        # identified by signed data. A template in a queue is a copy (or a version 1 template
+        # queued before a deploy): running it would start a tick no schedule fired.
+        record_rejection(
+            message,
+            f"cron template of {env.job} is not a run: kumiko's scheduler fires ticks",
+            rq_job_id,
+            transport.current_job_origin(),
+        )
+        return "rejected"
+    state = RunState(
+        envelope=env,
+        definition=definition,
+        rq_job_id=rq_job_id,
+        queue=transport.current_job_origin() or definition.queue_name,
+        worker_name=_worker_name,
+    )
+    run_state(state)
+    return state.outcome
+
+
+def run_state(state: RunState, *, push: bool = True) -> None:
+    """Run the pipeline, then push what the attempt asked for (``push=False``: the caller
+    handles ``state.reschedule`` itself and nothing is sent; boot gates run inline)."""
+    global _pipeline
+    if _pipeline is None:
+        _pipeline = build_pipeline()
+    with running(state):
+        _pipeline(state)
+    if push:
+        dispatch(state)
+
+
+def dispatch(state: RunState) -> None:
+    """Push what the attempt asked for, now that its history is written."""
+    messages = []
+    if state.reschedule is not None:
+        next_env, delay = state.reschedule
+        messages.append(message_for(state.definition, next_env, delay))
+    if state.outcome == "succeeded":
+        messages.extend(state.followups.messages())
+    if messages:
+        transport.push_many(messages)
+
+
+def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
+    logger.error("run %s failed closed: %s", env.run_id, reason)
+
+    updated = JobRun.objects.filter(pk=env.run_id).update(
+        status=RunStatus.FAILED,
+        finished_at=timezone.now(),
+        error_type="JobNotRegistered",
+        error_message=reason[:4000],
+        attempts=env.attempt,
+    )
+    if not updated:
+        record_rejection(env, reason, transport.current_job_id(), transport.current_job_origin())
+
+
+def reset_pipeline(factory: Callable[[], Next] | None = None) -> None:
+    """Rebuild the pipeline (tests that change steps)."""
+    global _pipeline
+    _pipeline = factory() if factory else None

@@ -1,0 +1,58 @@
+"""``@job(atomic=True)``: the body's writes and the run's success commit in one transaction.
+
+Between the tenancy step (the body's connection: under DB_ROLES the tenant's login) and the
+guard. The transaction is opened on the default alias of the body's connection; the runner
+reads its id before the body runs, and after a successful body records the success through
+migration 0011's SECURITY DEFINER function in the same transaction, which refuses if the body
+ended the transaction itself (a raw COMMIT or ROLLBACK the guard did not see). Then it commits:
+a crash before the COMMIT leaves neither the effect nor the success, one after it leaves both,
+and the redelivered message finds the run ``succeeded`` and is dropped (records step).
+
+Anything but a success rolls the body back: an exception, a deferral, a swallowed guard
+denial. The records step then writes that outcome as for any job, on the project's connection.
+docs/reliability.md, "Exactly once for database-only jobs", says what such a job may not do.
+"""
+
+from __future__ import annotations
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
+from django.utils import timezone
+
+from ...core import session
+from ...core.exceptions import Unrecoverable
+from ...history import run_sql
+from ..context import RunState
+from ..pipeline import Next
+from .records import crash_point
+
+
+def atomic(state: RunState, call_next: Next) -> None:
+    if not state.definition.atomic or state.tenant is None:
+        call_next(state)
+        return
+    with transaction.atomic(using=DEFAULT_DB_ALIAS):
+        # The runner's own statements on the tenant login: known, so they do not make the
+        # session count as touched past the guard (which would reset it after every run).
+        with session.judged():
+            xid = run_sql.atomic_begin()
+        call_next(state)
+        if state.outcome != "succeeded" or state.watch.violations:
+            transaction.set_rollback(True, using=DEFAULT_DB_ALIAS)
+            return
+        try:
+            with session.judged():
+                run_sql.atomic_success(
+                    run_id=state.envelope.run_id,
+                    attempt=state.envelope.attempt,
+                    xid=xid,
+                    finished_at=timezone.now(),
+                    result=state.result,
+                )
+        except DatabaseError as exc:
+            # Not retried: a job that ends its own transaction does so again, and what it
+            # committed before is committed (its effect may exist without the success).
+            raise Unrecoverable(
+                f"the atomic run's success could not be recorded in its transaction: {exc}"
+            ) from exc
+        crash_point(state)  # test hook: after the success, before the COMMIT
+    state.atomic_committed = True

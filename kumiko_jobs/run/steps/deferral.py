@@ -1,0 +1,119 @@
+"""Retry and deferral policy: turn what happened into the next message, or a final outcome.
+
+Only the decision is made here; the message is pushed by the runner after the history is
+written, so a quick next attempt can never overtake the record of the previous one.
+"""
+
+from __future__ import annotations
+
+from ...core.exceptions import (
+    FALLBACK_MESSAGE_KEY,
+    DatabaseAccessDenied,
+    InvalidJob,
+    JobCancelled,
+    TenantVisibleError,
+    Unrecoverable,
+    message_key_problem,
+)
+from .. import cancellation
+from ..context import RunState
+from ..pipeline import Next
+
+# Retrying these cannot help: the same code with the same input fails the same way.
+_NEVER_RETRY = (Unrecoverable, DatabaseAccessDenied, InvalidJob)
+
+
+def deferral(state: RunState, call_next: Next) -> None:
+    try:
+        call_next(state)
+    except Exception as exc:
+        _failed(state, exc)
+    else:
+        if state.watch.violations and state.outcome in ("succeeded", "deferred"):
+            # The job caught DatabaseAccessDenied and carried on: it still fails.
+            _failed(
+                state,
+                DatabaseAccessDenied(
+                    "the job swallowed a database access denial: " + state.watch.violations[0],
+                    job_name=state.envelope.job,
+                ),
+            )
+    if settle_cancellation(state):
+        return  # cancelled on an operator's request: no retry, no resumption
+    if state.outcome == "deferred":
+        _defer(state)
+    if state.outcome == "failed" and state.failure_key is None:
+        visible = state.definition.tenant_visible_failure
+        if visible is not None:
+            state.failure_key = visible.message_key
+
+
+def _failed(state: RunState, exc: Exception) -> None:
+    state.error = exc
+    # Rendered by the db_guard step inside the run's tenant when the job raised it.
+    described = state.described_error()
+    state.error_traceback = described.traceback if described else ""
+    retryable = not isinstance(exc, _NEVER_RETRY)
+    if isinstance(exc, TenantVisibleError):
+        state.failure_key = _storable_key(state, exc)
+        retryable = exc.retry
+    if retryable and not state.final_attempt:
+        state.outcome = "retrying"
+        delay = state.definition.backoff.seconds_after(state.envelope.attempt)
+        state.reschedule = (state.envelope.next_attempt(), delay)
+    else:
+        state.outcome = "failed"
+
+
+def _storable_key(state: RunState, exc: TenantVisibleError) -> str:
+    """The key to record: one the history can hold, else the job's declared or a generic one.
+
+    An unstorable key (too long for the column, say) would make the final history write fail
+    and leave the run ``running``, the tenant never seeing the failure.
+    """
+    key = getattr(exc, "message_key", None)
+    if not getattr(exc, "key_problem", None) and message_key_problem(key) is None:
+        return str(key)
+    declared = state.definition.tenant_visible_failure
+    return declared.message_key if declared is not None else FALLBACK_MESSAGE_KEY
+
+
+def _defer(state: RunState) -> None:
+    env = state.envelope
+    seconds = state.deferral_seconds or 0.0
+    if state.deferred_by_gate:
+        state.reschedule = (env.deferred(by_gate=True), seconds)
+        return
+    limit = state.definition.effective_max_defers
+    if env.defers >= limit:
+        state.outcome = "failed"
+        state.error = Unrecoverable(
+            f"deferred {env.defers} times, which is max_defers={limit}; the run gives up"
+        )
+        return
+    state.reschedule = (env.deferred(by_gate=False), seconds)
+
+
+def settle_cancellation(state: RunState) -> bool:
+    """Turn the attempt's outcome into ``cancelled`` when a cancellation decides it.
+
+    * The job acknowledged the request (``ctx.check_cancelled()`` raised): cancelled, whatever
+      the body did after catching the exception.
+    * A request reached the run and the body did not complete (it raised, timed out, was
+      denied, or asked to be deferred): cancelled, never retried or resumed.
+    * The body returned normally without acknowledging: **success wins**. Its work is done, and
+      calling it cancelled would hide effects that happened; ``cancel_requested_at`` stays on
+      the row to show the request came too late.
+    """
+    who = cancellation.requested_by(state.envelope.run_id)
+    if not state.cancel_acknowledged and who is None:
+        return False
+    if state.outcome == "succeeded" and not state.cancel_acknowledged:
+        return False
+    if not isinstance(state.error, JobCancelled):
+        ended = f" (the attempt ended with {type(state.error).__name__})" if state.error else ""
+        state.error = JobCancelled(f"cancelled on request{cancellation.by_whom(who)}{ended}")
+        state.error_traceback = ""
+        state.rendered_error = None
+    state.outcome, state.reschedule, state.failure_key = "cancelled", None, None
+    return True

@@ -1,0 +1,20 @@
+"""A per-tenant job's run without a tenant is its fan-out: the children are created here.
+
+Between the gates and the tenancy step: in public, on the project's connection, and outside
+the job body's guard, because the fan-out writes kumiko's history (the child runs), which no
+job body may write. The job's own function is not called for the parent.
+"""
+
+from __future__ import annotations
+
+from ...enqueueing.fanout import fan_out
+from ..context import RunState
+from ..pipeline import Next
+
+
+def fanout(state: RunState, call_next: Next) -> None:
+    if state.definition.per_tenant and state.envelope.schema is None:
+        state.result = fan_out(state.envelope, state.definition, state.subject)
+        state.outcome = "succeeded"
+        return
+    call_next(state)

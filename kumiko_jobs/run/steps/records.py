@@ -1,0 +1,284 @@
+"""Run history: ``running`` at start, the outcome at the end, in the public schema.
+
+Both writes run outside the tenant and outside the guard. The start is one statement (the run
+marked ``running``, its tenant loaded for the gates); the end is one statement in the common
+case, else one short transaction (attempt row, run row, tenant-visible failure, follow-up rows).
+The hot-path SQL lives in ``run_sql``.
+
+A run starts only for the one message it waits for. Any other (a repeated push, a stale attempt,
+a message for a cancelled or finished run) is dropped here, which makes redelivery harmless. A
+message without a run row is refused and recorded: a run is never recreated from a message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from ... import signals
+from ...core import conf
+from ...core.exceptions import Unrecoverable
+from ...history import audit, run_sql
+from ...history.rejections import record_rejection
+from ...models import JobAttempt, JobFailure, JobRun, RunStatus
+from .. import report
+from ..context import RunState
+from ..pipeline import Next
+
+logger = logging.getLogger("kumiko_jobs.records")
+
+_STATUS_FOR = {
+    "succeeded": RunStatus.SUCCEEDED,
+    "failed": RunStatus.FAILED,
+    "retrying": RunStatus.QUEUED,
+    "deferred": RunStatus.DEFERRED,
+    "dropped": RunStatus.CANCELLED,
+    "cancelled": RunStatus.CANCELLED,
+}
+_SIGNAL_FOR = {
+    "succeeded": signals.job_succeeded,
+    "failed": signals.job_failed,
+    "retrying": signals.job_failed,
+    "deferred": signals.job_deferred,
+    "dropped": signals.job_dropped,
+    "cancelled": signals.job_dropped,
+}
+
+
+def records(state: RunState, call_next: Next) -> None:
+    if not _start(state):
+        return
+    try:
+        call_next(state)
+    except BaseException as exc:
+        # Interrupted (cold shutdown, timeout outside the job body): never leave it running.
+        state.outcome = "failed"
+        state.error = state.error or exc
+        _finish(state)
+        raise
+    if state.outcome == "succeeded" and not state.definition.atomic:
+        crash_point(state)  # test hook: the body's effect committed, its success not yet
+    _finish(state)
+
+
+def crash_point(state: RunState) -> None:
+    """Test hook (``conf.crash_hook``): exit the process here, between a successful body and
+    the commit of its success, where a crash makes a non-atomic run's effect happen twice."""
+    hook = conf.crash_hook()
+    if hook is None or random.random() >= hook.probability:
+        return
+    if hook.log_path:
+        with open(hook.log_path, "a") as log:
+            kind = "atomic" if state.definition.atomic else "plain"
+            log.write(f"{state.envelope.run_id} {kind}\n")
+            log.flush()
+            os.fsync(log.fileno())
+    os._exit(70)
+
+
+def _start(state: RunState) -> bool:
+    env = state.envelope
+    now = timezone.now()
+    state.started_at = now
+    state.started_monotonic = time.monotonic()
+    started = run_sql.start(
+        run_id=env.run_id,
+        attempt=env.attempt,
+        started_at=now,
+        defers=env.defers,
+        gate_defers=env.gate_defers,
+        rq_job_id=state.rq_job_id,
+        schema=env.schema,
+    )
+    # The gates step decides what a missing or inactive tenant means; it was loaded here
+    # because it costs nothing more in the same round trip.
+    state.tenant_loaded, state.loaded_tenant = True, started.tenant
+    updated = started.updated
+    if not updated:
+        row = JobRun.objects.filter(pk=env.run_id).values("status", "attempts").first()
+        if row is None:
+            _refuse_without_row(state)
+            return False
+        if row["status"] == RunStatus.RUNNING and row["attempts"] < env.attempt:
+            # The previous attempt's worker died after scheduling this one: take over.
+            JobRun.objects.filter(pk=env.run_id).update(attempts=env.attempt, started_at=now)
+        else:
+            why = _why_not_waiting(state, row["status"], row["attempts"])
+            logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
+            state.outcome = "dropped"
+            state.drop_reason = why
+            signals.send(
+                signals.job_dropped,
+                run_id=env.run_id,
+                job_name=env.job,
+                schema_name=env.schema,
+                attempt=env.attempt,
+                outcome="dropped",
+                error=None,
+                reason=why,
+            )
+            return False
+    signals.send(
+        signals.job_started,
+        run_id=env.run_id,
+        job_name=env.job,
+        schema_name=env.schema,
+        attempt=env.attempt,
+    )
+    return True
+
+
+def _why_not_waiting(state: RunState, status: str, attempts: int) -> str:
+    env = state.envelope
+    if status == RunStatus.CANCELLED:
+        return "cancelled before it started"
+    if status in (RunStatus.QUEUED, RunStatus.DEFERRED):
+        return (
+            f"stale message (attempt {env.attempt}, deferrals {env.defers}/{env.gate_defers}): "
+            f"the run is {status} after attempt {attempts} and waits for another"
+        )
+    return f"duplicate delivery: the run is already {status}"
+
+
+def _refuse_without_row(state: RunState) -> None:
+    """A message whose run has no history row: refused and recorded, never run.
+
+    Every path that pushes a message commits the run's row first (enqueue on commit, follow-ups
+    and fan-out children in the finishing transaction, retries by the sweep, cron ticks by the
+    scheduler, relayed messages from the row itself), so a missing row means it is gone:
+    deleted by retention or by hand. Recreating the run from the message would run a finished
+    job again from any copy of its message.
+    """
+    env = state.envelope
+    reason = (
+        f"no run {env.run_id} of {env.job}: its history row is gone (deleted by retention or by "
+        "hand); a run is never recreated from a message"
+    )
+    logger.warning("refused message for run %s: %s", env.run_id, reason)
+    state.outcome, state.drop_reason = "dropped", reason
+    excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
+    record_rejection(excerpt, reason, state.rq_job_id, state.queue)
+    signals.send(
+        signals.job_dropped,
+        run_id=env.run_id,
+        job_name=env.job,
+        schema_name=env.schema,
+        attempt=env.attempt,
+        outcome="dropped",
+        error=None,
+        reason=reason,
+    )
+
+
+def _finish(state: RunState) -> None:
+    env, definition = state.envelope, state.definition
+    if run_sql.end_stray_transaction():
+        logger.error("run %s left a transaction open; rolled back before its outcome", env.run_id)
+        if state.outcome in ("succeeded", "deferred"):
+            state.outcome, state.reschedule = "failed", None
+            state.error = state.error or Unrecoverable(
+                "the run left a transaction open; it was rolled back, nothing in it committed"
+            )
+    now = timezone.now()
+    duration_ms = (time.monotonic() - state.started_monotonic) * 1000
+    outcome = state.outcome or "failed"
+    error = state.error
+    # The job's exception as it was rendered inside its tenant and guard (never str() here).
+    described = state.described_error()
+    status = _STATUS_FOR[outcome]
+    run_update: dict[str, Any] = {"status": status, "duration_ms": duration_ms}
+    if outcome in ("succeeded", "failed", "dropped", "cancelled"):
+        run_update["finished_at"] = now
+    if state.reschedule is not None:
+        run_update["scheduled_for"] = now + timedelta(seconds=state.reschedule[1])
+    if described is not None:
+        run_update["error_type"] = described.type_name
+        run_update["error_message"] = described.message[:4000]
+    elif outcome == "succeeded":
+        run_update["error_type"] = ""
+        run_update["error_message"] = ""
+    if outcome == "succeeded":
+        # Already plain JSON (or a marker), made in runner.call_job; in the same statement.
+        run_update["result"] = state.result
+    if outcome == "dropped":
+        run_update["error_message"] = state.drop_reason
+    attempt = {
+        "run": uuid.UUID(env.run_id),
+        "number": env.attempt,
+        "started_at": state.started_at or now,
+        "finished_at": now,
+        "duration_ms": duration_ms,
+        "outcome": outcome,
+        "error_type": described.type_name if described else "",
+        "error_message": described.message[:4000] if described else "",
+        "traceback": state.error_traceback[-20000:],
+        "log": state.log_lines,
+        "worker": state.worker_name,
+    }
+    touches_failure = bool(env.schema) and (
+        (outcome == "failed" and bool(state.failure_key))
+        or (outcome == "succeeded" and definition.tenant_visible_failure is not None)
+    )
+    followups = outcome == "succeeded" and bool(state.followups.entries)
+    if not (touches_failure or state.audit_uses.reported or followups):
+        # The common case: one statement, so one round trip and its own transaction.
+        run_sql.finish(attempt, run_update, env.run_id)
+    else:
+        _finish_in_transaction(state, attempt, run_update, now)
+    extra = {}
+    if _SIGNAL_FOR[outcome] is signals.job_dropped:
+        # job_dropped's receivers get a reason (signals.py).
+        extra["reason"] = state.drop_reason or (described.message if described else outcome)
+    signals.send(
+        _SIGNAL_FOR[outcome],
+        run_id=env.run_id,
+        job_name=env.job,
+        schema_name=env.schema,
+        attempt=env.attempt,
+        outcome=outcome,
+        error=error,
+        **extra,
+    )
+    report.run_finished(state, duration_ms)
+
+
+def _finish_in_transaction(
+    state: RunState, attempt: dict[str, Any], run_update: dict[str, Any], now: Any
+) -> None:
+    env, definition, outcome = state.envelope, state.definition, state.outcome or "failed"
+    with transaction.atomic():
+        JobAttempt.objects.create(
+            **{("run_id" if k == "run" else k): v for k, v in attempt.items()}
+        )
+        JobRun.objects.filter(pk=env.run_id).update(**run_update)
+        if env.schema and outcome == "failed" and state.failure_key:
+            JobFailure.objects.bulk_create(
+                [
+                    JobFailure(
+                        schema_name=env.schema,
+                        job_name=env.job,
+                        subject=state.subject,
+                        message_key=state.failure_key,
+                        failed_at=now,
+                        run_id=uuid.UUID(env.run_id),
+                    )
+                ],
+                update_conflicts=True,
+                unique_fields=("schema_name", "job_name", "subject"),
+                update_fields=("message_key", "failed_at", "run_id"),
+            )
+        elif env.schema and outcome == "succeeded" and definition.tenant_visible_failure:
+            JobFailure.objects.filter(
+                schema_name=env.schema, job_name=env.job, subject=state.subject
+            ).delete()
+        audit.save_uses(state)
+        if outcome == "succeeded" and state.followups.entries:
+            JobRun.objects.bulk_create(state.followups.rows(), ignore_conflicts=True)

@@ -1,0 +1,118 @@
+"""The consumer span ``job.execute``: one per attempt, outermost, so it covers the history writes.
+
+Its parent is the trace context the enqueue put in the envelope. The pipeline records errors
+in ``state`` instead of raising, so the span's status comes from the outcome; an exception
+that does escape (a cold shutdown, a timeout) is recorded too and re-raised.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from ... import telemetry
+from ...log_context import scrub
+from ..context import RunState, render_error
+from ..pipeline import Next
+
+_FAILED = ("failed", "retrying")
+
+
+def tracing(state: RunState, call_next: Next) -> None:
+    with telemetry.tracer().start_as_current_span(
+        telemetry.CONSUMER_SPAN,
+        context=telemetry.extract(state.envelope),
+        kind=SpanKind.CONSUMER,
+        attributes=_attributes(state),
+        # Recorded below with the message scrubbed: exception text may carry secrets.
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        try:
+            call_next(state)
+        except BaseException as exc:
+            _record_error(span, state, exc, escaped=True)
+            raise
+        if not span.is_recording():
+            return
+        outcome = state.outcome
+        span.set_attribute("kumiko.job.outcome", outcome or "failed")
+        if outcome in _FAILED:
+            span.set_attribute("kumiko.job.final_attempt", outcome == "failed")
+            if state.error is not None:
+                _record_error(span, state, state.error, escaped=False)
+            else:
+                span.set_status(Status(StatusCode.ERROR, outcome))
+        elif outcome == "dropped" and state.drop_reason:
+            span.set_attribute("kumiko.job.drop_reason", state.drop_reason)
+
+
+def _attributes(state: RunState) -> dict[str, Any]:
+    env = state.envelope
+    queue = state.queue
+    attributes: dict[str, Any] = {
+        "job.name": env.job,
+        "job.id": env.run_id,
+        "job.attempt": env.attempt,
+        "kumiko.job.run_in": queue,
+        "messaging.system": telemetry.MESSAGING_SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": queue,
+        "messaging.message.id": state.rq_job_id or env.rq_job_id,
+    }
+    if env.schema:
+        attributes["kumiko.tenant_id"] = env.schema
+    if env.correlation_id:
+        attributes["kumiko.correlation_id"] = env.correlation_id
+    if env.trigger:
+        attributes["kumiko.job.trigger"] = env.trigger
+    if env.parent_run_id:
+        attributes["kumiko.job.parent_id"] = env.parent_run_id
+    if env.defers or env.gate_defers:
+        attributes["kumiko.job.defers"] = env.defers + env.gate_defers
+    return attributes
+
+
+# What of the error text reaches the span: its message like the failure log line, the end of
+# its stack trace (where the exception and the innermost frames are).
+MESSAGE_LIMIT = 1000
+STACKTRACE_LIMIT = 16_384
+
+
+def _record_error(span: Span, state: RunState, error: BaseException, *, escaped: bool) -> None:
+    """The ``exception`` event, built here from the error as the db_guard step rendered it.
+
+    The SDK's ``record_exception`` would call ``str(error)`` and format the traceback itself:
+    outside the run's tenant and the guard (an exception's ``__str__`` may run SQL), unscrubbed
+    and untruncated. Everything is truncated before it is scrubbed, so this stays cheap even
+    when a job timed out (RQ's alarm is spent) with megabytes of exception text.
+    """
+    if not span.is_recording():
+        return
+    rendered = state.rendered_error
+    if rendered is None or rendered.error is not error:
+        rendered = render_error(error)  # not the job's: one of kumiko's own, or an interruption
+    message = scrub(rendered.message, limit=MESSAGE_LIMIT)
+    stacktrace = (state.error_traceback if state.error is error else "") or rendered.traceback
+    span.add_event(
+        "exception",
+        {
+            "exception.type": rendered.type_name,
+            "exception.message": message,
+            "exception.stacktrace": scrub(_tail(stacktrace, STACKTRACE_LIMIT)),
+            "exception.escaped": escaped,
+        },
+    )
+    span.set_status(Status(StatusCode.ERROR, f"{rendered.type_name}: {message}"[:500]))
+
+
+def _tail(text: str, limit: int) -> str:
+    """The last ``limit`` characters of ``text``, from a line start (no half token survives)."""
+    if len(text) <= limit:
+        return text
+    tail = text[-limit:]
+    newline = tail.find("\n")
+    tail = tail[newline + 1 :] if newline >= 0 else ""
+    return f"[... {len(text) - len(tail)} characters before]\n{tail}"

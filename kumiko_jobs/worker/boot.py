@@ -1,0 +1,151 @@
+"""Jobs that belong to worker start-up.
+
+* ``boot_gate=True``: runs inline, through the full pipeline, before the worker takes its first
+  message, on the workers that serve the gate's queue (a gate guards the work of its queue; a
+  worker of other queues does not depend on it). If it fails, the worker does not start
+  (``BootGateFailed``): a worker that cannot reach a dependency it needs should not drain the
+  queue into failures. Each attempt is bounded by ``BOOT_GATE_TIMEOUT`` (RQ's death penalty
+  does not cover code that runs before the worker loop) and logs a warning once it has run
+  ``BOOT_GATE_WARN_AFTER`` seconds. ``ctx.defer(delay)`` in a gate means "not ready yet": the
+  worker waits ``delay`` and runs the gate again, within its ``max_defers``; a gate's retries
+  run inline too. Nothing of a gate is ever pushed to a queue.
+* ``run_on_boot=True``: enqueued once per Redis dataset. The dataset is identified by a token
+  set once (``SET NX``) in Redis; the boot run's id is derived from (job, token), and its row,
+  written first, is the outbox: ten workers starting together write it once, a worker that
+  dies between the row and the push leaves the push to the relay, and a flushed or new Redis
+  (a new token) enqueues it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Collection
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from .. import transport
+from ..core import conf
+from ..core.envelope import Envelope, new_run_id
+from ..core.exceptions import KumikoJobsError
+from ..definition.registry import JobDefinition, registry
+from ..run.context import RunState
+
+logger = logging.getLogger("kumiko_jobs.boot")
+
+# The Redis key whose value identifies the dataset boot jobs were enqueued for.
+DATASET_KEY = "kumiko_jobs:boot:dataset"
+_BOOT_NAMESPACE = uuid.UUID("3c8f8a52-6a55-4c35-9d2e-8c1b6b2f5a10")
+
+# A context manager factory (seconds) -> bounds one gate attempt; the worker passes its death
+# penalty, so a timeout is final exactly as for a queued run.
+Bound = Callable[[int], Any]
+
+
+class BootGateFailed(KumikoJobsError):
+    """A boot gate failed; the worker refuses to start."""
+
+
+def on_worker_start(queues: Collection[str] | None = None, bound: Bound | None = None) -> None:
+    run_boot_gates(queues, bound)
+    enqueue_boot_jobs()
+
+
+def run_boot_gates(queues: Collection[str] | None = None, bound: Bound | None = None) -> None:
+    """Run the boot gates of ``queues`` (every gate when None), each to its end."""
+    for definition in registry:
+        if not definition.boot_gate:
+            continue
+        if queues is not None and definition.queue_name not in queues:
+            logger.debug(
+                "boot gate %s guards queue %s, not served here",
+                definition.name,
+                definition.queue_name,
+            )
+            continue
+        _run_gate(definition, bound)
+
+
+def _run_gate(definition: JobDefinition, bound: Bound | None) -> None:
+    from ..run.entry import run_state
+
+    settings = conf.get()
+    env = Envelope(job=definition.name, schema=None, kwargs={}, run_id=new_run_id(), trigger="boot")
+    _insert_row(definition, env)
+    while True:
+        state = RunState(envelope=env, definition=definition, queue="boot", rq_job_id="boot")
+        warning = threading.Timer(settings.BOOT_GATE_WARN_AFTER, _warn_long, (definition, env))
+        warning.daemon = True
+        warning.start()
+        try:
+            if bound is None:
+                run_state(state, push=False)
+            else:
+                with bound(settings.BOOT_GATE_TIMEOUT):
+                    run_state(state, push=False)
+        finally:
+            warning.cancel()
+        if state.outcome == "succeeded":
+            return
+        if state.reschedule is None:
+            described = state.described_error()
+            error = f"{described.type_name}({described.message!r})" if described else None
+            raise BootGateFailed(
+                f"boot gate {definition.name!r} {state.outcome}: {error}; the worker does not start"
+            )
+        # Not ready yet (a deferral) or failed with attempts left (a retry): wait here and run
+        # it again; the worker takes no message meanwhile.
+        env, delay = state.reschedule
+        logger.warning(
+            "boot gate %s %s; running it again in %.1f s before the worker starts",
+            definition.name,
+            "is not ready yet" if state.outcome == "deferred" else "failed, will retry",
+            delay,
+        )
+        time.sleep(delay)
+
+
+def _warn_long(definition: JobDefinition, env: Envelope) -> None:
+    settings = conf.get()
+    logger.warning(
+        "boot gate %s (run %s) has been running for %d s; the worker waits for it "
+        "(BOOT_GATE_TIMEOUT=%d s)",
+        definition.name,
+        env.run_id,
+        settings.BOOT_GATE_WARN_AFTER,
+        settings.BOOT_GATE_TIMEOUT,
+    )
+
+
+def _insert_row(definition: JobDefinition, env: Envelope) -> None:
+    from ..enqueueing.submit import row_for
+
+    row_for(definition, env, "", 0.0).save(force_insert=True)
+
+
+def boot_run_id(job_name: str, dataset: str) -> str:
+    return uuid.uuid5(_BOOT_NAMESPACE, f"{job_name}@{dataset}").hex
+
+
+def enqueue_boot_jobs() -> list[str]:
+    """Enqueue every ``run_on_boot`` job not yet enqueued for this Redis dataset."""
+    from ..enqueueing.submit import submit
+
+    boot_jobs = [d for d in registry if d.run_on_boot]
+    if not boot_jobs:
+        return []
+    dataset = transport.dataset_token(DATASET_KEY, uuid.uuid4().hex)
+    started = []
+    for definition in boot_jobs:
+        run_id = boot_run_id(definition.name, dataset)
+        try:
+            with transaction.atomic():
+                handle = submit(definition, None, {}, delay=0.0, trigger="boot", run_id=run_id)
+        except IntegrityError:
+            continue  # another worker (or this one, before a crash) wrote it: it is pushed
+        logger.info("enqueued boot job %s (run %s)", definition.name, handle.run_id)
+        started.append(handle.run_id)
+    return started
