@@ -175,10 +175,10 @@ def _observe_last_success(options: CallbackOptions) -> Iterable[Observation]:
 
 def _observe_queue_depth(options: CallbackOptions) -> Iterable[Observation]:
     from .. import transport
-    from ..core import conf
+    from ..core import project_settings
 
     observations = []
-    for queue in conf.rq_queue_names():
+    for queue in project_settings.rq_queue_names():
         try:
             observations.append(Observation(transport.queue_length(queue), {"queue": queue}))
         except Exception:  # Redis away: report nothing rather than fail the whole collection
