@@ -83,7 +83,7 @@ class KumikoSettings:
     # after which a warning says the worker is still waiting for it.
     BOOT_GATE_TIMEOUT: int = 60
     BOOT_GATE_WARN_AFTER: int = 10
-    # Retention beyond runs (retention.py): unresolved tenant-visible failures (0 keeps them
+    # Retention beyond runs (history/retention.py): unresolved tenant-visible failures (0 keeps them
     # until a success resolves them) and escape-hatch audit rows; a deleted tenant's history.
     FAILURE_RETENTION_DAYS: int = 0
     ESCAPE_HATCH_RETENTION_DAYS: int = 365
@@ -107,12 +107,12 @@ class KumikoSettings:
     # may wait before the worker log, the admin and check W003 say that no scheduler moves it
     # (rqscheduler moves due messages every --interval seconds, 60 by default). 0: never say.
     SCHEDULER_OVERDUE_AFTER: int = 120
-    # Seconds after its due time a signed message is refused (envelope.py). Seven days: a
+    # Seconds after its due time a signed message is refused (core/envelope.py). Seven days: a
     # weekend-plus outage's backlog still runs, while a copy of an old message is useless well
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
     MESSAGE_MAX_AGE: int = 7 * 24 * 3600
     GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
-    # Bytes of JSON a job's return value may take on its run (kumiko_jobs.results); 0 keeps none.
+    # Bytes of JSON a job's return value may take on its run (history/results.py); 0 keeps none.
     MAX_RESULT_BYTES: int = 64 * 1024
     # The second wall (docs/guard.md, "Two walls"): tenant job bodies log in as their tenant's
     # PostgreSQL role. Off by default: turning it on needs the operator's set-up steps.
