@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from .. import origin, signals, telemetry, transport
-from ..core import conf
+from ..core import conf, project_settings
 from ..core.db import ADMISSION_LOCK_CLASS
 from ..core.envelope import WIDEST_SIGNING_TIME, Envelope, encode, new_run_id
 from ..core.exceptions import InvalidJob
@@ -184,7 +184,7 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
 
 
 def _resolve_schema(definition: JobDefinition, tenant: Any) -> str | None:
-    public = conf.public_schema_name()
+    public = project_settings.public_schema_name()
     if definition.per_tenant and tenant is None:
         return None  # a fan-out: one child run per tenant, made by the worker
     if definition.system:
@@ -254,7 +254,7 @@ def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, i
     owner = concurrency_owner(definition, schema)
     if owner is None:
         return "", 0
-    key_owner = owner or conf.public_schema_name()
+    key_owner = owner or project_settings.public_schema_name()
     if definition.concurrency == "sequential":
         return f"kumiko:seq:{definition.name}:{key_owner}", 1
     limit = definition.tenant_concurrency
@@ -557,7 +557,7 @@ def emit(event: str, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
 
 def _event_tenant(tenant: Any) -> Any:
     """The tenant an event belongs to (a tenant or a schema name), None for the public schema."""
-    public = conf.public_schema_name()
+    public = project_settings.public_schema_name()
     if tenant is not None:
         schema = tenant if isinstance(tenant, str) else getattr(tenant, "schema_name", None)
         return None if schema == public else tenant
