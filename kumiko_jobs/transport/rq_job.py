@@ -56,6 +56,7 @@ class WorkerJob(JsonJob):
     hook_fields: tuple[str, ...] = ()
 
     def restore(self, raw_data: Any) -> Any:
+        """RQ's restore, noting the hook fields present and refusing a hash with no data."""
         if b"data" not in raw_data and "data" not in raw_data:
             # RQ takes such a hash for a job that no longer exists and skips it silently,
             # leaving it in Redis and its id in the intermediate queue. Any other error here

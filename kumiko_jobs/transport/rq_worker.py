@@ -180,11 +180,13 @@ class BookkeepingSimpleWorker(RQSimpleWorker):
     _suspension_checked = False
 
     def register_birth(self) -> None:
+        """RQ's registration, forgetting the state last written (a new hash has none)."""
         super().register_birth()
         # A new registration (at start, or after Redis lost the worker) has no state field.
         self._state_sent = None
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
+        """RQ's state write, skipped when the worker's hash already holds ``state``."""
         if pipeline is None and state == self._state_sent:
             self._state = state
             return
@@ -203,12 +205,14 @@ class BookkeepingSimpleWorker(RQSimpleWorker):
         self._suspension_checked = False
 
     def check_for_suspension(self, burst: bool) -> None:
+        """RQ's check, skipped once when the finish pipeline just read the answer."""
         if self._suspension_checked:
             self._suspension_checked = False
             return
         super().check_for_suspension(burst)
 
     def prepare_execution(self, job: Job) -> Execution:
+        """RQ's execution record, written later in the start pipeline."""
         # RQ's rq.executions.prepare_execution, minus its execute(): the commands wait for
         # prepare_job_execution, which runs next (SimpleWorker.execute_job -> perform_job).
         pipeline = self.connection.pipeline()
@@ -225,6 +229,7 @@ class BookkeepingSimpleWorker(RQSimpleWorker):
         return execution
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        """RQ's start of the job, sent with the execution record in one pipeline."""
         pipeline, self._start_pipeline = self._start_pipeline, None
         if pipeline is None:
             super().prepare_job_execution(job, remove_from_intermediate_queue)

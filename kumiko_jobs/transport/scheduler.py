@@ -144,6 +144,7 @@ class Scheduler(DelayedSet):
         return super().enqueue_jobs()
 
     def enqueue_job(self, job: Job) -> None:
+        """rq-scheduler's move of a due job to its queue; a kumiko cron alarm is fired instead."""
         if job.id.startswith(CRON_PREFIX):
             self._fire_cron(job)
             return

@@ -65,6 +65,7 @@ class RateLimitedWarning:
         self._warned = False
 
     def poll(self, worker: str) -> None:
+        """Check (at most every ``check_every`` s) and log for ``worker`` as the class says."""
         now = time.monotonic()
         if now - self._checked_at < self.check_every:
             return
