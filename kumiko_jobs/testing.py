@@ -38,6 +38,7 @@ from .guard import connections as tenant_connections
 from .models import JobRun, RunStatus
 from .run.context import RunState, running
 from .run.pipeline import Next, compose
+from .transport import pushing as transport_pushing
 from .worker import relay
 
 WORKER_NAME = "kumiko_jobs.testing"
@@ -233,7 +234,6 @@ def captured_pushes() -> Iterator[Pushes]:
     """Keep every push to Redis (an enqueue's on-commit push, a follow-up's, the relay's)
     in a list instead: the history rows are what ``run_jobs()`` runs."""
     pushes = Pushes()
-    original_push, original_many = transport.push, transport.push_many
 
     def push(message: transport.Message) -> None:
         pushes.messages.append(message)
@@ -241,11 +241,17 @@ def captured_pushes() -> Iterator[Pushes]:
     def push_many(messages: Iterable[transport.Message]) -> None:
         pushes.messages.extend(messages)
 
+    # The face (what the enqueue side, the run side and the relay call) and the module that
+    # defines them (what the scheduler's cron firing calls).
+    saved = (transport.push, transport.push_many)
+    saved_here = (transport_pushing.push, transport_pushing.push_many)
     transport.push, transport.push_many = push, push_many
+    transport_pushing.push, transport_pushing.push_many = push, push_many
     try:
         yield pushes
     finally:
-        transport.push, transport.push_many = original_push, original_many
+        transport.push, transport.push_many = saved
+        transport_pushing.push, transport_pushing.push_many = saved_here
 
 
 # --- assertions --------------------------------------------------------------------------

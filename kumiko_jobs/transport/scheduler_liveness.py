@@ -15,8 +15,8 @@ import time
 
 from redis.exceptions import RedisError
 
-from .. import transport
 from ..core import conf
+from .scheduler import scheduler_lag
 
 logger = logging.getLogger("kumiko_jobs.scheduler")
 
@@ -31,7 +31,7 @@ def overdue_problem() -> str:
     if not after:
         return ""
     try:
-        lag = transport.scheduler_lag(after)
+        lag = scheduler_lag(after)
     except (RedisError, OSError) as exc:
         logger.debug("scheduler liveness not checked, Redis unavailable: %s", exc)
         return ""
@@ -65,6 +65,7 @@ class RateLimitedWarning:
         self._warned = False
 
     def poll(self, worker: str) -> None:
+        """Check (at most every ``check_every`` s) and log for ``worker`` as the class says."""
         now = time.monotonic()
         if now - self._checked_at < self.check_every:
             return

@@ -37,9 +37,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -221,19 +220,12 @@ def _missing_messages(
         by_queue.setdefault(queue, []).append((pk, snapshot, ids))
     missing: dict[uuid.UUID, _Missing] = {}
     for queue, entries in by_queue.items():
-        rq_queue = transport.get_queue(queue)
-        redis = rq_queue.connection
-        with redis.pipeline(transaction=False) as pipe:
-            pipe.lrange(rq_queue.intermediate_queue_key, 0, -1)
-            for _, _, ids in entries:
-                for job_id in ids:
-                    pipe.hmget(transport.JsonJob.key_for(job_id), "status", "worker_name")
-            replies = iter(pipe.execute())
-        taken = {_text(job_id) for job_id in next(replies)}
+        held = iter(transport.held_messages(queue, [i for _, _, ids in entries for i in ids]))
         for pk, snapshot, ids in entries:
             present, dead = False, []
             for job_id in ids:
-                status, worker = (_text(v) for v in next(replies))
+                message = next(held)
+                status, worker = message.status, message.worker
                 if status is None:
                     continue
                 if (
@@ -244,7 +236,7 @@ def _missing_messages(
                         and alive is not None
                         and alive.is_gone(worker)
                     )
-                    or (status == "queued" and job_id in taken and _stranded(redis, job_id))
+                    or (status == "queued" and message.taken and _stranded(queue, job_id))
                 ):
                     dead.append(job_id)
                 else:
@@ -256,7 +248,7 @@ def _missing_messages(
     return missing
 
 
-def _stranded(redis: Any, job_id: str) -> bool:
+def _stranded(queue: str, job_id: str) -> bool:
     """Taken off the queue by a worker that never started it (killed in between)?
 
     A worker moves a message to the queue's intermediate list and marks it started a moment
@@ -264,12 +256,7 @@ def _stranded(redis: Any, job_id: str) -> bool:
     second) after the first sighting, belongs to a worker that died in between. RQ's own
     cleanup of that list runs only with its ten-minute maintenance.
     """
-    key = f"kumiko:relay:taken:{job_id}"
-    now = time.time()
-    if redis.set(key, now, nx=True, ex=3600):
-        return False
-    seen = float(_text(redis.get(key)) or now)
-    return now - seen >= max(conf.get().RELAY_GRACE, 1)
+    return transport.taken_for(queue, job_id) >= max(conf.get().RELAY_GRACE, 1)
 
 
 def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
@@ -308,7 +295,7 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
                 continue
             messages.append(message)
             forget.extend((entry.queue, job_id) for job_id in entry.dead)
-        _forget(forget)
+        transport.forget_messages(forget)
         if messages:
             transport.push_many(messages)
     return len(messages), failed
@@ -357,22 +344,3 @@ def _fail_closed(run: JobRun, error_type: str, reason: str) -> None:
         error_type=error_type,
         error_message=reason[:4000],
     )
-
-
-def _forget(entries: Iterable[tuple[str, str]]) -> None:
-    """Drop RQ's records of dead messages, so the push starts from a clean job hash."""
-    by_queue: dict[str, list[str]] = {}
-    for queue, job_id in entries:
-        by_queue.setdefault(queue, []).append(job_id)
-    for queue_name, ids in by_queue.items():
-        rq_queue = transport.get_queue(queue_name)
-        with rq_queue.connection.pipeline() as pipe:
-            for job_id in ids:
-                pipe.zrem(rq_queue.failed_job_registry.key, job_id)
-                pipe.lrem(rq_queue.intermediate_queue_key, 0, job_id)
-                pipe.delete(transport.JsonJob.key_for(job_id), f"kumiko:relay:taken:{job_id}")
-            pipe.execute()
-
-
-def _text(value: bytes | str | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value

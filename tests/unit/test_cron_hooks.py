@@ -10,6 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kumiko_jobs import transport
 from kumiko_jobs.definition.registry import build_definition
 from kumiko_jobs.enqueueing import schedules
+from kumiko_jobs.transport import scheduler
 
 
 def test_app_start_up_installs_the_cron_domain() -> None:
@@ -17,7 +18,8 @@ def test_app_start_up_installs_the_cron_domain() -> None:
 
 
 def test_without_hooks_the_scheduler_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transport, "_cron_hooks", None)
+    # The module that owns the hooks (and that cron_hooks() reads), not the transport's face.
+    monkeypatch.setattr(scheduler, "_cron_hooks", None)
     with pytest.raises(ImproperlyConfigured, match=r"INSTALLED_APPS.*KumikoJobsConfig\.ready"):
         transport.cron_hooks()
 

@@ -1,0 +1,27 @@
+"""Every Redis key, key prefix and hash field name the transport writes besides RQ's own.
+
+They live in one place because they are stored: a deployed worker, scheduler or relay reads
+what another version wrote, so none of these strings may ever change. RQ's and rq-scheduler's
+own keys stay theirs (read through their classes); these are the ones kumiko adds.
+"""
+
+from __future__ import annotations
+
+# The id prefix of kumiko's cron entries with rq-scheduler (``kj-cron-<job name>``).
+CRON_PREFIX = "kj-cron-"
+# Meta field of a cron entry's job hash: the time zone its crontab is read in.
+TZ_META = "kumiko_timezone"
+
+# --- worker liveness: which kumiko worker executes which RQ job (the worker beats, the sweep
+# and the relay read) ---------------------------------------------------------------------------
+LIVE_WORKERS = "kumiko:workers"  # set of worker names that beat
+WORKER_KEY = "kumiko:worker:"  # + name -> the RQ job id it executes ("" when idle), with a TTL
+# When liveness data started to be collected in this Redis dataset. Right after a flush, or a
+# restart that lost the data, no worker has beaten yet and a missing key proves nothing.
+WORKERS_SINCE_KEY = "kumiko:workers:since"
+# Set in a kumiko worker's RQ worker hash: a live RQ worker without it is some other worker
+# class, whose runs only the timeout rule may end.
+RQ_WORKER_MARK = "kumiko"
+
+# + RQ job id -> when the relay first saw the message taken off its queue and not started.
+RELAY_TAKEN = "kumiko:relay:taken:"

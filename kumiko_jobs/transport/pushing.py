@@ -1,0 +1,78 @@
+"""Putting messages on their queues: now, at the front, delayed, or behind a rate limit.
+
+The one way a message reaches Redis (the enqueue's on-commit push, fan-out's thousands, a
+follow-up, the relay, a cron tick). Delayed messages go to rq-scheduler's set, which the
+``rqscheduler`` process moves to the queue when due; rate-limited ones go through RQ's own
+admission script; the rest in one pipeline per queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+
+from rq import Queue, RateLimit
+
+from ..core import conf
+from .queues import Message, delayed_set, get_queue
+from .rq_job import RUNNER
+
+
+def push(message: Message) -> None:
+    """Put one message on its queue now, or in the scheduler when it has a delay."""
+    push_many([message])
+
+
+def push_many(messages: Iterable[Message]) -> None:
+    """Push messages with one Redis pipeline per queue (fan-out pushes thousands at once).
+
+    Rate-limited messages go one by one: RQ admits them through a Lua script that cannot run
+    inside a pipeline.
+    """
+    settings = conf.get()
+    batches: dict[str, list[Message]] = {}
+    for msg in messages:
+        if msg.delay > 0:
+            job = delayed_set(msg.queue).enqueue_in(
+                timedelta(seconds=msg.delay),
+                RUNNER,
+                msg.body,
+                job_id=msg.job_id,
+                timeout=msg.timeout,
+                job_result_ttl=settings.RESULT_TTL,
+                queue_name=msg.queue,
+            )
+            if msg.rate_limit:
+                # Admitted by RQ when rq-scheduler moves it to the queue (Queue.enqueue_job).
+                job.rate_limit_key, job.rate_limit_concurrency = msg.rate_limit_key, msg.rate_limit
+                job.save()
+        elif msg.rate_limit:
+            get_queue(msg.queue).enqueue_call(
+                RUNNER,
+                args=(msg.body,),
+                job_id=msg.job_id,
+                timeout=msg.timeout,
+                result_ttl=settings.RESULT_TTL,
+                failure_ttl=settings.FAILURE_TTL,
+                rate_limit=RateLimit(msg.rate_limit_key, msg.rate_limit),
+                at_front=msg.at_front,
+            )
+        else:
+            batches.setdefault(msg.queue, []).append(msg)
+    for queue_name, batch in batches.items():
+        queue = get_queue(queue_name)
+        for start in range(0, len(batch), 500):
+            queue.enqueue_many(
+                [
+                    Queue.prepare_data(
+                        RUNNER,
+                        args=(m.body,),
+                        job_id=m.job_id,
+                        timeout=m.timeout,
+                        result_ttl=settings.RESULT_TTL,
+                        failure_ttl=settings.FAILURE_TTL,
+                        at_front=m.at_front,
+                    )
+                    for m in batch[start : start + 500]
+                ]
+            )

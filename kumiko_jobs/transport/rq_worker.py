@@ -1,0 +1,290 @@
+"""RQ's worker classes as kumiko's workers start from, and the per-message bookkeeping that
+makes them cheaper in Redis round trips.
+
+``worker/`` adds per-run hygiene on top of these bases; everything here is RQ's own protocol
+(the same keys and fields as RQ's worker writes, so ``rq info`` and django-rq's pages read
+them), only batched. Kept apart from the job and queue modules because it is the one piece
+that re-implements RQ internals and must be re-read on every RQ upgrade.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from redis import Redis
+from rq import Queue
+from rq.executions import Execution
+from rq.job import Job, JobStatus, Retry, parse_job_id
+from rq.rate_limit import release_slot
+from rq.suspension import WORKERS_SUSPENDED
+from rq.timeouts import JobTimeoutException, UnixSignalDeathPenalty
+from rq.utils import as_text, backend_class, get_version
+from rq.utils import now as rq_now
+from rq.worker import SimpleWorker as RQSimpleWorker
+from rq.worker import Worker as RQForkingWorker
+from rq.worker import WorkerStatus
+
+# Re-exported for the worker package, which adds per-run hygiene to RQ's worker classes.
+SimpleWorkerBase = RQSimpleWorker
+ForkingWorkerBase = RQForkingWorker
+# For the worker's death penalty, which notes on the run that its timeout fired (a job that
+# catches Exception swallows RQ's JobTimeoutException; the note makes the timeout final).
+DeathPenaltyBase = UnixSignalDeathPenalty
+JobTimeout = JobTimeoutException
+
+
+# RQ's dequeue of one queue in one round trip: LMOVE the next job id to the queue's intermediate
+# list, exactly as RQ's Queue.lmove does, and read the job's hash, as Job.fetch does. A key that
+# is not a hash answers 0 instead of failing the script after the LMOVE: the caller then reads
+# it the way RQ does, so the worker handles the error as it would RQ's.
+_DEQUEUE_ONE = """
+local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
+if not id then return false end
+local fields = redis.pcall('HGETALL', ARGV[1] .. id)
+if fields.err then return {id, 0} end
+return {id, fields}
+"""
+
+
+class _OneTripDequeue:
+    """Mixed into the worker's queue class: ``dequeue_any`` of a single queue in one round
+    trip instead of two (``LMOVE``, then ``HGETALL``). RQ takes the same path (``LMOVE`` to the
+    intermediate queue) for one queue on Redis >= 6.2; a blocking wait on an empty queue, and
+    every other case, is RQ's own code."""
+
+    @classmethod
+    def dequeue_any(
+        cls,
+        queues: Any,
+        timeout: int | None,
+        connection: Redis,
+        job_class: Any = None,
+        serializer: Any = None,
+        death_penalty_class: Any = None,
+    ) -> tuple[Job, Queue] | None:
+        queues = list(queues)
+        if len(queues) == 1 and get_version(connection) >= (6, 2, 0):
+            queue = queues[0]
+            job_cls: type[Job] = backend_class(cls, "job_class", override=job_class)
+            script = connection.register_script(_DEQUEUE_ONE)
+            while True:
+                popped = script(
+                    keys=[queue.key, queue.intermediate_queue_key],
+                    args=[job_cls.redis_job_namespace_prefix],
+                )
+                if popped is None:
+                    break  # empty: RQ's own dequeue waits (BLMOVE) or says so
+                job_id, flat = parse_job_id(as_text(popped[0])), popped[1]
+                if flat == 0:  # not a hash: RQ's own read raises, tagged for the worker
+                    fetched = cls._fetch_dequeued_job(  # type: ignore[attr-defined]
+                        connection,
+                        queue.key,
+                        job_id,
+                        job_class=job_cls,
+                        serializer=serializer,
+                        death_penalty_class=death_penalty_class,
+                    )
+                    if fetched is None:
+                        continue
+                    return fetched
+                if not flat:
+                    continue  # no hash any more: RQ skips such an id silently
+                found = cls.from_queue_key(  # type: ignore[attr-defined]
+                    queue.key,
+                    connection=connection,
+                    job_class=job_cls,
+                    serializer=serializer,
+                    death_penalty_class=death_penalty_class,
+                )
+                job = job_cls(job_id, connection=connection, serializer=serializer)
+                try:
+                    job.restore(dict(zip(flat[::2], flat[1::2], strict=True)))
+                except Exception as exc:
+                    # As RQ's _fetch_dequeued_job: the worker handles an unreadable hash.
+                    exc.job_id = job_id  # type: ignore[attr-defined]
+                    exc.queue = found  # type: ignore[attr-defined]
+                    raise
+                return job, found
+        return super().dequeue_any(  # type: ignore[misc]
+            queues,
+            timeout,
+            connection=connection,
+            job_class=job_class,
+            serializer=serializer,
+            death_penalty_class=death_penalty_class,
+        )
+
+
+_one_trip_queue_classes: dict[type, type] = {}
+
+
+def _one_trip_dequeue(queue_class: Any) -> Any:
+    """``queue_class`` (RQ's, django-rq's or the project's) with the one-trip dequeue."""
+    if issubclass(queue_class, _OneTripDequeue):
+        return queue_class
+    cls = _one_trip_queue_classes.get(queue_class)
+    if cls is None:
+        cls = type(queue_class.__name__, (_OneTripDequeue, queue_class), {})
+        _one_trip_queue_classes[queue_class] = cls
+    return cls
+
+
+class BookkeepingSimpleWorker(RQSimpleWorker):
+    """RQ's ``SimpleWorker`` with its per-message bookkeeping in fewer Redis round trips.
+
+    RQ 3's ``SimpleWorker`` sends, per message, besides the dequeue (``LMOVE``, then
+    ``HGETALL`` of the job hash): the start as two pipelines (the execution and its registries,
+    then the job's and the worker's heartbeats), the job's last heartbeat on its own, the
+    outcome as ``WATCH`` and a ``MULTI``/``EXEC``, the worker's state ``idle`` twice, and a
+    suspension check. This class writes the same keys and fields, so ``rq info``, django-rq's
+    pages and RQ's registries show exactly what they show for RQ's own worker, in:
+
+    * one round trip for the dequeue of a single queue (a script doing RQ's ``LMOVE`` and the
+      ``HGETALL`` of the job hash; ``_OneTripDequeue``);
+    * one start pipeline (``MULTI``/``EXEC``): the execution, ``StartedJobRegistry``, the
+      worker's execution set, its state ``busy``, its heartbeat, the job's ``started`` fields,
+      ``PERSIST``, and the removal from the intermediate queue. One transaction, so no reader
+      ever sees the job in neither the intermediate queue nor the started registry;
+    * one finish pipeline (``MULTI``/``EXEC``) for a successful attempt: RQ's own writes
+      (counters, job status and fields, its last heartbeat and end time, the result stream,
+      ``FinishedJobRegistry``, the execution's removal), the worker's state ``idle``, and two
+      reads in the same transaction: the job's dependents and whether workers are suspended;
+    * the worker's state only when it changes (RQ writes ``idle`` after every message and
+      again before every dequeue).
+
+    The finish needs no ``WATCH``: RQ watches the dependents set so that a dependent added
+    while it reads them is not stranded. Here the count of dependents is read inside the
+    transaction that marks the job finished: one added before it is counted and moved to
+    ready by RQ's own ``move_dependents_to_ready`` afterwards; one added after it finds the
+    job finished (RQ's enqueue watches the parent's hash, which the transaction writes).
+    The suspension answer read there is the one the loop's next check uses, instead of its
+    own round trip a moment later (RQ's check has the same window: it runs before the
+    dequeue, not with it).
+
+    Anything unusual takes RQ's own path unchanged: a ``Retry`` returned by the job, a repeat,
+    a success callback, a ``result_ttl`` of 0 (RQ deletes the job hash, which it does after
+    moving dependents), and every failure (kumiko records failures itself and returns
+    normally, so RQ's failure path is rare).
+    """
+
+    _start_pipeline: Any = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue_class = _one_trip_dequeue(self.queue_class)
+
+    # The state last written to the worker's hash (None: unknown, write the next one).
+    _state_sent: str | None = None
+    # The finish pipeline's answer to "are workers suspended?", for the loop's next check.
+    _suspension_checked = False
+
+    def register_birth(self) -> None:
+        """RQ's registration, forgetting the state last written (a new hash has none)."""
+        super().register_birth()
+        # A new registration (at start, or after Redis lost the worker) has no state field.
+        self._state_sent = None
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        """RQ's state write, skipped when the worker's hash already holds ``state``."""
+        if pipeline is None and state == self._state_sent:
+            self._state = state
+            return
+        try:
+            super().set_state(state, pipeline)
+        except Exception:
+            self._state_sent = None
+            raise
+        # In a pipeline the write is sent with it; a failed pipeline raises to the worker,
+        # which then forgets the state (forget_state).
+        self._state_sent = state
+
+    def forget_state(self) -> None:
+        """The worker's Redis writes may have been lost: write everything anew."""
+        self._state_sent = None
+        self._suspension_checked = False
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """RQ's check, skipped once when the finish pipeline just read the answer."""
+        if self._suspension_checked:
+            self._suspension_checked = False
+            return
+        super().check_for_suspension(burst)
+
+    def prepare_execution(self, job: Job) -> Execution:
+        """RQ's execution record, written later in the start pipeline."""
+        # RQ's rq.executions.prepare_execution, minus its execute(): the commands wait for
+        # prepare_job_execution, which runs next (SimpleWorker.execute_job -> perform_job).
+        pipeline = self.connection.pipeline()
+        try:
+            execution = Execution.create(
+                job, self.get_heartbeat_ttl(job), pipeline=pipeline, worker_name=self.name
+            )
+            self.executions[execution.id] = execution
+            self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
+        except BaseException:
+            pipeline.reset()
+            raise
+        self._start_pipeline = pipeline
+        return execution
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        """RQ's start of the job, sent with the execution record in one pipeline."""
+        pipeline, self._start_pipeline = self._start_pipeline, None
+        if pipeline is None:
+            super().prepare_job_execution(job, remove_from_intermediate_queue)
+            return
+        # RQ's prepare_job_execution on the start pipeline. Its job.heartbeat() is left out:
+        # prepare_for_execution writes the same last_heartbeat field in the same HSET.
+        with pipeline:
+            heartbeat_ttl = self.get_heartbeat_ttl(job)
+            self.heartbeat(heartbeat_ttl, pipeline=pipeline)
+            job.prepare_for_execution(self.name, pipeline=pipeline)
+            pipeline.persist(job.key)
+            if remove_from_intermediate_queue:
+                intermediate = Queue(job.origin, connection=self.connection).intermediate_queue_key
+                pipeline.lrem(intermediate, 1, job.id)
+            pipeline.execute()
+        self.procline(f"Processing {job.func_name} from {job.origin} since {time.time()}")
+
+    def _finalize_success(
+        self, job: Job, queue: Queue, execution: Execution, return_value: Any
+    ) -> None:
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        if (
+            isinstance(return_value, Retry)
+            or result_ttl == 0
+            or job.repeats_left is not None
+            or job.success_callback is not None
+        ):
+            super()._finalize_success(job, queue, execution, return_value)
+            return
+        # RQ's handle_execution_ended sends the job's last heartbeat on its own; job.save() in
+        # the finish pipeline writes the same field (and ended_at) from these attributes.
+        job.ended_at = job.last_heartbeat = rq_now()
+        job._result = return_value
+        job._status = JobStatus.FINISHED
+        with self.connection.pipeline() as pipeline:
+            pipeline.scard(job.dependents_key)
+            pipeline.exists(WORKERS_SUSPENDED)
+            # What RQ's handle_job_success writes, in its order.
+            self.increment_successful_job_count(pipeline=pipeline)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipeline)  # type: ignore[operator]
+            job._handle_success(
+                result_ttl,
+                pipeline=pipeline,
+                worker_name=self.name,
+                execution_id=execution.id,
+                execution_started_at=execution.created_at,
+                execution_ended_at=job.ended_at,
+            )
+            job.cleanup(result_ttl, pipeline=pipeline, remove_from_queue=False)
+            self.cleanup_execution(job, pipeline=pipeline, execution=execution)
+            # SimpleWorker.execute_job sets it right after; here it costs no round trip.
+            self.set_state(WorkerStatus.IDLE, pipeline=pipeline)
+            dependents, suspended = pipeline.execute()[:2]
+        self._suspension_checked = not suspended
+        if dependents:
+            queue.enqueue_ready_jobs_by_queue(queue.move_dependents_to_ready(job))
+        release_slot(job)
+        job.send_webhooks(JobStatus.FINISHED)  # none on a kumiko message (refused), as RQ does
