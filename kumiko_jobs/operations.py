@@ -19,7 +19,8 @@ from django.utils.translation import gettext_lazy as _
 from . import transport
 from .core import conf
 from .core.exceptions import KumikoJobsError
-from .definition.registry import JobDefinition, registry
+from .definition.job import JobDefinition
+from .definition.registry import registry
 from .enqueueing.submit import RunHandle, resolve, submit
 from .models import WAITING_STATUSES, JobRun, RunStatus
 from .run import cancellation

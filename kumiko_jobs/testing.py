@@ -32,7 +32,8 @@ from django.utils import timezone
 
 from . import transport
 from .core.exceptions import JobNotRegistered
-from .definition.registry import JobDefinition, registry
+from .definition.job import JobDefinition
+from .definition.registry import registry
 from .enqueueing.submit import RunHandle, envelope_of
 from .guard import connections as tenant_connections
 from .models import JobRun, RunStatus

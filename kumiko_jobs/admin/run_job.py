@@ -28,7 +28,8 @@ from .. import operations
 from ..core import conf
 from ..core.audience import is_operator_request
 from ..core.exceptions import KumikoJobsError
-from ..definition.registry import JobDefinition, registry
+from ..definition.job import JobDefinition
+from ..definition.registry import registry
 
 
 class RunJobView(admin.ModelAdmin):

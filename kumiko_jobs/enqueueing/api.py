@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..definition.registry import JobDefinition, build_definition, registry
+from ..definition.job import JobDefinition
+from ..definition.options import build_definition
+from ..definition.registry import registry
 
 if TYPE_CHECKING:
     from .submit import RunHandle

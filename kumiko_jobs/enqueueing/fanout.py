@@ -32,7 +32,7 @@ from .. import transport
 from ..core import conf
 from ..core.envelope import Envelope
 from ..core.exceptions import Unrecoverable
-from ..definition.registry import JobDefinition
+from ..definition.job import JobDefinition
 from ..models import JobRun
 from .submit import message_for, row_for
 

@@ -32,7 +32,8 @@ from django.db import IntegrityError, close_old_connections, transaction
 from .. import transport
 from ..core.envelope import Envelope, encode
 from ..definition.cron import latest_tick, seconds_until_next
-from ..definition.registry import JobDefinition, registry
+from ..definition.job import JobDefinition
+from ..definition.registry import registry
 
 logger = logging.getLogger("kumiko_jobs.schedules")
 

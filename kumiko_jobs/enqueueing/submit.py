@@ -28,7 +28,8 @@ from ..core import conf
 from ..core.db import ADMISSION_LOCK_CLASS
 from ..core.envelope import WIDEST_SIGNING_TIME, Envelope, encode, new_run_id
 from ..core.exceptions import InvalidJob
-from ..definition.registry import JobDefinition, registry
+from ..definition.job import JobDefinition
+from ..definition.registry import registry
 from ..definition.subject import build_subject
 from ..models import REFUSED_STATUSES, JobRun, RunStatus
 from . import followups

@@ -25,7 +25,7 @@ from . import cancellation
 
 if TYPE_CHECKING:
     from ..core.envelope import Envelope
-    from ..definition.registry import JobDefinition
+    from ..definition.job import JobDefinition
 
 logger = logging.getLogger("kumiko_jobs.job")
 

@@ -20,7 +20,8 @@ from .. import transport
 from ..core import envelope as envelope_mod
 from ..core.current import job_alarm
 from ..core.exceptions import EnvelopeError, JobNotRegistered
-from ..definition.registry import is_async, registry
+from ..definition.options import is_async
+from ..definition.registry import registry
 from ..enqueueing import schedules
 from ..enqueueing.submit import message_for
 from ..history import results

@@ -31,7 +31,8 @@ from .. import transport
 from ..core import conf
 from ..core.envelope import Envelope, new_run_id
 from ..core.exceptions import KumikoJobsError
-from ..definition.registry import JobDefinition, registry
+from ..definition.job import JobDefinition
+from ..definition.registry import registry
 from ..run.context import RunState
 
 logger = logging.getLogger("kumiko_jobs.boot")

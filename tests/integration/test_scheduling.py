@@ -267,7 +267,7 @@ def test_max_per_tenant_is_atomic_under_concurrent_enqueues(tenants):
 
 def test_a_per_tenant_cron_without_system_or_per_tenant_is_refused():
     from kumiko_jobs import InvalidJob
-    from kumiko_jobs.definition.registry import build_definition
+    from kumiko_jobs.definition.options import build_definition
 
     def report(ctx):
         return None

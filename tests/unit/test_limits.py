@@ -16,7 +16,8 @@ from kumiko_jobs import InvalidJob, TenantVisibleError
 from kumiko_jobs.core import conf as conf_module
 from kumiko_jobs.core.envelope import WIDEST_SIGNING_TIME, Envelope, encode
 from kumiko_jobs.core.exceptions import FALLBACK_MESSAGE_KEY, MESSAGE_KEY_MAX_LENGTH
-from kumiko_jobs.definition.registry import MAX_DEFERS_LIMIT, EscapeHatch, build_definition
+from kumiko_jobs.definition.job import EscapeHatch
+from kumiko_jobs.definition.options import MAX_DEFERS_LIMIT, build_definition
 from kumiko_jobs.enqueueing.submit import (
     GATE_DEFERS_HEADROOM,
     _check_size,
