@@ -40,6 +40,7 @@ from rq.worker import Worker as RQForkingWorker
 from rq.worker import WorkerStatus
 
 from ..core import conf
+from ..core.envelope import run_id_of
 
 RUNNER = "kumiko_jobs.runner.execute"
 # The id prefix of kumiko's cron entries with rq-scheduler (``kj-cron-<job name>``).
@@ -886,7 +887,7 @@ class Liveness:
         self._jobs = {job for job in workers.values() if job}
         # RQ job ids of runs start with kj-<run id>; the run also counts as executed when a
         # later message of it is (the records step lets a newer attempt take a run over).
-        self._runs = {job[3:35] for job in self._jobs if job.startswith("kj-")}
+        self._runs = {run for job in self._jobs if (run := run_id_of(job))}
 
     def executes(self, rq_job_id: str, run_hex: str) -> bool:
         return rq_job_id in self._jobs or run_hex in self._runs

@@ -52,6 +52,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .. import transport
 from ..core import conf
 from ..core.current import job_alarm
+from ..core.envelope import run_id_of
 from ..history.rejections import record_rejection
 from ..run import cancellation
 from ..run.context import current_run
@@ -357,7 +358,7 @@ class _Heart:
         while True:
             try:
                 current = self.current
-                run_id = cancellation.run_of(current)
+                run_id = run_id_of(current)
                 with redis.pipeline(transaction=False) as pipe:
                     pipe.set(WORKER_KEY + self.name, current, ex=settings.WORKER_DEAD_AFTER)
                     pipe.sadd(LIVE_WORKERS, self.name)
@@ -636,7 +637,7 @@ class Worker(_KeepsRunsAlive, _RefusesForeignMessages, BookkeepingSimpleWorker):
     def _cancel_seen(self, job_id: str, who: str) -> None:
         # The body runs in this process: the mark is what ctx.cancel_requested reads. A job
         # that never checks runs on to its end or its timeout (no thread can stop it).
-        run_id = cancellation.run_of(job_id)
+        run_id = run_id_of(job_id)
         if run_id is not None:
             cancellation.mark(run_id, who)
             logger.warning("worker %s: cancellation of %s requested by %s", self.name, job_id, who)
@@ -645,7 +646,7 @@ class Worker(_KeepsRunsAlive, _RefusesForeignMessages, BookkeepingSimpleWorker):
         try:
             super().execute_job(job, queue)
         finally:
-            run_id = cancellation.run_of(job.id)
+            run_id = run_id_of(job.id)
             if run_id is not None:
                 cancellation.forget(run_id)
             reset_connections()
@@ -772,7 +773,7 @@ class ForkingWorker(_KeepsRunsAlive, _RefusesForeignMessages, ForkingWorkerBase)
     def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
         try:
             if self.is_horse:
-                run_id = cancellation.run_of(job.id)
+                run_id = run_id_of(job.id)
                 if run_id is not None:
                     cancellation.horse_executes(run_id)
             return bool(super().perform_job(job, queue, execution))

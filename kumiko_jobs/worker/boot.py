@@ -29,7 +29,7 @@ from django.db import IntegrityError, transaction
 
 from .. import transport
 from ..core import conf
-from ..core.envelope import Envelope, new_run_id
+from ..core.envelope import Envelope
 from ..core.exceptions import KumikoJobsError
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
@@ -74,7 +74,7 @@ def _run_gate(definition: JobDefinition, bound: Bound | None) -> None:
     from ..run.entry import run_state
 
     settings = conf.get()
-    env = Envelope(job=definition.name, schema=None, kwargs={}, run_id=new_run_id(), trigger="boot")
+    env = Envelope.boot(definition.name)
     _insert_row(definition, env)
     while True:
         state = RunState(envelope=env, definition=definition, queue="boot", rq_job_id="boot")

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -51,7 +50,7 @@ from django.utils import timezone
 
 from .. import transport
 from ..core import conf
-from ..core.envelope import Envelope
+from ..core.envelope import rq_job_id_of, run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
 from ..enqueueing.submit import envelope_of, message_for
@@ -87,25 +86,11 @@ def pending_counters(
     return [(attempt, defers + 1, gate_defers), (attempt, defers, gate_defers + 1)]
 
 
-def _rq_job_id(run_hex: str, counters: tuple[int, int, int]) -> str:
-    attempt, defers, gate_defers = counters
-    # Built by Envelope itself, so the relay can never disagree with the enqueue path.
-    return Envelope(
-        job="",
-        schema=None,
-        kwargs={},
-        run_id=run_hex,
-        attempt=attempt,
-        defers=defers,
-        gate_defers=gate_defers,
-    ).rq_job_id
-
-
 def pending_rq_job_ids(run: JobRun) -> list[str]:
     """The RQ job ids a waiting run's message may have (one, or two for a deferred run)."""
     run_hex = uuid.UUID(str(run.run_id)).hex
     return [
-        _rq_job_id(run_hex, c)
+        rq_job_id_of(run_hex, *c)
         for c in pending_counters(run.status, run.attempts, run.defer_count, run.gate_defer_count)
     ]
 
@@ -154,9 +139,6 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
     return RelayResult(checked, pushed, failed)
 
 
-_RQ_JOB_ID = re.compile(r"^kj-([0-9a-f]{32})-a\d+-d\d+-g\d+$")
-
-
 def release_lost_slots(cutoff: datetime) -> int:
     """Free the RQ rate-limit slots still held by messages whose run finished before ``cutoff``.
 
@@ -176,7 +158,7 @@ def release_lost_slots(cutoff: datetime) -> int:
             continue
         seen.add(where)
         holders = transport.rate_limit_slot_holders(name)
-        runs = {h.job_id: m.group(1) for h in holders if (m := _RQ_JOB_ID.match(h.job_id))}
+        runs = {h.job_id: run for h in holders if (run := run_id_of(h.job_id))}
         if not runs:
             continue
         done = {
@@ -217,7 +199,7 @@ def _missing_messages(
     for pk, status, attempts, defers, gate_defers, queue in rows:
         snapshot: Snapshot = (status, attempts, defers, gate_defers)
         counters = pending_counters(status, attempts, defers, gate_defers)
-        ids = [_rq_job_id(pk.hex, c) for c in counters]
+        ids = [rq_job_id_of(pk.hex, *c) for c in counters]
         by_queue.setdefault(queue, []).append((pk, snapshot, ids))
     missing: dict[uuid.UUID, _Missing] = {}
     for queue, entries in by_queue.items():
