@@ -21,7 +21,8 @@ from .core import conf
 from .core.exceptions import KumikoJobsError
 from .definition.job import JobDefinition
 from .definition.registry import registry
-from .enqueueing.submit import RunHandle, resolve, submit
+from .enqueueing.handle import RunHandle, resolve
+from .enqueueing.submit import submit
 from .models import WAITING_STATUSES, JobRun, RunStatus
 from .run import cancellation
 

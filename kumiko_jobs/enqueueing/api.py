@@ -18,7 +18,7 @@ from ..definition.options import build_definition
 from ..definition.registry import registry
 
 if TYPE_CHECKING:
-    from .submit import RunHandle
+    from .handle import RunHandle
 
 
 class Job(JobDefinition):

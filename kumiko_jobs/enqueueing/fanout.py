@@ -34,7 +34,7 @@ from ..core.envelope import Envelope
 from ..core.exceptions import Unrecoverable
 from ..definition.job import JobDefinition
 from ..models import JobRun
-from .submit import message_for, row_for
+from .messages import message_for, row_for
 
 
 def active_tenants() -> QuerySet[Any]:

@@ -34,6 +34,10 @@ from ..core.envelope import Envelope, encode
 from ..definition.cron import latest_tick, seconds_until_next
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
+from ..definition.subject import build_subject
+from .admission import admission
+from .messages import message_for, row_for
+from .submit import record_refusal
 
 logger = logging.getLogger("kumiko_jobs.schedules")
 
@@ -64,9 +68,6 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     Raises ``django.db.DatabaseError`` when PostgreSQL is unreachable: the scheduler then leaves
     the alarm due and rings it again on its next round, for the same tick.
     """
-    from ..definition.subject import build_subject
-    from .submit import admission, message_for, record_refusal, row_for
-
     definition = definition_for(alarm_id)
     if definition is None or definition.cron is None:
         return Firing(None, None)

@@ -22,7 +22,7 @@ from ..core.current import job_alarm
 from ..core.exceptions import EnvelopeError, JobNotRegistered
 from ..definition.options import is_async
 from ..definition.registry import registry
-from ..enqueueing.submit import message_for
+from ..enqueueing.messages import message_for
 from ..history import results
 from ..history.rejections import record_rejection
 from ..models import JobRun, RunStatus

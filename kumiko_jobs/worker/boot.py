@@ -122,7 +122,7 @@ def _warn_long(definition: JobDefinition, env: Envelope) -> None:
 
 
 def _insert_row(definition: JobDefinition, env: Envelope) -> None:
-    from ..enqueueing.submit import row_for
+    from ..enqueueing.messages import row_for
 
     row_for(definition, env, "", 0.0).save(force_insert=True)
 

@@ -34,7 +34,6 @@ Duplicates are therefore possible only as at-least-once deliveries, never as los
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import uuid
@@ -53,7 +52,7 @@ from ..core import conf
 from ..core.envelope import rq_job_id_of, run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
-from ..enqueueing.submit import envelope_of, message_for
+from ..enqueueing.messages import message_for, pending_counters, waiting_envelope
 from ..models import FINISHED_STATUSES, WAITING_STATUSES, JobRun, RunStatus
 
 logger = logging.getLogger("kumiko_jobs.relay")
@@ -74,16 +73,6 @@ class RelayResult:
     checked: int = 0
     pushed: int = 0
     failed: int = 0  # runs of jobs no longer registered, failed closed
-
-
-def pending_counters(
-    status: str, attempts: int, defers: int, gate_defers: int
-) -> list[tuple[int, int, int]]:
-    """(attempt, defers, gate defers) of the message a waiting run waits for (candidates)."""
-    if status == RunStatus.QUEUED:
-        return [(attempts + 1, defers, gate_defers)]
-    attempt = max(attempts, 1)
-    return [(attempt, defers + 1, gate_defers), (attempt, defers, gate_defers + 1)]
 
 
 def pending_rq_job_ids(run: JobRun) -> list[str]:
@@ -274,7 +263,8 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
                 _fail_unknown(run, str(exc))
                 failed += 1
                 continue
-            message = _message_for(run, definition, entry)
+            # Due already (that is why it is relayed): straight to the queue, not the scheduler.
+            message = message_for(definition, waiting_envelope(run), 0.0)
             limit = conf.get().MAX_ENVELOPE_BYTES
             if len(message.body) > limit:
                 # Every worker would refuse it, and each round would push it again, forever
@@ -294,36 +284,6 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
         if messages:
             transport.push_many(messages)
     return len(messages), failed
-
-
-def _message_for(run: JobRun, definition: Any, entry: _Missing) -> transport.Message:
-    counters = pending_counters(run.status, run.attempts, run.defer_count, run.gate_defer_count)
-    choice = counters[0]
-    if len(counters) == 2 and deferred_by_gate(run):
-        choice = counters[1]
-    attempt, defers, gate_defers = choice
-    env = dataclasses.replace(
-        envelope_of(run, attempt=attempt), defers=defers, gate_defers=gate_defers
-    )
-    # Due already (that is why it is relayed): straight to the queue, not the scheduler.
-    return message_for(definition, env, 0.0)
-
-
-def deferred_by_gate(run: JobRun) -> bool:
-    """Was this deferral the inactive-tenant gate's (the row does not say which kind it was)?
-
-    The gate defers only runs of inactive tenants under ``INACTIVE_TENANT="defer"``; a tenant
-    reactivated since then gets a ``ctx.defer()`` resumption instead, which costs the run one
-    of its ``max_defers`` but runs it all the same.
-    """
-    settings = conf.get()
-    field = settings.TENANT_ACTIVE_FIELD
-    if not (field and settings.INACTIVE_TENANT == "defer" and run.schema_name):
-        return False
-    from django_tenants.utils import get_tenant_model
-
-    tenant = get_tenant_model().objects.filter(schema_name=run.schema_name).first()
-    return tenant is not None and not getattr(tenant, field, True)
 
 
 def _fail_unknown(run: JobRun, reason: str) -> None:

@@ -34,7 +34,7 @@ from ..core import conf
 from ..core.envelope import run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
-from ..enqueueing.submit import envelope_of, message_for
+from ..enqueueing.messages import envelope_of, message_for
 from ..history import retention
 from ..models import JobAttempt, JobRun, RunStatus
 

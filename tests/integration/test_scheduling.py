@@ -15,8 +15,8 @@ from kumiko_jobs import emit, signals, transport
 from kumiko_jobs.core.envelope import Envelope
 from kumiko_jobs.definition.cron import latest_tick, seconds_until_next
 from kumiko_jobs.definition.registry import registry
+from kumiko_jobs.enqueueing.messages import message_for
 from kumiko_jobs.enqueueing.schedules import schedule_id, sync_schedules
-from kumiko_jobs.enqueueing.submit import message_for
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import probes, work
 from tests.testapp import jobs
