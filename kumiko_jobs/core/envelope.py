@@ -110,6 +110,9 @@ def tick_run_id(job_name: str, tick: datetime) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
+    """What a queue message says: which job, for which tenant, with which arguments, for which
+    run and attempt, and why (correlation, actor, trigger, trace, write origin, parent)."""
+
     job: str
     schema: str | None
     kwargs: dict[str, Any]

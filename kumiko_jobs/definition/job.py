@@ -127,10 +127,12 @@ class JobDefinition:
 
     @property
     def queue_name(self) -> str:
+        """The RQ queue its messages go to (``queue=``, else ``DEFAULT_QUEUE``)."""
         return self.queue or conf.get().DEFAULT_QUEUE
 
     @property
     def timeout_seconds(self) -> int:
+        """How long an attempt may run (``timeout=``, else ``DEFAULT_TIMEOUT``)."""
         return self.timeout or conf.get().DEFAULT_TIMEOUT
 
     @property
@@ -145,10 +147,13 @@ class JobDefinition:
 
     @property
     def grants(self) -> tuple[str, ...]:
+        """What its escape hatch permits (none without one)."""
         return self.escape_hatch.grants if self.escape_hatch else ()
 
     @property
     def subject_fields(self) -> tuple[str, ...]:
+        """The arguments a tenant may see of its runs (``tenant_visible_run`` and the failure's
+        ``subject_fields``, once each, in that order): what the run's subject is built from."""
         fields = list(self.tenant_visible_run)
         if self.tenant_visible_failure:
             fields += [f for f in self.tenant_visible_failure.subject_fields if f not in fields]

@@ -40,12 +40,15 @@ class FollowupBatch:
     entries: list[tuple[Message, JobRun]] = field(default_factory=list)
 
     def add(self, message: Message, row: JobRun) -> None:
+        """Keep a follow-up's message and its (unsaved) run row."""
         self.entries.append((message, row))
 
     def messages(self) -> list[Message]:
+        """What the runner pushes once the attempt's success is recorded."""
         return [message for message, _ in self.entries]
 
     def rows(self) -> list[JobRun]:
+        """What the records step writes with the attempt's success."""
         return [row for _, row in self.entries]
 
 

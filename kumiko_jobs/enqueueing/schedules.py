@@ -43,6 +43,7 @@ logger = logging.getLogger("kumiko_jobs.schedules")
 
 
 def schedule_id(definition: JobDefinition) -> str:
+    """The id of a cron job's alarm with rq-scheduler (``kj-cron-<name>``)."""
     return transport.CRON_PREFIX + definition.name.replace(".", "_").replace(":", "_")
 
 
@@ -56,6 +57,7 @@ class Firing:
 
 
 def definition_for(alarm_id: str) -> JobDefinition | None:
+    """The registered cron job an alarm rings for; None for an alarm of no such job."""
     for definition in registry:
         if definition.cron and schedule_id(definition) == alarm_id:
             return definition
@@ -112,6 +114,8 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
 
 @dataclass(frozen=True, slots=True)
 class SyncResult:
+    """What ``sync_schedules`` did, by alarm id (the ``kumiko_jobs schedule`` command shows it)."""
+
     created: tuple[str, ...]
     updated: tuple[str, ...]
     removed: tuple[str, ...]
