@@ -230,7 +230,7 @@ class SoakConfig:
     seed: int = 7
     job: str = "soak.work"  # or "soak.work_atomic": the same work with atomic=True
     # Share of successful runs whose worker exits between the body and the commit of its
-    # success (kumiko_jobs.conf.crash_hook): where a non-atomic run's effect is duplicated.
+    # success (kumiko_jobs.core.conf.crash_hook): where a non-atomic run's effect is duplicated.
     crash_before_outcome: float = 0.0
 
 

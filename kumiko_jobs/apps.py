@@ -5,12 +5,6 @@ from django.utils.module_loading import autodiscover_modules
 from django.utils.translation import gettext_lazy as _
 
 
-def conf_has_tenants() -> bool:
-    from .core import conf
-
-    return conf.has_tenant_settings()
-
-
 class KumikoJobsConfig(AppConfig):
     name = "kumiko_jobs"
     label = "kumiko_jobs"
@@ -22,7 +16,7 @@ class KumikoJobsConfig(AppConfig):
         # apps, before the package's modules (which reach models and settings) are safe to import.
         # Importing checks registers the system checks.
         from . import checks, transport  # noqa: F401
-        from .core import conf
+        from .core import conf, project_settings
         from .definition.registry import registry
         from .enqueueing import schedules
         from .guard import db_roles
@@ -43,7 +37,7 @@ class KumikoJobsConfig(AppConfig):
         autodiscover_modules("jobs")
         registry.freeze()
         self._forget_deleted_tenants()
-        if conf_has_tenants():
+        if project_settings.has_tenant_settings():
             db_roles.connect_hooks()  # each receiver does nothing unless DB_ROLES is on
 
     def _forget_deleted_tenants(self) -> None:

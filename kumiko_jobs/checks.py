@@ -8,7 +8,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-from .core import conf
+from .core import conf, project_settings
 from .definition.registry import registry
 
 TENANT_ENGINE = "django_tenants.postgresql_backend"
@@ -27,7 +27,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="kumiko_jobs.E001",
             )
         ]
-    apps = conf.installed_apps()
+    apps = project_settings.installed_apps()
     if "django_tenants" not in apps:
         errors.append(
             checks.Error(
@@ -44,7 +44,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="kumiko_jobs.E003",
             )
         )
-    engines = conf.database_engines()
+    engines = project_settings.database_engines()
     if engines.get("default") != TENANT_ENGINE:
         errors.append(
             checks.Error(
@@ -54,8 +54,10 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="kumiko_jobs.E004",
             )
         )
-    shared, tenant = conf.shared_apps()
-    if conf.has_tenant_settings() and ("kumiko_jobs" not in shared or "kumiko_jobs" in tenant):
+    shared, tenant = project_settings.shared_apps()
+    if project_settings.has_tenant_settings() and (
+        "kumiko_jobs" not in shared or "kumiko_jobs" in tenant
+    ):
         errors.append(
             checks.Error(
                 "kumiko_jobs keeps run history in the public schema.",
@@ -93,7 +95,7 @@ def _message_age_errors(settings: conf.KumikoSettings) -> list[checks.CheckMessa
 
 
 def _queue_errors(default_queue: str) -> list[checks.CheckMessage]:
-    known = set(conf.rq_queue_names())
+    known = set(project_settings.rq_queue_names())
     wanted: dict[str, list[str]] = {}
     for definition in registry:
         wanted.setdefault(definition.queue or default_queue, []).append(definition.name)
@@ -128,7 +130,7 @@ def _subclass_of(path: Any, base_path: str) -> bool:
 
 def _rq_class_errors() -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
-    scheduler = conf.rq_option("SCHEDULER_CLASS")
+    scheduler = project_settings.rq_option("SCHEDULER_CLASS")
     if not _subclass_of(scheduler, "kumiko_jobs.transport.Scheduler"):
         errors.append(
             checks.Error(
@@ -138,7 +140,7 @@ def _rq_class_errors() -> list[checks.CheckMessage]:
                 id="kumiko_jobs.E007",
             )
         )
-    worker = conf.rq_option("WORKER_CLASS")
+    worker = project_settings.rq_option("WORKER_CLASS")
     if not (
         _subclass_of(worker, "kumiko_jobs.worker.Worker")
         or _subclass_of(worker, "kumiko_jobs.worker.ForkingWorker")
@@ -182,7 +184,7 @@ def check_django_rq_exposure(app_configs: Any = None, **kwargs: Any) -> list[che
                     id="kumiko_jobs.E008",
                 )
             )
-    for urlconf in conf.urlconf_names():
+    for urlconf in project_settings.urlconf_names():
         exposed = sorted(set(_unguarded_django_rq_routes(urlconf)))
         if exposed:
             errors.append(
@@ -239,8 +241,8 @@ def check_queue_serializers(app_configs: Any = None, **kwargs: Any) -> list[chec
         return []  # reported by check_settings
     used = {default_queue, *((d.queue or default_queue) for d in registry)}
     errors: list[checks.CheckMessage] = []
-    for name in conf.rq_queue_names():
-        if transport.is_json_serializer(conf.rq_queue_config(name).get("SERIALIZER")):
+    for name in project_settings.rq_queue_names():
+        if transport.is_json_serializer(project_settings.rq_queue_config(name).get("SERIALIZER")):
             continue
         fix = f'Add "SERIALIZER": "{transport.JSON_SERIALIZER_PATH}" to RQ_QUEUES[{name!r}].'
         if name in used:
@@ -319,7 +321,7 @@ def check_db_roles(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 )
             )
     if not settings.DB_ROLES:
-        if conf.debug() or settings.DB_GUARD == "off":
+        if project_settings.debug() or settings.DB_GUARD == "off":
             return found
         found.append(
             checks.Warning(
@@ -371,8 +373,8 @@ def check_redis_sentinel(app_configs: Any = None, **kwargs: Any) -> list[checks.
     the promotion (docs/reliability.md, "Redis failover").
     """
     found: list[checks.CheckMessage] = []
-    for name in conf.rq_queue_names():
-        config = conf.rq_queue_config(name)
+    for name in project_settings.rq_queue_names():
+        config = project_settings.rq_queue_config(name)
         if "SENTINELS" not in config or config.get("SOCKET_TIMEOUT"):
             continue
         found.append(

@@ -3,6 +3,9 @@
 The admin calls these, and so can a management command or a project's own views. Each action
 goes through the public enqueue path (validation, history row, push on commit), so a run
 started by an operator is indistinguishable from any other run except for its ``trigger``.
+An action that does not apply raises ``OperationRefused``, defined with the other errors in
+core/exceptions.py and re-exported here: operators' code catches it under this module's name
+(docs/reference.md).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from django.utils.translation import gettext_lazy as _
 
 from . import transport
 from .core import conf
-from .core.exceptions import KumikoJobsError
+from .core.exceptions import OperationRefused as OperationRefused
 from .definition.job import JobDefinition
 from .definition.registry import registry
 from .enqueueing.handle import RunHandle, resolve
@@ -30,18 +33,6 @@ logger = logging.getLogger("kumiko_jobs.operations")
 
 RETRYABLE_STATUSES = (RunStatus.FAILED, RunStatus.CANCELLED)
 _TRIGGER_MAX = JobRun._meta.get_field("trigger").max_length or 200
-
-
-class OperationRefused(KumikoJobsError):
-    """An operator action that does not apply to this run.
-
-    ``reason`` is a short, translatable phrase ("not failed or cancelled") that the admin
-    groups and counts; the message says the same thing about one run in full.
-    """
-
-    def __init__(self, message: str, *, reason: Any):
-        super().__init__(message)
-        self.reason = reason
 
 
 def _who(by: Any) -> str:

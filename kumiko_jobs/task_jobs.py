@@ -20,7 +20,7 @@ from typing import Any
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from .core import conf
+from .core import project_settings
 from .core.exceptions import InvalidJob, Unrecoverable
 from .definition.options import build_definition
 from .definition.registry import registry
@@ -36,7 +36,7 @@ def job_name(alias: str, queue: str) -> str:
 
 def register_task_jobs() -> None:
     """One job per (kumiko task backend, queue), with the backend's OPTIONS."""
-    for alias, params in conf.kumiko_task_backends().items():
+    for alias, params in project_settings.kumiko_task_backends().items():
         options = dict(params.get("OPTIONS") or {})
         unknown = set(options) - {"RETRIES", "TIMEOUT", "BACKOFF"}
         if unknown:

@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import operations
 from ..core.audience import is_operator_request
-from ..core.exceptions import KumikoJobsError
+from ..core.exceptions import KumikoJobsError, OperationRefused
 from ..models import JobRun
 from .pagination import selectable_rows, too_many_selected
 
@@ -89,7 +89,7 @@ class RunActions(admin.ModelAdmin):
             nonlocal requested
             result = operations.cancel_run(run, by=request.user)
             if not result:
-                raise operations.OperationRefused(
+                raise OperationRefused(
                     f"Run {run.run_id} has finished.", reason=_("already finished")
                 )
             requested += result == operations.CANCEL_REQUESTED
@@ -128,7 +128,7 @@ def _apply(
             # new run's message is pushed when its own row commits.
             with transaction.atomic():
                 operation(run)
-        except operations.OperationRefused as exc:
+        except OperationRefused as exc:
             skipped[str(exc.reason)] += 1
         except KumikoJobsError:
             skipped[gettext("cannot be enqueued (tenant or arguments no longer valid)")] += 1

@@ -18,7 +18,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 from django_tenants.utils import get_tenant_model
 
-from ..core import conf
+from ..core import project_settings
 from ..core.audience import is_operator_request, tenant_schema
 from ..models import JobRun
 from .render import job_title
@@ -97,7 +97,7 @@ class TenantFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         tenants = list(
             get_tenant_model()
-            .objects.exclude(schema_name=conf.public_schema_name())
+            .objects.exclude(schema_name=project_settings.public_schema_name())
             .order_by("schema_name")[: self.MAX_CHOICES + 1]
         )
         system = (self.SYSTEM, gettext("system (no tenant)"))

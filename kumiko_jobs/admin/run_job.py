@@ -25,7 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from django_tenants.utils import get_tenant_model
 
 from .. import operations
-from ..core import conf
+from ..core import project_settings
 from ..core.audience import is_operator_request
 from ..core.exceptions import KumikoJobsError
 from ..definition.job import JobDefinition
@@ -148,7 +148,7 @@ class RunJobForm(forms.Form):
         ]
         tenants = (
             get_tenant_model()
-            .objects.exclude(schema_name=conf.public_schema_name())
+            .objects.exclude(schema_name=project_settings.public_schema_name())
             .order_by("schema_name")
         )
         tenant_field = self.fields["tenant"]

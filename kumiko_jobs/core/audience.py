@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from . import conf
+from . import project_settings
 
 # Operators holding this may use django-rq's queue pages (see kumiko_jobs.urls).
 MANAGE_QUEUES = "kumiko_jobs.manage_queues"
@@ -16,8 +16,8 @@ MANAGE_QUEUES = "kumiko_jobs.manage_queues"
 
 def is_operator_request() -> bool:
     """True on the public schema's domain (operators), False on a tenant's domain."""
-    return getattr(connection, "schema_name", conf.public_schema_name()) == (
-        conf.public_schema_name()
+    return getattr(connection, "schema_name", project_settings.public_schema_name()) == (
+        project_settings.public_schema_name()
     )
 
 

@@ -1,14 +1,20 @@
-"""The one reader of Django settings for kumiko_jobs.
+"""``settings.KUMIKO_JOBS``: the library's own settings, validated once.
 
-Everything the library needs from ``settings`` goes through this module, so that option
-names, defaults and validation live in one place and tests can override settings with
-Django's ``override_settings`` (the cache is cleared on ``setting_changed``).
+Every option kumiko_jobs has goes through this module, so that option names, defaults and
+validation live in one place: an unknown key is refused with a did-you-mean hint, a bad value
+with the rule it breaks, and ``get_or_none`` lets code that runs while Django starts leave the
+report to system check E001. Tests override the setting with Django's ``override_settings``
+(the cache is cleared on ``setting_changed``). Settings kumiko_jobs reads but does not own
+(Django's, RQ's, django-tenants') are project_settings.py's; these two modules are the only
+readers of ``django.conf.settings``. The test hooks at the end read the environment, never a
+setting, so that no deployment can switch them on by accident.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -77,7 +83,7 @@ class KumikoSettings:
     # after which a warning says the worker is still waiting for it.
     BOOT_GATE_TIMEOUT: int = 60
     BOOT_GATE_WARN_AFTER: int = 10
-    # Retention beyond runs (retention.py): unresolved tenant-visible failures (0 keeps them
+    # Retention beyond runs (history/retention.py): unresolved tenant-visible failures (0 keeps them
     # until a success resolves them) and escape-hatch audit rows; a deleted tenant's history.
     FAILURE_RETENTION_DAYS: int = 0
     ESCAPE_HATCH_RETENTION_DAYS: int = 365
@@ -101,12 +107,12 @@ class KumikoSettings:
     # may wait before the worker log, the admin and check W003 say that no scheduler moves it
     # (rqscheduler moves due messages every --interval seconds, 60 by default). 0: never say.
     SCHEDULER_OVERDUE_AFTER: int = 120
-    # Seconds after its due time a signed message is refused (envelope.py). Seven days: a
+    # Seconds after its due time a signed message is refused (core/envelope.py). Seven days: a
     # weekend-plus outage's backlog still runs, while a copy of an old message is useless well
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
     MESSAGE_MAX_AGE: int = 7 * 24 * 3600
     GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
-    # Bytes of JSON a job's return value may take on its run (kumiko_jobs.results); 0 keeps none.
+    # Bytes of JSON a job's return value may take on its run (history/results.py); 0 keeps none.
     MAX_RESULT_BYTES: int = 64 * 1024
     # The second wall (docs/guard.md, "Two walls"): tenant job bodies log in as their tenant's
     # PostgreSQL role. Off by default: turning it on needs the operator's set-up steps.
@@ -295,100 +301,13 @@ def get_or_none() -> KumikoSettings | None:
 
 @receiver(setting_changed)
 def _reset(*, setting: str, **_: object) -> None:
-    if setting in {"KUMIKO_JOBS", "RQ_QUEUES", "RQ", "TENANT_APPS", "SHARED_APPS"}:
+    """Forget the validated settings when a test overrides ``KUMIKO_JOBS``.
+
+    The other projects' settings (project_settings.py) and the transport's queues forget
+    themselves through their own receivers.
+    """
+    if setting == "KUMIKO_JOBS":
         get.cache_clear()
-        shared_apps.cache_clear()
-    # The transport forgets its cached queues on RQ_QUEUES/RQ through its own receiver.
-
-
-# --- other projects' settings that the library needs to read ------------------------------
-
-
-def rq_queue_names() -> tuple[str, ...]:
-    return tuple(getattr(settings, "RQ_QUEUES", {}) or {})
-
-
-def rq_queue_config(name: str) -> Mapping[str, Any]:
-    return dict((getattr(settings, "RQ_QUEUES", {}) or {}).get(name, {}))
-
-
-def rq_option(name: str, default: Any = None) -> Any:
-    return (getattr(settings, "RQ", {}) or {}).get(name, default)
-
-
-def installed_apps() -> tuple[str, ...]:
-    return tuple(settings.INSTALLED_APPS)
-
-
-@cache
-def shared_apps() -> tuple[frozenset[str], frozenset[str]]:
-    """(SHARED_APPS, TENANT_APPS) as sets of dotted names."""
-    return (
-        frozenset(getattr(settings, "SHARED_APPS", ()) or ()),
-        frozenset(getattr(settings, "TENANT_APPS", ()) or ()),
-    )
-
-
-def has_tenant_settings() -> bool:
-    return hasattr(settings, "TENANT_MODEL") and hasattr(settings, "SHARED_APPS")
-
-
-def database_engines() -> dict[str, str]:
-    return {alias: str(cfg.get("ENGINE", "")) for alias, cfg in settings.DATABASES.items()}
-
-
-def database_settings(alias: str) -> dict[str, Any]:
-    """The alias's connection settings as Django completed them (a copy)."""
-    from django.db import connections
-
-    return dict(connections.settings[alias])
-
-
-def secret_key() -> str:
-    return str(settings.SECRET_KEY)
-
-
-def debug() -> bool:
-    return bool(settings.DEBUG)
-
-
-def tenant_model_label() -> str:
-    return str(getattr(settings, "TENANT_MODEL", ""))
-
-
-def public_schema_name() -> str:
-    return str(getattr(settings, "PUBLIC_SCHEMA_NAME", "public"))
-
-
-def extra_search_paths() -> tuple[str, ...]:
-    """django-tenants' ``PG_EXTRA_SEARCH_PATHS``: schemas appended to every search path."""
-    return tuple(str(s) for s in getattr(settings, "PG_EXTRA_SEARCH_PATHS", ()) or ())
-
-
-def limit_set_calls() -> bool:
-    return bool(getattr(settings, "TENANT_LIMIT_SET_CALLS", False))
-
-
-def urlconf_names() -> tuple[str, ...]:
-    """The URLconfs the project serves: tenants' (ROOT_URLCONF) and the public schema's."""
-    names = (
-        getattr(settings, "ROOT_URLCONF", None),
-        getattr(settings, "PUBLIC_SCHEMA_URLCONF", None),
-    )
-    return tuple(dict.fromkeys(str(n) for n in names if n))
-
-
-KUMIKO_TASK_BACKEND = "kumiko_jobs.tasks.KumikoBackend"
-
-
-def kumiko_task_backends() -> dict[str, Mapping[str, Any]]:
-    """``settings.TASKS`` entries (Django 6's task framework) that use kumiko's backend."""
-    configured = getattr(settings, "TASKS", None) or {}
-    return {
-        str(alias): params
-        for alias, params in configured.items()
-        if isinstance(params, Mapping) and params.get("BACKEND") == KUMIKO_TASK_BACKEND
-    }
 
 
 # --- test hooks (environment, never settings: a deployment cannot switch them on by accident) ---
@@ -409,8 +328,6 @@ def crash_hook() -> CrashHook | None:
     """``KUMIKO_JOBS_TEST_CRASH_BEFORE_OUTCOME="<probability>[:<log file>]"`` (tests, the soak):
     the point where a crash duplicates the effect of a job that is not ``atomic`` (docs/
     reliability.md). Read once per process."""
-    import os
-
     raw = os.environ.get(CRASH_HOOK_ENV, "").strip()
     if not raw:
         return None

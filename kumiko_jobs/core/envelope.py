@@ -36,7 +36,7 @@ from typing import Any
 
 from django.core import signing
 
-from . import conf
+from . import conf, project_settings
 from .exceptions import EnvelopeError
 
 VERSION = 2
@@ -348,7 +348,7 @@ def decode(message: object, *, now: float | None = None) -> Envelope:
     schema = document["schema"]
     if schema is not None and not _SCHEMA_RE.fullmatch(schema):
         raise EnvelopeError("envelope schema is not a valid schema name")
-    if schema == conf.public_schema_name():
+    if schema == project_settings.public_schema_name():
         raise EnvelopeError("envelope names the public schema; tenant runs never run there")
     if min(document["attempt"] - 1, document["defers"], document["gate_defers"]) < 0:
         raise EnvelopeError("envelope counters are negative")

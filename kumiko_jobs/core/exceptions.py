@@ -1,11 +1,19 @@
-"""The error hierarchy of kumiko_jobs.
+"""The error hierarchy of kumiko_jobs: every public exception, defined once.
 
-Errors the library raises derive from ``KumikoJobsError``; the two exceptions a job raises on
-purpose (``Unrecoverable`` and ``TenantVisibleError``) do not, because they are not library
-failures but instructions to the runner.
+Errors the library raises derive from ``KumikoJobsError``; the exceptions a job raises on
+purpose (``Unrecoverable``, ``TenantVisibleError``) or is interrupted with (``JobCancelled``)
+do not, because they are not library failures but instructions to the runner. Defining them
+here, at the bottom of the package, lets any layer raise or catch them without importing the
+layer that uses them (the admin catches ``OperationRefused`` without importing the worker's
+boot, and so on). Two stay elsewhere on purpose: ``tasks.TaskCancelled`` subclasses an
+exception of ``django.tasks`` (absent on Django 5.2), and ``testing.TooManyRuns`` is a test
+assertion, not an error. Some are re-exported where users import them: the package root and
+``kumiko_jobs.operations.OperationRefused`` (docs/reference.md).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class KumikoJobsError(Exception):
@@ -34,6 +42,22 @@ class DatabaseAccessDenied(KumikoJobsError):
         self.job_name = job_name
         self.kind = kind
         self.grant = grant
+
+
+class BootGateFailed(KumikoJobsError):
+    """A boot gate failed; the worker refuses to start (worker/boot.py)."""
+
+
+class OperationRefused(KumikoJobsError):
+    """An operator action that does not apply to this run (operations.py).
+
+    ``reason`` is a short, translatable phrase ("not failed or cancelled") that the admin
+    groups and counts; the message says the same thing about one run in full.
+    """
+
+    def __init__(self, message: str, *, reason: Any):
+        super().__init__(message)
+        self.reason = reason
 
 
 class Unrecoverable(Exception):

@@ -29,7 +29,7 @@ from django.utils.module_loading import import_string
 from django_tenants.utils import get_tenant_model
 
 from .. import transport
-from ..core import conf
+from ..core import conf, project_settings
 from ..core.envelope import Envelope
 from ..core.exceptions import Unrecoverable
 from ..definition.job import JobDefinition
@@ -43,7 +43,9 @@ def active_tenants() -> QuerySet[Any]:
     if path:
         queryset: QuerySet[Any] = import_string(path)()
     else:
-        queryset = get_tenant_model().objects.exclude(schema_name=conf.public_schema_name())
+        queryset = get_tenant_model().objects.exclude(
+            schema_name=project_settings.public_schema_name()
+        )
         active_field = conf.get().TENANT_ACTIVE_FIELD
         if active_field:
             queryset = queryset.filter(**{active_field: True})

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_tenants.utils import get_tenant_model
 
 from .. import origin, transport
-from ..core import conf
+from ..core import conf, project_settings
 from ..core.envelope import Envelope, encode, new_run_id
 from ..definition.job import JobDefinition
 from ..models import JobRun, RunStatus
@@ -135,7 +135,7 @@ def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, i
     owner = concurrency_owner(definition, schema)
     if owner is None:
         return "", 0
-    key_owner = owner or conf.public_schema_name()
+    key_owner = owner or project_settings.public_schema_name()
     if definition.concurrency == "sequential":
         return f"kumiko:seq:{definition.name}:{key_owner}", 1
     limit = definition.tenant_concurrency

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from .. import signals, telemetry
-from ..core import conf
+from ..core import project_settings
 from ..core.exceptions import InvalidJob
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
@@ -199,7 +199,7 @@ def emit(event: str, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
 
 def _event_tenant(tenant: Any) -> Any:
     """The tenant an event belongs to (a tenant or a schema name), None for the public schema."""
-    public = conf.public_schema_name()
+    public = project_settings.public_schema_name()
     if tenant is not None:
         schema = tenant if isinstance(tenant, str) else getattr(tenant, "schema_name", None)
         return None if schema == public else tenant

@@ -17,7 +17,7 @@ from django.db import connection
 from django_tenants.utils import get_tenant_model
 
 from .. import transport
-from ..core import conf
+from ..core import conf, project_settings
 from ..core.envelope import WIDEST_SIGNING_TIME, Envelope, encode
 from ..core.exceptions import InvalidJob
 from ..definition.job import JobDefinition
@@ -83,7 +83,7 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
 def resolve_schema(definition: JobDefinition, tenant: Any) -> str | None:
     """The schema a new run runs in: ``tenant=`` (a tenant or a schema name that exists), else
     the current tenant; None for a system job or a fan-out parent. Refuses the public schema."""
-    public = conf.public_schema_name()
+    public = project_settings.public_schema_name()
     if definition.per_tenant and tenant is None:
         return None  # a fan-out: one child run per tenant, made by the worker
     if definition.system:

@@ -33,7 +33,7 @@ from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
 from psycopg import ServerCursor, errors
 
-from ..core import conf, session
+from ..core import conf, project_settings, session
 from ..core.exceptions import DatabaseAccessDenied
 from . import db_roles
 from .watch import Watch, current_watch, watching
@@ -63,7 +63,9 @@ def connects() -> int:
 
 
 def tenant_aliases() -> list[str]:
-    return [a for a, engine in conf.database_engines().items() if engine == TENANT_ENGINE]
+    return [
+        a for a, engine in project_settings.database_engines().items() if engine == TENANT_ENGINE
+    ]
 
 
 # Set by kumiko_jobs.testing while it runs a job inside a caller's transaction (pytest-django's
@@ -98,7 +100,7 @@ def wrapper_for(alias: str, tenant_pk: Any, suffix: str = "") -> Any:
 
 
 def _new_wrapper(alias: str, role: str) -> Any:
-    settings = conf.database_settings(alias)
+    settings = project_settings.database_settings(alias)
     settings["USER"] = role
     settings["PASSWORD"] = db_roles.password(role)
     options = dict(settings.get("OPTIONS") or {})

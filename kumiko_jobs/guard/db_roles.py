@@ -37,7 +37,7 @@ from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from psycopg import sql
 
-from ..core import conf
+from ..core import conf, project_settings
 from ..core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
 from .tables import protected_tables, shared_tables
 
@@ -56,7 +56,7 @@ _SIMPLE_KEY = re.compile(r"[0-9a-z_]{1,32}")
 
 def prefix(alias: str = DEFAULT_DB_ALIAS) -> str:
     """``kj_`` and 10 hex digits of the database's name: cluster-wide unique per database."""
-    return prefix_of(str(conf.database_settings(alias)["NAME"]))
+    return prefix_of(str(project_settings.database_settings(alias)["NAME"]))
 
 
 def prefix_of(database: str) -> str:
@@ -115,7 +115,7 @@ def _tenant_roles_of(role: str) -> list[str]:
 
 def password(role: str) -> str:
     """Derived from SECRET_KEY: nothing to store, the same in every worker."""
-    key = conf.secret_key().encode()
+    key = project_settings.secret_key().encode()
     return hmac.new(key, b"kumiko_jobs.db_roles.password:" + role.encode(), "sha256").hexdigest()
 
 
@@ -124,7 +124,9 @@ def scram_verifier(role: str) -> str:
     it): the password itself never reaches the server, nor its logs."""
     secret = password(role).encode()
     salt = hmac.new(
-        conf.secret_key().encode(), b"kumiko_jobs.db_roles.salt:" + role.encode(), "sha256"
+        project_settings.secret_key().encode(),
+        b"kumiko_jobs.db_roles.salt:" + role.encode(),
+        "sha256",
     ).digest()[:16]
     salted = hashlib.pbkdf2_hmac("sha256", secret, salt, SCRAM_ITERATIONS)
     client_key = hmac.new(salted, b"Client Key", "sha256").digest()
@@ -168,7 +170,7 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
     group = group_name(alias)
     if not _exists(cursor, group):
         _execute(cursor, sql.SQL("CREATE ROLE {} NOLOGIN").format(_ident(group)))
-    public = conf.public_schema_name()
+    public = project_settings.public_schema_name()
     _execute(
         cursor, sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(_ident(public), _ident(group))
     )
@@ -266,7 +268,7 @@ def ensure_tenant_role(
     """Create or repair one tenant's role: login with its derived password, member of the
     group, USAGE on its schema, row privileges on its tables and sequences (existing ones and,
     through default privileges, those the project user creates later). Idempotent."""
-    if schema == conf.public_schema_name():
+    if schema == project_settings.public_schema_name():
         raise ValueError("the public schema's tenant has no role: its runs are system runs")
     role = role_name(tenant_pk, alias)
     who = _ident(role)
@@ -400,7 +402,7 @@ class SyncResult:
 def _tenants() -> list[tuple[Any, str]]:
     from django_tenants.utils import get_tenant_model
 
-    public = conf.public_schema_name()
+    public = project_settings.public_schema_name()
     return [
         (pk, schema)
         for pk, schema in get_tenant_model().objects.values_list("pk", "schema_name")
@@ -521,7 +523,7 @@ def _atomic_success_ungranted(cursor: Any, alias: str) -> list[str]:
     """The atomic runs' success function (migration 0011) when the tenants' group may not
     execute it: a deploy that migrated without running the roles command. Every atomic run
     under DB_ROLES would fail with 'permission denied' at its end."""
-    public = conf.public_schema_name()
+    public = project_settings.public_schema_name()
     function = f"{public}.{ATOMIC_FUNCTION}{ATOMIC_SIGNATURE}"
     cursor.execute(
         "SELECT NOT has_function_privilege(g.oid, f.oid, 'EXECUTE')"
@@ -549,7 +551,7 @@ def enabled() -> bool:
 
 def hooked_schemas(schemas: Iterable[str]) -> None:
     """Grant again on these schemas after their migrations (new tables, new sequences)."""
-    public = conf.public_schema_name()
+    public = project_settings.public_schema_name()
     for schema in schemas:
         if schema == public:
             with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
@@ -580,7 +582,7 @@ def _on_schema_migrated(sender: Any, schema_name: str, **kwargs: Any) -> None:
 
 
 def _on_tenant_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
-    if not enabled() or instance.schema_name == conf.public_schema_name():
+    if not enabled() or instance.schema_name == project_settings.public_schema_name():
         return
     from django.db import DatabaseError, transaction
 

@@ -14,7 +14,7 @@ from functools import cache
 from django.apps import apps
 from django_tenants.utils import get_tenant_domain_model, get_tenant_model
 
-from ..core import conf
+from ..core import conf, project_settings
 
 # The model attribute that lists a model's personal-data fields (docs/guard.md).
 PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
@@ -23,7 +23,7 @@ PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
 @cache
 def shared_tables() -> frozenset[str]:
     """Tables that exist only in public: models of SHARED_APPS that are not also TENANT_APPS."""
-    shared, tenant = conf.shared_apps()
+    shared, tenant = project_settings.shared_apps()
     tables = set(conf.get().EXTRA_SHARED_TABLES)
     for config in apps.get_app_configs():
         if config.name in shared and config.name not in tenant:

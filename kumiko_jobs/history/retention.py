@@ -34,7 +34,7 @@ from django.db import connection, models, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
-from ..core import conf
+from ..core import conf, project_settings
 from ..models import (
     FINISHED_STATUSES,
     EscapeHatchUse,
@@ -192,5 +192,5 @@ def forget_tenant(schema: str) -> int:
 def on_tenant_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
     """``post_delete`` receiver for the tenant model (connected in ``apps.ready``)."""
     schema = getattr(instance, "schema_name", "")
-    if schema and schema != conf.public_schema_name():
+    if schema and schema != project_settings.public_schema_name():
         forget_tenant(str(schema))

@@ -33,7 +33,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantDatabaseWrapper
 from django_tenants.utils import get_tenant_model
 
-from ..core import conf
+from ..core import conf, project_settings
 from ..core.db import ATOMIC_FUNCTION
 from ..models import JobAttempt, JobRun, RunStatus
 
@@ -60,7 +60,7 @@ def public_cursor() -> Iterator[Any]:
 
 def _qualified(table: str) -> str:
     qn = connection.ops.quote_name
-    return f"{qn(conf.public_schema_name())}.{qn(table)}"
+    return f"{qn(project_settings.public_schema_name())}.{qn(table)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +257,7 @@ def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> 
 
 
 def atomic_function() -> str:
-    return f"{connection.ops.quote_name(conf.public_schema_name())}.{ATOMIC_FUNCTION}"
+    return f"{connection.ops.quote_name(project_settings.public_schema_name())}.{ATOMIC_FUNCTION}"
 
 
 def atomic_begin() -> str:

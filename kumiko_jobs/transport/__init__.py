@@ -39,7 +39,7 @@ from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQForkingWorker
 from rq.worker import WorkerStatus
 
-from ..core import conf
+from ..core import conf, project_settings
 from ..core.envelope import run_id_of
 
 RUNNER = "kumiko_jobs.runner.execute"
@@ -791,7 +791,7 @@ def scheduler_lag(after: float) -> SchedulerLag:
     cutoff = time.time() - after
     seen: set[tuple[Any, ...]] = set()
     overdue, oldest, registered = 0, None, False
-    for name in conf.rq_queue_names():
+    for name in project_settings.rq_queue_names():
         redis = get_queue(name).connection
         where = redis_identity(redis)
         if where in seen:

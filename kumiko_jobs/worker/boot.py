@@ -30,7 +30,7 @@ from django.db import IntegrityError, transaction
 from .. import transport
 from ..core import conf
 from ..core.envelope import Envelope
-from ..core.exceptions import KumikoJobsError
+from ..core.exceptions import BootGateFailed
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
 from ..run.context import RunState
@@ -44,10 +44,6 @@ _BOOT_NAMESPACE = uuid.UUID("3c8f8a52-6a55-4c35-9d2e-8c1b6b2f5a10")
 # A context manager factory (seconds) -> bounds one gate attempt; the worker passes its death
 # penalty, so a timeout is final exactly as for a queued run.
 Bound = Callable[[int], Any]
-
-
-class BootGateFailed(KumikoJobsError):
-    """A boot gate failed; the worker refuses to start."""
 
 
 def on_worker_start(queues: Collection[str] | None = None, bound: Bound | None = None) -> None:

@@ -48,7 +48,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from .. import transport
-from ..core import conf
+from ..core import conf, project_settings
 from ..core.envelope import rq_job_id_of, run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
@@ -141,7 +141,7 @@ def release_lost_slots(cutoff: datetime) -> int:
     """
     seen: set[tuple[Any, ...]] = set()
     freed = 0
-    for name in conf.rq_queue_names():
+    for name in project_settings.rq_queue_names():
         where = transport.redis_identity(transport.connection_for(name))
         if where in seen:
             continue

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from kumiko_jobs import InvalidJob, transport
+from kumiko_jobs.core.exceptions import BootGateFailed
 from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.worker.boot import BootGateFailed, enqueue_boot_jobs
+from kumiko_jobs.worker.boot import enqueue_boot_jobs
 from tests.conftest import probes, work
 
 pytestmark = pytest.mark.usefixtures("live_db")

@@ -225,10 +225,10 @@ def test_the_timeout_bounds_the_job_body_not_the_record_after_it(tenants):
     done the runner cancels it, so recording the outcome is never cut short by the timeout."""
     from kumiko_jobs import transport
     from kumiko_jobs.run import entry as runner
-    from kumiko_jobs.worker import _FinalTimeout
+    from kumiko_jobs.worker.timeouts import FinalTimeout
 
     note = SimpleNamespace(timeout_fired=None)  # the run's state: only its note is used
-    with _FinalTimeout(1, transport.JobTimeout):
+    with FinalTimeout(1, transport.JobTimeout):
         with runner._final_timeout(note):  # type: ignore[arg-type]
             pass  # the body returns at once
         time.sleep(1.5)  # where the outcome is recorded: past the timeout, not interrupted

@@ -1,4 +1,4 @@
-"""Unit tests for ``settings.KUMIKO_JOBS`` validation and the settings readers: no database."""
+"""Unit tests for ``settings.KUMIKO_JOBS`` validation (core/conf.py): no database."""
 
 from __future__ import annotations
 
@@ -239,38 +239,6 @@ def test_missing_kumiko_jobs_setting_means_defaults(settings):
         conf.get.cache_clear()
 
 
-@pytest.mark.parametrize("setting", ["SHARED_APPS", "TENANT_APPS"])
-def test_shared_apps_cache_is_cleared_with_the_setting(setting):
-    before = conf.shared_apps()
-    with override_settings(**{setting: ["only.this"]}):
-        index = 0 if setting == "SHARED_APPS" else 1
-        assert conf.shared_apps()[index] == frozenset({"only.this"})
-    assert conf.shared_apps() == before
-
-
-def test_readers_of_other_projects_settings_are_not_cached():
-    with override_settings(RQ_QUEUES={"x": {"URL": "redis://h/1"}}, RQ={"WORKER_CLASS": "w"}):
-        assert conf.rq_queue_names() == ("x",)
-        assert conf.rq_queue_config("x") == {"URL": "redis://h/1"}
-        assert conf.rq_queue_config("missing") == {}
-        assert conf.rq_option("WORKER_CLASS") == "w"
-        assert conf.rq_option("SCHEDULER_CLASS", "fallback") == "fallback"
-    assert "default" in conf.rq_queue_names()
-    with override_settings(PUBLIC_SCHEMA_NAME="shared", TENANT_LIMIT_SET_CALLS=True):
-        assert conf.public_schema_name() == "shared"
-        assert conf.limit_set_calls() is True
-    assert conf.public_schema_name() == "public"
-    assert conf.tenant_model_label() == "customers.Client"
-    assert conf.has_tenant_settings() is True
-
-
-def test_missing_rq_settings_read_as_empty(settings):
-    del settings.RQ_QUEUES
-    del settings.RQ
-    assert conf.rq_queue_names() == ()
-    assert conf.rq_option("WORKER_CLASS") is None
-
-
 # --- GUARD_EXTRA_FUNCTIONS --------------------------------------------------------------------
 
 
@@ -286,10 +254,3 @@ def test_guard_extra_functions_are_folded_and_kept():
 def test_guard_extra_functions_refuse_what_is_not_a_function_name(value):
     message = refused({"GUARD_EXTRA_FUNCTIONS": value}, "GUARD_EXTRA_FUNCTIONS")
     assert "unaccent" in message  # names an example of what to write
-
-
-def test_extra_search_paths_are_read_from_django_tenants_setting(settings):
-    settings.PG_EXTRA_SEARCH_PATHS = ["extensions"]
-    assert conf.extra_search_paths() == ("extensions",)
-    del settings.PG_EXTRA_SEARCH_PATHS
-    assert conf.extra_search_paths() == ()

@@ -15,7 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from kumiko_jobs import checks
-from kumiko_jobs.core import conf
+from kumiko_jobs.core import project_settings
 from kumiko_jobs.core.conf import _validate
 from kumiko_jobs.guard import db_roles
 
@@ -38,7 +38,9 @@ def test_role_names_carry_the_database_prefix_and_the_primary_key():
 def test_two_databases_never_share_a_role_name(monkeypatch):
     names = {}
     for database in ("test_kumiko_1", "test_kumiko_2", "kumiko_demo"):
-        monkeypatch.setattr(conf, "database_settings", lambda alias, d=database: {"NAME": d})
+        monkeypatch.setattr(
+            project_settings, "database_settings", lambda alias, d=database: {"NAME": d}
+        )
         names[database] = db_roles.role_name(1)
     assert len(set(names.values())) == 3
 
@@ -139,7 +141,7 @@ def test_tenant_connections_log_in_as_the_role_without_the_project_s_assume_role
         base = dict(settings.DATABASES["default"])
         return {**base, "OPTIONS": {"assume_role": "project_owner", "pool": True, "sslmode": "x"}}
 
-    monkeypatch.setattr(conf, "database_settings", settings_with_options)
+    monkeypatch.setattr(project_settings, "database_settings", settings_with_options)
     wrapper = tenant_connections._new_wrapper("default", "kj_0123456789_t7")
     assert wrapper.settings_dict["USER"] == "kj_0123456789_t7"
     assert wrapper.settings_dict["PASSWORD"] == db_roles.password("kj_0123456789_t7")

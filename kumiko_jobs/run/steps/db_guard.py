@@ -22,7 +22,7 @@ from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from psycopg import ServerCursor
 from psycopg import sql as psycopg_sql
 
-from ...core import conf, session
+from ...core import conf, project_settings, session
 from ...core.exceptions import DatabaseAccessDenied
 from ...guard import Grant, Policy, Verdict, classify
 from ...guard.sql_tree import statement_shape
@@ -287,7 +287,7 @@ class GuardWrapper:
         self.watch = watch
         self.enforce = enforce
         self.report_use = report_use
-        self.schema = watch.schema or conf.public_schema_name()
+        self.schema = watch.schema or project_settings.public_schema_name()
         origin = watch.origin or {}
         self.deny_personal = bool(origin.get("anonymous")) and not origin.get("public_intake")
         self._policies: dict[tuple[tuple[str, ...], str | None], Policy] = {}
@@ -307,7 +307,7 @@ class GuardWrapper:
                 deny_personal_data_writes=self.deny_personal,
                 protected_tables=protected_tables(),
                 extra_functions=frozenset(conf.get().GUARD_EXTRA_FUNCTIONS),
-                extra_schemas=conf.extra_search_paths(),
+                extra_schemas=project_settings.extra_search_paths(),
             )
             self._policies[key] = policy
         return policy
@@ -393,7 +393,7 @@ class GuardWrapper:
         switched = classify(f'SET search_path = "{schema}"', policy, parameters=False)
         if not switched.allowed:
             return switched, ()
-        if schema != conf.public_schema_name():
+        if schema != project_settings.public_schema_name():
             read_only = self._read_only.get(schema)
             if read_only is None:
                 read_only = self._read_only[schema] = Policy(

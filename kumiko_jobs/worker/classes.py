@@ -1,0 +1,244 @@
+"""The two worker classes users name in ``RQ["WORKER_CLASS"]``, composed from the mixins here.
+
+``Worker`` runs jobs in the worker process, like RQ's ``SimpleWorker``; ``ForkingWorker`` keeps
+RQ's fork per job (the package docstring says when to pick which). What differs between them
+is where the job body runs, and so how a run is ended from outside it: a cancellation is a mark
+in this process or a signal to the work horse; an attempt that outlives its timeout ends the
+whole in-process worker (its supervisor starts a new one) or has its work horse killed. The
+rest is shared, in mixins whose order is the order of their ``work()``/``execute_job()``:
+``KeepsRunsAlive`` (keeps_alive.py), ``BootsFirst``, ``RefusesForeignMessages`` (foreign.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections
+
+from .. import transport
+from ..core import conf
+from ..core.envelope import run_id_of
+from ..run import cancellation
+from ..run.steps.tenancy import reset_connections
+from ..telemetry import flush as telemetry_flush
+from ..transport import BookkeepingSimpleWorker, ForkingWorkerBase
+from . import boot
+from .foreign import RefusesForeignMessages, hide_rq_outcome_lines, json_only
+from .keeps_alive import KeepsRunsAlive
+from .sweep import record_cancelled
+from .timeouts import FinalTimeout, record_overrun
+
+logger = logging.getLogger("kumiko_jobs.worker")
+
+
+class BootsFirst:
+    """Worker mixin: boot gates and boot jobs run before the first message (boot.py).
+
+    They run once the worker is configured (its queues known, its heart beating); a failing
+    boot gate raises and the worker never starts.
+    """
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        boot.on_worker_start(
+            set(self.queue_names()),  # type: ignore[attr-defined]
+            self._boot_gate_bound,
+        )
+        return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+
+    def _boot_gate_bound(self, seconds: int) -> Any:
+        # The worker's own death penalty: a boot gate's timeout is final like a run's.
+        return self.death_penalty_class(  # type: ignore[attr-defined]
+            seconds, transport.JobTimeout, job_id="boot"
+        )
+
+
+class Worker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, BookkeepingSimpleWorker):
+    """The default worker: runs each job in this process, reusing its database connection.
+
+    About five times the throughput of forking for short database jobs. Its cost is that a run
+    could leak state into the next one, so after every run it goes back to the public schema and
+    drops connections the run left unusable; a cold shutdown mid-run is handled like a crash.
+    """
+
+    death_penalty_class = FinalTimeout
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **json_only(kwargs))
+        hide_rq_outcome_lines(self.log)
+
+    def _overran(self, job_id: str) -> None:
+        # The job runs in this process, and a thread cannot stop it: the process leaves, as
+        # after a crash, once the attempt is recorded as timed out. The retry is left to the
+        # relay (no push here), so it cannot start before this process is gone.
+        if not record_overrun(job_id, f"its worker {self.name} exited to end it", push=False):
+            return
+        logger.error(
+            "worker %s: %s would not stop %s s after its timeout; recorded it as timed out, "
+            "exiting (the supervisor starts a new worker)",
+            self.name,
+            job_id,
+            conf.get().TIMEOUT_KILL_AFTER,
+        )
+        if self._heart is not None:
+            self._heart.stop(timeout=1.0)
+        os._exit(1)
+
+    def _cancel_seen(self, job_id: str, who: str) -> None:
+        # The body runs in this process: the mark is what ctx.cancel_requested reads. A job
+        # that never checks runs on to its end or its timeout (no thread can stop it).
+        run_id = run_id_of(job_id)
+        if run_id is not None:
+            cancellation.mark(run_id, who)
+            logger.warning("worker %s: cancellation of %s requested by %s", self.name, job_id, who)
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        try:
+            super().execute_job(job, queue)
+        finally:
+            run_id = run_id_of(job.id)
+            if run_id is not None:
+                cancellation.forget(run_id)
+            reset_connections()
+
+    def request_force_stop(self, signum: int, frame: Any) -> None:
+        # RQ's cold shutdown raises SystemExit inside the job, and the records step would then
+        # fail the run for good. Leave instead, as a crash would: the transaction dies with the
+        # connection, and the sweep retries the run (or fails it on its last attempt) as soon
+        # as it sees this worker gone, which the goodbye below makes immediate.
+        heart, requested = self._heart, getattr(self, "_shutdown_requested_date", None)
+        repeated = requested is not None and transport.utcnow() - requested < timedelta(seconds=1)
+        if heart is not None and heart.current and not repeated:
+            logger.warning(
+                "worker %s: cold shutdown during %s; leaving it to the sweep, as after a crash",
+                self.name,
+                heart.current,
+            )
+            heart.stop(timeout=1.0)
+            os._exit(1)
+        super().request_force_stop(signum, frame)
+
+
+class ForkingWorker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, ForkingWorkerBase):
+    """RQ's fork-per-job isolation, with kumiko's refusal, liveness and final timeouts.
+
+    The parent closes its database connections before forking (a socket shared by two processes
+    corrupts both), and the work horse flushes telemetry before it exits. A cancelled or
+    overrunning attempt has its work horse killed (with the horse's children).
+    """
+
+    death_penalty_class = FinalTimeout
+    # (RQ job id, pid) of the current work horse, and the RQ job whose horse the watchdog
+    # killed for outliving its timeout.
+    _horse_of: tuple[str, int] = ("", 0)
+    _killed_for_timeout = ""
+    _killed_for_cancel = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **json_only(kwargs))
+        hide_rq_outcome_lines(self.log)
+
+    def _overran(self, job_id: str) -> None:
+        # RQ's own monitor would kill the horse 60 to 90 s after the timeout (it checks every
+        # job_monitoring_interval, 30 s, for timeout + 60 s); the watchdog does it sooner. The
+        # horse called setpgrp, so its group is its pid: the kill takes its children too.
+        horse_job, pid = self._horse_of
+        if horse_job != job_id or not pid:
+            return
+        logger.error(
+            "worker %s: %s would not stop %s s after its timeout; killing its work horse %s",
+            self.name,
+            job_id,
+            conf.get().TIMEOUT_KILL_AFTER,
+            pid,
+        )
+        self._killed_for_timeout = job_id
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        cancellation.listen_for_signal()
+        return bool(super().work(*args, **kwargs))
+
+    def _cancel_seen(self, job_id: str, who: str) -> None:
+        # The body runs in the work horse: signal it (its handler marks the run there). Its
+        # grace period starts now; see _cancel_overran.
+        horse_job, pid = self._horse_of
+        if horse_job != job_id or not pid:
+            return
+        logger.warning(
+            "worker %s: cancellation of %s requested by %s; told its work horse %s",
+            self.name,
+            job_id,
+            who,
+            pid,
+        )
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, cancellation.SIGNAL)
+
+    def _cancel_overran(self, job_id: str) -> None:
+        horse_job, pid = self._horse_of
+        if horse_job != job_id or not pid:
+            return
+        logger.error(
+            "worker %s: cancelled %s still running %s s after the request; killing its work "
+            "horse %s",
+            self.name,
+            job_id,
+            conf.get().CANCEL_GRACE,
+            pid,
+        )
+        self._killed_for_cancel = job_id
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+    def handle_work_horse_killed(self, job: Any, retpid: Any, ret_val: Any, rusage: Any) -> None:
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)
+        if self._killed_for_cancel == job.id:
+            self._killed_for_cancel = ""
+            try:
+                record_cancelled(
+                    job.id, f"its worker {self.name} killed the work horse after CANCEL_GRACE"
+                )
+            except Exception:
+                # PostgreSQL unreachable: the sweep ends the run (cancelled) once it sees no
+                # live worker executes it.
+                logger.exception("could not record the cancelled attempt of %s", job.id)
+            return
+        if self._killed_for_timeout == job.id:
+            self._killed_for_timeout = ""
+            # The horse is dead and reaped: the retry may be pushed at once.
+            record_overrun(job.id, f"its worker {self.name} killed the work horse", push=True)
+
+    def _after_redis_loss(self) -> None:
+        # Do not take the next message while the horse of this one may still be running.
+        with contextlib.suppress(OSError):
+            if self.horse_pid:
+                self.wait_for_horse()
+
+    def execute_job(self, job: Any, queue: Any) -> None:
+        try:
+            super().execute_job(job, queue)
+        finally:
+            self._horse_of = ("", 0)
+
+    def fork_work_horse(self, job: Any, queue: Any) -> None:
+        connections.close_all()
+        super().fork_work_horse(job, queue)
+        self._horse_of = (job.id, self.horse_pid)
+
+    def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
+        try:
+            if self.is_horse:
+                run_id = run_id_of(job.id)
+                if run_id is not None:
+                    cancellation.horse_executes(run_id)
+            return bool(super().perform_job(job, queue, execution))
+        finally:
+            if self.is_horse:
+                telemetry_flush.flush()
+                connections.close_all()

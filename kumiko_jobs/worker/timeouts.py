@@ -1,0 +1,105 @@
+"""A timeout is final (docs/reliability.md, Timeouts).
+
+RQ raises its timeout inside the job, and a job that catches ``Exception`` swallows it and
+would "succeed" late. ``FinalTimeout``, the workers' death penalty, therefore first notes on
+the run that its timeout fired (``runner.call_job`` reads the note), and cancels a statement the
+body waits in rather than abandoning it in PostgreSQL. An attempt that still runs
+``TIMEOUT_KILL_AFTER`` seconds later (it caught the timeout, or sits in a call no signal
+interrupts) is ended by the worker's watchdog (heart.py); ``record_overrun`` records it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import connections
+from psycopg.pq import TransactionStatus
+
+from .. import transport
+from ..core import conf
+from ..core.current import job_alarm
+from ..run.context import current_run
+from .sweep import record_timed_out
+
+logger = logging.getLogger("kumiko_jobs.worker")
+# A statement is in progress on the connection.
+_PQ_ACTIVE = TransactionStatus.ACTIVE
+
+
+class FinalTimeout(transport.DeathPenaltyBase):
+    """RQ's SIGALRM death penalty, which first notes on the run that its timeout fired.
+
+    RQ raises its timeout inside the job; a job that catches ``Exception`` swallows it and would
+    "succeed" late. The note, owned by the run, makes the timeout final (``runner.call_job``).
+    RQ also uses this class for callbacks and for the forking worker's monitor; only the job's
+    own timeout is noted. The runner cancels the alarm when the job body is done
+    (``core.current.job_alarm``), so the timeout never interrupts the writes of the run's outcome.
+    """
+
+    def __init__(self, timeout: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(timeout, *args, **kwargs)
+        exception = args[0] if args else kwargs.get("exception")
+        self._job_timeout = isinstance(exception, type) and issubclass(
+            exception, transport.JobTimeout
+        )
+
+    def setup_death_penalty(self) -> None:
+        super().setup_death_penalty()
+        if self._job_timeout:
+            job_alarm.set(self.cancel_death_penalty)
+
+    def cancel_death_penalty(self) -> None:
+        super().cancel_death_penalty()
+        if self._job_timeout:
+            job_alarm.set(None)
+
+    def handle_death_penalty(self, signum: int, frame: Any) -> None:
+        state = current_run.get() if self._job_timeout else None
+        if state is not None:
+            state.note_timeout(int(self._timeout))
+            if _cancel_running_statements():
+                # The body waits in a statement. Raising the timeout here would abandon
+                # psycopg's wait: the statement would run on in PostgreSQL (holding its locks)
+                # and the session would be left mid-query. Instead PostgreSQL cancels it, its
+                # error ends the body, and runner.call_job records the attempt as timed out
+                # (timeout_fired); the session is clean for the next run.
+                return
+        super().handle_death_penalty(signum, frame)
+
+
+def _cancel_running_statements() -> bool:
+    """Ask PostgreSQL to cancel the statement each of this thread's connections is executing;
+    True if there was one. Runs in a signal handler: libpq's cancel request is made for that
+    (its own short connection to the server; the busy one is not touched)."""
+    cancelled = False
+    for conn in connections.all(initialized_only=True):
+        raw = getattr(conn, "connection", None)
+        pgconn = getattr(raw, "pgconn", None)
+        if pgconn is None or raw is None or raw.closed:
+            continue
+        if pgconn.transaction_status == _PQ_ACTIVE:
+            try:
+                raw.cancel()
+            except Exception:
+                logger.exception("could not cancel the statement of a timed-out attempt")
+                continue
+            cancelled = True
+    return cancelled
+
+
+def record_overrun(job_id: str, how: str, *, push: bool) -> bool:
+    """Record the attempt of ``job_id`` as timed out. False: its outcome was already recorded
+    (the attempt ended just now, and only RQ's bookkeeping is left)."""
+    kill_after = conf.get().TIMEOUT_KILL_AFTER
+    reason = (
+        f"the attempt was still running {kill_after} s after its timeout (the job caught the "
+        f"timeout, or sat in a call no signal interrupts): {how}"
+    )
+    try:
+        return record_timed_out(job_id, reason, push=push) is not None
+    except Exception:
+        # PostgreSQL is unreachable: the run stays running, and the sweep hands it back once
+        # it sees that no live worker executes it.
+        logger.exception("could not record the timed-out attempt of %s", job_id)
+        return True
