@@ -194,7 +194,8 @@ def peak_memory(into: dict[str, int]) -> Iterator[None]:
 def cron_definition() -> Any:
     """A per-tenant cron job for the tick (registered for this run only, like a test's)."""
     from example_project.billing.jobs import bench_fanout
-    from kumiko_jobs.definition.registry import build_definition, registry
+    from kumiko_jobs.definition.options import build_definition
+    from kumiko_jobs.definition.registry import registry
 
     definition = build_definition(
         bench_fanout.func, {"name": "bench.fanout_cron", "per_tenant": True, "cron": "0 3 * * *"}

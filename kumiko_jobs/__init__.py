@@ -13,7 +13,7 @@ from .core.exceptions import (
     TenantVisibleError,
     Unrecoverable,
 )
-from .definition.registry import EscapeHatch
+from .definition.job import EscapeHatch
 from .enqueueing.api import emit, enqueue, enqueue_at, enqueue_in, job
 
 __all__ = [

@@ -22,8 +22,10 @@ from django.utils.translation import gettext_lazy as _
 from . import transport
 from .core import conf
 from .core.exceptions import OperationRefused as OperationRefused
-from .definition.registry import JobDefinition, registry
-from .enqueueing.submit import RunHandle, resolve, submit
+from .definition.job import JobDefinition
+from .definition.registry import registry
+from .enqueueing.handle import RunHandle, resolve
+from .enqueueing.submit import submit
 from .models import WAITING_STATUSES, JobRun, RunStatus
 from .run import cancellation
 

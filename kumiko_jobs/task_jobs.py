@@ -22,7 +22,8 @@ from django.utils.module_loading import import_string
 
 from .core import project_settings
 from .core.exceptions import InvalidJob, Unrecoverable
-from .definition.registry import build_definition, registry
+from .definition.options import build_definition
+from .definition.registry import registry
 from .run import async_body
 from .run.context import current_run
 

@@ -19,7 +19,6 @@ docs/testing.md has the details and a worked example.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -32,14 +31,15 @@ from django.utils import timezone
 
 from . import transport
 from .core.exceptions import JobNotRegistered
-from .definition.registry import JobDefinition, registry
-from .enqueueing.submit import RunHandle, envelope_of
+from .definition.job import JobDefinition
+from .definition.registry import registry
+from .enqueueing.handle import RunHandle
+from .enqueueing.messages import waiting_envelope
 from .guard import connections as tenant_connections
 from .models import JobRun, RunStatus
 from .run.context import RunState, running
 from .run.pipeline import Next, compose
 from .transport import pushing as transport_pushing
-from .worker import relay
 
 WORKER_NAME = "kumiko_jobs.testing"
 _WAITING = (RunStatus.QUEUED, RunStatus.DEFERRED)
@@ -128,14 +128,7 @@ def _run(row: JobRun) -> Ran:
         definition = registry.get(row.job_name)
     except JobNotRegistered as exc:
         raise AssertionError(f"run {row.run_id} waits for {row.job_name!r}: {exc}") from None
-    counters = relay.pending_counters(
-        row.status, row.attempts, row.defer_count, row.gate_defer_count
-    )
-    choice = counters[1] if len(counters) == 2 and relay.deferred_by_gate(row) else counters[0]
-    attempt, defers, gate_defers = choice
-    env = dataclasses.replace(
-        envelope_of(row, attempt=attempt), defers=defers, gate_defers=gate_defers
-    )
+    env = waiting_envelope(row)
     state = RunState(
         envelope=env,
         definition=definition,

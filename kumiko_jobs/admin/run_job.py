@@ -28,7 +28,8 @@ from .. import operations
 from ..core import project_settings
 from ..core.audience import is_operator_request
 from ..core.exceptions import KumikoJobsError
-from ..definition.registry import JobDefinition, registry
+from ..definition.job import JobDefinition
+from ..definition.registry import registry
 
 
 class RunJobView(admin.ModelAdmin):

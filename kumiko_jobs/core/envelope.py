@@ -13,6 +13,13 @@ lost either: the worker refuses the message, and the relay signs its run's messa
 
 Version 1 messages (no times, no tick) still decode, with version 1's rules (they never expire),
 so messages queued before a deploy still run; see docs/reliability.md for the transition.
+
+This module also owns the identities derived from an envelope, so that no caller rebuilds them:
+the RQ job id of a message (``rq_job_id_of``) and its inverse (``run_id_of``), a fan-out
+child's run id, a cron tick's run id, the cron template's zero run id, and the constructors of
+the envelopes one run makes from another (``child``, ``followup``, ``next_attempt``,
+``deferred``) or that no enqueue makes (``cron_template``, ``cron_tick``, ``boot``). Turning an
+envelope into a history row or a queue message, and back, is ``enqueueing.messages``'s.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import re
 import secrets
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -63,10 +71,48 @@ _FIELDS_OF = {2: _FIELD_TYPES, 1: _V1_FIELD_TYPES}
 _TICK_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\+00:00$")
 # The write origin the guard reads (origin.request_origin()); any other shape is forged.
 _ORIGIN_TYPES: dict[str, type] = {"anonymous": bool, "path": str, "public_intake": bool}
+# An RQ job id of kumiko's: kj-<run id>-a<attempt>-d<defers>-g<gate defers> (rq_job_id_of).
+_RQ_JOB_ID_RE = re.compile(r"^kj-([0-9a-f]{32})-a\d+-d\d+-g\d+$")
+# The run id of the cron template, which no worker runs (see enqueueing.schedules).
+TEMPLATE_RUN_ID = "0" * 32
+_TICK_NAMESPACE = uuid.UUID("6f1c2b9e-3a57-4d0e-9a61-1c9f0b7f4e21")
+
+
+def rq_job_id_of(run_id: str, attempt: int, defers: int, gate_defers: int) -> str:
+    """The RQ job id of a run's message: one per attempt and deferral, so a repeated push of
+    the same message is a no-op, and the relay can name the message a waiting run waits for
+    without building it."""
+    return f"kj-{run_id}-a{attempt}-d{defers}-g{gate_defers}"
+
+
+def run_id_of(rq_job_id: str) -> str | None:
+    """The run id (hex) an RQ job id of kumiko names; None for any other id (a cron alarm's
+    ``kj-cron-...``, a foreign job's)."""
+    match = _RQ_JOB_ID_RE.fullmatch(rq_job_id)
+    return match.group(1) if match else None
+
+
+def child_run_id(parent_run_id: str, schema: str) -> str:
+    """A fan-out child's run id, derived from its parent's and its tenant's schema: a retried
+    or redelivered fan-out makes the same ids, so it inserts no duplicate rows."""
+    return uuid.uuid5(uuid.UUID(parent_run_id), schema).hex
+
+
+def tick_run_id(job_name: str, tick: datetime) -> str:
+    """The run id of a tick: derived from the job and the tick's scheduled *second*.
+
+    A 5-field crontab ticks at second 0, so its ids are the ones the per-minute scheme gave
+    (``job@YYYY-MM-DDTHH:MM:00+00:00``): a deploy does not re-run a tick fired before it.
+    """
+    second = tick.astimezone(UTC).replace(microsecond=0).isoformat()
+    return uuid.uuid5(_TICK_NAMESPACE, f"{job_name}@{second}").hex
 
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
+    """What a queue message says: which job, for which tenant, with which arguments, for which
+    run and attempt, and why (correlation, actor, trigger, trace, write origin, parent)."""
+
     job: str
     schema: str | None
     kwargs: dict[str, Any]
@@ -81,7 +127,7 @@ class Envelope:
     origin: dict[str, Any] | None = None
     parent_run_id: str | None = None
     # A cron tick's scheduled time (UTC, ISO 8601): with the job (and the schema of a fan-out
-    # child) the tick's identity, from which its run id is derived (schedules.tick_run_id).
+    # child) the tick's identity, from which its run id is derived (tick_run_id).
     tick: str | None = None
     # Set by ``encode`` (what a caller passes is ignored) and read back by ``decode``; not part
     # of what a message *means*, so two signings of one message compare equal.
@@ -89,13 +135,82 @@ class Envelope:
     due_at: float = field(default=0.0, compare=False)
     version: int = field(default=VERSION, compare=False)
 
+    @classmethod
+    def cron_template(cls, job: str) -> Envelope:
+        """The message of a cron job's alarm: a template no worker runs (``is_template``); the
+        scheduler turns each ring into a tick (``cron_tick``)."""
+        return cls(job=job, schema=None, kwargs={}, run_id=TEMPLATE_RUN_ID, trigger="cron")
+
+    @classmethod
+    def cron_tick(cls, job: str, tick: datetime) -> Envelope:
+        """The run of a cron job's tick: its id derived from (job, tick), so a second firing of
+        the same tick names the same run."""
+        return cls(
+            job=job,
+            schema=None,
+            kwargs={},
+            run_id=tick_run_id(job, tick),
+            trigger="cron",
+            tick=tick.isoformat(),
+        )
+
+    @classmethod
+    def boot(cls, job: str) -> Envelope:
+        """A boot gate's run: run inline by a starting worker, for no tenant, never queued."""
+        return cls(job=job, schema=None, kwargs={}, run_id=new_run_id(), trigger="boot")
+
+    def child(self, schema: str) -> Envelope:
+        """The fan-out child of this run for one tenant: the same job, arguments and cause, a
+        run id derived from this one's (``child_run_id``), and this run's tick, so that (job,
+        tick, tenant) is the signed identity of a cron tick's child."""
+        return Envelope(
+            job=self.job,
+            schema=schema,
+            kwargs=self.kwargs,
+            run_id=child_run_id(self.run_id, schema),
+            correlation_id=self.correlation_id,
+            triggered_by=self.triggered_by,
+            trigger=self.trigger or "fanout",
+            trace=self.trace,
+            origin=self.origin,
+            parent_run_id=self.run_id,
+            tick=self.tick,
+        )
+
+    def followup(
+        self, job: str, schema: str | None, kwargs: dict[str, Any], trace: dict[str, str]
+    ) -> Envelope:
+        """A run this run enqueues (``ctx.enqueue``): a new run with this run's correlation,
+        actor and write origin, and this run as its parent. ``trace``: the follow-up's producer
+        context (or this run's)."""
+        return Envelope(
+            job=job,
+            schema=schema,
+            kwargs=kwargs,
+            run_id=new_run_id(),
+            correlation_id=self.correlation_id,
+            triggered_by=self.triggered_by,
+            trigger=f"followup:{self.job}",
+            trace=trace,
+            origin=self.origin,
+            parent_run_id=self.run_id,
+        )
+
     def next_attempt(self) -> Envelope:
+        """The message of the retry after this attempt."""
         return replace(self, attempt=self.attempt + 1)
 
     def deferred(self, *, by_gate: bool) -> Envelope:
+        """The message of this run deferred once more: by a gate (an inactive tenant), which
+        has no cap, or by the job (``ctx.defer``), which counts against ``max_defers``."""
         if by_gate:
             return replace(self, gate_defers=self.gate_defers + 1)
         return replace(self, defers=self.defers + 1)
+
+    @property
+    def is_template(self) -> bool:
+        """A cron alarm's template (``cron_template``), not a run."""
+        return self.trigger == "cron" and self.run_id == TEMPLATE_RUN_ID
 
     @property
     def trace_id(self) -> str:
@@ -105,7 +220,7 @@ class Envelope:
     @property
     def rq_job_id(self) -> str:
         """One RQ job per attempt and deferral; a repeated push of the same message is a no-op."""
-        return f"kj-{self.run_id}-a{self.attempt}-d{self.defers}-g{self.gate_defers}"
+        return rq_job_id_of(self.run_id, self.attempt, self.defers, self.gate_defers)
 
 
 _last_ms = 0

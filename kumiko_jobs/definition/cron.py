@@ -33,6 +33,8 @@ def has_seconds(cron: str) -> bool:
 
 
 def check_cron(where: str, cron: Any, *, per_tenant: bool = False) -> str:
+    """``cron=`` checked at declaration (fields, syntax, the shortest interval allowed);
+    returned unchanged, or ``InvalidJob`` naming the fix."""
     if not isinstance(cron, str):
         raise InvalidJob(f"@job on {where}: cron must be a string like '0 3 * * *'.")
     fields = len(cron.split())
@@ -79,6 +81,7 @@ def shortest_interval(cron: str) -> float:
 
 
 def check_timezone(where: str, name: Any) -> str:
+    """``timezone=`` checked at declaration: an IANA name this Python knows."""
     try:
         ZoneInfo(str(name))
     except (ZoneInfoNotFoundError, ValueError):

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..core.exceptions import InvalidJob
-from .registry import JobDefinition
+from .job import JobDefinition
 
 _PRIMITIVES = (str, int, float, bool, type(None))
 # JobRun.subject and JobFailure.subject hold this many characters.

@@ -13,10 +13,12 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from ..definition.registry import JobDefinition, build_definition, registry
+from ..definition.job import JobDefinition
+from ..definition.options import build_definition
+from ..definition.registry import registry
 
 if TYPE_CHECKING:
-    from .submit import RunHandle
+    from .handle import RunHandle
 
 
 class Job(JobDefinition):
@@ -29,9 +31,11 @@ class Job(JobDefinition):
     def enqueue_in(
         self, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any
     ) -> RunHandle:
+        """Run the job ``delay`` (seconds or a timedelta) after the transaction commits."""
         return enqueue_in(self, delay, tenant=tenant, **kwargs)
 
     def enqueue_at(self, when: datetime, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+        """Run the job at ``when`` (timezone-aware), pushed when the transaction commits."""
         return enqueue_at(self, when, tenant=tenant, **kwargs)
 
 
@@ -65,6 +69,7 @@ def enqueue(job: JobDefinition | str, /, *, tenant: Any = None, **kwargs: Any) -
 def enqueue_in(
     job: JobDefinition | str, delay: timedelta | float, /, *, tenant: Any = None, **kwargs: Any
 ) -> RunHandle:
+    """``enqueue``, ``delay`` (seconds or a timedelta) later."""
     from .submit import enqueue_in as submit_in  # imports models: see the module docstring
 
     return submit_in(job, delay, tenant=tenant, **kwargs)
@@ -73,6 +78,7 @@ def enqueue_in(
 def enqueue_at(
     job: JobDefinition | str, when: datetime, /, *, tenant: Any = None, **kwargs: Any
 ) -> RunHandle:
+    """``enqueue``, due at ``when`` (timezone-aware)."""
     from .submit import enqueue_at as submit_at  # imports models: see the module docstring
 
     return submit_at(job, when, tenant=tenant, **kwargs)

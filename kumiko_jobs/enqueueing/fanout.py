@@ -32,9 +32,9 @@ from .. import transport
 from ..core import conf, project_settings
 from ..core.envelope import Envelope
 from ..core.exceptions import Unrecoverable
-from ..definition.registry import JobDefinition
+from ..definition.job import JobDefinition
 from ..models import JobRun
-from .submit import message_for, row_for
+from .messages import message_for, row_for
 
 
 def active_tenants() -> QuerySet[Any]:
@@ -73,27 +73,6 @@ def tenant_chunks(queryset: QuerySet[Any], size: int) -> Iterator[list[str]]:
         last = rows[-1][0]
 
 
-def child_run_id(parent_run_id: str, schema: str) -> str:
-    return uuid.uuid5(uuid.UUID(parent_run_id), schema).hex
-
-
-def child_envelope(parent: Envelope, schema: str) -> Envelope:
-    return Envelope(
-        job=parent.job,
-        schema=schema,
-        kwargs=parent.kwargs,
-        run_id=child_run_id(parent.run_id, schema),
-        correlation_id=parent.correlation_id,
-        triggered_by=parent.triggered_by,
-        trigger=parent.trigger or "fanout",
-        trace=parent.trace,
-        origin=parent.origin,
-        parent_run_id=parent.run_id,
-        # (job, tick, tenant): the signed identity of a cron tick's child.
-        tick=parent.tick,
-    )
-
-
 def insert_new(rows: list[JobRun]) -> set[uuid.UUID]:
     """Insert ``rows`` in one statement, skipping those that exist; the ids really inserted.
 
@@ -130,7 +109,7 @@ def fan_out(parent: Envelope, definition: JobDefinition, subject: str) -> int:
         )
     count = 0
     for schemas in tenant_chunks(tenants, size):
-        children = [child_envelope(parent, schema) for schema in schemas]
+        children = [parent.child(schema) for schema in schemas]
         rows = [row_for(definition, child, subject, 0.0) for child in children]
         # One short transaction per chunk: its rows commit before its messages exist.
         with transaction.atomic():

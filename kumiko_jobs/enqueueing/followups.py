@@ -7,7 +7,8 @@ attempt's outcome, and the runner pushes the messages once that history is writt
 when the attempt succeeded.
 
 The run side opens the batch (``collecting``) around the pipeline; the enqueue side finds it
-through ``current()``, so it never needs the run's state.
+through ``current()``, so it never needs the run's state. ``prepare_followup`` is such an
+enqueue: checked like any other (``validate``), kept in the run's tenant, and added to the batch.
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..core.envelope import Envelope
-    from ..models import JobRun
-    from ..transport import Message
+from .. import telemetry
+from ..core import conf
+from ..core.envelope import Envelope
+from ..core.exceptions import InvalidJob
+from ..definition.job import JobDefinition
+from ..models import JobRun
+from ..transport import Message
+from .handle import RunHandle, resolve
+from .messages import message_for, row_for
+from .validate import check_size, validated
 
 
 @dataclass(slots=True)
@@ -33,12 +40,15 @@ class FollowupBatch:
     entries: list[tuple[Message, JobRun]] = field(default_factory=list)
 
     def add(self, message: Message, row: JobRun) -> None:
+        """Keep a follow-up's message and its (unsaved) run row."""
         self.entries.append((message, row))
 
     def messages(self) -> list[Message]:
+        """What the runner pushes once the attempt's success is recorded."""
         return [message for message, _ in self.entries]
 
     def rows(self) -> list[JobRun]:
+        """What the records step writes with the attempt's success."""
         return [row for _, row in self.entries]
 
 
@@ -58,3 +68,60 @@ def collecting(batch: FollowupBatch) -> Iterator[FollowupBatch]:
         yield batch
     finally:
         _batch.reset(token)
+
+
+def prepare_followup(
+    batch: FollowupBatch,
+    job: JobDefinition | str,
+    kwargs: dict[str, Any],
+    *,
+    delay: float = 0.0,
+    tenant: Any = None,
+) -> RunHandle:
+    """A job enqueued from inside a run: same tenant, same correlation, sent on success."""
+    definition = resolve(job)
+    limit = conf.get().MAX_FOLLOWUPS_PER_RUN
+    if len(batch.entries) >= limit:
+        raise InvalidJob(
+            f"Job {batch.parent.job!r} enqueued more than MAX_FOLLOWUPS_PER_RUN={limit} "
+            "follow-ups in one attempt. Enqueue one job that processes the batch, or a "
+            "per_tenant fan-out, or raise the setting."
+        )
+    subject = validated(definition, kwargs)
+    parent = batch.parent
+    if definition.system and parent.schema is not None and not definition.tenant_may_start:
+        # A system job runs in public, outside any tenant, with the arguments it is given: a
+        # tenant run (whose arguments and code paths tenants influence) may not choose them.
+        raise InvalidJob(
+            f"Job {parent.job!r} (a tenant run, {parent.schema}) may not enqueue the system job "
+            f"{definition.name!r}. If tenant runs may start it, declare "
+            f"@job(system=True, tenant_may_start=True) on {definition.name!r}, and have it "
+            "check its arguments as coming from a tenant."
+        )
+    if definition.system:
+        schema = None
+    elif definition.per_tenant and tenant is None and parent.schema is None:
+        schema = None  # a system run (cron, say) starting a fan-out: one child per tenant
+    elif tenant is None:
+        schema = parent.schema
+    else:
+        schema = tenant if isinstance(tenant, str) else getattr(tenant, "schema_name", None)
+        if schema != parent.schema:
+            raise InvalidJob(
+                f"Job {parent.job!r} enqueued {definition.name!r} for another tenant; follow-ups "
+                "stay in the run's tenant."
+            )
+    if schema is None and not (definition.system or definition.per_tenant):
+        raise InvalidJob(
+            f"System job {parent.job!r} must pass tenant= to enqueue {definition.name!r}."
+        )
+    # The follow-up's producer span is a child of this run's job.execute span: one cause, one
+    # trace. Without a tracer the parent's context is passed on unchanged.
+    trigger = f"followup:{parent.job}"
+    with telemetry.producer_span(definition.queue_name, definition.name, trigger) as context:
+        env = parent.followup(definition.name, schema, kwargs, context or parent.trace)
+        telemetry.describe_message(env)
+        message = message_for(definition, env, delay)
+        check_size(definition, env, message)
+    batch.add(message, row_for(definition, env, subject, delay))
+    return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema)

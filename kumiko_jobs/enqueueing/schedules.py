@@ -9,9 +9,10 @@ kumiko's scheduler (``transport.Scheduler``) calls ``fire``, which
   registry, never read from the message) and the latest time the job's crontab fired, computed
   from the registry's cron and time zone. Neither the alarm's score nor any RQ field is trusted:
   a copied or re-scored alarm can at most fire the current tick again;
-* writes the tick's run row, whose id is derived from that identity (``tick_run_id``), before
-  any message exists: a second firing of the same tick (two schedulers, a replayed alarm) finds
-  the row and pushes nothing, and the row is the outbox the relay pushes from;
+* writes the tick's run row, whose id is derived from that identity
+  (``core.envelope.tick_run_id``), before any message exists: a second firing of the same
+  tick (two schedulers, a replayed alarm) finds the row and pushes nothing, and the row is the
+  outbox the relay pushes from;
 * pushes an ordinary signed message for that run, carrying the tick's scheduled time.
 
 A per-tenant cron job's tick run fans out; each child's run id is derived from the tick's run id
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -32,36 +32,19 @@ from django.db import IntegrityError, close_old_connections, transaction
 from .. import transport
 from ..core.envelope import Envelope, encode
 from ..definition.cron import latest_tick, seconds_until_next
-from ..definition.registry import JobDefinition, registry
+from ..definition.job import JobDefinition
+from ..definition.registry import registry
+from ..definition.subject import build_subject
+from .admission import admission
+from .messages import message_for, row_for
+from .submit import record_refusal
 
 logger = logging.getLogger("kumiko_jobs.schedules")
 
-TEMPLATE_RUN_ID = "0" * 32
-_TICK_NAMESPACE = uuid.UUID("6f1c2b9e-3a57-4d0e-9a61-1c9f0b7f4e21")
-
 
 def schedule_id(definition: JobDefinition) -> str:
+    """The id of a cron job's alarm with rq-scheduler (``kj-cron-<name>``)."""
     return transport.CRON_PREFIX + definition.name.replace(".", "_").replace(":", "_")
-
-
-def template(definition: JobDefinition) -> Envelope:
-    return Envelope(
-        job=definition.name, schema=None, kwargs={}, run_id=TEMPLATE_RUN_ID, trigger="cron"
-    )
-
-
-def is_template(envelope: Envelope) -> bool:
-    return envelope.trigger == "cron" and envelope.run_id == TEMPLATE_RUN_ID
-
-
-def tick_run_id(job_name: str, tick: datetime) -> str:
-    """The run id of a tick: derived from the job and the tick's scheduled *second*.
-
-    A 5-field crontab ticks at second 0, so its ids are the ones the per-minute scheme gave
-    (``job@YYYY-MM-DDTHH:MM:00+00:00``): a deploy does not re-run a tick fired before it.
-    """
-    second = tick.astimezone(UTC).replace(microsecond=0).isoformat()
-    return uuid.uuid5(_TICK_NAMESPACE, f"{job_name}@{second}").hex
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +57,7 @@ class Firing:
 
 
 def definition_for(alarm_id: str) -> JobDefinition | None:
+    """The registered cron job an alarm rings for; None for an alarm of no such job."""
     for definition in registry:
         if definition.cron and schedule_id(definition) == alarm_id:
             return definition
@@ -86,9 +70,6 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     Raises ``django.db.DatabaseError`` when PostgreSQL is unreachable: the scheduler then leaves
     the alarm due and rings it again on its next round, for the same tick.
     """
-    from ..definition.subject import build_subject
-    from .submit import admission, message_for, record_refusal, row_for
-
     definition = definition_for(alarm_id)
     if definition is None or definition.cron is None:
         return Firing(None, None)
@@ -97,14 +78,7 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     close_old_connections()
     now = now or datetime.now(UTC)
     tick = latest_tick(definition.cron, definition.timezone, now)
-    env = Envelope(
-        job=definition.name,
-        schema=None,
-        kwargs={},
-        run_id=tick_run_id(definition.name, tick),
-        trigger="cron",
-        tick=tick.isoformat(),
-    )
+    env = Envelope.cron_tick(definition.name, tick)
     after = seconds_until_next(definition.cron, definition.timezone, tick)
     next_at = float(math.ceil(tick.timestamp() + after))
     subject = build_subject(definition, {})
@@ -140,6 +114,8 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
 
 @dataclass(frozen=True, slots=True)
 class SyncResult:
+    """What ``sync_schedules`` did, by alarm id (the ``kumiko_jobs schedule`` command shows it)."""
+
     created: tuple[str, ...]
     updated: tuple[str, ...]
     removed: tuple[str, ...]
@@ -154,7 +130,7 @@ def cron_spec(definition: JobDefinition) -> transport.CronSpec:
         cron=definition.cron,
         timezone=definition.timezone,
         # Signed as of the epoch: the same bytes at every sync, and expired for any worker.
-        body=encode(template(definition), now=0.0),
+        body=encode(Envelope.cron_template(definition.name), now=0.0),
         queue=definition.queue_name,
         timeout=definition.timeout_seconds,
     )

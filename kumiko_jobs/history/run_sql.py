@@ -131,9 +131,9 @@ def _start_sql(commit_mode: str) -> str:
         f"{col('status')} = %s, {col('attempts')} = %s, {col('started_at')} = %s, "
         f"{col('finished_at')} = NULL, {col('scheduled_for')} = NULL, "
         f"{col('defer_count')} = %s, {col('gate_defer_count')} = %s, {col('rq_job_id')} = %s "
-        # Only the message the run waits for (relay.pending_counters states the same rule):
-        # a queued run waits for the attempt after its last, with its deferral counts; a
-        # deferred one for the same attempt with one more deferral of either kind.
+        # Only the message the run waits for (enqueueing.messages.pending_counters states the
+        # same rule): a queued run waits for the attempt after its last, with its deferral
+        # counts; a deferred one for the same attempt with one more deferral of either kind.
         f"WHERE {col('run_id')} = %s AND ("
         f"({col('status')} = %s AND {col('attempts')} + 1 = %s "
         f"AND {col('defer_count')} = %s AND {col('gate_defer_count')} = %s) OR "

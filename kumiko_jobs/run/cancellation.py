@@ -29,13 +29,6 @@ def key_for(run_id: str) -> str:
     return KEY_PREFIX + run_id
 
 
-def run_of(rq_job_id: str) -> str | None:
-    """The run id an RQ job id of kumiko names (``kj-<run>-a<attempt>-...``), else None."""
-    if rq_job_id.startswith("kj-") and len(rq_job_id) >= 35:
-        return rq_job_id[3:35]
-    return None
-
-
 def mark(run_id: str, who: str) -> None:
     """The cancellation of ``run_id`` reached this process (called by the worker)."""
     _requested.setdefault(run_id, who)

@@ -17,15 +17,14 @@ from typing import TYPE_CHECKING, Any
 from ..core import current
 from ..core.exceptions import InvalidJob, JobCancelled
 from ..core.scrubbing import MASK, is_sensitive_key, scrub
-from ..enqueueing.followups import FollowupBatch, collecting
-from ..enqueueing.submit import prepare_followup
+from ..enqueueing.followups import FollowupBatch, collecting, prepare_followup
 from ..guard.watch import Watch
 from ..history import audit
 from . import cancellation
 
 if TYPE_CHECKING:
     from ..core.envelope import Envelope
-    from ..definition.registry import JobDefinition
+    from ..definition.job import JobDefinition
 
 logger = logging.getLogger("kumiko_jobs.job")
 

@@ -20,9 +20,9 @@ from .. import transport
 from ..core import envelope as envelope_mod
 from ..core.current import job_alarm
 from ..core.exceptions import EnvelopeError, JobNotRegistered
-from ..definition.registry import is_async, registry
-from ..enqueueing import schedules
-from ..enqueueing.submit import message_for
+from ..definition.options import is_async
+from ..definition.registry import registry
+from ..enqueueing.messages import message_for
 from ..history import results
 from ..history.rejections import record_rejection
 from ..models import JobRun, RunStatus
@@ -120,7 +120,7 @@ def execute(message: object) -> str:
     except JobNotRegistered as exc:
         _fail_unknown(env, str(exc))
         return "failed"
-    if schedules.is_template(env):
+    if env.is_template:
         # A cron alarm is not a run: only the scheduler turns it into a tick (schedules.fire),
         # identified by signed data. A template in a queue is a copy (or a version 1 template
         # queued before a deploy): running it would start a tick no schedule fired.

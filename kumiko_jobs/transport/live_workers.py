@@ -18,6 +18,7 @@ from redis.exceptions import RedisError
 from rq.worker import SimpleWorker as RQSimpleWorker
 
 from ..core import conf
+from ..core.envelope import run_id_of
 from .keys import LIVE_WORKERS, RQ_WORKER_MARK, WORKER_KEY, WORKERS_SINCE_KEY
 from .queues import connection_for, decoded
 from .rq_job import JsonJob
@@ -35,7 +36,7 @@ class Liveness:
         self._jobs = {job for job in workers.values() if job}
         # RQ job ids of runs start with kj-<run id>; the run also counts as executed when a
         # later message of it is (the records step lets a newer attempt take a run over).
-        self._runs = {job[3:35] for job in self._jobs if job.startswith("kj-")}
+        self._runs = {run for job in self._jobs if (run := run_id_of(job))}
 
     def executes(self, rq_job_id: str, run_hex: str) -> bool:
         """Does a live worker execute this RQ job, or a later message of the same run?"""

@@ -29,9 +29,10 @@ from django.db import IntegrityError, transaction
 
 from .. import transport
 from ..core import conf
-from ..core.envelope import Envelope, new_run_id
+from ..core.envelope import Envelope
 from ..core.exceptions import BootGateFailed
-from ..definition.registry import JobDefinition, registry
+from ..definition.job import JobDefinition
+from ..definition.registry import registry
 from ..run.context import RunState
 
 logger = logging.getLogger("kumiko_jobs.boot")
@@ -69,7 +70,7 @@ def _run_gate(definition: JobDefinition, bound: Bound | None) -> None:
     from ..run.entry import run_state
 
     settings = conf.get()
-    env = Envelope(job=definition.name, schema=None, kwargs={}, run_id=new_run_id(), trigger="boot")
+    env = Envelope.boot(definition.name)
     _insert_row(definition, env)
     while True:
         state = RunState(envelope=env, definition=definition, queue="boot", rq_job_id="boot")
@@ -117,7 +118,7 @@ def _warn_long(definition: JobDefinition, env: Envelope) -> None:
 
 
 def _insert_row(definition: JobDefinition, env: Envelope) -> None:
-    from ..enqueueing.submit import row_for
+    from ..enqueueing.messages import row_for
 
     row_for(definition, env, "", 0.0).save(force_insert=True)
 

@@ -22,6 +22,7 @@ from django.db import connections
 
 from .. import transport
 from ..core import conf
+from ..core.envelope import run_id_of
 from ..run import cancellation
 from ..run.steps.tenancy import reset_connections
 from ..telemetry import flush as telemetry_flush
@@ -90,7 +91,7 @@ class Worker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, BookkeepingSimp
     def _cancel_seen(self, job_id: str, who: str) -> None:
         # The body runs in this process: the mark is what ctx.cancel_requested reads. A job
         # that never checks runs on to its end or its timeout (no thread can stop it).
-        run_id = cancellation.run_of(job_id)
+        run_id = run_id_of(job_id)
         if run_id is not None:
             cancellation.mark(run_id, who)
             logger.warning("worker %s: cancellation of %s requested by %s", self.name, job_id, who)
@@ -99,7 +100,7 @@ class Worker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, BookkeepingSimp
         try:
             super().execute_job(job, queue)
         finally:
-            run_id = cancellation.run_of(job.id)
+            run_id = run_id_of(job.id)
             if run_id is not None:
                 cancellation.forget(run_id)
             reset_connections()
@@ -233,7 +234,7 @@ class ForkingWorker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, ForkingW
     def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
         try:
             if self.is_horse:
-                run_id = cancellation.run_of(job.id)
+                run_id = run_id_of(job.id)
                 if run_id is not None:
                     cancellation.horse_executes(run_id)
             return bool(super().perform_job(job, queue, execution))

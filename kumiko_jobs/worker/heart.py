@@ -23,6 +23,7 @@ from django.db import connections
 
 from .. import transport
 from ..core import conf
+from ..core.envelope import run_id_of
 from ..run import cancellation
 from ..transport import LIVE_WORKERS, WORKER_KEY, WORKERS_SINCE_KEY, RedisError
 from ..transport.scheduler_liveness import RateLimitedWarning
@@ -111,7 +112,7 @@ class Heart:
         while True:
             try:
                 current = self.current
-                run_id = cancellation.run_of(current)
+                run_id = run_id_of(current)
                 with redis.pipeline(transaction=False) as pipe:
                     pipe.set(WORKER_KEY + self.name, current, ex=settings.WORKER_DEAD_AFTER)
                     pipe.sadd(LIVE_WORKERS, self.name)

@@ -34,9 +34,7 @@ Duplicates are therefore possible only as at-least-once deliveries, never as los
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,10 +48,10 @@ from django.utils import timezone
 
 from .. import transport
 from ..core import conf, project_settings
-from ..core.envelope import Envelope
+from ..core.envelope import rq_job_id_of, run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
-from ..enqueueing.submit import envelope_of, message_for
+from ..enqueueing.messages import message_for, pending_counters, waiting_envelope
 from ..models import FINISHED_STATUSES, WAITING_STATUSES, JobRun, RunStatus
 
 logger = logging.getLogger("kumiko_jobs.relay")
@@ -76,35 +74,11 @@ class RelayResult:
     failed: int = 0  # runs of jobs no longer registered, failed closed
 
 
-def pending_counters(
-    status: str, attempts: int, defers: int, gate_defers: int
-) -> list[tuple[int, int, int]]:
-    """(attempt, defers, gate defers) of the message a waiting run waits for (candidates)."""
-    if status == RunStatus.QUEUED:
-        return [(attempts + 1, defers, gate_defers)]
-    attempt = max(attempts, 1)
-    return [(attempt, defers + 1, gate_defers), (attempt, defers, gate_defers + 1)]
-
-
-def _rq_job_id(run_hex: str, counters: tuple[int, int, int]) -> str:
-    attempt, defers, gate_defers = counters
-    # Built by Envelope itself, so the relay can never disagree with the enqueue path.
-    return Envelope(
-        job="",
-        schema=None,
-        kwargs={},
-        run_id=run_hex,
-        attempt=attempt,
-        defers=defers,
-        gate_defers=gate_defers,
-    ).rq_job_id
-
-
 def pending_rq_job_ids(run: JobRun) -> list[str]:
     """The RQ job ids a waiting run's message may have (one, or two for a deferred run)."""
     run_hex = uuid.UUID(str(run.run_id)).hex
     return [
-        _rq_job_id(run_hex, c)
+        rq_job_id_of(run_hex, *c)
         for c in pending_counters(run.status, run.attempts, run.defer_count, run.gate_defer_count)
     ]
 
@@ -153,9 +127,6 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
     return RelayResult(checked, pushed, failed)
 
 
-_RQ_JOB_ID = re.compile(r"^kj-([0-9a-f]{32})-a\d+-d\d+-g\d+$")
-
-
 def release_lost_slots(cutoff: datetime) -> int:
     """Free the RQ rate-limit slots still held by messages whose run finished before ``cutoff``.
 
@@ -175,7 +146,7 @@ def release_lost_slots(cutoff: datetime) -> int:
             continue
         seen.add(where)
         holders = transport.rate_limit_slot_holders(name)
-        runs = {h.job_id: m.group(1) for h in holders if (m := _RQ_JOB_ID.match(h.job_id))}
+        runs = {h.job_id: run for h in holders if (run := run_id_of(h.job_id))}
         if not runs:
             continue
         done = {
@@ -216,7 +187,7 @@ def _missing_messages(
     for pk, status, attempts, defers, gate_defers, queue in rows:
         snapshot: Snapshot = (status, attempts, defers, gate_defers)
         counters = pending_counters(status, attempts, defers, gate_defers)
-        ids = [_rq_job_id(pk.hex, c) for c in counters]
+        ids = [rq_job_id_of(pk.hex, *c) for c in counters]
         by_queue.setdefault(queue, []).append((pk, snapshot, ids))
     missing: dict[uuid.UUID, _Missing] = {}
     for queue, entries in by_queue.items():
@@ -279,7 +250,8 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
                 _fail_unknown(run, str(exc))
                 failed += 1
                 continue
-            message = _message_for(run, definition, entry)
+            # Due already (that is why it is relayed): straight to the queue, not the scheduler.
+            message = message_for(definition, waiting_envelope(run), 0.0)
             limit = conf.get().MAX_ENVELOPE_BYTES
             if len(message.body) > limit:
                 # Every worker would refuse it, and each round would push it again, forever
@@ -299,36 +271,6 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
         if messages:
             transport.push_many(messages)
     return len(messages), failed
-
-
-def _message_for(run: JobRun, definition: Any, entry: _Missing) -> transport.Message:
-    counters = pending_counters(run.status, run.attempts, run.defer_count, run.gate_defer_count)
-    choice = counters[0]
-    if len(counters) == 2 and deferred_by_gate(run):
-        choice = counters[1]
-    attempt, defers, gate_defers = choice
-    env = dataclasses.replace(
-        envelope_of(run, attempt=attempt), defers=defers, gate_defers=gate_defers
-    )
-    # Due already (that is why it is relayed): straight to the queue, not the scheduler.
-    return message_for(definition, env, 0.0)
-
-
-def deferred_by_gate(run: JobRun) -> bool:
-    """Was this deferral the inactive-tenant gate's (the row does not say which kind it was)?
-
-    The gate defers only runs of inactive tenants under ``INACTIVE_TENANT="defer"``; a tenant
-    reactivated since then gets a ``ctx.defer()`` resumption instead, which costs the run one
-    of its ``max_defers`` but runs it all the same.
-    """
-    settings = conf.get()
-    field = settings.TENANT_ACTIVE_FIELD
-    if not (field and settings.INACTIVE_TENANT == "defer" and run.schema_name):
-        return False
-    from django_tenants.utils import get_tenant_model
-
-    tenant = get_tenant_model().objects.filter(schema_name=run.schema_name).first()
-    return tenant is not None and not getattr(tenant, field, True)
 
 
 def _fail_unknown(run: JobRun, reason: str) -> None:

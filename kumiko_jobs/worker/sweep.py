@@ -31,9 +31,10 @@ from django.utils import timezone
 
 from .. import transport
 from ..core import conf
+from ..core.envelope import run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
-from ..enqueueing.submit import envelope_of, message_for
+from ..enqueueing.messages import envelope_of, message_for
 from ..history import retention
 from ..models import JobAttempt, JobRun, RunStatus
 
@@ -107,8 +108,8 @@ def record_timed_out(rq_job_id: str, reason: str, *, push: bool) -> str | None:
     run's new status, or None when the run was not running that attempt any more.
     """
     runs = JobRun.objects.filter(rq_job_id=rq_job_id, status=RunStatus.RUNNING)
-    if rq_job_id.startswith("kj-"):  # kj-<run id>-a<attempt>-...: look it up by primary key
-        runs = runs.filter(pk=uuid.UUID(rq_job_id[3:35]))
+    if run_hex := run_id_of(rq_job_id):  # kj-<run id>-a<attempt>-...: look it up by primary key
+        runs = runs.filter(pk=uuid.UUID(run_hex))
     run = runs.first()
     if run is None:
         return None
@@ -137,8 +138,8 @@ def record_cancelled(rq_job_id: str, reason: str) -> str | None:
     not running that attempt any more (it ended by itself meanwhile, and that outcome stands).
     """
     runs = JobRun.objects.filter(rq_job_id=rq_job_id, status=RunStatus.RUNNING)
-    if rq_job_id.startswith("kj-"):
-        runs = runs.filter(pk=uuid.UUID(rq_job_id[3:35]))
+    if run_hex := run_id_of(rq_job_id):
+        runs = runs.filter(pk=uuid.UUID(run_hex))
     run = runs.first()
     if run is None:
         return None

@@ -19,7 +19,7 @@ from django.test import override_settings
 from kumiko_jobs import transport
 from kumiko_jobs.core import conf
 from kumiko_jobs.core.envelope import decode
-from kumiko_jobs.enqueueing.submit import message_for
+from kumiko_jobs.enqueueing.messages import message_for
 from kumiko_jobs.history import run_sql
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from tests.conftest import probes, work, worker_env

@@ -9,7 +9,7 @@ import pytest
 
 from kumiko_jobs import InvalidJob, transport
 from kumiko_jobs.core.exceptions import BootGateFailed
-from kumiko_jobs.definition.registry import build_definition
+from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.worker.boot import enqueue_boot_jobs
 from tests.conftest import probes, work

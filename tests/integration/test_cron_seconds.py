@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from kumiko_jobs import InvalidJob, transport
-from kumiko_jobs.core.envelope import decode
+from kumiko_jobs.core.envelope import _TICK_NAMESPACE, decode, tick_run_id
 from kumiko_jobs.definition.cron import latest_tick, shortest_interval
-from kumiko_jobs.definition.registry import build_definition
-from kumiko_jobs.enqueueing.schedules import _TICK_NAMESPACE, fire, schedule_id, tick_run_id
+from kumiko_jobs.definition.options import build_definition
+from kumiko_jobs.enqueueing.schedules import fire, schedule_id
 from kumiko_jobs.models import JobRun
 from tests.integration.test_two_schedulers import live_schedulers, start_rqscheduler, wait_until
 from tests.testapp import jobs

@@ -205,7 +205,7 @@ def test_cancelled_run_is_dropped(tenants):
 def test_duplicate_delivery_runs_once(tenants):
     from kumiko_jobs import transport
     from kumiko_jobs.core.envelope import decode
-    from kumiko_jobs.enqueueing.submit import message_for
+    from kumiko_jobs.enqueueing.messages import message_for
 
     handle = jobs.probe.enqueue(tenant="t1", tag="once")
     q = transport.get_queue("default")

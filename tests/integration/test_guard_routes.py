@@ -22,7 +22,7 @@ from django.test import override_settings
 from django_tenants.utils import tenant_context
 
 from kumiko_jobs import InvalidJob, signals
-from kumiko_jobs.definition.registry import build_definition
+from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.run.steps.db_guard import GuardWrapper
 from tests.conftest import work

@@ -18,7 +18,7 @@ from django_tenants.utils import schema_context
 
 from kumiko_jobs import EscapeHatch, InvalidJob, TenantVisibleError, transport
 from kumiko_jobs.core.exceptions import FALLBACK_MESSAGE_KEY
-from kumiko_jobs.definition.registry import JobDefinition
+from kumiko_jobs.definition.job import JobDefinition
 from kumiko_jobs.models import (
     EscapeHatchUse,
     JobAttempt,

@@ -18,9 +18,9 @@ from django.utils import timezone
 
 from kumiko_jobs import transport
 from kumiko_jobs.core import conf
-from kumiko_jobs.core.envelope import decode, encode
-from kumiko_jobs.enqueueing.schedules import schedule_id, sync_schedules, tick_run_id
-from kumiko_jobs.enqueueing.submit import envelope_of, message_for
+from kumiko_jobs.core.envelope import decode, encode, tick_run_id
+from kumiko_jobs.enqueueing.messages import envelope_of, message_for
+from kumiko_jobs.enqueueing.schedules import schedule_id, sync_schedules
 from kumiko_jobs.models import JobRun, RejectedMessage, RunStatus
 from kumiko_jobs.worker.relay import relay_pending
 from kumiko_jobs.worker.sweep import delete_expired

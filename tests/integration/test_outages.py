@@ -321,7 +321,7 @@ def test_long_redis_outage_loses_nothing_committed(own_redis, tmp_path):
 
 
 def test_after_a_failed_push_commits_leave_pushes_to_the_relay_for_a_while(own_redis):
-    from kumiko_jobs.enqueueing import submit as enqueueing
+    from kumiko_jobs.enqueueing import outbox
     from kumiko_jobs.worker.relay import relay_pending
     from tests.conftest import work
 
@@ -341,7 +341,7 @@ def test_after_a_failed_push_commits_leave_pushes_to_the_relay_for_a_while(own_r
     with override_settings(KUMIKO_JOBS=fast_settings(PUSH_FAILURE_PAUSE=0)):
         third = jobs.probe.enqueue(tenant="t3", tag="third")
         assert transport.queue_length("default") == 1
-        assert enqueueing._push_failed_at is None  # and a push that works ends the pause
+        assert outbox._push_failed_at is None  # and a push that works ends the pause
         # ...and the relay pushes the two that were left to it.
         assert relay_pending(grace=0).pushed == 2
         work()

@@ -23,10 +23,9 @@ from django.utils import timezone
 from example_project.customers.models import Client
 from kumiko_jobs import signals, transport
 from kumiko_jobs.core.envelope import Envelope
-from kumiko_jobs.enqueueing.submit import message_for
+from kumiko_jobs.enqueueing.messages import message_for, pending_counters
 from kumiko_jobs.history import run_sql
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
-from kumiko_jobs.worker import relay
 from tests.conftest import probes, work
 from tests.testapp import jobs
 
@@ -225,7 +224,7 @@ def test_start_accepts_exactly_the_message_the_relay_would_push(
 ):
     """The start and the relay state one rule: the message a waiting run waits for. Every
     other message (a stale attempt, an old deferral, one from the future) is refused."""
-    expected = set(relay.pending_counters(status, attempts, defers, gate_defers))
+    expected = set(pending_counters(status, attempts, defers, gate_defers))
     accepted = set()
     for counters in itertools.product(range(5), range(5), range(3)):
         run_id = _queued_run(

@@ -15,8 +15,8 @@ from kumiko_jobs import emit, signals, transport
 from kumiko_jobs.core.envelope import Envelope
 from kumiko_jobs.definition.cron import latest_tick, seconds_until_next
 from kumiko_jobs.definition.registry import registry
+from kumiko_jobs.enqueueing.messages import message_for
 from kumiko_jobs.enqueueing.schedules import schedule_id, sync_schedules
-from kumiko_jobs.enqueueing.submit import message_for
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import probes, work
 from tests.testapp import jobs
@@ -267,7 +267,7 @@ def test_max_per_tenant_is_atomic_under_concurrent_enqueues(tenants):
 
 def test_a_per_tenant_cron_without_system_or_per_tenant_is_refused():
     from kumiko_jobs import InvalidJob
-    from kumiko_jobs.definition.registry import build_definition
+    from kumiko_jobs.definition.options import build_definition
 
     def report(ctx):
         return None

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kumiko_jobs import InvalidJob, signals, transport
-from kumiko_jobs.definition.registry import build_definition
+from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.enqueueing.schedules import fire, schedule_id
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from tests.conftest import start_rqworker, work

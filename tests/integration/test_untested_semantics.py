@@ -78,7 +78,8 @@ def test_a_cron_tick_is_retried(tenants):
 
 
 def test_a_boot_job_is_retried(tenants, monkeypatch):
-    from kumiko_jobs.definition.registry import build_definition, registry
+    from kumiko_jobs.definition.options import build_definition
+    from kumiko_jobs.definition.registry import registry
     from kumiko_jobs.worker.boot import enqueue_boot_jobs
 
     def boot_flaky(ctx) -> None:

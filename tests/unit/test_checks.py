@@ -17,7 +17,8 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from kumiko_jobs import checks
-from kumiko_jobs.definition.registry import Registry, build_definition
+from kumiko_jobs.definition.options import build_definition
+from kumiko_jobs.definition.registry import Registry
 from kumiko_jobs.transport import Scheduler
 from kumiko_jobs.worker import Worker
 

@@ -8,7 +8,7 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from kumiko_jobs import transport
-from kumiko_jobs.definition.registry import build_definition
+from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.enqueueing import schedules
 from kumiko_jobs.transport import scheduler
 

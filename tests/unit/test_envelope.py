@@ -7,6 +7,7 @@ import re
 import time
 import uuid
 from dataclasses import asdict
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -14,7 +15,18 @@ from django.core import signing
 from django.test import override_settings
 
 from kumiko_jobs import EnvelopeError
-from kumiko_jobs.core.envelope import VERSION, Envelope, decode, encode, expires_at
+from kumiko_jobs.core.envelope import (
+    TEMPLATE_RUN_ID,
+    VERSION,
+    Envelope,
+    child_run_id,
+    decode,
+    encode,
+    expires_at,
+    rq_job_id_of,
+    run_id_of,
+    tick_run_id,
+)
 
 SALT = "kumiko_jobs.envelope.v2"
 V1_SALT = "kumiko_jobs.envelope.v1"
@@ -457,6 +469,52 @@ def test_rq_job_id_differs_per_attempt_and_deferral():
     }
     assert len(ids) == 4
     assert env.rq_job_id == envelope(attempt=1, defers=0, gate_defers=0).rq_job_id
+
+
+def test_run_id_of_inverts_rq_job_id_of_and_refuses_other_ids():
+    env = envelope(attempt=3, defers=2, gate_defers=1)
+    assert env.rq_job_id == rq_job_id_of(RUN_ID, 3, 2, 1)
+    assert run_id_of(env.rq_job_id) == RUN_ID
+    for other in ("kj-cron-billing_nightly_run_of_the_month", "kj-" + RUN_ID, "rq-job", ""):
+        assert run_id_of(other) is None, other
+
+
+def test_child_is_the_parents_run_for_one_tenant():
+    parent = envelope(schema=None, trigger="cron", tick="2026-01-31T03:00:00+00:00")
+    child = parent.child("t1")
+    assert child.schema == "t1" and child.parent_run_id == RUN_ID
+    assert child.run_id == child_run_id(RUN_ID, "t1") == parent.child("t1").run_id
+    assert child.run_id != parent.child("t2").run_id
+    assert (child.kwargs, child.correlation_id, child.tick) == (
+        parent.kwargs,
+        parent.correlation_id,
+        parent.tick,
+    )
+    assert child.attempt == 1 and envelope(trigger=None).child("t1").trigger == "fanout"
+
+
+def test_followup_keeps_the_cause_and_names_its_parent():
+    parent = envelope()
+    followup = parent.followup("a.next", "t1", {"n": 1}, {"traceparent": "x"})
+    assert followup.run_id != parent.run_id and followup.parent_run_id == parent.run_id
+    assert followup.trigger == f"followup:{parent.job}"
+    assert (followup.correlation_id, followup.triggered_by, followup.origin) == (
+        parent.correlation_id,
+        parent.triggered_by,
+        parent.origin,
+    )
+    assert (followup.attempt, followup.defers, followup.trace) == (1, 0, {"traceparent": "x"})
+
+
+def test_cron_template_and_tick():
+    template = Envelope.cron_template("a.b")
+    assert template.is_template and template.run_id == TEMPLATE_RUN_ID
+    tick = datetime(2026, 1, 31, 3, 0, tzinfo=UTC)
+    run = Envelope.cron_tick("a.b", tick)
+    assert not run.is_template and run.run_id == tick_run_id("a.b", tick)
+    assert run.tick == "2026-01-31T03:00:00+00:00" and run.trigger == "cron"
+    assert decode(encode(run)) == run
+    assert Envelope.boot("a.b").trigger == "boot"
 
 
 def test_next_attempt_and_deferred_change_only_their_counter():

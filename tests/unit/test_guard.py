@@ -979,9 +979,9 @@ def test_two_key_advisory_locks_need_a_constant_class(sql: str) -> None:
 def test_admission_lock_statement_uses_the_reserved_class() -> None:
     import inspect
 
-    from kumiko_jobs.enqueueing import submit as enqueueing
+    from kumiko_jobs.enqueueing import admission
 
-    source = inspect.getsource(enqueueing.admission)
+    source = inspect.getsource(admission.admission)
     assert "pg_advisory_xact_lock(%s, hashtext(%s))" in source
     assert "ADMISSION_LOCK_CLASS" in source
 

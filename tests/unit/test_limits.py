@@ -16,13 +16,14 @@ from kumiko_jobs import InvalidJob, TenantVisibleError
 from kumiko_jobs.core import conf as conf_module
 from kumiko_jobs.core.envelope import WIDEST_SIGNING_TIME, Envelope, encode
 from kumiko_jobs.core.exceptions import FALLBACK_MESSAGE_KEY, MESSAGE_KEY_MAX_LENGTH
-from kumiko_jobs.definition.registry import MAX_DEFERS_LIMIT, EscapeHatch, build_definition
-from kumiko_jobs.enqueueing.submit import (
+from kumiko_jobs.definition.job import EscapeHatch
+from kumiko_jobs.definition.options import MAX_DEFERS_LIMIT, build_definition
+from kumiko_jobs.enqueueing.messages import message_for
+from kumiko_jobs.enqueueing.validate import (
     GATE_DEFERS_HEADROOM,
-    _check_size,
     check_json,
+    check_size,
     largest_reachable,
-    message_for,
 )
 from kumiko_jobs.run.context import entry_size, log_entry
 
@@ -211,7 +212,7 @@ def test_a_message_that_fits_at_its_last_attempt_is_accepted(settings: Any) -> N
     settings.KUMIKO_JOBS = {**settings.KUMIKO_JOBS, "MAX_ENVELOPE_BYTES": limit}
     env = _sized(definition, limit)
     assert len(_widest(largest_reachable(definition, env))) == limit
-    _check_size(definition, env, message_for(definition, env, 0))
+    check_size(definition, env, message_for(definition, env, 0))
 
 
 def test_a_message_that_outgrows_the_limit_at_a_later_attempt_is_refused(settings: Any) -> None:
@@ -224,7 +225,7 @@ def test_a_message_that_outgrows_the_limit_at_a_later_attempt_is_refused(setting
     message = message_for(definition, env, 0)
     assert len(message.body) < limit  # the check the previous code made passes
     with pytest.raises(InvalidJob, match=f"up to {limit + 1} bytes .*MAX_ENVELOPE_BYTES={limit}"):
-        _check_size(definition, env, message)
+        check_size(definition, env, message)
 
 
 def test_a_fan_out_parent_is_sized_as_its_children(settings: Any) -> None:
@@ -237,12 +238,12 @@ def test_a_fan_out_parent_is_sized_as_its_children(settings: Any) -> None:
     growth = len(_widest(largest_reachable(definition, probe))) - base
     assert growth > 90
     at = envelope("x" * (limit - base - growth), schema=None)
-    _check_size(definition, at, message_for(definition, at, 0))
+    check_size(definition, at, message_for(definition, at, 0))
     over = envelope("x" * (limit - base - growth + 1), schema=None)
     message = message_for(definition, over, 0)
     assert len(message.body) < limit - 90  # the parent itself fits easily
     with pytest.raises(InvalidJob, match="MAX_ENVELOPE_BYTES"):
-        _check_size(definition, over, message)
+        check_size(definition, over, message)
 
 
 # --- ctx.log lines --------------------------------------------------------------------------

@@ -13,15 +13,15 @@ import pytest
 
 from kumiko_jobs import InvalidJob, JobNotRegistered
 from kumiko_jobs.definition import registry as registry_module
-from kumiko_jobs.definition.registry import (
+from kumiko_jobs.definition.job import (
     GRANTS,
     Backoff,
     EscapeHatch,
     FailureVisibility,
     JobDefinition,
-    Registry,
-    build_definition,
 )
+from kumiko_jobs.definition.options import build_definition
+from kumiko_jobs.definition.registry import Registry
 from kumiko_jobs.enqueueing import api
 
 

@@ -7,7 +7,7 @@ the text. These tests pin what the text holds, and that rendering never raises.
 from __future__ import annotations
 
 from kumiko_jobs.core.envelope import Envelope
-from kumiko_jobs.definition.registry import build_definition
+from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.run.context import RunState, render_error
 
 

@@ -1,0 +1,172 @@
+"""What a job is: its validated options (``JobDefinition``) and the values they hold.
+
+Kept apart from the option parsing (``options``) and the registry: the run side, the enqueue
+side and the admin read a definition's facts (its queue, timeout, attempts, deferrals) through
+the properties here, so each default is applied in one place, read at each use so that
+``override_settings`` applies.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..core import conf
+from ..core.exceptions import InvalidJob
+
+GRANTS = ("unsafe_raw", "global_writes", "cross_tenant_reads", "system_identity")
+# The history column the reason lands in (EscapeHatchUse.reason).
+REASON_MAX_LENGTH = 500
+BackoffKind = Literal["fixed", "exponential"]
+Concurrency = Literal["parallel", "skip", "replace", "debounce", "sequential"]
+CONCURRENCY_MODES = ("parallel", "skip", "replace", "debounce", "sequential")
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delay before attempt n+1: ``delay``, or ``delay * 2**(n-1)`` capped at ``max_delay``."""
+
+    kind: BackoffKind = "exponential"
+    delay: float = 1.0
+    max_delay: float = 3600.0
+
+    def seconds_after(self, attempt: int) -> float:
+        """The wait before the attempt after ``attempt`` (1 = the first)."""
+        if self.kind == "fixed":
+            return self.delay
+        # The exponent is capped: 2**64 s is past any max_delay, and a float cannot hold 2**1024.
+        return float(min(self.delay * 2 ** min(attempt - 1, 64), self.max_delay))
+
+
+@dataclass(frozen=True, slots=True)
+class EscapeHatch:
+    """A declared, reasoned permission to step outside the tenant's schema."""
+
+    reason: str
+    grants: tuple[str, ...]
+
+    def __init__(self, reason: str, grants: Sequence[str]):
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidJob(
+                "EscapeHatch needs a reason: say why the job must leave its tenant, e.g. "
+                "EscapeHatch(reason='rebuilds the shared price index', grants=['global_writes'])."
+            )
+        if isinstance(grants, str) or not grants:
+            raise InvalidJob(
+                f"EscapeHatch(grants=...) must be a non-empty list of grants from {GRANTS}."
+            )
+        unknown = [g for g in grants if g not in GRANTS]
+        if unknown:
+            raise InvalidJob(
+                f"EscapeHatch has unknown grant(s) {unknown}; use grants from {GRANTS}."
+            )
+        if len(reason.strip()) > REASON_MAX_LENGTH:
+            raise InvalidJob(
+                f"EscapeHatch reason is {len(reason.strip())} characters; keep it under "
+                f"{REASON_MAX_LENGTH} (the audit row stores it with every reported use)."
+            )
+        object.__setattr__(self, "reason", reason.strip())
+        object.__setattr__(self, "grants", tuple(dict.fromkeys(grants)))
+
+
+@dataclass(frozen=True, slots=True)
+class FailureVisibility:
+    """What a tenant sees of a failed run: a translatable message and the arguments named."""
+
+    message_key: str
+    subject_fields: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class JobDefinition:
+    """A registered job: its validated options. ``@job`` returns the subclass
+    ``kumiko_jobs.enqueue.api.Job``, whose ``enqueue`` / ``enqueue_in`` / ``enqueue_at`` run it."""
+
+    name: str
+    func: Callable[..., Any]
+    queue: str | None = None
+    retries: int | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+    timeout: int | None = None
+    tenant_visible_run: tuple[str, ...] = ()
+    tenant_visible_failure: FailureVisibility | None = None
+    escape_hatch: EscapeHatch | None = None
+    system: bool = False
+    manual: bool = False
+    max_defers: int | None = None
+    description: str = ""
+    cron: str | None = None
+    timezone: str = "UTC"
+    per_tenant: bool = False
+    on: tuple[str, ...] = ()
+    where: Mapping[str, Any] = field(default_factory=dict)
+    concurrency: Concurrency = "parallel"
+    debounce: float = 0.0
+    max_per_tenant: int | None = None
+    tenant_concurrency: int | None = None
+    run_on_boot: bool = False
+    boot_gate: bool = False
+    # A system job that tenant runs may enqueue (as follow-ups) with arguments of their choosing.
+    tenant_may_start: bool = False
+    # The body's writes and the run's success commit in one transaction (docs/reliability.md,
+    # "Exactly once for database-only jobs").
+    atomic: bool = False
+    # A Django task's priority above 0 puts its messages at the front of the queue (set by
+    # task_jobs.register_task_jobs: @job has no such option).
+    front_by_priority: bool = False
+
+    def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
+        """Call the function directly (tests, with any context); no pipeline, no guard, no
+        history."""
+        return self.func(ctx, **kwargs)
+
+    # --- derived facts: the job's option, else the project's default (read at each use, so
+    # override_settings applies) -----------------------------------------------------------
+
+    @property
+    def queue_name(self) -> str:
+        """The RQ queue its messages go to (``queue=``, else ``DEFAULT_QUEUE``)."""
+        return self.queue or conf.get().DEFAULT_QUEUE
+
+    @property
+    def timeout_seconds(self) -> int:
+        """How long an attempt may run (``timeout=``, else ``DEFAULT_TIMEOUT``)."""
+        return self.timeout or conf.get().DEFAULT_TIMEOUT
+
+    @property
+    def max_attempts(self) -> int:
+        """The first attempt and every retry."""
+        return 1 + (conf.get().DEFAULT_RETRIES if self.retries is None else self.retries)
+
+    @property
+    def effective_max_defers(self) -> int:
+        """How often a run may defer itself (``max_defers=``, else ``MAX_DEFERS``)."""
+        return conf.get().MAX_DEFERS if self.max_defers is None else self.max_defers
+
+    @property
+    def grants(self) -> tuple[str, ...]:
+        """What its escape hatch permits (none without one)."""
+        return self.escape_hatch.grants if self.escape_hatch else ()
+
+    @property
+    def subject_fields(self) -> tuple[str, ...]:
+        """The arguments a tenant may see of its runs (``tenant_visible_run`` and the failure's
+        ``subject_fields``, once each, in that order): what the run's subject is built from."""
+        fields = list(self.tenant_visible_run)
+        if self.tenant_visible_failure:
+            fields += [f for f in self.tenant_visible_failure.subject_fields if f not in fields]
+        return tuple(fields)
+
+    def bind_arguments(self, kwargs: Mapping[str, Any]) -> None:
+        """Raise InvalidJob when ``kwargs`` do not fit the function's signature."""
+        try:
+            inspect.signature(self.func).bind(None, **kwargs)
+        except TypeError as exc:
+            raise InvalidJob(
+                f"Job {self.name!r}: {exc}. Pass the job's keyword arguments."
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"<JobDefinition {self.name}>"

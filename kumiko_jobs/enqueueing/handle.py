@@ -1,0 +1,82 @@
+"""What an enqueue returns (``RunHandle``), and how a job named by the caller is found.
+
+Its own module because every way in hands one back (``enqueue``, ``emit``, follow-ups, the
+operator API, the testing helpers) and the handle reads the run's history row on ``refresh``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from asgiref.sync import sync_to_async
+
+from ..core.exceptions import InvalidJob
+from ..definition.job import JobDefinition
+from ..definition.registry import registry
+from ..models import REFUSED_STATUSES, JobRun, RunStatus
+
+
+@dataclass(frozen=True, slots=True)
+class RunHandle:
+    """What an enqueue returns: the run's id and where it will run.
+
+    ``status``, ``scheduled_for`` and ``result`` are what was known when the handle was made
+    (or last refreshed); ``refresh()`` reads the run's history row again and updates them.
+    """
+
+    run_id: str
+    job_name: str
+    schema_name: str | None
+    status: str = RunStatus.QUEUED
+    scheduled_for: datetime | None = None
+    # What the job returned, once the run succeeded (see kumiko_jobs.results for the marker
+    # stored instead of a result that could not be kept). None before that.
+    result: Any = None
+
+    @property
+    def skipped(self) -> bool:
+        """Refused by ``concurrency="skip"``: a run of this job was already active."""
+        return self.status == RunStatus.SKIPPED
+
+    @property
+    def capped(self) -> bool:
+        """Refused by ``max_per_tenant``: the job's active runs had reached the cap."""
+        return self.status == RunStatus.CAPPED
+
+    @property
+    def admitted(self) -> bool:
+        """False when the job's concurrency options refused the enqueue (skipped or capped)."""
+        return self.status not in REFUSED_STATUSES
+
+    @property
+    def finished(self) -> bool:
+        """The run has ended: succeeded, failed or cancelled (as of the last refresh)."""
+        return self.status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+    def refresh(self) -> JobRun:
+        """Read the run's history row: updates ``status``, ``scheduled_for`` and ``result``,
+        and returns the row (``JobRun``) for everything else."""
+        if not self.run_id:
+            raise InvalidJob("This enqueue was skipped (concurrency/max_per_tenant): no run.")
+        row = JobRun.objects.get(pk=self.run_id)
+        # A frozen dataclass, so handles stay hashable; the refresh is its one mutation.
+        object.__setattr__(self, "status", row.status)
+        object.__setattr__(self, "scheduled_for", row.scheduled_for)
+        object.__setattr__(self, "result", row.result)
+        return row
+
+    async def arefresh(self) -> JobRun:
+        """``refresh()`` for async code."""
+        return await sync_to_async(self.refresh)()
+
+
+def resolve(job: JobDefinition | str) -> JobDefinition:
+    """The definition of ``job`` (a definition, or a registered job's name); ``InvalidJob`` for
+    anything else, ``JobNotRegistered`` for an unknown name."""
+    if isinstance(job, JobDefinition):
+        return job
+    if isinstance(job, str):
+        return registry.get(job)
+    raise InvalidJob(f"enqueue() takes a job or a job name, got {job!r}.")

@@ -1,0 +1,181 @@
+"""The one owner of the conversions between an envelope, a run row and a queue message.
+
+A run exists twice: as its history row (``JobRun``), the outbox and the truth, and as the
+signed message RQ delivers. Every path that makes one from the other comes here: an enqueue
+(``new_envelope``, ``row_for``, ``message_for``), a fan-out, a cron tick, a boot gate, and the
+relay, the sweep and ``kumiko_jobs.testing``, which push a waiting run's message again from its
+row (``envelope_of``, ``waiting_envelope``). Written once, the row and the message cannot drift
+apart (a field the row keeps and a rebuilt message drops).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.utils import timezone
+from django_tenants.utils import get_tenant_model
+
+from .. import origin, transport
+from ..core import conf, project_settings
+from ..core.envelope import Envelope, encode, new_run_id
+from ..definition.job import JobDefinition
+from ..models import JobRun, RunStatus
+from .admission import concurrency_owner
+
+
+def new_envelope(
+    definition: JobDefinition,
+    schema: str | None,
+    kwargs: dict[str, Any],
+    run_id: str | None,
+    trigger: str | None,
+    *,
+    trace: dict[str, str] | None = None,
+    tick: str | None = None,
+) -> Envelope:
+    """A new run's envelope, with the request's correlation, actor and write origin (none of
+    which a follow-up reads: it takes its parent's, ``Envelope.followup``)."""
+    return Envelope(
+        job=definition.name,
+        schema=schema,
+        kwargs=kwargs,
+        run_id=run_id or new_run_id(),
+        correlation_id=origin.correlation_id(),
+        triggered_by=origin.triggered_by(),
+        trigger=trigger,
+        trace=trace or {},
+        origin=origin.request_origin(),
+        tick=tick,
+    )
+
+
+def row_for(definition: JobDefinition, env: Envelope, subject: str, delay: float) -> JobRun:
+    """The history row of a new run (queued), written before its message is pushed."""
+    now = timezone.now()
+    return JobRun(
+        run_id=uuid.UUID(env.run_id),
+        job_name=definition.name,
+        schema_name=env.schema or "",
+        subject=subject,
+        status=RunStatus.QUEUED,
+        queue=definition.queue_name,
+        max_attempts=definition.max_attempts,
+        queued_at=now,
+        scheduled_for=now + timedelta(seconds=delay) if delay else None,
+        triggered_by=env.triggered_by or "",
+        trigger=env.trigger or "",
+        correlation_id=env.correlation_id,
+        trace_id=env.trace_id,
+        trace_context=env.trace,
+        parent_run_id=uuid.UUID(env.parent_run_id) if env.parent_run_id else None,
+        payload=env.kwargs,
+        origin=env.origin,
+        rq_job_id=env.rq_job_id,
+    )
+
+
+def envelope_of(
+    run: JobRun, *, attempt: int, defers: int | None = None, gate_defers: int | None = None
+) -> Envelope:
+    """Rebuild the message of a run from its history row (the row holds what the envelope held).
+
+    The inverse of ``row_for``, beside it: the sweep pushes a retry's message from its row;
+    ``waiting_envelope`` rebuilds the one a waiting run waits for."""
+    return Envelope(
+        job=run.job_name,
+        schema=run.schema_name or None,
+        kwargs=run.payload,
+        run_id=uuid.UUID(str(run.run_id)).hex,
+        attempt=attempt,
+        defers=run.defer_count if defers is None else defers,
+        gate_defers=run.gate_defer_count if gate_defers is None else gate_defers,
+        correlation_id=run.correlation_id,
+        triggered_by=run.triggered_by or None,
+        trigger=run.trigger or None,
+        origin=run.origin,
+        parent_run_id=run.parent_run_id.hex if run.parent_run_id else None,
+        trace=dict(run.trace_context or {}),
+    )
+
+
+def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> transport.Message:
+    """The queue message of ``envelope``: signed now, due after ``delay`` seconds, on the job's
+    queue, with its timeout, rate limit and place in the queue."""
+    key, limit = rate_limit_of(definition, envelope.schema)
+    return transport.Message(
+        # Signed now, due after the delay: the message expires MESSAGE_MAX_AGE after that.
+        body=encode(envelope, delay=delay),
+        queue=definition.queue_name,
+        job_id=envelope.rq_job_id,
+        timeout=definition.timeout_seconds,
+        delay=delay,
+        rate_limit_key=key,
+        rate_limit=limit,
+        at_front=_at_front(definition, envelope),
+    )
+
+
+def _at_front(definition: JobDefinition, envelope: Envelope) -> bool:
+    """A Django task's priority (kumiko_jobs.tasks): above the default 0, the front of the
+    queue, for every push of the run (first, retries, relayed): RQ has no other order."""
+    priority = envelope.kwargs.get("priority", 0)
+    return definition.front_by_priority and isinstance(priority, int) and priority > 0
+
+
+def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, int]:
+    """RQ RateLimit of a run: sequential per (job, tenant), else the tenant's cap.
+
+    Keyed per tenant, never per job only, so one busy tenant cannot hold back the others. The
+    tenant of a system job is the system, keyed as the public schema (no tenant has it).
+    ``TENANT_CONCURRENCY`` is a fairness cap between tenants and does not hold system runs
+    back; a system job's own ``tenant_concurrency=`` caps the system's runs.
+    """
+    owner = concurrency_owner(definition, schema)
+    if owner is None:
+        return "", 0
+    key_owner = owner or project_settings.public_schema_name()
+    if definition.concurrency == "sequential":
+        return f"kumiko:seq:{definition.name}:{key_owner}", 1
+    limit = definition.tenant_concurrency
+    if limit is None and schema is not None:
+        limit = conf.get().TENANT_CONCURRENCY
+    if limit:
+        return f"kumiko:tenant:{key_owner}", limit
+    return "", 0
+
+
+def pending_counters(
+    status: str, attempts: int, defers: int, gate_defers: int
+) -> list[tuple[int, int, int]]:
+    """(attempt, defers, gate defers) of the message a waiting run waits for (candidates)."""
+    if status == RunStatus.QUEUED:
+        return [(attempts + 1, defers, gate_defers)]
+    attempt = max(attempts, 1)
+    return [(attempt, defers + 1, gate_defers), (attempt, defers, gate_defers + 1)]
+
+
+def deferred_by_gate(run: JobRun) -> bool:
+    """Was this deferral the inactive-tenant gate's (the row does not say which kind it was)?
+
+    The gate defers only runs of inactive tenants under ``INACTIVE_TENANT="defer"``; a tenant
+    reactivated since then gets a ``ctx.defer()`` resumption instead, which costs the run one
+    of its ``max_defers`` but runs it all the same.
+    """
+    settings = conf.get()
+    field = settings.TENANT_ACTIVE_FIELD
+    if not (field and settings.INACTIVE_TENANT == "defer" and run.schema_name):
+        return False
+    tenant = get_tenant_model().objects.filter(schema_name=run.schema_name).first()
+    return tenant is not None and not getattr(tenant, field, True)
+
+
+def waiting_envelope(run: JobRun) -> Envelope:
+    """The envelope of the message a waiting (queued or deferred) run waits for, rebuilt from
+    its row: the next attempt of a queued run; for a deferred one, the next deferral of the
+    kind it is waiting for (``deferred_by_gate``)."""
+    counters = pending_counters(run.status, run.attempts, run.defer_count, run.gate_defer_count)
+    choice = counters[1] if len(counters) == 2 and deferred_by_gate(run) else counters[0]
+    attempt, defers, gate_defers = choice
+    return envelope_of(run, attempt=attempt, defers=defers, gate_defers=gate_defers)

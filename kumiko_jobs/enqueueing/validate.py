@@ -1,0 +1,178 @@
+"""Everything that can be wrong with an enqueue, found in the caller's code.
+
+Unknown arguments, values JSON cannot carry, a missing or wrong tenant, a message that would
+outgrow ``MAX_ENVELOPE_BYTES`` at its last attempt: each raises ``InvalidJob`` here, where the
+caller can see and fix it, never later in a worker. ``submit`` and follow-ups both call these.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django_tenants.utils import get_tenant_model
+
+from .. import transport
+from ..core import conf, project_settings
+from ..core.envelope import WIDEST_SIGNING_TIME, Envelope, encode
+from ..core.exceptions import InvalidJob
+from ..definition.job import JobDefinition
+from ..definition.subject import build_subject
+
+
+def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
+    """Arguments travel as JSON: refuse anything that would not come back equal.
+
+    Nesting is bounded (``MAX_ARGUMENT_DEPTH``): deeper arguments would hit Python's recursion
+    limit here, in ``json.dumps`` or in the worker's ``json.loads``, as a RecursionError (a
+    500 in a view) instead of a clear refusal; a list that contains itself is caught the same
+    way.
+    """
+    max_depth = conf.get().MAX_ARGUMENT_DEPTH
+
+    def walk(value: Any, path: str, depth: int = 0) -> None:
+        # depth: the lists and dicts around ``value``; ``value`` itself may add one more.
+        if depth >= max_depth and isinstance(value, list | dict):
+            raise InvalidJob(
+                f"Job {job_name!r}: argument {path[:200]} is nested more than "
+                f"MAX_ARGUMENT_DEPTH={max_depth} levels deep. Flatten it, or pass an id and "
+                "load the data in the job."
+            )
+        if isinstance(value, str) and "\x00" in value:
+            raise InvalidJob(f"Job {job_name!r}: argument {path} contains a NUL character.")
+        if value is None or isinstance(value, bool | int | str):
+            return
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidJob(
+                    f"Job {job_name!r}: argument {path} is {value}, which JSON cannot carry."
+                )
+            return
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{path}[{i}]", depth + 1)
+            return
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise InvalidJob(
+                        f"Job {job_name!r}: argument {path} has a non-string key {key!r}."
+                    )
+                walk(item, f"{path}[{key!r}]", depth + 1)
+            return
+        hint = ""
+        if hasattr(value, "_meta") and hasattr(value, "pk"):
+            hint = " Pass its primary key and load it in the job."
+        elif isinstance(value, tuple):
+            hint = " Pass a list."
+        elif isinstance(value, datetime):
+            hint = " Pass value.isoformat()."
+        raise InvalidJob(
+            f"Job {job_name!r}: argument {path} is a {type(value).__name__}, which is not JSON."
+            + hint
+        )
+
+    for name, value in kwargs.items():
+        walk(value, repr(name))
+
+
+def resolve_schema(definition: JobDefinition, tenant: Any) -> str | None:
+    """The schema a new run runs in: ``tenant=`` (a tenant or a schema name that exists), else
+    the current tenant; None for a system job or a fan-out parent. Refuses the public schema."""
+    public = project_settings.public_schema_name()
+    if definition.per_tenant and tenant is None:
+        return None  # a fan-out: one child run per tenant, made by the worker
+    if definition.system:
+        if tenant is not None:
+            raise InvalidJob(f"Job {definition.name!r} is a system job; it takes no tenant=.")
+        return None
+    if tenant is None:
+        schema = getattr(connection, "schema_name", public)
+        if schema == public:
+            raise InvalidJob(
+                f"Job {definition.name!r} was enqueued from the public schema without tenant=. "
+                "Pass tenant=<Tenant or schema name>, or enqueue inside the tenant's request."
+            )
+        return str(schema)
+    schema = tenant if isinstance(tenant, str) else getattr(tenant, "schema_name", None)
+    if not isinstance(schema, str) or not schema:
+        raise InvalidJob(f"tenant= must be a tenant or a schema name, got {tenant!r}.")
+    if schema == public:
+        raise InvalidJob(f"Job {definition.name!r} cannot run for the public schema.")
+    if (
+        isinstance(tenant, str)
+        and not get_tenant_model().objects.filter(schema_name=schema).exists()
+    ):
+        raise InvalidJob(f"No tenant has the schema {schema!r}.")
+    return schema
+
+
+def validated(definition: JobDefinition, kwargs: dict[str, Any]) -> str:
+    """Check ``kwargs`` against the job's signature and JSON; the run's subject."""
+    definition.bind_arguments(kwargs)
+    check_json(kwargs, definition.name)
+    return build_subject(definition, kwargs)
+
+
+# Gate deferrals (an inactive tenant's runs waiting, say) have no cap; the size check reserves
+# the digits of this many, which at one deferral a second is over thirty years.
+GATE_DEFERS_HEADROOM = 999_999_999
+
+# The longest schema name PostgreSQL allows: what a fan-out child's envelope may carry.
+_LONGEST_SCHEMA = "s" * 63
+
+
+def largest_reachable(definition: JobDefinition, env: Envelope) -> Envelope:
+    """``env`` as it will look at its biggest: the last attempt, every deferral used, and,
+    for a fan-out parent, as a child run (a schema, a parent id and a trigger added).
+
+    Retries and deferrals are the same envelope with bigger counters; a message that fits
+    only at attempt 1 would be refused by every worker from some later attempt on, and the
+    relay would push it again and again.
+    """
+    largest = dataclasses.replace(
+        env,
+        attempt=max(env.attempt, definition.max_attempts),
+        defers=max(env.defers, definition.effective_max_defers),
+        gate_defers=max(env.gate_defers, GATE_DEFERS_HEADROOM),
+    )
+    if definition.per_tenant and env.schema is None:
+        largest = dataclasses.replace(
+            largest,
+            schema=_LONGEST_SCHEMA,
+            parent_run_id=env.run_id,
+            trigger=env.trigger or "fanout",
+        )
+    return largest
+
+
+def _growth_bound(definition: JobDefinition) -> int:
+    """More than the bytes ``largest_reachable`` can add: the counters' digits, and for a
+    fan-out child its schema (63), parent id (32) and trigger, with quotes."""
+    return (
+        128
+        + len(str(GATE_DEFERS_HEADROOM))
+        + len(str(definition.max_attempts))
+        + len(str(definition.effective_max_defers))
+    )
+
+
+def check_size(definition: JobDefinition, env: Envelope, message: transport.Message) -> None:
+    """Refuse a message that is, or would grow (``largest_reachable``), over
+    ``MAX_ENVELOPE_BYTES``: every worker would refuse it from that attempt on."""
+    limit = conf.get().MAX_ENVELOPE_BYTES
+    size = len(message.body)  # signed ASCII JSON: one byte per character
+    if limit < size + _growth_bound(definition):
+        # Close to or past the limit: measure the largest envelope exactly (a second encode),
+        # signed at the widest time, as a relayed or deferred copy may be re-signed any time.
+        size = len(encode(largest_reachable(definition, env), now=WIDEST_SIGNING_TIME))
+    if size > limit:
+        raise InvalidJob(
+            f"Job {definition.name!r}: arguments make a message of up to {size} bytes (at its "
+            f"last attempt and deferral), over MAX_ENVELOPE_BYTES={limit}. Pass ids and load "
+            "the data in the job."
+        )
