@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 from ..core import conf
 from ..core.exceptions import InvalidJob, JobNotRegistered, message_key_problem
+from ..core.grants import Grant
 from .cron import check_cron, check_timezone
 
-GRANTS = ("unsafe_raw", "global_writes", "cross_tenant_reads", "system_identity")
+GRANTS = tuple(grant.value for grant in Grant)  # plain words: error messages show them
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 # The history columns these land in (models.JobRun.queue, EscapeHatchUse.reason).
 QUEUE_MAX_LENGTH = 100
@@ -382,7 +383,7 @@ def _check_atomic(
     # unsafe_raw stays on the body's connection; system_identity (ctx.act_as) switches no
     # connection. The other two switch the body to another login for their block.
     other = sorted(
-        set(escape_hatch.grants if escape_hatch else ()) - {"unsafe_raw", "system_identity"}
+        set(escape_hatch.grants if escape_hatch else ()) - {Grant.UNSAFE_RAW, Grant.SYSTEM_IDENTITY}
     )
     if other:
         raise _fail(
