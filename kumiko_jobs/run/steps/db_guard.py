@@ -24,8 +24,7 @@ from psycopg import sql as psycopg_sql
 
 from ...core import conf, session
 from ...core.exceptions import DatabaseAccessDenied
-from ...guard import Grant, Policy, Verdict, classify
-from ...guard.sql_tree import statement_shape
+from ...guard import Grant, Policy, Verdict, classify, statement_shape
 from ...guard.tables import personal_data_columns, protected_tables, shared_tables
 from ...guard.watch import Watch, current_watch, watching
 from ...history import audit
