@@ -69,6 +69,7 @@ class Shape:
 
     @property
     def plain(self) -> bool:
+        """No schema, call, catalog read or part to judge: the fast path checks only the writes."""
         return not (
             self.unverifiable
             or self.schemas

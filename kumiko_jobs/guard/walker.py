@@ -136,6 +136,7 @@ class Walker:
 
     # generic descent: a node is {"TypeName": {fields}}, lists hold nodes or values
     def walk(self, value: Any) -> None:
+        """Descend into a node or list, calling the handler of each node type naming objects."""
         if type(value) is dict:
             handlers = _HANDLERS
             for key, child in value.items():
@@ -150,6 +151,7 @@ class Walker:
                     self.walk(item)
 
     def fields(self, node: dict[str, Any], *skip: str) -> None:
+        """Walk a node's fields except ``skip`` (what a handler has judged itself)."""
         for key, child in node.items():
             if type(child) in _CONTAINERS and key not in skip:
                 self.walk({key: child} if key in _HANDLERS else child)
@@ -157,10 +159,12 @@ class Walker:
     # --- objects named in the tree --------------------------------------------------------
 
     def schema_ref(self, schema: str) -> None:
+        """A schema named in the statement (pg_catalog is always on the path, so not counted)."""
         if schema != CATALOG:
             self.schemas.add(schema)
 
     def relation(self, node: dict[str, Any]) -> None:
+        """A relation read: catalog relations by their list, others by their schema."""
         schema = node.get("schemaname")
         name = node.get("relname", "")
         if schema is None:
@@ -174,10 +178,12 @@ class Walker:
         self.fields(node)
 
     def catalog_read(self, name: str) -> None:
+        """A catalog relation read: denied whatever the grants unless it only describes objects."""
         if name not in READABLE_CATALOG_RELATIONS:
             self.forbidden_catalogs.append(name)
 
     def write_target(self, verb: str, node: dict[str, Any], columns: frozenset[str] | None) -> None:
+        """A relation written (INSERT/UPDATE/DELETE/MERGE/TRUNCATE target) and its columns."""
         schema = node.get("schemaname")
         name = node.get("relname", "")
         if schema is None and (name.startswith("pg_") or name in CATALOG_RELATIONS):
@@ -185,6 +191,7 @@ class Walker:
         self.writes.append(Write(verb, schema, name, columns))
 
     def call(self, node: dict[str, Any]) -> None:
+        """A call: sequences and advisory locks judged by their arguments, others by allowlist."""
         parts = _names(node.get("funcname", []))
         name = parts[-1]
         schema = parts[-2] if len(parts) >= 2 else None
@@ -202,6 +209,7 @@ class Walker:
         self.fields(node, "funcname")
 
     def sequence_call(self, name: str, args: list[Any]) -> None:
+        """``nextval``/``setval``/``currval`` name their sequence in a string: read it as a name."""
         first = args[0] if args else None
         literal = string_constant(first)
         if literal is None and isinstance(first, dict) and "TypeCast" in first:
@@ -222,6 +230,7 @@ class Walker:
             self.writes.append(Write(name, schema, parts[-1], frozenset()))
 
     def advisory_lock(self, name: str, args: list[Any]) -> None:
+        """A transaction advisory lock: never in kumiko's own admission lock class."""
         if len(args) == 2:
             # Two int4 keys: kumiko's admission lock lives here under ADMISSION_LOCK_CLASS.
             key_class = _int_constant(args[0])
@@ -236,12 +245,14 @@ class Walker:
         # by objsubid (1: one int8 key, 2: two int4 keys). So no bigint meets kumiko's keys.
 
     def type_name(self, node: dict[str, Any]) -> None:
+        """A type name, which may be schema-qualified (``t2.mytype``)."""
         names = _names(node.get("names", []))
         if len(names) >= 2:
             self.schema_ref(names[-2])
         self.fields(node, "names")
 
     def type_cast(self, node: dict[str, Any]) -> None:
+        """A cast; to a reg* type, the string cast names an object, read like a name."""
         names = _names(node["typeName"].get("names", []))
         if names[-1] in REG_TYPES and (len(names) == 1 or names[-2] == CATALOG):
             literal = string_constant(node.get("arg"))
@@ -251,6 +262,7 @@ class Walker:
         self.fields(node)
 
     def reg_name(self, reg_type: str, literal: str) -> None:
+        """The object a ``'...'::reg*`` string names: only its schema matters."""
         if reg_type == "regrole":
             return
         if reg_type == "regnamespace":
@@ -274,28 +286,33 @@ class Walker:
             self.schema_ref(parts[-2])
 
     def column_ref(self, node: dict[str, Any]) -> None:
+        """A column reference; three parts or more name a schema."""
         fields = _names(node.get("fields", []))
         if len(fields) >= 3 and "*" not in fields[:-1]:
             self.schema_ref(fields[-3])  # schema.table.column (or db.schema.table.column)
 
     def operator(self, node: dict[str, Any]) -> None:
+        """An expression's operator, which may be schema-qualified."""
         names = _names(node.get("name", []))
         if len(names) >= 2:
             self.schema_ref(names[-2])  # OPERATOR(t2.+)
         self.fields(node, "name")
 
     def qualified(self, node: dict[str, Any], key: str) -> None:
+        """A node whose ``key`` field is a possibly qualified name (collation, sampling method)."""
         names = _names(node.get(key, []))
         if len(names) >= 2:
             self.schema_ref(names[-2])  # COLLATE t2.c, TABLESAMPLE t2.method(...)
         self.fields(node, key)
 
     def operator_names(self, names: list[Any]) -> None:
+        """An operator named in ``USING``/``ANY`` forms, possibly qualified."""
         parts = _names(names)
         if len(parts) >= 2:
             self.schema_ref(parts[-2])  # ORDER BY x USING OPERATOR(t2.<), x OPERATOR(t2.=) ANY
 
     def constant(self, node: dict[str, Any]) -> None:
+        """A numeric constant: refused if written in a form only PostgreSQL 16+ reads alike."""
         if "ival" in node or "fval" in node:
             location = node.get("location", -1)
             if location >= 0:
@@ -306,6 +323,7 @@ class Walker:
     # --- statements -----------------------------------------------------------------------
 
     def insert(self, node: dict[str, Any]) -> None:
+        """INSERT: its target and the columns it writes (ON CONFLICT's too)."""
         columns: frozenset[str] | None = None
         if "cols" in node:
             columns = frozenset(t["ResTarget"]["name"] for t in node["cols"])
@@ -318,15 +336,18 @@ class Walker:
         self.fields(node, "relation")
 
     def update(self, node: dict[str, Any]) -> None:
+        """UPDATE: its target and the columns it sets."""
         columns = frozenset(t["ResTarget"]["name"] for t in node.get("targetList", []))
         self.write_target("update", node["relation"], columns)
         self.fields(node, "relation")
 
     def delete(self, node: dict[str, Any]) -> None:
+        """DELETE: its target (no columns written)."""
         self.write_target("delete", node["relation"], frozenset())
         self.fields(node, "relation")
 
     def merge(self, node: dict[str, Any]) -> None:
+        """MERGE: its target and every column its WHEN clauses write."""
         columns: set[str] | None = set()
         for clause in node.get("mergeWhenClauses", []):
             when = clause["MergeWhenClause"]
@@ -340,13 +361,16 @@ class Walker:
         self.fields(node, "relation")
 
     def into(self, node: dict[str, Any]) -> None:
+        """SELECT INTO creates a table: unverifiable."""
         self.unverifiable = "SELECT INTO creates a table"
 
     def locking(self, node: dict[str, Any]) -> None:
+        """FOR UPDATE/SHARE: the statement locks rows."""
         self.locks = True
         self.fields(node)
 
     def param(self, node: dict[str, Any]) -> None:
+        """A ``$n`` parameter node, counted to match psycopg's placeholders."""
         self.params.append(int(node.get("number", 0)))
 
 

@@ -143,11 +143,11 @@ def _checked_only(sql: Any, params: Any, many: bool, context: Any) -> None:
 
 
 class GuardedCursor(_GuardsOtherRoutes, CursorWrapper):
-    pass
+    """Django's cursor with the routes past the execute wrappers closed."""
 
 
 class GuardedDebugCursor(_GuardsOtherRoutes, CursorDebugWrapper):
-    pass
+    """Django's debug cursor (DEBUG=True) with the same routes closed."""
 
 
 class GuardWrapper:
@@ -166,6 +166,7 @@ class GuardWrapper:
         self._read_only: dict[str, Policy] = {}
 
     def policy(self) -> Policy:
+        """The policy of the grants open now (one per combination, built once)."""
         key = (tuple(self.watch.active_grants), self.watch.readable_schema)
         policy = self._policies.get(key)
         if policy is None:
