@@ -4,7 +4,7 @@ One run, on the real PostgreSQL, in a database of its own (created, then dropped
 tenant. The same loops run in that tenant:
 
 * ``off``: no execute wrapper, as with ``DB_GUARD = "off"``;
-* ``guard``: ``kumiko_jobs.steps.db_guard.GuardWrapper`` on ``connection.execute_wrapper`` for
+* ``guard``: ``kumiko_jobs.guard.wrapper.GuardWrapper`` on ``connection.execute_wrapper`` for
   every alias, exactly as the ``db_guard`` step installs it for a job body (enforce mode, no
   grant open), so every statement, including django-tenants' own ``SET search_path``, is
   classified.
@@ -118,8 +118,8 @@ def guard_state(tenant: Any) -> Any:
 
 def guard_wrapper(state: Any) -> Any:
     """The ``GuardWrapper`` the db_guard step installs for ``state``'s body (enforce mode)."""
+    from kumiko_jobs.guard.wrapper import GuardWrapper
     from kumiko_jobs.history import audit
-    from kumiko_jobs.run.steps.db_guard import GuardWrapper
 
     report = functools.partial(audit.record_use, state)
     return GuardWrapper(state.watch, enforce=True, report_use=report)
@@ -127,7 +127,7 @@ def guard_wrapper(state: Any) -> Any:
 
 @contextlib.contextmanager
 def guarded(state: Any) -> Iterator[Any]:
-    """What ``kumiko_jobs.steps.db_guard.db_guard`` does around a job body."""
+    """What ``kumiko_jobs.run.steps.db_guard.db_guard`` does around a job body."""
     from django.db import connections
 
     wrapper = guard_wrapper(state)

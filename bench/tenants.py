@@ -6,7 +6,7 @@ tenant gets a schema, made cheaply: ``CREATE SCHEMA`` plus the one table the chi
 (``billing_activitylog``, created from the model's own DDL), in batches, instead of
 django-tenants' ``save()`` (which runs every migration per schema: hours for 10,000). Then:
 
-(roles)  ``db_roles.sync_all()`` (what ``manage.py kumiko_jobs roles`` runs) for every tenant,
+(roles)  ``role_sync.sync_all()`` (what ``manage.py kumiko_jobs roles`` runs) for every tenant,
          timed, twice: creating the roles, then again as the idempotent repair of a deploy.
          Counted: the roles made, and the grant entries on a shared table (``customers_client``)
          before and after, which must not grow with the tenants (the group role holds them).
@@ -106,25 +106,25 @@ def grant_entries(table: str) -> list[str]:
 def role_count() -> int:
     from django.db import connection
 
-    from kumiko_jobs.guard import db_roles
+    from kumiko_jobs.guard import role_grants
 
     with connection.cursor() as cursor:
-        return len(db_roles.our_roles(cursor))
+        return len(role_grants.our_roles(cursor))
 
 
 def measure_roles() -> dict[str, Any]:
-    from kumiko_jobs.guard import db_roles
+    from kumiko_jobs.guard import role_sync
 
     before = grant_entries(SHARED_TABLE)
     started = time.perf_counter()
-    first = db_roles.sync_all()
+    first = role_sync.sync_all()
     create_s = time.perf_counter() - started
     after = grant_entries(SHARED_TABLE)
     started = time.perf_counter()
-    second = db_roles.sync_all()
+    second = role_sync.sync_all()
     repair_s = time.perf_counter() - started
     started = time.perf_counter()
-    stale = db_roles.out_of_date()
+    stale = role_sync.out_of_date()
     check_s = time.perf_counter() - started
     return {
         "tenants": len(first.ensured),
@@ -142,11 +142,11 @@ def measure_roles() -> dict[str, Any]:
 
 def roles_for_first(count: int) -> dict[str, Any]:
     """Roles for the first ``count`` tenants only (the ones a short drain reaches): what the
-    tenant hooks do at creation, one transaction per ``db_roles.SYNC_CHUNK`` tenants."""
+    tenant hooks do at creation, one transaction per ``role_sync.SYNC_CHUNK`` tenants."""
     from django.db import connection, transaction
 
     from example_project.customers.models import Client
-    from kumiko_jobs.guard import db_roles
+    from kumiko_jobs.guard import role_grants, role_sync
 
     tenants = list(
         Client.objects.exclude(schema_name="public")
@@ -155,11 +155,11 @@ def roles_for_first(count: int) -> dict[str, Any]:
     )
     started = time.perf_counter()
     with connection.cursor() as cursor:
-        db_roles.ensure_group(cursor)
-        for start in range(0, len(tenants), db_roles.SYNC_CHUNK):
+        role_grants.ensure_group(cursor)
+        for start in range(0, len(tenants), role_sync.SYNC_CHUNK):
             with transaction.atomic():
-                for pk, schema in tenants[start : start + db_roles.SYNC_CHUNK]:
-                    db_roles.ensure_tenant_role(cursor, pk, schema)
+                for pk, schema in tenants[start : start + role_sync.SYNC_CHUNK]:
+                    role_grants.ensure_tenant_role(cursor, pk, schema)
     return {
         "tenants": len(tenants),
         "roles": role_count(),
@@ -203,7 +203,7 @@ def measure_drain(count: int, workers: int, database: str) -> dict[str, Any]:
     from example_project.billing.jobs import bench_fanout
     from kumiko_jobs import transport
     from kumiko_jobs.core import conf
-    from kumiko_jobs.guard import db_roles
+    from kumiko_jobs.guard import role_names
     from kumiko_jobs.models import JobRun, RunStatus
     from kumiko_jobs.worker import Worker
 
@@ -218,7 +218,7 @@ def measure_drain(count: int, workers: int, database: str) -> dict[str, Any]:
     children = JobRun.objects.filter(parent_run_id=parent.run_id)
     total = children.count()
     done = children.exclude(status__in=(RunStatus.QUEUED, RunStatus.RUNNING))
-    sampler = ConnectionSampler(database, db_roles.prefix())
+    sampler = ConnectionSampler(database, role_names.prefix())
     sampler.start()
     pool = Workers(workers, Path(tempfile.mkdtemp(prefix="kj-bench-tenants-")), "drain")
     started = time.perf_counter()
@@ -281,7 +281,7 @@ def print_report(results: Results) -> None:
         )
     elif r:
         print(
-            f"  roles (db_roles.sync_all = manage.py kumiko_jobs roles): {r['tenants']} tenants, "
+            f"  roles (role_sync.sync_all = manage.py kumiko_jobs roles): {r['tenants']} tenants, "
             f"{r['roles']} roles (tenant, reader, writer each)"
         )
         print(
@@ -333,7 +333,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         metavar="N",
         help="provision roles for the first N tenants only (those the drain reaches), "
-        "instead of db_roles.sync_all for all",
+        "instead of role_sync.sync_all for all",
     )
     parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
     parser.add_argument("--database", default=BENCH_DATABASE)
@@ -367,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"provisioning roles for the first {args.roles_for} tenants ...", flush=True)
             results.roles = roles_for_first(args.roles_for)
         elif not args.no_roles:
-            print("provisioning roles (db_roles.sync_all, twice) ...", flush=True)
+            print("provisioning roles (role_sync.sync_all, twice) ...", flush=True)
             results.roles = measure_roles()
         if args.drain:
             print(f"fan-out, then {args.workers} workers drain {args.drain} ...", flush=True)

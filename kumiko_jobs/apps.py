@@ -19,7 +19,7 @@ class KumikoJobsConfig(AppConfig):
         from .core import conf, project_settings
         from .definition.registry import registry
         from .enqueueing import schedules
-        from .guard import db_roles
+        from .guard import role_sync
 
         # The scheduler (transport) sits below the cron domain and cannot import it.
         transport.install_cron_hooks(schedules.CRON_HOOKS)
@@ -38,7 +38,7 @@ class KumikoJobsConfig(AppConfig):
         registry.freeze()
         self._forget_deleted_tenants()
         if project_settings.has_tenant_settings():
-            db_roles.connect_hooks()  # each receiver does nothing unless DB_ROLES is on
+            role_sync.connect_hooks()  # each receiver does nothing unless DB_ROLES is on
 
     def _forget_deleted_tenants(self) -> None:
         # History rows outlive a tenant's schema; when the tenant goes, so does its data in

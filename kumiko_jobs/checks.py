@@ -347,9 +347,9 @@ def check_db_roles_in_step(
             return []
     except ImproperlyConfigured:
         return []
-    from .guard import db_roles
+    from .guard import role_sync
 
-    stale = db_roles.out_of_date()
+    stale = role_sync.out_of_date()
     if not stale:
         return []
     shown = ", ".join(stale[:10]) + (f" and {len(stale) - 10} more" if len(stale) > 10 else "")

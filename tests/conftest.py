@@ -52,11 +52,11 @@ def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> It
     yield
     with django_db_blocker.unblock():
         from kumiko_jobs.guard import connections as tenant_connections
-        from kumiko_jobs.guard import db_roles
+        from kumiko_jobs.guard import role_sync
 
         # Roles are cluster-wide: this database's (its prefix, never another suite's) go with it.
         tenant_connections.close_all()
-        db_roles.drop_all()
+        role_sync.drop_all()
         teardown_databases(db_cfg, verbosity=0)
 
 

@@ -3,7 +3,7 @@
 Constants only, no imports: the admission lock's advisory-key class is taken by the enqueue
 side's lock and kept from tenant SQL by the guard's classifier; the atomic success function
 (migration 0011) is called by the run's history and granted to the tenants' roles by
-``db_roles``. Living here, neither of those imports the other.
+``guard.role_grants``. Living here, neither of those imports the other.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ from typing import Any, Literal
 
 from ..core import conf
 from ..core.exceptions import InvalidJob
+from ..core.grants import Grant
 
-GRANTS = ("unsafe_raw", "global_writes", "cross_tenant_reads", "system_identity")
+GRANTS = tuple(grant.value for grant in Grant)  # plain words: error messages show them
 # The history column the reason lands in (EscapeHatchUse.reason).
 REASON_MAX_LENGTH = 500
 BackoffKind = Literal["fixed", "exponential"]

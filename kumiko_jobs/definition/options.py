@@ -17,6 +17,7 @@ from django.apps import apps
 
 from ..core import conf
 from ..core.exceptions import InvalidJob, message_key_problem
+from ..core.grants import Grant
 from .cron import check_cron, check_timezone
 from .job import CONCURRENCY_MODES, Backoff, EscapeHatch, FailureVisibility, JobDefinition
 
@@ -239,7 +240,7 @@ def _check_atomic(
     # unsafe_raw stays on the body's connection; system_identity (ctx.act_as) switches no
     # connection. The other two switch the body to another login for their block.
     other = sorted(
-        set(escape_hatch.grants if escape_hatch else ()) - {"unsafe_raw", "system_identity"}
+        set(escape_hatch.grants if escape_hatch else ()) - {Grant.UNSAFE_RAW, Grant.SYSTEM_IDENTITY}
     )
     if other:
         raise _fail(

@@ -2,11 +2,11 @@
 
 For a tenant run with ``DB_ROLES`` on, the tenancy step swaps every django-tenants alias of the
 worker's thread (``connections[alias] = ...``) to a wrapper built from the alias's settings with
-the tenant role's name and derived password (``db_roles``), for the body only: the run's history
-stays on the project's own connections, which the swap sets aside. Everything the body reaches
-through Django (``connection``, ``connections[alias]``, the ORM, cursors, the raw psycopg
-connection under them, connections opened during the run) is the tenant's login session, which
-no SQL can turn into another identity.
+the tenant role's name and derived password (``guard.role_names``), for the body only: the run's
+history stays on the project's own connections, which the swap sets aside. Everything the body
+reaches through Django (``connection``, ``connections[alias]``, the ORM, cursors, the raw
+psycopg connection under them, connections opened during the run) is the tenant's login
+session, which no SQL can turn into another identity.
 
 Wrappers are kept per (alias, role) in a small LRU pool per thread (``DB_ROLE_POOL_SIZE``):
 a worker serving a few tenants reconnects never, one serving thousands reconnects when a tenant
@@ -35,7 +35,7 @@ from psycopg import ServerCursor, errors
 
 from ..core import conf, project_settings, session
 from ..core.exceptions import DatabaseAccessDenied
-from . import db_roles
+from . import role_names
 from .watch import Watch, current_watch, watching
 
 ROLE_ATTRIBUTE = "kumiko_db_role"
@@ -84,8 +84,8 @@ def enabled_for(watch: Watch) -> bool:
 
 def wrapper_for(alias: str, tenant_pk: Any, suffix: str = "") -> Any:
     """The pooled wrapper of ``alias`` logged in as the tenant's role (not connected yet), or
-    as one of its escape-hatch logins (``db_roles.READER_SUFFIX``, ``WRITER_SUFFIX``)."""
-    role = db_roles.role_name(tenant_pk, alias) + suffix
+    as one of its escape-hatch logins (``role_names.READER_SUFFIX``, ``WRITER_SUFFIX``)."""
+    role = role_names.role_name(tenant_pk, alias) + suffix
     pool = _wrappers()
     key = (alias, role)
     wrapper = pool.pop(key, None)
@@ -102,7 +102,7 @@ def wrapper_for(alias: str, tenant_pk: Any, suffix: str = "") -> Any:
 def _new_wrapper(alias: str, role: str) -> Any:
     settings = project_settings.database_settings(alias)
     settings["USER"] = role
-    settings["PASSWORD"] = db_roles.password(role)
+    settings["PASSWORD"] = role_names.password(role)
     options = dict(settings.get("OPTIONS") or {})
     # The project's assume_role is a role the tenant cannot (and must not) become; a psycopg
     # pool would hand out the project's connections.
@@ -199,7 +199,7 @@ def writer_identity(watch: Watch) -> Iterator[None]:
         yield
         return
     wrappers = {
-        a: wrapper_for(a, watch.tenant.pk, db_roles.WRITER_SUFFIX) for a in identity.aliases
+        a: wrapper_for(a, watch.tenant.pk, role_names.WRITER_SUFFIX) for a in identity.aliases
     }
     with _switched(watch, identity, wrappers, reset=True):
         yield
@@ -251,7 +251,7 @@ def read_identity(watch: Watch, tenant: Any) -> Iterator[None]:
     if identity is None or tenant.pk == watch.tenant.pk:
         yield
         return
-    wrappers = {a: wrapper_for(a, tenant.pk, db_roles.READER_SUFFIX) for a in identity.aliases}
+    wrappers = {a: wrapper_for(a, tenant.pk, role_names.READER_SUFFIX) for a in identity.aliases}
     previous = identity.swap_to(wrappers)
     try:
         with contextlib.ExitStack() as stack:

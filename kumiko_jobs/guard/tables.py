@@ -1,9 +1,8 @@
 """Which tables the guard treats specially: shared, protected, holding personal data.
 
 Read from the installed apps' models (and ``EXTRA_SHARED_TABLES``), once per process. The
-guard's policy (``steps.db_guard``) and the tenant roles' grants (``db_roles``) both use these
-answers, so the classifier and PostgreSQL's privileges draw the same lines. Moves to
-``kumiko_jobs/guard/tables.py`` with the guard package (docs/maintainers/layout-plan.md).
+guard's policy (``guard.wrapper``) and the tenant roles' grants (``role_grants``) both use these
+answers, so the classifier and PostgreSQL's privileges draw the same lines.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The guard's part of a run (``Watch``) and the run's Watch in this context (``current_watch``).
 
-Everything the guard and the tenant's login (``steps.db_guard``, ``tenant_connections``) need
+Everything the guard and the tenant's login (``guard.wrapper``, ``guard.connections``) need
 to know about a run, and everything they record on it, in one place: the run's schema, tenant
 and write origin, the grants its job declares, the escape hatches open right now, the
 violations (kept, so a job that catches the denial still fails), which database sessions the
@@ -11,10 +11,6 @@ through the methods below only.
 
 Pure data: this module imports nothing of kumiko and nothing of Django, so that the run state,
 which is imported while Django's apps load (the logging filter), can hold a Watch.
-
-Moves to ``kumiko_jobs/guard/watch.py`` in a later pure-move commit (docs/maintainers/
-layout-plan.md, Phase B); a module and a package cannot both be named ``guard`` until
-``guard.py`` moves too.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from typing import Any, Protocol
 
 
 class Installation(Protocol):
-    """The guard installed on the body's connections (``steps.db_guard.GuardSession``)."""
+    """The guard installed on the body's connections (``guard.install.GuardSession``)."""
 
     def cover(self, conn: Any) -> None:
         """Guard ``conn``, a connection the runner switches the body to for a hatch's block."""

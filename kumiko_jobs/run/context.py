@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import current
 from ..core.exceptions import InvalidJob, JobCancelled
+from ..core.grants import Grant
 from ..core.scrubbing import MASK, is_sensitive_key, scrub
 from ..enqueueing.followups import FollowupBatch, collecting, prepare_followup
 from ..guard.watch import Watch
@@ -419,7 +420,7 @@ class JobContext:
 
     def unsafe_raw(self) -> contextlib.AbstractContextManager[None]:
         """Allow SQL the guard cannot verify (DDL, COPY, SET, multi-statements)."""
-        return self._granted("unsafe_raw")
+        return self._granted(Grant.UNSAFE_RAW.value)
 
     @contextlib.contextmanager
     def global_writes(self) -> Iterator[None]:
@@ -429,7 +430,7 @@ class JobContext:
         # this module is imported while apps load (the logging filter).
         from ..guard.connections import writer_identity
 
-        with self._granted("global_writes"), writer_identity(self._state.watch):
+        with self._granted(Grant.GLOBAL_WRITES.value), writer_identity(self._state.watch):
             yield
 
     @contextlib.contextmanager
@@ -442,7 +443,7 @@ class JobContext:
         watch = self._state.watch
         # django-tenants' wrapper (with DB_ROLES, the other tenant's role's, for the block)
         connection: Any = default_connection
-        with self._granted("cross_tenant_reads"), read_identity(watch, tenant):
+        with self._granted(Grant.CROSS_TENANT_READS.value), read_identity(watch, tenant):
             previous = connection.tenant
             with watch.reading(tenant.schema_name):
                 connection.set_tenant(tenant)
@@ -454,7 +455,7 @@ class JobContext:
     @contextlib.contextmanager
     def act_as(self, user: Any) -> Iterator[None]:
         """Make ``kumiko_jobs.current_user()`` return ``user`` for app code in this block."""
-        with self._granted("system_identity"), current.acting_as(user):
+        with self._granted(Grant.SYSTEM_IDENTITY.value), current.acting_as(user):
             actor = audit.actor_of(self._state)
             if len(actor) > ACTOR_MAX_LENGTH:
                 # The audit row's actor column holds this much; a longer one would make the
@@ -465,7 +466,7 @@ class JobContext:
                     f"{ACTOR_MAX_LENGTH}. Act as a user whose primary key is shorter."
                 )
             # Reported after the switch, so that the audit's actor is the user acted as.
-            audit.record_use(self._state, "system_identity")
+            audit.record_use(self._state, Grant.SYSTEM_IDENTITY.value)
             yield
 
     @contextlib.contextmanager

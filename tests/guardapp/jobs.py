@@ -532,7 +532,7 @@ def rename_people(ctx: JobContext, *, name: str) -> None:
 
 @job
 def guard_installed(ctx: JobContext) -> None:
-    from kumiko_jobs.run.steps.db_guard import GuardWrapper
+    from kumiko_jobs.guard.wrapper import GuardWrapper
 
     for conn in connections.all():
         installed = any(isinstance(w, GuardWrapper) for w in conn.execute_wrappers)

@@ -20,7 +20,7 @@ from django.test import override_settings
 from django_tenants.utils import tenant_context
 
 from kumiko_jobs.guard import connections as tenant_connections
-from kumiko_jobs.guard import db_roles
+from kumiko_jobs.guard import role_grants, role_names, role_sync
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
 from tests.guardapp import role_jobs, support
@@ -55,7 +55,7 @@ def _project_user() -> str:
 def test_the_body_logs_in_as_its_tenants_role(tenants, guard_data):
     run = _run(tenants["t1"], role_jobs.role_whoami, ROLES_ENFORCE)
     assert run.status == RunStatus.SUCCEEDED, run.error_message
-    role = db_roles.role_name(tenants["t1"].pk)
+    role = role_names.role_name(tenants["t1"].pk)
     assert support.findings("t1") == {"identity": f"{role}/{role}", "secrets": "t1-value"}
     # ... and the history was written with the project's own user, on its own connection.
     assert _project_user() != role
@@ -116,8 +116,8 @@ def test_global_writes_run_as_the_tenants_writer_login_for_the_block(tenants, gu
     the shared tables, nothing on other tenants (test_db_roles_leftovers has the raw routes)."""
     run = _run(tenants["t1"], role_jobs.role_add_plan, ROLES_LOG, name="added")
     assert run.status == RunStatus.SUCCEEDED, run.error_message
-    role = db_roles.role_name(tenants["t1"].pk)
-    writer = db_roles.writer_name(tenants["t1"].pk)
+    role = role_names.role_name(tenants["t1"].pk)
+    writer = role_names.writer_name(tenants["t1"].pk)
     assert support.findings("t1") == {
         "inside_global_writes": f"{writer}/{writer}",
         "after_global_writes": f"{role}/{role}",
@@ -136,8 +136,8 @@ def test_without_global_writes_a_shared_write_is_refused_by_postgresql(tenants, 
 def test_cross_tenant_reads_use_the_other_tenants_role_read_only(tenants, guard_data):
     run = _run(tenants["t1"], role_jobs.read_other_tenant, ROLES_LOG, schema="t2")
     assert run.status == RunStatus.SUCCEEDED, run.error_message
-    t1_role = db_roles.role_name(tenants["t1"].pk)
-    t2_reader = db_roles.reader_name(tenants["t2"].pk)
+    t1_role = role_names.role_name(tenants["t1"].pk)
+    t2_reader = role_names.reader_name(tenants["t2"].pk)
     assert support.findings("t1") == {
         "read": "t2-value",
         "identity_in_block": f"{t2_reader}/{t2_reader}",
@@ -193,10 +193,10 @@ def test_tenant_lifecycle_create_run_migrate_repair_delete(live_db, observer):
     with override_settings(KUMIKO_JOBS=ROLES_ENFORCE):
         tenant = Client(schema_name="t_life", name="Lifecycle")
         tenant.save()  # creates and migrates the schema: the role comes with it
-        role = db_roles.role_name(tenant.pk)
+        role = role_names.role_name(tenant.pk)
         try:
             assert _role_exists(observer, role)
-            assert db_roles.out_of_date() == [] and _e012() == []
+            assert role_sync.out_of_date() == [] and _e012() == []
 
             # Runs of the new tenant work at once, as its role.
             run = _run(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
@@ -207,7 +207,7 @@ def test_tenant_lifecycle_create_run_migrate_repair_delete(live_db, observer):
             # PostgreSQL, repaired by a migration of the schema and by the command.
             revoke = f'REVOKE SELECT ON "t_life".guardapp_secret FROM "{role}"'
             observer.rows(revoke)
-            assert db_roles.out_of_date() == ["t_life"]
+            assert role_sync.out_of_date() == ["t_life"]
             (error,) = _e012()
             assert "t_life" in error.msg and "manage.py kumiko_jobs roles" in error.hint
             run = _run(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
@@ -215,12 +215,12 @@ def test_tenant_lifecycle_create_run_migrate_repair_delete(live_db, observer):
             assert "permission denied for table guardapp_secret" in run.error_message
 
             call_command("migrate_schemas", schema_name="t_life", interactive=False, verbosity=0)
-            assert db_roles.out_of_date() == []
+            assert role_sync.out_of_date() == []
 
             observer.rows(revoke)
             observer.rows(f'GRANT CREATE ON SCHEMA "t_life" TO "{role}"')  # too much, by hand
             call_command("kumiko_jobs", "roles", stdout=StringIO())
-            assert db_roles.out_of_date() == []
+            assert role_sync.out_of_date() == []
             assert not observer.value(
                 "SELECT has_schema_privilege(%s, 't_life', 'CREATE')", (role,)
             )
@@ -244,7 +244,7 @@ def test_tenant_lifecycle_create_run_migrate_repair_delete(live_db, observer):
 
 
 def test_the_command_drops_roles_of_deleted_tenants_and_only_ours(live_db, observer):
-    prefix = db_roles.prefix()
+    prefix = role_names.prefix()
     orphan = f"{prefix}_t999999"
     foreign = "kj_0000000000_t1"  # another database's (another suite's) name space
     observer.rows(f'CREATE ROLE "{orphan}" LOGIN')
@@ -252,7 +252,7 @@ def test_the_command_drops_roles_of_deleted_tenants_and_only_ours(live_db, obser
     if created_foreign:
         observer.rows(f'CREATE ROLE "{foreign}"')
     try:
-        assert f"role {orphan} (no such tenant)" in db_roles.out_of_date()
+        assert f"role {orphan} (no such tenant)" in role_sync.out_of_date()
         out = StringIO()
         call_command("kumiko_jobs", "roles", stdout=out)
         assert orphan in out.getvalue()
@@ -265,8 +265,8 @@ def test_the_command_drops_roles_of_deleted_tenants_and_only_ours(live_db, obser
 
 
 def test_tenant_roles_hold_only_what_the_docs_list(tenants, observer):
-    role = db_roles.role_name(tenants["t1"].pk)
-    group = db_roles.group_name()
+    role = role_names.role_name(tenants["t1"].pk)
+    group = role_names.group_name()
     row = observer.rows(
         "SELECT rolsuper, rolcreaterole, rolcreatedb, rolcanlogin, rolinherit, rolbypassrls, "
         "rolreplication FROM pg_roles WHERE rolname = %s",
@@ -291,7 +291,7 @@ def test_tenant_roles_hold_only_what_the_docs_list(tenants, observer):
     assert not observer.rows(
         "SELECT 1 FROM information_schema.role_table_grants WHERE table_schema = 'public' "
         "AND grantee LIKE %s AND grantee <> %s",
-        (db_roles.prefix() + r"\_t%", group),
+        (role_names.prefix() + r"\_t%", group),
     )
 
 
@@ -428,7 +428,7 @@ def test_both_workers_run_the_body_as_the_tenant_role(tenants, guard_data, worke
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out
     connection.set_schema_to_public()
-    role = db_roles.role_name(tenants["t1"].pk)
+    role = role_names.role_name(tenants["t1"].pk)
     assert JobRun.objects.get(pk=who.run_id).status == RunStatus.SUCCEEDED, out
     denied = JobRun.objects.get(pk=undo.run_id)
     assert (denied.status, denied.error_type) == (RunStatus.FAILED, "DatabaseAccessDenied")
@@ -442,12 +442,12 @@ def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
 ):
     """docs/guard.md, "Who runs what": the login fails, the run fails like any error of its
     body (never silently as the project user), and E012 names the tenant."""
-    role = db_roles.role_name(tenants["t3"].pk)
+    role = role_names.role_name(tenants["t3"].pk)
     tenant_connections.close_all()
     with connection.cursor() as cursor:
-        db_roles.drop_role(cursor, role)
+        role_grants.drop_role(cursor, role)
     try:
-        assert "t3" in db_roles.out_of_date()
+        assert "t3" in role_sync.out_of_date()
         run = _run(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
         assert run.status == RunStatus.FAILED
         assert run.error_type == "OperationalError"
@@ -455,7 +455,7 @@ def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
         assert "identity" not in support.findings("t3")
     finally:
         call_command("kumiko_jobs", "roles", stdout=StringIO())
-    assert db_roles.out_of_date() == []
+    assert role_sync.out_of_date() == []
     run = _run(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
     assert run.status == RunStatus.SUCCEEDED, run.error_message
 
@@ -477,14 +477,14 @@ def test_e012_names_the_atomic_success_function_when_the_group_lost_it(tenants, 
     from kumiko_jobs.core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
 
     function = f"public.{ATOMIC_FUNCTION}{ATOMIC_SIGNATURE}"
-    group = db_roles.group_name()
+    group = role_names.group_name()
     granted = "SELECT has_function_privilege(%s, %s, 'EXECUTE')"
     assert observer.value(granted, (group, function)) is True
-    assert db_roles.out_of_date() == []
+    assert role_sync.out_of_date() == []
     observer.rows(f'REVOKE EXECUTE ON FUNCTION {function} FROM "{group}"')
     try:
         assert observer.value(granted, (group, function)) is False
-        assert db_roles.out_of_date() == [
+        assert role_sync.out_of_date() == [
             f"function {function} (the tenants' group may not execute it)"
         ]
         (error,) = _e012()
@@ -492,4 +492,4 @@ def test_e012_names_the_atomic_success_function_when_the_group_lost_it(tenants, 
     finally:
         call_command("kumiko_jobs", "roles", stdout=StringIO())
     assert observer.value(granted, (group, function)) is True
-    assert db_roles.out_of_date() == []
+    assert role_sync.out_of_date() == []

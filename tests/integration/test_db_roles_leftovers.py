@@ -121,9 +121,9 @@ def test_role_defaults_a_tenant_gives_itself_are_reset_by_the_roles_command(
 
     from django.core.management import call_command
 
-    from kumiko_jobs.guard import db_roles
+    from kumiko_jobs.guard import role_names
 
-    role = db_roles.role_name(tenants["t1"].pk)
+    role = role_names.role_name(tenants["t1"].pk)
     query = (
         "SELECT count(*) FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole "
         "WHERE r.rolname = %s"

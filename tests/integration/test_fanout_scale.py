@@ -227,20 +227,20 @@ def test_the_chunk_size_is_a_validated_setting(value: Any) -> None:
 
 
 def test_out_of_date_finds_a_lost_group_membership_and_sequence_grant(tenants):
-    """``db_roles.out_of_date`` joins the tenants with pg_class once (it scanned pg_class once
+    """``role_sync.out_of_date`` joins the tenants with pg_class once (it scanned pg_class once
     per tenant before); the branches test_db_roles.py does not reach: the group membership
     and a sequence's USAGE. Repaired by the command's ``sync_all``."""
-    from kumiko_jobs.guard import db_roles
+    from kumiko_jobs.guard import role_names, role_sync
 
-    t1, t2 = db_roles.role_name(tenants["t1"].pk), db_roles.role_name(tenants["t2"].pk)
-    assert db_roles.out_of_date() == []
+    t1, t2 = role_names.role_name(tenants["t1"].pk), role_names.role_name(tenants["t2"].pk)
+    assert role_sync.out_of_date() == []
     try:
         with connection.cursor() as cursor:
-            cursor.execute(f'REVOKE "{db_roles.group_name()}" FROM "{t2}"')
-        assert db_roles.out_of_date() == ["t2"]
+            cursor.execute(f'REVOKE "{role_names.group_name()}" FROM "{t2}"')
+        assert role_sync.out_of_date() == ["t2"]
         with connection.cursor() as cursor:
             cursor.execute(f'REVOKE USAGE ON ALL SEQUENCES IN SCHEMA "t1" FROM "{t1}"')
-        assert db_roles.out_of_date() == ["t1", "t2"]
+        assert role_sync.out_of_date() == ["t1", "t2"]
     finally:
-        db_roles.sync_all()
-    assert db_roles.out_of_date() == []
+        role_sync.sync_all()
+    assert role_sync.out_of_date() == []

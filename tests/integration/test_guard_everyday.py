@@ -27,10 +27,10 @@ from example_project.billing.models import ActivityLog, Customer, Invoice
 from kumiko_jobs.core.envelope import Envelope, new_run_id
 from kumiko_jobs.core.exceptions import DatabaseAccessDenied
 from kumiko_jobs.definition.registry import registry
+from kumiko_jobs.guard.wrapper import GuardWrapper
 from kumiko_jobs.history import audit
 from kumiko_jobs.models import JobRun
 from kumiko_jobs.run.context import RunState
-from kumiko_jobs.run.steps.db_guard import GuardWrapper
 from tests.guardapp import support
 
 pytestmark = pytest.mark.usefixtures("live_db")

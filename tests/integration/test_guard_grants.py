@@ -21,9 +21,9 @@ from django_tenants.utils import tenant_context
 
 from kumiko_jobs import EscapeHatch, InvalidJob
 from kumiko_jobs.definition.options import build_definition
+from kumiko_jobs.guard.wrapper import GuardWrapper
 from kumiko_jobs.models import EscapeHatchUse, JobRun, RunStatus
 from kumiko_jobs.origin import KumikoJobsMiddleware
-from kumiko_jobs.run.steps.db_guard import GuardWrapper
 from tests.conftest import work
 from tests.guardapp import jobs, support
 

@@ -23,8 +23,8 @@ from django_tenants.utils import tenant_context
 
 from kumiko_jobs import InvalidJob, signals
 from kumiko_jobs.definition.options import build_definition
+from kumiko_jobs.guard.wrapper import GuardWrapper
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.run.steps.db_guard import GuardWrapper
 from tests.conftest import work
 from tests.guardapp import jobs, route_jobs, support
 

@@ -17,7 +17,7 @@ from django.test import override_settings
 from kumiko_jobs import checks
 from kumiko_jobs.core import project_settings
 from kumiko_jobs.core.conf import _validate
-from kumiko_jobs.guard import db_roles
+from kumiko_jobs.guard import role_grants, role_names
 
 
 def _databases(name: str) -> dict[str, Any]:
@@ -28,11 +28,11 @@ def _databases(name: str) -> dict[str, Any]:
 
 
 def test_role_names_carry_the_database_prefix_and_the_primary_key():
-    role = db_roles.role_name(42)
-    prefix = db_roles.prefix()
+    role = role_names.role_name(42)
+    prefix = role_names.prefix()
     assert role == f"{prefix}_t42"
     assert prefix.startswith("kj_") and len(prefix) == 13
-    assert db_roles.group_name() == f"{prefix}_tenants"
+    assert role_names.group_name() == f"{prefix}_tenants"
 
 
 def test_two_databases_never_share_a_role_name(monkeypatch):
@@ -41,48 +41,48 @@ def test_two_databases_never_share_a_role_name(monkeypatch):
         monkeypatch.setattr(
             project_settings, "database_settings", lambda alias, d=database: {"NAME": d}
         )
-        names[database] = db_roles.role_name(1)
+        names[database] = role_names.role_name(1)
     assert len(set(names.values())) == 3
 
 
 @pytest.mark.parametrize("pk", [1, 10**18, "0f8e5a2c-6a1b-4c77-9d7e-8d1c2b3a4f5e", "Ä" * 200])
 def test_role_names_stay_within_postgresql_s_63_bytes(pk):
-    role = db_roles.role_name(pk)
-    assert len(role.encode()) <= db_roles.ROLE_NAME_BYTES
-    assert role.startswith(db_roles.prefix() + "_t")
+    role = role_names.role_name(pk)
+    assert len(role.encode()) <= role_names.ROLE_NAME_BYTES
+    assert role.startswith(role_names.prefix() + "_t")
 
 
 def test_odd_keys_are_hashed_not_spliced_into_the_name():
-    assert db_roles.role_name('x"; DROP ROLE postgres; --').isascii()
-    assert '"' not in db_roles.role_name('x"; DROP ROLE postgres; --')
+    assert role_names.role_name('x"; DROP ROLE postgres; --').isascii()
+    assert '"' not in role_names.role_name('x"; DROP ROLE postgres; --')
 
 
 def test_passwords_are_derived_from_the_secret_key_and_differ_per_role():
-    first, second = db_roles.password("kj_a_t1"), db_roles.password("kj_a_t2")
+    first, second = role_names.password("kj_a_t1"), role_names.password("kj_a_t2")
     assert first != second and len(first) == 64
     with override_settings(SECRET_KEY="rotated"):
-        assert db_roles.password("kj_a_t1") != first
+        assert role_names.password("kj_a_t1") != first
 
 
 def test_the_server_gets_a_scram_verifier_that_proves_the_password():
     """RFC 5802: StoredKey = H(HMAC(SaltedPassword, "Client Key")); recomputed here."""
-    verifier = db_roles.scram_verifier("kj_a_t1")
+    verifier = role_names.scram_verifier("kj_a_t1")
     scheme, rest = verifier.split("$", 1)
     iterations_salt, keys = rest.split("$")
     iterations, salt = iterations_salt.split(":")
     stored, server = (base64.b64decode(k) for k in keys.split(":"))
     assert scheme == "SCRAM-SHA-256" and int(iterations) == 4096
     salted = hashlib.pbkdf2_hmac(
-        "sha256", db_roles.password("kj_a_t1").encode(), base64.b64decode(salt), 4096
+        "sha256", role_names.password("kj_a_t1").encode(), base64.b64decode(salt), 4096
     )
     assert stored == hashlib.sha256(hmac.new(salted, b"Client Key", "sha256").digest()).digest()
     assert server == hmac.new(salted, b"Server Key", "sha256").digest()
-    assert db_roles.password("kj_a_t1") not in verifier
-    assert db_roles.scram_verifier("kj_a_t1") == verifier  # the command changes nothing
+    assert role_names.password("kj_a_t1") not in verifier
+    assert role_names.scram_verifier("kj_a_t1") == verifier  # the command changes nothing
 
 
 def test_kumiko_s_history_is_not_readable_the_tenant_registry_is():
-    readable = db_roles.readable_shared_tables()
+    readable = role_grants.readable_shared_tables()
     assert "kumiko_jobs_jobrun" not in readable and "kumiko_jobs_escapehatchuse" not in readable
     assert {"customers_client", "catalog_plan"} <= readable
 
@@ -144,7 +144,7 @@ def test_tenant_connections_log_in_as_the_role_without_the_project_s_assume_role
     monkeypatch.setattr(project_settings, "database_settings", settings_with_options)
     wrapper = tenant_connections._new_wrapper("default", "kj_0123456789_t7")
     assert wrapper.settings_dict["USER"] == "kj_0123456789_t7"
-    assert wrapper.settings_dict["PASSWORD"] == db_roles.password("kj_0123456789_t7")
+    assert wrapper.settings_dict["PASSWORD"] == role_names.password("kj_0123456789_t7")
     assert wrapper.settings_dict["OPTIONS"] == {"sslmode": "x"}
     assert getattr(wrapper, tenant_connections.ROLE_ATTRIBUTE) == "kj_0123456789_t7"
     assert wrapper.connection is None  # made, not connected

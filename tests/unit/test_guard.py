@@ -914,7 +914,8 @@ def test_placeholders_follow_psycopgs_rules(sql: str, allowed: bool) -> None:
 
 
 def test_psycopg_splitter_behaves_as_the_guard_assumes() -> None:
-    """Pins the private psycopg function sql_tree relies on (fails on an incompatible upgrade)."""
+    """Pins the private psycopg function guard.parse relies on (fails on an incompatible
+    upgrade)."""
     from psycopg import ProgrammingError
     from psycopg._queries import _split_query
 
@@ -1303,6 +1304,6 @@ def test_everyday_list_is_long_enough() -> None:
 )
 def test_statements_that_end_the_transaction_are_told_apart(sql, ends):
     # What an atomic job's guard refuses (steps/db_guard.py); savepoints stay inside.
-    from kumiko_jobs.guard.sql_tree import statement_shape
+    from kumiko_jobs.guard.parse import statement_shape
 
     assert statement_shape(sql, parameters=False).ends_transaction is ends

@@ -197,17 +197,17 @@ class Command(BaseCommand):
             self.stdout.write(line.rstrip())
 
     def _roles(self, check_only: bool) -> None:
-        from ...guard import db_roles
+        from ...guard import role_sync
 
         if check_only:
-            stale = db_roles.out_of_date()
+            stale = role_sync.out_of_date()
             for name in stale:
                 self.stdout.write(f"out of date: {name}")
             if stale:
                 raise CommandError(f"{len(stale)} tenant role(s) out of date")
             self.stdout.write("every tenant role is up to date")
             return
-        result = db_roles.sync_all()
+        result = role_sync.sync_all()
         self.stdout.write(
             f"ensured {len(result.ensured)} tenant role(s), dropped {len(result.dropped)} "
             f"of deleted tenants ({', '.join(result.dropped) or '-'}); skipped tenants without "

@@ -1,0 +1,139 @@
+"""Putting the guard on every connection the job body can use, and taking it off again.
+
+:class:`GuardSession` installs ``wrapper.GuardWrapper`` (and the guarded cursors) on every
+database alias for the body only, adopts connections opened during the body
+(``connection_created``), refuses those opened in another thread, and closes, when the body
+ends, the wrappers the job made itself: a reference the job kept must not carry an open,
+unguarded session into a later run. Kept apart from the wrapper because it is about the
+connections' lifetime (Django's handler, threads), not about statements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections
+from django.db.backends.signals import connection_created
+
+from .watch import Watch, current_watch, watching
+from .wrapper import GuardWrapper, guarded_routes, not_a_tenant_alias, refuse
+
+__all__ = ["GuardSession"]
+
+
+class GuardSession:
+    """The guard on every connection the job body can use, for the body only.
+
+    Installed on every alias at the start; a connection opened during the body (an alias
+    added at run time, a wrapper made anew) is adopted when it connects (``connection_created``)
+    and put in the run's schema; one opened in another thread that carries the run's context
+    (the async ORM, ``asyncio.to_thread``) is refused, because the guard could not be removed
+    from it once the run ends.
+    """
+
+    def __init__(self, watch: Watch, *, enforce: bool, report_use: Callable[[str], None]) -> None:
+        self.watch = watch
+        self.enforce = enforce
+        self.wrapper = GuardWrapper(watch, enforce=enforce, report_use=report_use)
+        self.thread = threading.get_ident()
+        self._stack = contextlib.ExitStack()
+        self._guarded: list[Any] = []
+        self._kept: list[Any] = []
+
+    def __enter__(self) -> GuardSession:
+        # The connection_created receiver finds this installation through the current Watch.
+        self._stack.enter_context(watching(self.watch))
+        for conn in connections.all():
+            self._install(conn)
+        self.watch.guard = self
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.watch.guard = None
+        self._stack.close()
+        for conn in self._guarded:
+            if any(conn is kept for kept in self._kept):
+                continue  # a connection the runner switched to for a block (tenant_connections)
+            if getattr(_thread_connections(), conn.alias, None) is not conn:
+                # Not (or no longer) the thread's connection for its alias: a wrapper the job
+                # made or replaced. Closed, so that a reference the job kept cannot carry an
+                # open, unguarded session into a later run: it connects again, and is adopted.
+                _close(conn)
+
+    def _install(self, conn: Any) -> None:
+        self._stack.enter_context(conn.execute_wrapper(self.wrapper))
+        self._stack.enter_context(guarded_routes(conn, self.wrapper))
+        self._guarded.append(conn)
+
+    def cover(self, conn: Any) -> None:
+        """A connection the runner switches the body to for an escape hatch's block (the
+        project's, another tenant's role's: ``tenant_connections``): guarded like the body's,
+        and not closed when the body ends (it is not the job's)."""
+        if not any(conn is guarded for guarded in self._guarded):
+            self._install(conn)
+        if not any(conn is kept for kept in self._kept):
+            self._kept.append(conn)
+
+    def adopt(self, conn: Any) -> None:
+        """``conn`` has just connected during the body (``connection_created``)."""
+        if any(conn is guarded for guarded in self._guarded):
+            return  # a guarded connection that reconnected
+        watch = self.watch
+        if threading.get_ident() != self.thread:
+            if self.enforce:  # in log mode the refusal is only logged
+                _close(conn)
+            refuse(
+                watch,
+                self.enforce,
+                "database",
+                f"a connection (alias {conn.alias!r}) was opened in another thread during the "
+                "run: the async ORM (`asyncio.run(Model.objects.aget(...))`), "
+                "`asyncio.to_thread` or `sync_to_async` run queries on a connection of their "
+                "own, in the public schema, which the guard cannot follow. Use the synchronous "
+                "ORM in the job (or `async_to_sync`, which runs the query in the job's thread).",
+            )
+            return
+        if watch.tenant is not None and not hasattr(conn, "set_tenant"):
+            if self.enforce:
+                _close(conn)
+            refuse(
+                watch,
+                self.enforce,
+                "database",
+                not_a_tenant_alias(conn),
+            )
+            return
+        self._install(conn)
+        if watch.tenant is not None:
+            conn.set_tenant(watch.tenant)
+
+
+def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
+    # A thread that carries the run's context (contextvars) sees the run here, also in
+    # sync_to_async's executor thread; a plain thread does not (docs/guard.md, Not covered).
+    watch = current_watch()
+    installed = watch.guard if watch is not None else None
+    if installed is not None:
+        installed.adopt(connection)
+
+
+connection_created.connect(_on_connection_created, dispatch_uid="kumiko_jobs.db_guard")
+
+
+def _thread_connections() -> Any:
+    """This thread's wrappers by alias, without creating any (``connections[alias]`` would)."""
+    return getattr(connections, "_connections")  # noqa: B009 (private to Django's handler)
+
+
+def _close(conn: Any) -> None:
+    """Close ``conn`` whatever Django thinks of it (in an atomic block, another thread)."""
+    raw = conn.connection
+    conn.in_atomic_block, conn.atomic_blocks, conn.savepoint_ids = False, [], []
+    conn.needs_rollback = False
+    conn.connection = None
+    if raw is not None:
+        with contextlib.suppress(Exception):
+            raw.close()
