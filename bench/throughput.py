@@ -94,14 +94,14 @@ def drop_database(admin_url: str, database: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from kumiko_jobs.guard import role_grants
+    from kumiko_jobs.guard import role_names
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database))
         )
         # Its tenant roles (DB_ROLES) are cluster-wide: they go with it.
-        role_grants.drop_roles_of_dropped_database(conn.cursor(), database)
+        role_names.drop_roles_of_dropped_database(conn.cursor(), database)
 
 
 def print_load(machine: dict[str, Any]) -> None:

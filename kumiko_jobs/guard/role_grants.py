@@ -26,7 +26,6 @@ from .role_names import (
     WRITER_SUFFIX,
     group_name,
     prefix,
-    prefix_of,
     role_name,
     scram_verifier,
     writers_group_name,
@@ -37,20 +36,6 @@ TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 SEQUENCE_PRIVILEGES = ("USAGE", "SELECT", "UPDATE")
 # What a tenant role never holds on its own tables and schema, even if someone granted it.
 REVOKED_TABLE_PRIVILEGES = ("TRUNCATE", "REFERENCES", "TRIGGER")
-
-
-def drop_roles_of_dropped_database(cursor: Any, database: str) -> list[str]:
-    """After ``DROP DATABASE``: its roles hold nothing anywhere any more (grants and default
-    privileges lived in that database), so they drop cleanly. For test and benchmark
-    databases, whose roles would otherwise outlive them in the cluster."""
-    cursor.execute(
-        "SELECT rolname FROM pg_roles WHERE rolname LIKE %s ORDER BY rolname DESC",
-        [prefix_of(database) + r"\_%"],
-    )
-    roles = [row[0] for row in cursor.fetchall()]
-    for role in roles:
-        _execute(cursor, sql.SQL("DROP ROLE {}").format(_ident(role)))
-    return roles
 
 
 def readable_shared_tables() -> frozenset[str]:

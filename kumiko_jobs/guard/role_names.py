@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
+from psycopg import sql
 
 from ..core import project_settings
 
@@ -108,3 +109,22 @@ def scram_verifier(role: str) -> str:
         return base64.b64encode(data).decode()
 
     return f"SCRAM-SHA-256${SCRAM_ITERATIONS}:{b64(salt)}${b64(stored_key)}:{b64(server_key)}"
+
+
+def drop_roles_of_dropped_database(cursor: Any, database: str) -> list[str]:
+    """After ``DROP DATABASE``: its roles hold nothing anywhere any more (grants and default
+    privileges lived in that database), so they drop cleanly. For test and benchmark
+    databases, whose roles would otherwise outlive them in the cluster.
+
+    Here, beside the names, and not with the grants: it imports nothing that needs Django's
+    settings, so a benchmark can drop its database's roles before it configures Django."""
+    cursor.execute(
+        "SELECT rolname FROM pg_roles WHERE rolname LIKE %s ORDER BY rolname DESC",
+        [prefix_of(database) + r"\_%"],
+    )
+    roles = [row[0] for row in cursor.fetchall()]
+    for role in roles:
+        cursor.execute(
+            sql.SQL("DROP ROLE {}").format(sql.Identifier(role)).as_string(cursor.connection)
+        )
+    return roles

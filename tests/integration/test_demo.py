@@ -43,14 +43,14 @@ def _drop_database(admin_url: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from kumiko_jobs.guard import role_grants
+    from kumiko_jobs.guard import role_names
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DEMO_DATABASE))
         )
         # The demo's tenant roles (DB_ROLES) are cluster-wide: they go with their database.
-        role_grants.drop_roles_of_dropped_database(conn.cursor(), DEMO_DATABASE)
+        role_names.drop_roles_of_dropped_database(conn.cursor(), DEMO_DATABASE)
 
 
 @pytest.fixture(scope="module")
