@@ -31,9 +31,10 @@ from .. import transport
 from ..core import conf
 from ..core.envelope import Envelope
 from ..core.exceptions import BootGateFailed
+from ..core.outcome import Outcome
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
-from ..run.context import RunState
+from ..run.state import RunState
 
 logger = logging.getLogger("kumiko_jobs.boot")
 
@@ -85,7 +86,7 @@ def _run_gate(definition: JobDefinition, bound: Bound | None) -> None:
                     run_state(state, push=False)
         finally:
             warning.cancel()
-        if state.outcome == "succeeded":
+        if state.outcome is Outcome.SUCCEEDED:
             return
         if state.reschedule is None:
             described = state.described_error()
@@ -99,7 +100,7 @@ def _run_gate(definition: JobDefinition, bound: Bound | None) -> None:
         logger.warning(
             "boot gate %s %s; running it again in %.1f s before the worker starts",
             definition.name,
-            "is not ready yet" if state.outcome == "deferred" else "failed, will retry",
+            "is not ready yet" if state.outcome is Outcome.DEFERRED else "failed, will retry",
             delay,
         )
         time.sleep(delay)

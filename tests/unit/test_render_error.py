@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kumiko_jobs.core.envelope import Envelope
 from kumiko_jobs.definition.options import build_definition
-from kumiko_jobs.run.context import RunState, render_error
+from kumiko_jobs.run.state import RunState, render_error
 
 
 class Refused(Exception):

@@ -15,8 +15,8 @@ import functools
 from ...core import conf
 from ...guard.install import GuardSession
 from ...history import audit
-from ..context import RunState, render_error
 from ..pipeline import Next
+from ..state import RunState, render_error
 
 
 def db_guard(state: RunState, call_next: Next) -> None:

@@ -15,9 +15,10 @@ from ...core.exceptions import (
     Unrecoverable,
     message_key_problem,
 )
+from ...core.outcome import DeferralKind, Outcome
 from .. import cancellation
-from ..context import RunState
 from ..pipeline import Next
+from ..state import RunState
 
 # Retrying these cannot help: the same code with the same input fails the same way.
 _NEVER_RETRY = (Unrecoverable, DatabaseAccessDenied, InvalidJob)
@@ -29,7 +30,7 @@ def deferral(state: RunState, call_next: Next) -> None:
     except Exception as exc:
         _failed(state, exc)
     else:
-        if state.watch.violations and state.outcome in ("succeeded", "deferred"):
+        if state.watch.violations and state.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
             # The job caught DatabaseAccessDenied and carried on: it still fails.
             _failed(
                 state,
@@ -40,9 +41,9 @@ def deferral(state: RunState, call_next: Next) -> None:
             )
     if settle_cancellation(state):
         return  # cancelled on an operator's request: no retry, no resumption
-    if state.outcome == "deferred":
+    if state.outcome is Outcome.DEFERRED:
         _defer(state)
-    if state.outcome == "failed" and state.failure_key is None:
+    if state.outcome is Outcome.FAILED and state.failure_key is None:
         visible = state.definition.tenant_visible_failure
         if visible is not None:
             state.failure_key = visible.message_key
@@ -58,11 +59,11 @@ def _failed(state: RunState, exc: Exception) -> None:
         state.failure_key = _storable_key(state, exc)
         retryable = exc.retry
     if retryable and not state.final_attempt:
-        state.outcome = "retrying"
+        state.outcome = Outcome.RETRYING
         delay = state.definition.backoff.seconds_after(state.envelope.attempt)
         state.reschedule = (state.envelope.next_attempt(), delay)
     else:
-        state.outcome = "failed"
+        state.outcome = Outcome.FAILED
 
 
 def _storable_key(state: RunState, exc: TenantVisibleError) -> str:
@@ -81,12 +82,12 @@ def _storable_key(state: RunState, exc: TenantVisibleError) -> str:
 def _defer(state: RunState) -> None:
     env = state.envelope
     seconds = state.deferral_seconds or 0.0
-    if state.deferred_by_gate:
+    if state.deferral_kind is DeferralKind.GATE:
         state.reschedule = (env.deferred(by_gate=True), seconds)
         return
     limit = state.definition.effective_max_defers
     if env.defers >= limit:
-        state.outcome = "failed"
+        state.outcome = Outcome.FAILED
         state.error = Unrecoverable(
             f"deferred {env.defers} times, which is max_defers={limit}; the run gives up"
         )
@@ -108,12 +109,12 @@ def settle_cancellation(state: RunState) -> bool:
     who = cancellation.requested_by(state.envelope.run_id)
     if not state.cancel_acknowledged and who is None:
         return False
-    if state.outcome == "succeeded" and not state.cancel_acknowledged:
+    if state.outcome is Outcome.SUCCEEDED and not state.cancel_acknowledged:
         return False
     if not isinstance(state.error, JobCancelled):
         ended = f" (the attempt ended with {type(state.error).__name__})" if state.error else ""
         state.error = JobCancelled(f"cancelled on request{cancellation.by_whom(who)}{ended}")
         state.error_traceback = ""
         state.rendered_error = None
-    state.outcome, state.reschedule, state.failure_key = "cancelled", None, None
+    state.outcome, state.reschedule, state.failure_key = Outcome.CANCELLED, None, None
     return True

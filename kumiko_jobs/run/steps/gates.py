@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from ...core import conf
 from ...core.exceptions import InvalidJob, Unrecoverable
+from ...core.outcome import DeferralKind, Outcome
 from ...definition.subject import build_subject
 from ...history import run_sql
-from ..context import RunState
 from ..pipeline import Next
+from ..state import RunState
 
 
 def gates(state: RunState, call_next: Next) -> None:
@@ -29,18 +30,19 @@ def gates(state: RunState, call_next: Next) -> None:
         return _refuse(state, str(exc))
     if env.schema is not None:
         # Loaded by the records step with the run's start; looked up here when it did not run.
-        tenant = state.loaded_tenant if state.tenant_loaded else run_sql.find_tenant(env.schema)
+        lookup = state.tenant_lookup
+        tenant = lookup.tenant if lookup is not None else run_sql.find_tenant(env.schema)
         if tenant is None:
             return _refuse(state, f"tenant not found: no tenant has schema {env.schema!r}")
         active_field = conf.get().TENANT_ACTIVE_FIELD
         if active_field and not getattr(tenant, active_field, True):
             settings = conf.get()
             if settings.INACTIVE_TENANT == "defer":
-                state.outcome = "deferred"
-                state.deferred_by_gate = True
+                state.outcome = Outcome.DEFERRED
+                state.deferral_kind = DeferralKind.GATE
                 state.deferral_seconds = float(settings.INACTIVE_TENANT_DEFER_SECONDS)
             else:
-                state.outcome = "dropped"
+                state.outcome = Outcome.DROPPED
                 state.drop_reason = f"tenant {env.schema!r} is inactive"
             return None
         state.tenant = tenant
@@ -49,5 +51,5 @@ def gates(state: RunState, call_next: Next) -> None:
 
 
 def _refuse(state: RunState, reason: str) -> None:
-    state.outcome = "failed"
+    state.outcome = Outcome.FAILED
     state.error = Unrecoverable(reason)

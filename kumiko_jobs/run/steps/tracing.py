@@ -12,11 +12,12 @@ from typing import Any
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from ... import telemetry
+from ...core.outcome import Outcome
 from ...log_context import scrub
-from ..context import RunState, render_error
 from ..pipeline import Next
+from ..state import RunState, render_error
 
-_FAILED = ("failed", "retrying")
+_FAILED = (Outcome.FAILED, Outcome.RETRYING)
 
 
 def tracing(state: RunState, call_next: Next) -> None:
@@ -37,14 +38,14 @@ def tracing(state: RunState, call_next: Next) -> None:
         if not span.is_recording():
             return
         outcome = state.outcome
-        span.set_attribute("kumiko.job.outcome", outcome or "failed")
+        span.set_attribute("kumiko.job.outcome", str(outcome or Outcome.FAILED))
         if outcome in _FAILED:
-            span.set_attribute("kumiko.job.final_attempt", outcome == "failed")
+            span.set_attribute("kumiko.job.final_attempt", outcome is Outcome.FAILED)
             if state.error is not None:
                 _record_error(span, state, state.error, escaped=False)
             else:
                 span.set_status(Status(StatusCode.ERROR, outcome))
-        elif outcome == "dropped" and state.drop_reason:
+        elif outcome is Outcome.DROPPED and state.drop_reason:
             span.set_attribute("kumiko.job.drop_reason", state.drop_reason)
 
 
