@@ -157,9 +157,9 @@ def _run(row: JobRun) -> Ran:
         job_name=env.job,
         schema_name=env.schema,
         attempt=env.attempt,
-        outcome=str(state.outcome or Outcome.FAILED),
-        error=state.error,
-        result=state.result if state.outcome is Outcome.SUCCEEDED else None,
+        outcome=str(state.ending.outcome or Outcome.FAILED),
+        error=state.ending.error,
+        result=state.ending.result if state.ending.outcome is Outcome.SUCCEEDED else None,
     )
 
 

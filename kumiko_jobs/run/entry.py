@@ -21,7 +21,7 @@ from ..core import conf
 from ..core import envelope as envelope_mod
 from ..core.current import job_alarm
 from ..core.exceptions import EnvelopeError, JobNotRegistered
-from ..core.outcome import Outcome
+from ..core.outcome import DeferralKind, Outcome
 from ..definition.options import is_async
 from ..definition.registry import registry
 from ..enqueueing.messages import message_for
@@ -55,12 +55,10 @@ def call_job(state: RunState) -> None:
         else:
             result = func(ctx, **state.envelope.kwargs)
     if isinstance(result, Deferral):
-        state.outcome = Outcome.DEFERRED
-        state.deferral_seconds = result.seconds
+        state.ending.defer(result.seconds, DeferralKind.JOB)
     else:
-        state.outcome = Outcome.SUCCEEDED
         # Encoded here, still in the tenant and under the guard (results.py says why).
-        state.result = results.keep(state.envelope.run_id, state.envelope.job, result)
+        state.ending.succeed(results.keep(state.envelope.run_id, state.envelope.job, result))
 
 
 @contextlib.contextmanager
@@ -139,12 +137,12 @@ def execute(message: object) -> str:
     )
     run_state(state)
     # A plain string for RQ's result, as before the enum ("" if no step decided).
-    return str(state.outcome or "")
+    return str(state.ending.outcome or "")
 
 
 def run_state(state: RunState, *, push: bool = True) -> None:
     """Run the pipeline, then push what the attempt asked for (``push=False``: the caller
-    handles ``state.reschedule`` itself and nothing is sent; boot gates run inline)."""
+    handles ``state.ending.reschedule`` itself and nothing is sent; boot gates run inline)."""
     global _pipeline
     if _pipeline is None:
         _pipeline = build_pipeline()
@@ -157,10 +155,10 @@ def run_state(state: RunState, *, push: bool = True) -> None:
 def dispatch(state: RunState) -> None:
     """Push what the attempt asked for, now that its history is written."""
     messages = []
-    if state.reschedule is not None:
-        next_env, delay = state.reschedule
+    if state.ending.reschedule is not None:
+        next_env, delay = state.ending.reschedule
         messages.append(message_for(state.definition, next_env, delay))
-    if state.outcome is Outcome.SUCCEEDED:
+    if state.ending.outcome is Outcome.SUCCEEDED:
         messages.extend(state.followups.messages())
     if messages:
         transport.push_many(messages)

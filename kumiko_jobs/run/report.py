@@ -31,9 +31,9 @@ _MAX_MESSAGE = 1000
 def run_finished(state: RunState, duration_ms: float) -> None:
     """Metrics and the log line of one finished attempt. Never raises."""
     try:
-        outcome = state.outcome or Outcome.FAILED
+        outcome = state.ending.outcome or Outcome.FAILED
         telemetry.record_attempt(
-            state.envelope.job, outcome, duration_ms, deferred_by=state.deferral_kind
+            state.envelope.job, outcome, duration_ms, deferred_by=state.ending.deferral_kind
         )
         if outcome in (Outcome.FAILED, Outcome.RETRYING):
             log_failed_attempt(state, outcome)
@@ -71,7 +71,7 @@ def log_attempt_outcome(state: RunState, outcome: Outcome, duration_ms: float) -
 
 def log_failed_attempt(state: RunState, outcome: Outcome) -> None:
     """One line per failed attempt: WARNING when it will be retried, ERROR when it is final."""
-    env, described = state.envelope, state.described_error()
+    env, described = state.envelope, state.ending.described_error()
     final = outcome is Outcome.FAILED
     error_type = described.type_name if described is not None else _NONE
     # Truncated before it is scrubbed: the text may be megabytes (scrubbing.py).

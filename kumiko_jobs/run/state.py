@@ -90,6 +90,91 @@ def render_error(error: BaseException) -> RenderedError:
     return RenderedError(error, name, storable(message), storable(text))
 
 
+@dataclass(slots=True)
+class Ending:
+    """How the attempt ends: its part of ``RunState``, written only through the methods below.
+
+    Each method is one outcome and sets the fields that go with it together: a retry carries its
+    next message, a drop its reason, a cancellation no failure key and no next message. The
+    steps that decide (the runner's body, gates, fan-out, deferral, records) call them; the
+    records step, the report, the span and the tests' ``Ran`` only read. ``outcome`` is None
+    until a step decides (the records step then writes ``failed``).
+    """
+
+    outcome: Outcome | None = None
+    error: BaseException | None = None
+    # The job body's exception, rendered inside the guarded tenant context (db_guard step).
+    rendered_error: RenderedError | None = None
+    error_traceback: str = ""
+    # The message key of the failure the tenant sees (JobFailure), if any.
+    failure_key: str | None = None
+    result: Any = None
+    drop_reason: str = ""
+    # A deferred attempt: how long, and whether the job or a gate asked.
+    deferral_seconds: float | None = None
+    deferral_kind: DeferralKind = DeferralKind.JOB
+    # (envelope, delay in seconds) to push once the history is written
+    reschedule: tuple[Envelope, float] | None = None
+
+    def succeed(self, result: Any = None) -> None:
+        """The body (or the fan-out) returned ``result``, already made storable."""
+        self.outcome, self.result = Outcome.SUCCEEDED, result
+
+    def defer(self, seconds: float, kind: DeferralKind) -> None:
+        """Postponed by the job (``ctx.defer``) or a gate; the deferral step schedules it."""
+        self.outcome, self.deferral_seconds, self.deferral_kind = Outcome.DEFERRED, seconds, kind
+
+    def resume_in(self, envelope: Envelope) -> None:
+        """The deferred run resumes as ``envelope`` after the deferral's seconds."""
+        self.reschedule = (envelope, self.deferral_seconds or 0.0)
+
+    def drop(self, reason: str) -> None:
+        """Not run: a message the run does not wait for, or an inactive tenant's."""
+        self.outcome, self.drop_reason = Outcome.DROPPED, reason
+
+    def fail(self, error: BaseException | None = None, *, traceback: str | None = None) -> None:
+        """Failed for good (no next message); ``error`` replaces the one noted, if given."""
+        self.outcome, self.reschedule = Outcome.FAILED, None
+        if error is not None:
+            self.error = error
+        if traceback is not None:
+            self.error_traceback = traceback
+
+    def retry(
+        self, error: BaseException, traceback: str, next_attempt: Envelope, delay: float
+    ) -> None:
+        """Failed with attempts left: ``next_attempt`` is pushed after ``delay`` seconds."""
+        self.outcome, self.error, self.error_traceback = Outcome.RETRYING, error, traceback
+        self.reschedule = (next_attempt, delay)
+
+    def cancel(self, error: BaseException | None) -> None:
+        """Cancelled on an operator's request: not retried, not resumed, no tenant failure.
+        ``error`` (None: keep the job's own ``JobCancelled``) replaces the recorded one."""
+        if error is not None:
+            self.error, self.error_traceback, self.rendered_error = error, "", None
+        self.outcome, self.reschedule, self.failure_key = Outcome.CANCELLED, None, None
+
+    def show_tenant(self, message_key: str) -> None:
+        """The failure the tenant sees is ``message_key`` (written as a JobFailure)."""
+        self.failure_key = message_key
+
+    def note_rendered(self, rendered: RenderedError) -> None:
+        """The body's exception, rendered where it was raised (db_guard step)."""
+        self.rendered_error = rendered
+
+    def described_error(self) -> RenderedError | None:
+        """``error`` as text (None: no error); see ``rendering_of``."""
+        return None if self.error is None else self.rendering_of(self.error)
+
+    def rendering_of(self, error: BaseException) -> RenderedError:
+        """``error`` as text: the job's exception as the db_guard step rendered it, or one of
+        kumiko's own exceptions (gates, deferral), which are safe to render anywhere."""
+        rendered = self.rendered_error
+        if rendered is not None and rendered.error is error:
+            return rendered
+        return render_error(error)
+
+
 @dataclass(frozen=True, slots=True)
 class Found:
     """The records step found the message's tenant with the run's start."""
@@ -151,20 +236,7 @@ class RunState:
     tenant_lookup: TenantLookup | None = None
     subject: str = ""
     timing: Timing = field(default_factory=Timing)
-    # Ending: None until a step decides (records then writes "failed").
-    outcome: Outcome | None = None
-    error: BaseException | None = None
-    error_traceback: str = ""
-    failure_key: str | None = None
-    result: Any = None
-    # A deferred attempt: how long, and whether the job or a gate asked.
-    deferral_seconds: float | None = None
-    deferral_kind: DeferralKind = DeferralKind.JOB
-    drop_reason: str = ""
-    # (envelope, delay in seconds) to push once the history is written
-    reschedule: tuple[Envelope, float] | None = None
-    # The job body's exception, rendered inside the guarded tenant context (db_guard step).
-    rendered_error: RenderedError | None = None
+    ending: Ending = field(default_factory=Ending)
     # What the attempt enqueued (enqueue.followups), sent if it succeeds; made from the envelope.
     followups: FollowupBatch = field(init=False)
     log: AttemptLog = field(default_factory=AttemptLog)
@@ -209,17 +281,6 @@ class RunState:
         """The attempt's timeout fired (the worker's death penalty calls this on the current
         run): the alarm's part records it and cancels what registered."""
         self.alarm.note_timeout(seconds)
-
-    def described_error(self) -> RenderedError | None:
-        """``error`` as text: the job's exception as the db_guard step rendered it, or one of
-        kumiko's own exceptions (gates, deferral), which are safe to render anywhere."""
-        error = self.error
-        if error is None:
-            return None
-        rendered = self.rendered_error
-        if rendered is not None and rendered.error is error:
-            return rendered
-        return render_error(error)
 
     @property
     def final_attempt(self) -> bool:

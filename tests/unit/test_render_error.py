@@ -68,11 +68,11 @@ def test_the_run_reuses_the_rendering_for_its_own_error_only():
         definition=definition,
     )
     error = _raised(Counting())
-    state.error = error
-    state.rendered_error = render_error(error)
+    state.ending.fail(error)
+    state.ending.note_rendered(render_error(error))
     Counting.calls = 0
-    assert state.described_error() is state.rendered_error
+    assert state.ending.described_error() is state.ending.rendered_error
     assert Counting.calls == 0  # not rendered again
-    state.error = ValueError("kumiko's own")
-    described = state.described_error()
+    state.ending.fail(ValueError("kumiko's own"))
+    described = state.ending.described_error()
     assert described is not None and described.message == "kumiko's own"

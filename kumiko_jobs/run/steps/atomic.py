@@ -37,7 +37,7 @@ def atomic(state: RunState, call_next: Next) -> None:
         with session.judged():
             xid = run_sql.atomic_begin()
         call_next(state)
-        if state.outcome is not Outcome.SUCCEEDED or state.watch.violations:
+        if state.ending.outcome is not Outcome.SUCCEEDED or state.watch.violations:
             transaction.set_rollback(True, using=DEFAULT_DB_ALIAS)
             return
         try:
@@ -47,7 +47,7 @@ def atomic(state: RunState, call_next: Next) -> None:
                     attempt=state.envelope.attempt,
                     xid=xid,
                     finished_at=timezone.now(),
-                    result=state.result,
+                    result=state.ending.result,
                 )
         except DatabaseError as exc:
             # Not retried: a job that ends its own transaction does so again, and what it

@@ -39,5 +39,5 @@ def _call_body(state: RunState, call_next: Next) -> None:
     except BaseException as exc:
         # Rendered here, in the run's tenant and under the guard: ``str()`` and the traceback
         # run the exception's own code, which must not run later in public, unguarded.
-        state.rendered_error = render_error(exc)
+        state.ending.note_rendered(render_error(exc))
         raise

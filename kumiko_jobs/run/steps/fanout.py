@@ -7,7 +7,6 @@ job body may write. The job's own function is not called for the parent.
 
 from __future__ import annotations
 
-from ...core.outcome import Outcome
 from ...enqueueing.fanout import fan_out
 from ..pipeline import Next
 from ..state import RunState
@@ -15,7 +14,6 @@ from ..state import RunState
 
 def fanout(state: RunState, call_next: Next) -> None:
     if state.definition.per_tenant and state.envelope.schema is None:
-        state.result = fan_out(state.envelope, state.definition, state.subject)
-        state.outcome = Outcome.SUCCEEDED
+        state.ending.succeed(fan_out(state.envelope, state.definition, state.subject))
         return
     call_next(state)

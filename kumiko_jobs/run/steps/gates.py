@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ...core import conf
 from ...core.exceptions import InvalidJob, Unrecoverable
-from ...core.outcome import DeferralKind, Outcome
+from ...core.outcome import DeferralKind
 from ...definition.subject import build_subject
 from ...history import run_sql
 from ..pipeline import Next
@@ -38,12 +38,10 @@ def gates(state: RunState, call_next: Next) -> None:
         if active_field and not getattr(tenant, active_field, True):
             settings = conf.get()
             if settings.INACTIVE_TENANT == "defer":
-                state.outcome = Outcome.DEFERRED
-                state.deferral_kind = DeferralKind.GATE
-                state.deferral_seconds = float(settings.INACTIVE_TENANT_DEFER_SECONDS)
+                seconds = float(settings.INACTIVE_TENANT_DEFER_SECONDS)
+                state.ending.defer(seconds, DeferralKind.GATE)
             else:
-                state.outcome = Outcome.DROPPED
-                state.drop_reason = f"tenant {env.schema!r} is inactive"
+                state.ending.drop(f"tenant {env.schema!r} is inactive")
             return None
         state.tenant = tenant
     call_next(state)
@@ -51,5 +49,4 @@ def gates(state: RunState, call_next: Next) -> None:
 
 
 def _refuse(state: RunState, reason: str) -> None:
-    state.outcome = Outcome.FAILED
-    state.error = Unrecoverable(reason)
+    state.ending.fail(Unrecoverable(reason))

@@ -53,11 +53,10 @@ def records(state: RunState, call_next: Next) -> None:
         call_next(state)
     except BaseException as exc:
         # Interrupted (cold shutdown, timeout outside the job body): never leave it running.
-        state.outcome = Outcome.FAILED
-        state.error = state.error or exc
+        state.ending.fail(state.ending.error or exc)
         _finish(state)
         raise
-    if state.outcome is Outcome.SUCCEEDED and not state.definition.atomic:
+    if state.ending.outcome is Outcome.SUCCEEDED and not state.definition.atomic:
         crash_point(state)  # test hook: the body's effect committed, its success not yet
     _finish(state)
 
@@ -105,8 +104,7 @@ def _start(state: RunState) -> bool:
         else:
             why = _why_not_waiting(state, row["status"], row["attempts"])
             logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
-            state.outcome = Outcome.DROPPED
-            state.drop_reason = why
+            state.ending.drop(why)
             signals.send(
                 signals.job_dropped,
                 run_id=env.run_id,
@@ -155,7 +153,7 @@ def _refuse_without_row(state: RunState) -> None:
         "hand); a run is never recreated from a message"
     )
     logger.warning("refused message for run %s: %s", env.run_id, reason)
-    state.outcome, state.drop_reason = Outcome.DROPPED, reason
+    state.ending.drop(reason)
     excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
     record_rejection(excerpt, reason, state.rq_job_id, state.queue)
     signals.send(
@@ -174,22 +172,24 @@ def _finish(state: RunState) -> None:
     env, definition = state.envelope, state.definition
     if run_sql.end_stray_transaction():
         logger.error("run %s left a transaction open; rolled back before its outcome", env.run_id)
-        if state.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
-            state.outcome, state.reschedule = Outcome.FAILED, None
-            state.error = state.error or Unrecoverable(
-                "the run left a transaction open; it was rolled back, nothing in it committed"
+        if state.ending.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
+            state.ending.fail(
+                state.ending.error
+                or Unrecoverable(
+                    "the run left a transaction open; it was rolled back, nothing in it committed"
+                )
             )
     now = timezone.now()
     duration_ms = (time.monotonic() - state.timing.started_monotonic) * 1000
-    outcome = state.outcome or Outcome.FAILED
-    error = state.error
+    outcome = state.ending.outcome or Outcome.FAILED
+    error = state.ending.error
     # The job's exception as it was rendered inside its tenant and guard (never str() here).
-    described = state.described_error()
+    described = state.ending.described_error()
     run_update: dict[str, Any] = {"status": outcome.status, "duration_ms": duration_ms}
     if outcome.final:
         run_update["finished_at"] = now
-    if state.reschedule is not None:
-        run_update["scheduled_for"] = now + timedelta(seconds=state.reschedule[1])
+    if state.ending.reschedule is not None:
+        run_update["scheduled_for"] = now + timedelta(seconds=state.ending.reschedule[1])
     if described is not None:
         run_update["error_type"] = described.type_name
         run_update["error_message"] = described.message[:4000]
@@ -198,9 +198,9 @@ def _finish(state: RunState) -> None:
         run_update["error_message"] = ""
     if outcome is Outcome.SUCCEEDED:
         # Already plain JSON (or a marker), made in runner.call_job; in the same statement.
-        run_update["result"] = state.result
+        run_update["result"] = state.ending.result
     if outcome is Outcome.DROPPED:
-        run_update["error_message"] = state.drop_reason
+        run_update["error_message"] = state.ending.drop_reason
     attempt = {
         "run": uuid.UUID(env.run_id),
         "number": env.attempt,
@@ -210,12 +210,12 @@ def _finish(state: RunState) -> None:
         "outcome": str(outcome),
         "error_type": described.type_name if described else "",
         "error_message": described.message[:4000] if described else "",
-        "traceback": state.error_traceback[-20000:],
+        "traceback": state.ending.error_traceback[-20000:],
         "log": state.log.lines,
         "worker": state.worker_name,
     }
     touches_failure = bool(env.schema) and (
-        (outcome is Outcome.FAILED and bool(state.failure_key))
+        (outcome is Outcome.FAILED and bool(state.ending.failure_key))
         or (outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure is not None)
     )
     followups = outcome is Outcome.SUCCEEDED and bool(state.followups.entries)
@@ -227,7 +227,7 @@ def _finish(state: RunState) -> None:
     extra = {}
     if _SIGNAL_FOR[outcome] is signals.job_dropped:
         # job_dropped's receivers get a reason (signals.py).
-        extra["reason"] = state.drop_reason or (described.message if described else outcome)
+        extra["reason"] = state.ending.drop_reason or (described.message if described else outcome)
     signals.send(
         _SIGNAL_FOR[outcome],
         run_id=env.run_id,
@@ -244,20 +244,24 @@ def _finish(state: RunState) -> None:
 def _finish_in_transaction(
     state: RunState, attempt: dict[str, Any], run_update: dict[str, Any], now: Any
 ) -> None:
-    env, definition, outcome = state.envelope, state.definition, state.outcome or Outcome.FAILED
+    env, definition, outcome = (
+        state.envelope,
+        state.definition,
+        state.ending.outcome or Outcome.FAILED,
+    )
     with transaction.atomic():
         JobAttempt.objects.create(
             **{("run_id" if k == "run" else k): v for k, v in attempt.items()}
         )
         JobRun.objects.filter(pk=env.run_id).update(**run_update)
-        if env.schema and outcome is Outcome.FAILED and state.failure_key:
+        if env.schema and outcome is Outcome.FAILED and state.ending.failure_key:
             JobFailure.objects.bulk_create(
                 [
                     JobFailure(
                         schema_name=env.schema,
                         job_name=env.job,
                         subject=state.subject,
-                        message_key=state.failure_key,
+                        message_key=state.ending.failure_key,
                         failed_at=now,
                         run_id=uuid.UUID(env.run_id),
                     )
