@@ -111,9 +111,7 @@ def guard_state(tenant: Any) -> Any:
     envelope = Envelope(
         job=definition.name, schema=tenant.schema_name, kwargs={"n": 0}, run_id=new_run_id()
     )
-    state = RunState(envelope=envelope, definition=definition)
-    state.tenant = tenant
-    return state
+    return RunState.new(envelope, definition, tenant=tenant)
 
 
 def guard_wrapper(state: Any) -> Any:

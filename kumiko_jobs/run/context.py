@@ -13,10 +13,13 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection as default_connection
+
 from ..core import current
 from ..core.exceptions import InvalidJob, JobCancelled
 from ..core.grants import Grant
 from ..enqueueing.followups import prepare_followup
+from ..guard.connections import project_identity, read_identity, writer_identity
 from ..history import audit
 from . import cancellation
 from .joblog import JobLog
@@ -111,20 +114,12 @@ class JobContext:
     def global_writes(self) -> Iterator[None]:
         """Allow writes to shared (public) tables. With DB_ROLES the block logs in as the
         tenant's writer (its own privileges plus writes on the shared tables)."""
-        # tenant_connections imports django-tenants' backend, which needs the app registry;
-        # this module is imported while apps load (the logging filter).
-        from ..guard.connections import writer_identity
-
         with self._granted(Grant.GLOBAL_WRITES.value), writer_identity(self._state.watch):
             yield
 
     @contextlib.contextmanager
     def cross_tenant_reads(self, tenant: Any) -> Iterator[None]:
         """Read another tenant's schema, SELECT only, then come back."""
-        from django.db import connection as default_connection
-
-        from ..guard.connections import read_identity  # (in the function: see global_writes)
-
         watch = self._state.watch
         # django-tenants' wrapper (with DB_ROLES, the other tenant's role's, for the block)
         connection: Any = default_connection
@@ -162,8 +157,6 @@ class JobContext:
                 "ctx.system_db() is for system jobs; declare @job(system=True) on "
                 f"{self.job_name!r}."
             )
-        from ..guard.connections import project_identity  # (in the function: see global_writes)
-
         watch = self._state.watch
         audit.record_use(self._state, "system_db")
         with project_identity(watch), watch.stepped_aside():

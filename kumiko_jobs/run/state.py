@@ -267,6 +267,14 @@ class RunState:
             reason=hatch.reason if hatch else "system job", system=definition.system
         )
 
+    @classmethod
+    def new(cls, envelope: Envelope, definition: JobDefinition, *, tenant: Any = None) -> RunState:
+        """A run of ``definition`` for ``envelope``, as the gates step leaves it when ``tenant``
+        is given: for tests and benchmarks that drive one step (the guard, the audit) alone."""
+        state = cls(envelope=envelope, definition=definition)
+        state.tenant = tenant
+        return state
+
     @property
     def tenant(self) -> Any:
         """The run's tenant (None: a system run); kept on the Watch, which the guard reads.

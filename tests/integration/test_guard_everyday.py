@@ -46,9 +46,7 @@ def _state(tenant: Any) -> RunState:
     envelope = Envelope(
         job=definition.name, schema=tenant.schema_name, kwargs={}, run_id=new_run_id()
     )
-    state = RunState(envelope=envelope, definition=definition)
-    state.tenant = tenant
-    return state
+    return RunState.new(envelope, definition, tenant=tenant)
 
 
 @contextlib.contextmanager

@@ -63,9 +63,8 @@ def test_causes_and_groups_are_rendered_with_it():
 
 def test_the_run_reuses_the_rendering_for_its_own_error_only():
     definition = build_definition(lambda ctx: None, {"name": "unit.render"})
-    state = RunState(
-        envelope=Envelope(job="unit.render", schema="t1", kwargs={}, run_id="0" * 32),
-        definition=definition,
+    state = RunState.new(
+        Envelope(job="unit.render", schema="t1", kwargs={}, run_id="0" * 32), definition
     )
     error = _raised(Counting())
     state.ending.fail(error)
