@@ -25,9 +25,6 @@ from . import cancellation
 from .joblog import JobLog
 from .state import Deferral, RunState
 
-# Re-exported only for worker/__init__ (its import moves to run.state with the worker's split).
-from .state import current_run as current_run
-
 # EscapeHatchUse.actor: "user:<pk>" of the user a job acts as.
 ACTOR_MAX_LENGTH = 100
 
