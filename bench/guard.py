@@ -105,15 +105,13 @@ def guard_state(tenant: Any) -> Any:
     """The RunState the db_guard step would hold for a tenant run of ``billing.bench_write``."""
     from kumiko_jobs.core.envelope import Envelope, new_run_id
     from kumiko_jobs.definition.registry import registry
-    from kumiko_jobs.run.context import RunState
+    from kumiko_jobs.run.state import RunState
 
     definition = registry.get("billing.bench_write")
     envelope = Envelope(
         job=definition.name, schema=tenant.schema_name, kwargs={"n": 0}, run_id=new_run_id()
     )
-    state = RunState(envelope=envelope, definition=definition)
-    state.tenant = tenant
-    return state
+    return RunState.new(envelope, definition, tenant=tenant)
 
 
 def guard_wrapper(state: Any) -> Any:

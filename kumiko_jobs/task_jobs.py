@@ -25,7 +25,7 @@ from .core.exceptions import InvalidJob, Unrecoverable
 from .definition.options import build_definition
 from .definition.registry import registry
 from .run import async_body
-from .run.context import current_run
+from .run.state import current_run
 
 PREFIX = "django_tasks."
 

@@ -31,14 +31,15 @@ from django.utils import timezone
 
 from . import transport
 from .core.exceptions import JobNotRegistered
+from .core.outcome import Outcome
 from .definition.job import JobDefinition
 from .definition.registry import registry
 from .enqueueing.handle import RunHandle
 from .enqueueing.messages import waiting_envelope
 from .guard import connections as tenant_connections
 from .models import JobRun, RunStatus
-from .run.context import RunState, running
 from .run.pipeline import Next, compose
+from .run.state import RunState, running
 from .transport import pushing as transport_pushing
 
 WORKER_NAME = "kumiko_jobs.testing"
@@ -156,9 +157,9 @@ def _run(row: JobRun) -> Ran:
         job_name=env.job,
         schema_name=env.schema,
         attempt=env.attempt,
-        outcome=state.outcome or "failed",
-        error=state.error,
-        result=state.result if state.outcome == "succeeded" else None,
+        outcome=str(state.ending.outcome or Outcome.FAILED),
+        error=state.ending.error,
+        result=state.ending.result if state.ending.outcome is Outcome.SUCCEEDED else None,
     )
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 
+from ..core.text import storable
 from ..models import RejectedMessage
-from ..run.context import storable
 
 # The runner's logger, as before this module existed: users' LOGGING may route it.
 logger = logging.getLogger("kumiko_jobs.runner")

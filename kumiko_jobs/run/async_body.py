@@ -10,7 +10,7 @@ of its own; the guard refuses that connection, see ``steps/db_guard.GuardSession
 
 A timeout must end the coroutine, not just the wait for it. The worker's alarm raises in the
 run's thread only; the coroutine would go on in the loop thread, writing after the attempt was
-recorded as timed out. So the timeout (``RunState.note_timeout``) cancels the coroutine's task,
+recorded as timed out. So the timeout (``Alarm.note_timeout``) cancels the coroutine's task,
 and the runner waits for the loop to finish, still serving its ORM calls (which the runner's
 ``_final_timeout`` refuses from then on), before the outcome is recorded.
 """
@@ -26,7 +26,7 @@ from typing import Any
 from asgiref.sync import AsyncToSync, async_to_sync
 
 from .. import transport
-from .context import RunState
+from .state import RunState
 
 
 class _Running:
@@ -59,21 +59,21 @@ def call_async(
         running.executor = AsyncToSync.loop_thread_executors.get(running.loop)
         running.task = asyncio.ensure_future(func(*args, **kwargs))
         try:
-            if state.timeout_fired is not None:  # fired before the body got going
+            if state.alarm.fired is not None:  # fired before the body got going
                 running.task.cancel()
             return await running.task
         finally:
             running.ended.set_result(None)
 
-    state.timeout_hooks.append(running.cancel)
+    state.alarm.hooks.append(running.cancel)
     try:
         return async_to_sync(body)()
     except asyncio.CancelledError as exc:
-        if state.timeout_fired is None:
+        if state.alarm.fired is None:
             raise  # cancelled by the job's own code
         # Our cancellation, because the timeout fired: the attempt timed out, as a sync one.
         raise transport.JobTimeout(
-            f"the attempt exceeded its timeout of {state.timeout_fired} s; the coroutine was "
+            f"the attempt exceeded its timeout of {state.alarm.fired} s; the coroutine was "
             "cancelled"
         ) from exc
     except BaseException:
@@ -87,4 +87,4 @@ def call_async(
             running.executor.run_until_future(running.ended)
         raise
     finally:
-        state.timeout_hooks.remove(running.cancel)
+        state.alarm.hooks.remove(running.cancel)

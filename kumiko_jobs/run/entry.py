@@ -17,9 +17,11 @@ from django.db import connections
 from django.utils import timezone
 
 from .. import transport
+from ..core import conf
 from ..core import envelope as envelope_mod
 from ..core.current import job_alarm
 from ..core.exceptions import EnvelopeError, JobNotRegistered
+from ..core.outcome import DeferralKind, Outcome
 from ..definition.options import is_async
 from ..definition.registry import registry
 from ..enqueueing.messages import message_for
@@ -27,8 +29,9 @@ from ..history import results
 from ..history.rejections import record_rejection
 from ..models import JobRun, RunStatus
 from . import async_body
-from .context import JobContext, RunState, running
+from .context import JobContext
 from .pipeline import Next, compose
+from .state import Alarm, Deferral, RunState, running
 from .steps import DEFAULT_STEPS
 
 logger = logging.getLogger("kumiko_jobs.runner")
@@ -43,41 +46,35 @@ def build_pipeline() -> Next:
 
 def call_job(state: RunState) -> None:
     """The terminal step: the job's own function."""
-    from ..core import conf
-    from .context import Deferral
-
     ctx = JobContext(state, conf.get().LOG_LINES_PER_ATTEMPT)
-    state.ctx = ctx
     func = state.definition.func
-    with _final_timeout(state):
+    with _final_timeout(state.alarm):
         if is_async(func):
             # In this thread's tenant, guard and connection; cancelled by the timeout.
             result = async_body.call_async(state, func, ctx, **state.envelope.kwargs)
         else:
             result = func(ctx, **state.envelope.kwargs)
     if isinstance(result, Deferral):
-        state.outcome = "deferred"
-        state.deferral_seconds = result.seconds
+        state.ending.defer(result.seconds, DeferralKind.JOB)
     else:
-        state.outcome = "succeeded"
         # Encoded here, still in the tenant and under the guard (results.py says why).
-        state.result = results.keep(state.envelope.run_id, state.envelope.job, result)
+        state.ending.succeed(results.keep(state.envelope.run_id, state.envelope.job, result))
 
 
 @contextlib.contextmanager
-def _final_timeout(state: RunState) -> Iterator[None]:
+def _final_timeout(alarm: Alarm) -> Iterator[None]:
     """A timeout is final: once it fired, the body cannot turn the attempt into anything else.
 
     A job that catches ``Exception`` swallows RQ's timeout; the worker's death penalty noted it
-    on the run (``state.timeout_fired``). From then on every SQL statement of the body raises
+    on the run's alarm (``alarm.fired``). From then on every SQL statement of the body raises
     the timeout again (a swallowing job cannot go on writing its tenant's data), and however
     the body ends, returning or raising something else, it ends in the timeout, which the
     retry step then treats like any other (retried per ``retries``, never ``succeeded``).
     """
 
     def refuse_after_timeout(execute: Any, sql: Any, params: Any, many: Any, context: Any) -> Any:
-        if state.timeout_fired is not None:
-            raise _timed_out(state, "a SQL statement after it")
+        if alarm.fired is not None:
+            raise _timed_out(alarm, "a SQL statement after it")
         return execute(sql, params, many, context)
 
     with contextlib.ExitStack() as stack:
@@ -93,16 +90,16 @@ def _final_timeout(state: RunState) -> Iterator[None]:
                 if cancel_alarm is not None:
                     cancel_alarm()
         except BaseException as exc:
-            if state.timeout_fired is None or isinstance(exc, transport.JobTimeout):
+            if alarm.fired is None or isinstance(exc, transport.JobTimeout):
                 raise
-            raise _timed_out(state, f"it raised {type(exc).__name__} instead") from exc
-    if state.timeout_fired is not None:
-        raise _timed_out(state, "it returned")
+            raise _timed_out(alarm, f"it raised {type(exc).__name__} instead") from exc
+    if alarm.fired is not None:
+        raise _timed_out(alarm, "it returned")
 
 
-def _timed_out(state: RunState, after: str) -> Exception:
+def _timed_out(alarm: Alarm, after: str) -> Exception:
     return transport.JobTimeout(
-        f"the attempt exceeded its timeout of {state.timeout_fired} s; the job caught the "
+        f"the attempt exceeded its timeout of {alarm.fired} s; the job caught the "
         f"timeout and went on ({after}), so the attempt is recorded as timed out"
     )
 
@@ -139,12 +136,13 @@ def execute(message: object) -> str:
         worker_name=_worker_name,
     )
     run_state(state)
-    return state.outcome
+    # A plain string for RQ's result, as before the enum ("" if no step decided).
+    return str(state.ending.outcome or "")
 
 
 def run_state(state: RunState, *, push: bool = True) -> None:
     """Run the pipeline, then push what the attempt asked for (``push=False``: the caller
-    handles ``state.reschedule`` itself and nothing is sent; boot gates run inline)."""
+    handles ``state.ending.reschedule`` itself and nothing is sent; boot gates run inline)."""
     global _pipeline
     if _pipeline is None:
         _pipeline = build_pipeline()
@@ -157,10 +155,10 @@ def run_state(state: RunState, *, push: bool = True) -> None:
 def dispatch(state: RunState) -> None:
     """Push what the attempt asked for, now that its history is written."""
     messages = []
-    if state.reschedule is not None:
-        next_env, delay = state.reschedule
+    if state.ending.reschedule is not None:
+        next_env, delay = state.ending.reschedule
         messages.append(message_for(state.definition, next_env, delay))
-    if state.outcome == "succeeded":
+    if state.ending.outcome is Outcome.SUCCEEDED:
         messages.extend(state.followups.messages())
     if messages:
         transport.push_many(messages)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from .context import RunState
+from .state import RunState
 
 Next = Callable[[RunState], None]
 

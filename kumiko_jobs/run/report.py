@@ -16,8 +16,9 @@ import json
 import logging
 
 from .. import telemetry
+from ..core.outcome import Outcome
 from ..log_context import scrub
-from .context import RunState
+from .state import RunState
 
 logger = logging.getLogger("kumiko_jobs.runs")
 # A failure to report is telemetry's: logged under its name, where operators look for it.
@@ -30,14 +31,11 @@ _MAX_MESSAGE = 1000
 def run_finished(state: RunState, duration_ms: float) -> None:
     """Metrics and the log line of one finished attempt. Never raises."""
     try:
-        outcome = state.outcome or "failed"
+        outcome = state.ending.outcome or Outcome.FAILED
         telemetry.record_attempt(
-            state.envelope.job,
-            outcome,
-            duration_ms,
-            deferred_by="gate" if state.deferred_by_gate else "job",
+            state.envelope.job, outcome, duration_ms, deferred_by=state.ending.deferral_kind
         )
-        if outcome in ("failed", "retrying"):
+        if outcome in (Outcome.FAILED, Outcome.RETRYING):
             log_failed_attempt(state, outcome)
         else:
             log_attempt_outcome(state, outcome, duration_ms)
@@ -47,7 +45,7 @@ def run_finished(state: RunState, duration_ms: float) -> None:
         )
 
 
-def log_attempt_outcome(state: RunState, outcome: str, duration_ms: float) -> None:
+def log_attempt_outcome(state: RunState, outcome: Outcome, duration_ms: float) -> None:
     """One INFO line for an attempt that did not fail: what ran, for whom, and how it ended.
     Failed attempts get ``log_failed_attempt``'s line instead."""
     env = state.envelope
@@ -71,10 +69,10 @@ def log_attempt_outcome(state: RunState, outcome: str, duration_ms: float) -> No
     )
 
 
-def log_failed_attempt(state: RunState, outcome: str) -> None:
+def log_failed_attempt(state: RunState, outcome: Outcome) -> None:
     """One line per failed attempt: WARNING when it will be retried, ERROR when it is final."""
-    env, described = state.envelope, state.described_error()
-    final = outcome == "failed"
+    env, described = state.envelope, state.ending.described_error()
+    final = outcome is Outcome.FAILED
     error_type = described.type_name if described is not None else _NONE
     # Truncated before it is scrubbed: the text may be megabytes (scrubbing.py).
     message = scrub(described.message, limit=_MAX_MESSAGE) if described is not None else ""

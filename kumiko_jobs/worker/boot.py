@@ -31,9 +31,10 @@ from .. import transport
 from ..core import conf
 from ..core.envelope import Envelope
 from ..core.exceptions import BootGateFailed
+from ..core.outcome import Outcome
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
-from ..run.context import RunState
+from ..run.state import RunState
 
 logger = logging.getLogger("kumiko_jobs.boot")
 
@@ -85,21 +86,23 @@ def _run_gate(definition: JobDefinition, bound: Bound | None) -> None:
                     run_state(state, push=False)
         finally:
             warning.cancel()
-        if state.outcome == "succeeded":
+        ending = state.ending
+        if ending.outcome is Outcome.SUCCEEDED:
             return
-        if state.reschedule is None:
-            described = state.described_error()
+        if ending.reschedule is None:
+            described = ending.described_error()
             error = f"{described.type_name}({described.message!r})" if described else None
             raise BootGateFailed(
-                f"boot gate {definition.name!r} {state.outcome}: {error}; the worker does not start"
+                f"boot gate {definition.name!r} {ending.outcome or ''}: {error}; "
+                "the worker does not start"
             )
         # Not ready yet (a deferral) or failed with attempts left (a retry): wait here and run
         # it again; the worker takes no message meanwhile.
-        env, delay = state.reschedule
+        env, delay = ending.reschedule
         logger.warning(
             "boot gate %s %s; running it again in %.1f s before the worker starts",
             definition.name,
-            "is not ready yet" if state.outcome == "deferred" else "failed, will retry",
+            "is not ready yet" if ending.outcome is Outcome.DEFERRED else "failed, will retry",
             delay,
         )
         time.sleep(delay)

@@ -19,7 +19,7 @@ from psycopg.pq import TransactionStatus
 from .. import transport
 from ..core import conf
 from ..core.current import job_alarm
-from ..run.context import current_run
+from ..run.state import current_run
 from .sweep import record_timed_out
 
 logger = logging.getLogger("kumiko_jobs.worker")

@@ -30,7 +30,7 @@ from kumiko_jobs.definition.registry import registry
 from kumiko_jobs.guard.wrapper import GuardWrapper
 from kumiko_jobs.history import audit
 from kumiko_jobs.models import JobRun
-from kumiko_jobs.run.context import RunState
+from kumiko_jobs.run.state import RunState
 from tests.guardapp import support
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -46,9 +46,7 @@ def _state(tenant: Any) -> RunState:
     envelope = Envelope(
         job=definition.name, schema=tenant.schema_name, kwargs={}, run_id=new_run_id()
     )
-    state = RunState(envelope=envelope, definition=definition)
-    state.tenant = tenant
-    return state
+    return RunState.new(envelope, definition, tenant=tenant)
 
 
 @contextlib.contextmanager

@@ -354,11 +354,11 @@ def test_queue_depth_gauge_reads_the_queues(tenants, telemetry):
 
 def test_every_escape_hatch_use_is_counted_though_reports_are_deduplicated(telemetry, caplog):
     from kumiko_jobs.history import audit
-    from kumiko_jobs.run.context import RunState
+    from kumiko_jobs.run.state import RunState
 
     definition = registry.get("testapp.probe")
     env = Envelope(job=definition.name, schema="t1", kwargs={}, run_id=uuid.uuid4().hex)
-    state = RunState(envelope=env, definition=definition)
+    state = RunState.new(env, definition)
     before = telemetry.points()
     caplog.set_level(logging.WARNING, logger="kumiko_jobs.audit")
     for _ in range(3):

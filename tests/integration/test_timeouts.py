@@ -15,7 +15,6 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -225,11 +224,12 @@ def test_the_timeout_bounds_the_job_body_not_the_record_after_it(tenants):
     done the runner cancels it, so recording the outcome is never cut short by the timeout."""
     from kumiko_jobs import transport
     from kumiko_jobs.run import entry as runner
+    from kumiko_jobs.run.state import Alarm
     from kumiko_jobs.worker.timeouts import FinalTimeout
 
-    note = SimpleNamespace(timeout_fired=None)  # the run's state: only its note is used
+    alarm = Alarm()  # the run's alarm: the only part of its state the timeout uses
     with FinalTimeout(1, transport.JobTimeout):
-        with runner._final_timeout(note):  # type: ignore[arg-type]
+        with runner._final_timeout(alarm):
             pass  # the body returns at once
         time.sleep(1.5)  # where the outcome is recorded: past the timeout, not interrupted
-    assert note.timeout_fired is None
+    assert alarm.fired is None

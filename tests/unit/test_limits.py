@@ -25,7 +25,7 @@ from kumiko_jobs.enqueueing.validate import (
     check_size,
     largest_reachable,
 )
-from kumiko_jobs.run.context import entry_size, log_entry
+from kumiko_jobs.run.joblog import entry_size, log_entry
 
 RUN_ID = "0123456789abcdef0123456789abcdef"
 KEYS = conf_module.DEFAULT_SENSITIVE_KEYS

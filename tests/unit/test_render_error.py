@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kumiko_jobs.core.envelope import Envelope
 from kumiko_jobs.definition.options import build_definition
-from kumiko_jobs.run.context import RunState, render_error
+from kumiko_jobs.run.state import RunState, render_error
 
 
 class Refused(Exception):
@@ -63,16 +63,15 @@ def test_causes_and_groups_are_rendered_with_it():
 
 def test_the_run_reuses_the_rendering_for_its_own_error_only():
     definition = build_definition(lambda ctx: None, {"name": "unit.render"})
-    state = RunState(
-        envelope=Envelope(job="unit.render", schema="t1", kwargs={}, run_id="0" * 32),
-        definition=definition,
+    state = RunState.new(
+        Envelope(job="unit.render", schema="t1", kwargs={}, run_id="0" * 32), definition
     )
     error = _raised(Counting())
-    state.error = error
-    state.rendered_error = render_error(error)
+    state.ending.fail(error)
+    state.ending.note_rendered(render_error(error))
     Counting.calls = 0
-    assert state.described_error() is state.rendered_error
+    assert state.ending.described_error() is state.ending.rendered_error
     assert Counting.calls == 0  # not rendered again
-    state.error = ValueError("kumiko's own")
-    described = state.described_error()
+    state.ending.fail(ValueError("kumiko's own"))
+    described = state.ending.described_error()
     assert described is not None and described.message == "kumiko's own"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +21,7 @@ from kumiko_jobs.core.scrubbing import (
     scrub_bounded,
     truncate,
 )
+from kumiko_jobs.run.state import Ending
 
 KEYS = DEFAULT_SENSITIVE_KEYS
 
@@ -210,9 +210,10 @@ def test_the_span_exception_event_is_built_scrubbed_and_bounded() -> None:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     error = RuntimeError("connect redis://:hunter2@cache/0 password=hunter2 " + "a " * 500_000)
     with provider.get_tracer("test").start_as_current_span("job.execute") as span:
-        # A state that carries this error, not yet rendered by the db_guard step.
-        state = SimpleNamespace(error=error, rendered_error=None, error_traceback="")
-        tracing._record_error(span, state, error, escaped=False)
+        # A run that ended with this error, not yet rendered by the db_guard step.
+        ending = Ending()
+        ending.fail(error)
+        tracing._record_error(span, ending, error, escaped=False)
     (finished,) = exporter.get_finished_spans()
     (event,) = finished.events
     attributes = dict(event.attributes or {})

@@ -20,9 +20,10 @@ from django.utils import timezone
 
 from ...core import session
 from ...core.exceptions import Unrecoverable
+from ...core.outcome import Outcome
 from ...history import run_sql
-from ..context import RunState
 from ..pipeline import Next
+from ..state import RunState
 from .records import crash_point
 
 
@@ -36,7 +37,7 @@ def atomic(state: RunState, call_next: Next) -> None:
         with session.judged():
             xid = run_sql.atomic_begin()
         call_next(state)
-        if state.outcome != "succeeded" or state.watch.violations:
+        if state.ending.outcome is not Outcome.SUCCEEDED or state.watch.violations:
             transaction.set_rollback(True, using=DEFAULT_DB_ALIAS)
             return
         try:
@@ -46,7 +47,7 @@ def atomic(state: RunState, call_next: Next) -> None:
                     attempt=state.envelope.attempt,
                     xid=xid,
                     finished_at=timezone.now(),
-                    result=state.result,
+                    result=state.ending.result,
                 )
         except DatabaseError as exc:
             # Not retried: a job that ends its own transaction does so again, and what it

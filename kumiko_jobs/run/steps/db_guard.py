@@ -15,8 +15,8 @@ import functools
 from ...core import conf
 from ...guard.install import GuardSession
 from ...history import audit
-from ..context import RunState, render_error
 from ..pipeline import Next
+from ..state import RunState, render_error
 
 
 def db_guard(state: RunState, call_next: Next) -> None:
@@ -39,5 +39,5 @@ def _call_body(state: RunState, call_next: Next) -> None:
     except BaseException as exc:
         # Rendered here, in the run's tenant and under the guard: ``str()`` and the traceback
         # run the exception's own code, which must not run later in public, unguarded.
-        state.rendered_error = render_error(exc)
+        state.ending.note_rendered(render_error(exc))
         raise

@@ -15,21 +15,23 @@ from ...core.exceptions import (
     Unrecoverable,
     message_key_problem,
 )
+from ...core.outcome import DeferralKind, Outcome
 from .. import cancellation
-from ..context import RunState
 from ..pipeline import Next
+from ..state import RunState
 
 # Retrying these cannot help: the same code with the same input fails the same way.
 _NEVER_RETRY = (Unrecoverable, DatabaseAccessDenied, InvalidJob)
 
 
 def deferral(state: RunState, call_next: Next) -> None:
+    ending = state.ending
     try:
         call_next(state)
     except Exception as exc:
         _failed(state, exc)
     else:
-        if state.watch.violations and state.outcome in ("succeeded", "deferred"):
+        if state.watch.violations and ending.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
             # The job caught DatabaseAccessDenied and carried on: it still fails.
             _failed(
                 state,
@@ -40,29 +42,27 @@ def deferral(state: RunState, call_next: Next) -> None:
             )
     if settle_cancellation(state):
         return  # cancelled on an operator's request: no retry, no resumption
-    if state.outcome == "deferred":
+    if ending.outcome is Outcome.DEFERRED:
         _defer(state)
-    if state.outcome == "failed" and state.failure_key is None:
+    if ending.outcome is Outcome.FAILED and ending.failure_key is None:
         visible = state.definition.tenant_visible_failure
         if visible is not None:
-            state.failure_key = visible.message_key
+            ending.show_tenant(visible.message_key)
 
 
 def _failed(state: RunState, exc: Exception) -> None:
-    state.error = exc
+    ending = state.ending
     # Rendered by the db_guard step inside the run's tenant when the job raised it.
-    described = state.described_error()
-    state.error_traceback = described.traceback if described else ""
+    traceback = ending.rendering_of(exc).traceback
     retryable = not isinstance(exc, _NEVER_RETRY)
     if isinstance(exc, TenantVisibleError):
-        state.failure_key = _storable_key(state, exc)
+        ending.show_tenant(_storable_key(state, exc))
         retryable = exc.retry
     if retryable and not state.final_attempt:
-        state.outcome = "retrying"
         delay = state.definition.backoff.seconds_after(state.envelope.attempt)
-        state.reschedule = (state.envelope.next_attempt(), delay)
+        ending.retry(exc, traceback, state.envelope.next_attempt(), delay)
     else:
-        state.outcome = "failed"
+        ending.fail(exc, traceback=traceback)
 
 
 def _storable_key(state: RunState, exc: TenantVisibleError) -> str:
@@ -79,19 +79,19 @@ def _storable_key(state: RunState, exc: TenantVisibleError) -> str:
 
 
 def _defer(state: RunState) -> None:
-    env = state.envelope
-    seconds = state.deferral_seconds or 0.0
-    if state.deferred_by_gate:
-        state.reschedule = (env.deferred(by_gate=True), seconds)
+    env, ending = state.envelope, state.ending
+    if ending.deferral_kind is DeferralKind.GATE:
+        ending.resume_in(env.deferred(by_gate=True))
         return
     limit = state.definition.effective_max_defers
     if env.defers >= limit:
-        state.outcome = "failed"
-        state.error = Unrecoverable(
-            f"deferred {env.defers} times, which is max_defers={limit}; the run gives up"
+        ending.fail(
+            Unrecoverable(
+                f"deferred {env.defers} times, which is max_defers={limit}; the run gives up"
+            )
         )
         return
-    state.reschedule = (env.deferred(by_gate=False), seconds)
+    ending.resume_in(env.deferred(by_gate=False))
 
 
 def settle_cancellation(state: RunState) -> bool:
@@ -105,15 +105,15 @@ def settle_cancellation(state: RunState) -> bool:
       calling it cancelled would hide effects that happened; ``cancel_requested_at`` stays on
       the row to show the request came too late.
     """
+    ending = state.ending
     who = cancellation.requested_by(state.envelope.run_id)
     if not state.cancel_acknowledged and who is None:
         return False
-    if state.outcome == "succeeded" and not state.cancel_acknowledged:
+    if ending.outcome is Outcome.SUCCEEDED and not state.cancel_acknowledged:
         return False
-    if not isinstance(state.error, JobCancelled):
-        ended = f" (the attempt ended with {type(state.error).__name__})" if state.error else ""
-        state.error = JobCancelled(f"cancelled on request{cancellation.by_whom(who)}{ended}")
-        state.error_traceback = ""
-        state.rendered_error = None
-    state.outcome, state.reschedule, state.failure_key = "cancelled", None, None
+    if isinstance(ending.error, JobCancelled):
+        ending.cancel(None)  # the job's own: its message and traceback stay
+    else:
+        ended = f" (the attempt ended with {type(ending.error).__name__})" if ending.error else ""
+        ending.cancel(JobCancelled(f"cancelled on request{cancellation.by_whom(who)}{ended}"))
     return True

@@ -8,13 +8,12 @@ job body may write. The job's own function is not called for the parent.
 from __future__ import annotations
 
 from ...enqueueing.fanout import fan_out
-from ..context import RunState
 from ..pipeline import Next
+from ..state import RunState
 
 
 def fanout(state: RunState, call_next: Next) -> None:
     if state.definition.per_tenant and state.envelope.schema is None:
-        state.result = fan_out(state.envelope, state.definition, state.subject)
-        state.outcome = "succeeded"
+        state.ending.succeed(fan_out(state.envelope, state.definition, state.subject))
         return
     call_next(state)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from ...core import conf
 from ...core.exceptions import InvalidJob, Unrecoverable
+from ...core.outcome import DeferralKind
 from ...definition.subject import build_subject
 from ...history import run_sql
-from ..context import RunState
 from ..pipeline import Next
+from ..state import RunState
 
 
 def gates(state: RunState, call_next: Next) -> None:
@@ -29,19 +30,18 @@ def gates(state: RunState, call_next: Next) -> None:
         return _refuse(state, str(exc))
     if env.schema is not None:
         # Loaded by the records step with the run's start; looked up here when it did not run.
-        tenant = state.loaded_tenant if state.tenant_loaded else run_sql.find_tenant(env.schema)
+        lookup = state.tenant_lookup
+        tenant = lookup.tenant if lookup is not None else run_sql.find_tenant(env.schema)
         if tenant is None:
             return _refuse(state, f"tenant not found: no tenant has schema {env.schema!r}")
         active_field = conf.get().TENANT_ACTIVE_FIELD
         if active_field and not getattr(tenant, active_field, True):
             settings = conf.get()
             if settings.INACTIVE_TENANT == "defer":
-                state.outcome = "deferred"
-                state.deferred_by_gate = True
-                state.deferral_seconds = float(settings.INACTIVE_TENANT_DEFER_SECONDS)
+                seconds = float(settings.INACTIVE_TENANT_DEFER_SECONDS)
+                state.ending.defer(seconds, DeferralKind.GATE)
             else:
-                state.outcome = "dropped"
-                state.drop_reason = f"tenant {env.schema!r} is inactive"
+                state.ending.drop(f"tenant {env.schema!r} is inactive")
             return None
         state.tenant = tenant
     call_next(state)
@@ -49,5 +49,4 @@ def gates(state: RunState, call_next: Next) -> None:
 
 
 def _refuse(state: RunState, reason: str) -> None:
-    state.outcome = "failed"
-    state.error = Unrecoverable(reason)
+    state.ending.fail(Unrecoverable(reason))

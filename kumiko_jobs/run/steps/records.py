@@ -26,30 +26,23 @@ from django.utils import timezone
 from ... import signals
 from ...core import conf
 from ...core.exceptions import Unrecoverable
+from ...core.outcome import Outcome
 from ...history import audit, run_sql
 from ...history.rejections import record_rejection
 from ...models import JobAttempt, JobFailure, JobRun, RunStatus
 from .. import report
-from ..context import RunState
 from ..pipeline import Next
+from ..state import Found, Missing, RunState, Timing
 
 logger = logging.getLogger("kumiko_jobs.records")
 
-_STATUS_FOR = {
-    "succeeded": RunStatus.SUCCEEDED,
-    "failed": RunStatus.FAILED,
-    "retrying": RunStatus.QUEUED,
-    "deferred": RunStatus.DEFERRED,
-    "dropped": RunStatus.CANCELLED,
-    "cancelled": RunStatus.CANCELLED,
-}
 _SIGNAL_FOR = {
-    "succeeded": signals.job_succeeded,
-    "failed": signals.job_failed,
-    "retrying": signals.job_failed,
-    "deferred": signals.job_deferred,
-    "dropped": signals.job_dropped,
-    "cancelled": signals.job_dropped,
+    Outcome.SUCCEEDED: signals.job_succeeded,
+    Outcome.FAILED: signals.job_failed,
+    Outcome.RETRYING: signals.job_failed,
+    Outcome.DEFERRED: signals.job_deferred,
+    Outcome.DROPPED: signals.job_dropped,
+    Outcome.CANCELLED: signals.job_dropped,
 }
 
 
@@ -60,11 +53,10 @@ def records(state: RunState, call_next: Next) -> None:
         call_next(state)
     except BaseException as exc:
         # Interrupted (cold shutdown, timeout outside the job body): never leave it running.
-        state.outcome = "failed"
-        state.error = state.error or exc
+        state.ending.fail(state.ending.error or exc)
         _finish(state)
         raise
-    if state.outcome == "succeeded" and not state.definition.atomic:
+    if state.ending.outcome is Outcome.SUCCEEDED and not state.definition.atomic:
         crash_point(state)  # test hook: the body's effect committed, its success not yet
     _finish(state)
 
@@ -87,8 +79,7 @@ def crash_point(state: RunState) -> None:
 def _start(state: RunState) -> bool:
     env = state.envelope
     now = timezone.now()
-    state.started_at = now
-    state.started_monotonic = time.monotonic()
+    state.timing = Timing(started_at=now)
     started = run_sql.start(
         run_id=env.run_id,
         attempt=env.attempt,
@@ -100,7 +91,7 @@ def _start(state: RunState) -> bool:
     )
     # The gates step decides what a missing or inactive tenant means; it was loaded here
     # because it costs nothing more in the same round trip.
-    state.tenant_loaded, state.loaded_tenant = True, started.tenant
+    state.tenant_lookup = Missing() if started.tenant is None else Found(started.tenant)
     updated = started.updated
     if not updated:
         row = JobRun.objects.filter(pk=env.run_id).values("status", "attempts").first()
@@ -113,15 +104,14 @@ def _start(state: RunState) -> bool:
         else:
             why = _why_not_waiting(state, row["status"], row["attempts"])
             logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
-            state.outcome = "dropped"
-            state.drop_reason = why
+            state.ending.drop(why)
             signals.send(
                 signals.job_dropped,
                 run_id=env.run_id,
                 job_name=env.job,
                 schema_name=env.schema,
                 attempt=env.attempt,
-                outcome="dropped",
+                outcome=Outcome.DROPPED,
                 error=None,
                 reason=why,
             )
@@ -163,7 +153,7 @@ def _refuse_without_row(state: RunState) -> None:
         "hand); a run is never recreated from a message"
     )
     logger.warning("refused message for run %s: %s", env.run_id, reason)
-    state.outcome, state.drop_reason = "dropped", reason
+    state.ending.drop(reason)
     excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
     record_rejection(excerpt, reason, state.rq_job_id, state.queue)
     signals.send(
@@ -172,7 +162,7 @@ def _refuse_without_row(state: RunState) -> None:
         job_name=env.job,
         schema_name=env.schema,
         attempt=env.attempt,
-        outcome="dropped",
+        outcome=Outcome.DROPPED,
         error=None,
         reason=reason,
     )
@@ -182,52 +172,53 @@ def _finish(state: RunState) -> None:
     env, definition = state.envelope, state.definition
     if run_sql.end_stray_transaction():
         logger.error("run %s left a transaction open; rolled back before its outcome", env.run_id)
-        if state.outcome in ("succeeded", "deferred"):
-            state.outcome, state.reschedule = "failed", None
-            state.error = state.error or Unrecoverable(
-                "the run left a transaction open; it was rolled back, nothing in it committed"
+        if state.ending.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
+            state.ending.fail(
+                state.ending.error
+                or Unrecoverable(
+                    "the run left a transaction open; it was rolled back, nothing in it committed"
+                )
             )
     now = timezone.now()
-    duration_ms = (time.monotonic() - state.started_monotonic) * 1000
-    outcome = state.outcome or "failed"
-    error = state.error
+    duration_ms = (time.monotonic() - state.timing.started_monotonic) * 1000
+    outcome = state.ending.outcome or Outcome.FAILED
+    error = state.ending.error
     # The job's exception as it was rendered inside its tenant and guard (never str() here).
-    described = state.described_error()
-    status = _STATUS_FOR[outcome]
-    run_update: dict[str, Any] = {"status": status, "duration_ms": duration_ms}
-    if outcome in ("succeeded", "failed", "dropped", "cancelled"):
+    described = state.ending.described_error()
+    run_update: dict[str, Any] = {"status": outcome.status, "duration_ms": duration_ms}
+    if outcome.final:
         run_update["finished_at"] = now
-    if state.reschedule is not None:
-        run_update["scheduled_for"] = now + timedelta(seconds=state.reschedule[1])
+    if state.ending.reschedule is not None:
+        run_update["scheduled_for"] = now + timedelta(seconds=state.ending.reschedule[1])
     if described is not None:
         run_update["error_type"] = described.type_name
         run_update["error_message"] = described.message[:4000]
-    elif outcome == "succeeded":
+    elif outcome is Outcome.SUCCEEDED:
         run_update["error_type"] = ""
         run_update["error_message"] = ""
-    if outcome == "succeeded":
+    if outcome is Outcome.SUCCEEDED:
         # Already plain JSON (or a marker), made in runner.call_job; in the same statement.
-        run_update["result"] = state.result
-    if outcome == "dropped":
-        run_update["error_message"] = state.drop_reason
+        run_update["result"] = state.ending.result
+    if outcome is Outcome.DROPPED:
+        run_update["error_message"] = state.ending.drop_reason
     attempt = {
         "run": uuid.UUID(env.run_id),
         "number": env.attempt,
-        "started_at": state.started_at or now,
+        "started_at": state.timing.started_at or now,
         "finished_at": now,
         "duration_ms": duration_ms,
-        "outcome": outcome,
+        "outcome": str(outcome),
         "error_type": described.type_name if described else "",
         "error_message": described.message[:4000] if described else "",
-        "traceback": state.error_traceback[-20000:],
-        "log": state.log_lines,
+        "traceback": state.ending.error_traceback[-20000:],
+        "log": state.log.lines,
         "worker": state.worker_name,
     }
     touches_failure = bool(env.schema) and (
-        (outcome == "failed" and bool(state.failure_key))
-        or (outcome == "succeeded" and definition.tenant_visible_failure is not None)
+        (outcome is Outcome.FAILED and bool(state.ending.failure_key))
+        or (outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure is not None)
     )
-    followups = outcome == "succeeded" and bool(state.followups.entries)
+    followups = outcome is Outcome.SUCCEEDED and bool(state.followups.entries)
     if not (touches_failure or state.audit_uses.reported or followups):
         # The common case: one statement, so one round trip and its own transaction.
         run_sql.finish(attempt, run_update, env.run_id)
@@ -236,7 +227,7 @@ def _finish(state: RunState) -> None:
     extra = {}
     if _SIGNAL_FOR[outcome] is signals.job_dropped:
         # job_dropped's receivers get a reason (signals.py).
-        extra["reason"] = state.drop_reason or (described.message if described else outcome)
+        extra["reason"] = state.ending.drop_reason or (described.message if described else outcome)
     signals.send(
         _SIGNAL_FOR[outcome],
         run_id=env.run_id,
@@ -253,20 +244,24 @@ def _finish(state: RunState) -> None:
 def _finish_in_transaction(
     state: RunState, attempt: dict[str, Any], run_update: dict[str, Any], now: Any
 ) -> None:
-    env, definition, outcome = state.envelope, state.definition, state.outcome or "failed"
+    env, definition, outcome = (
+        state.envelope,
+        state.definition,
+        state.ending.outcome or Outcome.FAILED,
+    )
     with transaction.atomic():
         JobAttempt.objects.create(
             **{("run_id" if k == "run" else k): v for k, v in attempt.items()}
         )
         JobRun.objects.filter(pk=env.run_id).update(**run_update)
-        if env.schema and outcome == "failed" and state.failure_key:
+        if env.schema and outcome is Outcome.FAILED and state.ending.failure_key:
             JobFailure.objects.bulk_create(
                 [
                     JobFailure(
                         schema_name=env.schema,
                         job_name=env.job,
                         subject=state.subject,
-                        message_key=state.failure_key,
+                        message_key=state.ending.failure_key,
                         failed_at=now,
                         run_id=uuid.UUID(env.run_id),
                     )
@@ -275,10 +270,10 @@ def _finish_in_transaction(
                 unique_fields=("schema_name", "job_name", "subject"),
                 update_fields=("message_key", "failed_at", "run_id"),
             )
-        elif env.schema and outcome == "succeeded" and definition.tenant_visible_failure:
+        elif env.schema and outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure:
             JobFailure.objects.filter(
                 schema_name=env.schema, job_name=env.job, subject=state.subject
             ).delete()
         audit.save_uses(state)
-        if outcome == "succeeded" and state.followups.entries:
+        if outcome is Outcome.SUCCEEDED and state.followups.entries:
             JobRun.objects.bulk_create(state.followups.rows(), ignore_conflicts=True)

@@ -17,8 +17,8 @@ from django_tenants.utils import tenant_context
 from ...core import session
 from ...core.exceptions import Unrecoverable
 from ...guard import connections as tenant_connections
-from ..context import RunState
 from ..pipeline import Next
+from ..state import RunState
 
 
 def tenancy(state: RunState, call_next: Next) -> None:

@@ -12,11 +12,12 @@ from typing import Any
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from ... import telemetry
+from ...core.outcome import Outcome
 from ...log_context import scrub
-from ..context import RunState, render_error
 from ..pipeline import Next
+from ..state import Ending, RunState, render_error
 
-_FAILED = ("failed", "retrying")
+_FAILED = (Outcome.FAILED, Outcome.RETRYING)
 
 
 def tracing(state: RunState, call_next: Next) -> None:
@@ -32,20 +33,20 @@ def tracing(state: RunState, call_next: Next) -> None:
         try:
             call_next(state)
         except BaseException as exc:
-            _record_error(span, state, exc, escaped=True)
+            _record_error(span, state.ending, exc, escaped=True)
             raise
         if not span.is_recording():
             return
-        outcome = state.outcome
-        span.set_attribute("kumiko.job.outcome", outcome or "failed")
+        outcome = state.ending.outcome
+        span.set_attribute("kumiko.job.outcome", str(outcome or Outcome.FAILED))
         if outcome in _FAILED:
-            span.set_attribute("kumiko.job.final_attempt", outcome == "failed")
-            if state.error is not None:
-                _record_error(span, state, state.error, escaped=False)
+            span.set_attribute("kumiko.job.final_attempt", outcome is Outcome.FAILED)
+            if state.ending.error is not None:
+                _record_error(span, state.ending, state.ending.error, escaped=False)
             else:
                 span.set_status(Status(StatusCode.ERROR, outcome))
-        elif outcome == "dropped" and state.drop_reason:
-            span.set_attribute("kumiko.job.drop_reason", state.drop_reason)
+        elif outcome is Outcome.DROPPED and state.ending.drop_reason:
+            span.set_attribute("kumiko.job.drop_reason", state.ending.drop_reason)
 
 
 def _attributes(state: RunState) -> dict[str, Any]:
@@ -81,7 +82,7 @@ MESSAGE_LIMIT = 1000
 STACKTRACE_LIMIT = 16_384
 
 
-def _record_error(span: Span, state: RunState, error: BaseException, *, escaped: bool) -> None:
+def _record_error(span: Span, ending: Ending, error: BaseException, *, escaped: bool) -> None:
     """The ``exception`` event, built here from the error as the db_guard step rendered it.
 
     The SDK's ``record_exception`` would call ``str(error)`` and format the traceback itself:
@@ -91,11 +92,11 @@ def _record_error(span: Span, state: RunState, error: BaseException, *, escaped:
     """
     if not span.is_recording():
         return
-    rendered = state.rendered_error
+    rendered = ending.rendered_error
     if rendered is None or rendered.error is not error:
         rendered = render_error(error)  # not the job's: one of kumiko's own, or an interruption
     message = scrub(rendered.message, limit=MESSAGE_LIMIT)
-    stacktrace = (state.error_traceback if state.error is error else "") or rendered.traceback
+    stacktrace = (ending.error_traceback if ending.error is error else "") or rendered.traceback
     span.add_event(
         "exception",
         {

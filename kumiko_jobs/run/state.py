@@ -1,0 +1,301 @@
+"""What the runner's steps share about one execution (``RunState``) and which run is current.
+
+``RunState`` is made of parts, each with one writer, so that a reader knows where a value
+comes from: the delivery (envelope, definition, RQ id, queue, worker: set once by the runner),
+the ending (outcome, error, deferral, next message: the steps that decide it), the tenancy
+(the records step's tenant lookup, the gates step's tenant and subject), the timing (records),
+the alarm (the worker's timeout), the kept ``ctx.log`` lines (run/joblog), the guard's
+``Watch`` (guard/watch), the audit's uses (history/audit) and the follow-up batch
+(enqueueing/followups). ``current_run`` says which run this thread executes, for the run side
+and above (the worker's timeout, the Django tasks backend).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from ..core import current
+from ..core.outcome import DeferralKind, Outcome
+from ..core.text import storable
+from ..enqueueing.followups import FollowupBatch, collecting
+from ..guard.watch import Watch
+from ..history import audit
+from .joblog import AttemptLog
+
+if TYPE_CHECKING:
+    from ..core.envelope import Envelope
+    from ..definition.job import JobDefinition
+
+# The run executing in this thread, for the run side and above (the guard, the worker's timeout,
+# the Django tasks backend). Modules below the run side read core.current.current_envelope.
+current_run: ContextVar[RunState | None] = ContextVar("kumiko_jobs_current_run", default=None)
+
+
+@contextlib.contextmanager
+def running(state: RunState) -> Iterator[None]:
+    """``state`` is the current run inside the block: ``current_run``, the context variables
+    of core.current, and its follow-up batch (runner.run_state and testing run the pipeline
+    in it)."""
+    token = current_run.set(state)
+    try:
+        with current.running(state.envelope), collecting(state.followups):
+            yield
+    finally:
+        current_run.reset(token)
+
+
+@dataclass(frozen=True, slots=True)
+class Deferral:
+    """Returned by ``ctx.defer``; the job returns it to ask for a later resumption."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedError:
+    """An exception of the job body, turned into text where it was raised.
+
+    Rendering runs the exception's own code (``__str__``, ``__repr__`` of its causes and notes):
+    the ``db_guard`` step renders it while the run's tenant and the guard are still in place,
+    and everything after the body (history, logs, spans) uses this text instead of rendering
+    the exception again in the public schema, outside the guard.
+    """
+
+    error: BaseException
+    type_name: str
+    message: str
+    traceback: str
+
+
+def render_error(error: BaseException) -> RenderedError:
+    """``error`` as text; an exception whose rendering fails still gives a message."""
+    name = type(error).__name__
+    try:
+        message = str(error)
+    except Exception as exc:  # a broken (or refused: DatabaseAccessDenied) __str__
+        message = f"<the {name} could not be rendered: {type(exc).__name__}>"
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception as exc:
+        text = f"{name}: {message}\n<traceback not rendered: {type(exc).__name__}>"
+    # Storable from the start: a NUL in an exception's text made the history's final write
+    # fail, which left the run ``running``.
+    return RenderedError(error, name, storable(message), storable(text))
+
+
+@dataclass(slots=True)
+class Ending:
+    """How the attempt ends: its part of ``RunState``, written only through the methods below.
+
+    Each method is one outcome and sets the fields that go with it together: a retry carries its
+    next message, a drop its reason, a cancellation no failure key and no next message. The
+    steps that decide (the runner's body, gates, fan-out, deferral, records) call them; the
+    records step, the report, the span and the tests' ``Ran`` only read. ``outcome`` is None
+    until a step decides (the records step then writes ``failed``).
+    """
+
+    outcome: Outcome | None = None
+    error: BaseException | None = None
+    # The job body's exception, rendered inside the guarded tenant context (db_guard step).
+    rendered_error: RenderedError | None = None
+    error_traceback: str = ""
+    # The message key of the failure the tenant sees (JobFailure), if any.
+    failure_key: str | None = None
+    result: Any = None
+    drop_reason: str = ""
+    # A deferred attempt: how long, and whether the job or a gate asked.
+    deferral_seconds: float | None = None
+    deferral_kind: DeferralKind = DeferralKind.JOB
+    # (envelope, delay in seconds) to push once the history is written
+    reschedule: tuple[Envelope, float] | None = None
+
+    def succeed(self, result: Any = None) -> None:
+        """The body (or the fan-out) returned ``result``, already made storable."""
+        self.outcome, self.result = Outcome.SUCCEEDED, result
+
+    def defer(self, seconds: float, kind: DeferralKind) -> None:
+        """Postponed by the job (``ctx.defer``) or a gate; the deferral step schedules it."""
+        self.outcome, self.deferral_seconds, self.deferral_kind = Outcome.DEFERRED, seconds, kind
+
+    def resume_in(self, envelope: Envelope) -> None:
+        """The deferred run resumes as ``envelope`` after the deferral's seconds."""
+        self.reschedule = (envelope, self.deferral_seconds or 0.0)
+
+    def drop(self, reason: str) -> None:
+        """Not run: a message the run does not wait for, or an inactive tenant's."""
+        self.outcome, self.drop_reason = Outcome.DROPPED, reason
+
+    def fail(self, error: BaseException | None = None, *, traceback: str | None = None) -> None:
+        """Failed for good (no next message); ``error`` replaces the one noted, if given."""
+        self.outcome, self.reschedule = Outcome.FAILED, None
+        if error is not None:
+            self.error = error
+        if traceback is not None:
+            self.error_traceback = traceback
+
+    def retry(
+        self, error: BaseException, traceback: str, next_attempt: Envelope, delay: float
+    ) -> None:
+        """Failed with attempts left: ``next_attempt`` is pushed after ``delay`` seconds."""
+        self.outcome, self.error, self.error_traceback = Outcome.RETRYING, error, traceback
+        self.reschedule = (next_attempt, delay)
+
+    def cancel(self, error: BaseException | None) -> None:
+        """Cancelled on an operator's request: not retried, not resumed, no tenant failure.
+        ``error`` (None: keep the job's own ``JobCancelled``) replaces the recorded one."""
+        if error is not None:
+            self.error, self.error_traceback, self.rendered_error = error, "", None
+        self.outcome, self.reschedule, self.failure_key = Outcome.CANCELLED, None, None
+
+    def show_tenant(self, message_key: str) -> None:
+        """The failure the tenant sees is ``message_key`` (written as a JobFailure)."""
+        self.failure_key = message_key
+
+    def note_rendered(self, rendered: RenderedError) -> None:
+        """The body's exception, rendered where it was raised (db_guard step)."""
+        self.rendered_error = rendered
+
+    def described_error(self) -> RenderedError | None:
+        """``error`` as text (None: no error); see ``rendering_of``."""
+        return None if self.error is None else self.rendering_of(self.error)
+
+    def rendering_of(self, error: BaseException) -> RenderedError:
+        """``error`` as text: the job's exception as the db_guard step rendered it, or one of
+        kumiko's own exceptions (gates, deferral), which are safe to render anywhere."""
+        rendered = self.rendered_error
+        if rendered is not None and rendered.error is error:
+            return rendered
+        return render_error(error)
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """The records step found the message's tenant with the run's start."""
+
+    tenant: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Missing:
+    """The records step looked, and no tenant has the message's schema."""
+
+    tenant: None = None
+
+
+# What the records step learnt of the tenant (None on RunState: it did not look, e.g. a
+# pipeline without that step); the gates step decides what a missing tenant means.
+TenantLookup = Found | Missing
+
+
+@dataclass(slots=True)
+class Timing:
+    """When the attempt started (the records step's part): the wall clock for the history,
+    the monotonic clock for its duration."""
+
+    started_at: datetime | None = None
+    started_monotonic: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class Alarm:
+    """The attempt's timeout (the worker's death penalty writes it, the body reads it).
+
+    Once ``fired`` (its seconds) the attempt is timed out, whatever the job's code catches or
+    returns (runner._final_timeout). ``hooks`` are called, in the run's thread, from the
+    alarm's signal handler when it fires: an async body registers the cancellation of its
+    coroutine there (async_body.call_async).
+    """
+
+    fired: int | None = None
+    hooks: list[Callable[[], None]] = field(default_factory=list)
+
+    def note_timeout(self, seconds: int) -> None:
+        """The attempt's timeout fired: from now on it is timed out."""
+        self.fired = seconds
+        for hook in list(self.hooks):
+            hook()
+
+
+@dataclass(slots=True)
+class RunState:
+    """Mutable state of one execution, shared by the pipeline's steps (parts: module docstring)."""
+
+    envelope: Envelope
+    definition: JobDefinition
+    rq_job_id: str = ""
+    queue: str = ""
+    worker_name: str = ""
+    # Tenancy: the records step's lookup; the gates step sets ``tenant`` and ``subject``.
+    tenant_lookup: TenantLookup | None = None
+    subject: str = ""
+    timing: Timing = field(default_factory=Timing)
+    ending: Ending = field(default_factory=Ending)
+    # What the attempt enqueued (enqueue.followups), sent if it succeeds; made from the envelope.
+    followups: FollowupBatch = field(init=False)
+    log: AttemptLog = field(default_factory=AttemptLog)
+    # The escape-hatch uses the run reported (audit.record_use), made from the definition.
+    audit_uses: audit.AuditUses = field(init=False)
+    alarm: Alarm = field(default_factory=Alarm)
+    # The job acknowledged a cancellation (ctx.check_cancelled() raised): the run ends cancelled.
+    cancel_acknowledged: bool = False
+    # An atomic run's body and success committed together (steps.atomic).
+    atomic_committed: bool = False
+    # The guard's part: grants open, violations, session marks, the installed guard, the
+    # body's database identity (guard_watch). Built from the envelope and the definition.
+    watch: Watch = field(init=False)
+
+    def __post_init__(self) -> None:
+        env, definition = self.envelope, self.definition
+        self.watch = Watch(
+            job=env.job,
+            schema=env.schema,
+            origin=env.origin,
+            declared_grants=frozenset(definition.grants),
+            system=definition.system,
+            atomic=definition.atomic,
+        )
+        self.followups = FollowupBatch(parent=env)
+        hatch = definition.escape_hatch
+        self.audit_uses = audit.AuditUses(
+            reason=hatch.reason if hatch else "system job", system=definition.system
+        )
+
+    @classmethod
+    def new(cls, envelope: Envelope, definition: JobDefinition, *, tenant: Any = None) -> RunState:
+        """A run of ``definition`` for ``envelope``, as the gates step leaves it when ``tenant``
+        is given: for tests and benchmarks that drive one step (the guard, the audit) alone."""
+        state = cls(envelope=envelope, definition=definition)
+        state.tenant = tenant
+        return state
+
+    @property
+    def tenant(self) -> Any:
+        """The run's tenant (None: a system run); kept on the Watch, which the guard reads.
+        Set by the gates step."""
+        return self.watch.tenant
+
+    @tenant.setter
+    def tenant(self, tenant: Any) -> None:
+        self.watch.tenant = tenant
+
+    def note_timeout(self, seconds: int) -> None:
+        """The attempt's timeout fired (the worker's death penalty calls this on the current
+        run): the alarm's part records it and cancels what registered."""
+        self.alarm.note_timeout(seconds)
+
+    @property
+    def final_attempt(self) -> bool:
+        """No retry follows this attempt, whatever happens (``retries`` used up)."""
+        return self.envelope.attempt >= self.max_attempts
+
+    @property
+    def max_attempts(self) -> int:
+        """The job's attempts in all: its first plus ``retries``."""
+        return self.definition.max_attempts
