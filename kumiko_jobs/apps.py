@@ -43,10 +43,11 @@ class KumikoJobsConfig(AppConfig):
     def _forget_deleted_tenants(self) -> None:
         # History rows outlive a tenant's schema; when the tenant goes, so does its data in
         # them (retention.forget_tenant: purged or anonymised, TENANT_DELETION).
+        # Imported at ready(), like the rest: the history imports the models.
         from django.db.models.signals import post_delete
         from django_tenants.utils import get_tenant_model
 
-        from .history.retention import on_tenant_deleted
+        from .history.retention import on_tenant_deleted  # (see above)
 
         post_delete.connect(
             on_tenant_deleted, sender=get_tenant_model(), dispatch_uid="kumiko_jobs.tenant_gone"

@@ -8,8 +8,12 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
+from . import transport
 from .core import conf, project_settings
 from .definition.registry import registry
+from .guard import role_sync
+from .transport.scheduler_liveness import overdue_problem
+from .urls import is_guarded
 
 TENANT_ENGINE = "django_tenants.postgresql_backend"
 
@@ -204,8 +208,6 @@ def check_django_rq_exposure(app_configs: Any = None, **kwargs: Any) -> list[che
 def _unguarded_django_rq_routes(urlconf: str) -> list[str]:
     from django.urls import URLPattern, URLResolver, get_resolver
 
-    from .urls import is_guarded
-
     found: list[str] = []
 
     def walk(patterns: Any, prefix: str) -> None:
@@ -233,7 +235,6 @@ def check_queue_serializers(app_configs: Any = None, **kwargs: Any) -> list[chec
     with the queue's configured serializer, pickle by default: a job hash planted in Redis would
     run code in the web process when a queue page lists it.
     """
-    from . import transport
 
     try:
         default_queue = conf.get().DEFAULT_QUEUE
@@ -274,7 +275,6 @@ def check_scheduler_running(app_configs: Any = None, **kwargs: Any) -> list[chec
     A deploy check because it reads Redis, which a plain ``check`` (run by every command)
     should not need; it says nothing when Redis cannot be read.
     """
-    from .transport.scheduler_liveness import overdue_problem
 
     if conf.get_or_none() is None:
         return []  # E001 says why
@@ -347,7 +347,6 @@ def check_db_roles_in_step(
             return []
     except ImproperlyConfigured:
         return []
-    from .guard import role_sync
 
     stale = role_sync.out_of_date()
     if not stale:

@@ -203,6 +203,8 @@ _built: Next | None = None
 def _pipeline() -> Next:
     global _built
     if _built is None:
+        # Imported at the first run: pytest loads this plugin before Django is set up, and the
+        # run side imports the models.
         from .run.entry import call_job
         from .run.steps import DEFAULT_STEPS
 

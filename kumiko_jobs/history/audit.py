@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 from .. import telemetry
 from ..core import conf
 from ..core.current import current_user
+from ..models import EscapeHatchUse
 
 if TYPE_CHECKING:
     from ..core.envelope import Envelope
@@ -89,8 +90,6 @@ def save_uses(state: Audited) -> None:
     # Models: the run side imports this module while apps may still be loading.
     from django.db.models import F
     from django.utils import timezone
-
-    from ..models import EscapeHatchUse
 
     now = timezone.now()
     env = state.envelope

@@ -17,6 +17,8 @@ import json
 import logging
 from typing import Any
 
+from ..core import conf
+
 logger = logging.getLogger("kumiko_jobs.results")
 
 # The key of the marker stored instead of a result that could not be kept.
@@ -92,8 +94,6 @@ def _jsonb_problem(value: Any) -> str:
 
 def keep(run_id: str, job_name: str, value: Any) -> Any:
     """The value to store for a succeeded run; logs when it is a marker."""
-    from ..core import conf
-
     stored, why = storable(value, conf.get().MAX_RESULT_BYTES)
     if why:
         logger.warning(

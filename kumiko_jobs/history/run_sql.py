@@ -33,7 +33,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantDatabaseWrapper
 from django_tenants.utils import get_tenant_model
 
-from ..core import conf, project_settings
+from ..core import conf, project_settings, session
 from ..core.db import ATOMIC_FUNCTION
 from ..models import JobAttempt, JobRun, RunStatus
 
@@ -222,7 +222,6 @@ def end_stray_transaction() -> bool:
     run inside a caller's ``atomic()``) is the caller's, and left alone. The check is
     client-side: no round trip.
     """
-    from ..core import session
 
     wrapper = connections[DEFAULT_DB_ALIAS]
     if wrapper.in_atomic_block or not session.in_transaction(wrapper):

@@ -34,6 +34,9 @@ from ..core.exceptions import BootGateFailed
 from ..core.outcome import Outcome
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
+from ..enqueueing.messages import row_for
+from ..enqueueing.submit import submit
+from ..run.entry import run_state
 from ..run.state import RunState
 
 logger = logging.getLogger("kumiko_jobs.boot")
@@ -68,8 +71,6 @@ def run_boot_gates(queues: Collection[str] | None = None, bound: Bound | None = 
 
 
 def _run_gate(definition: JobDefinition, bound: Bound | None) -> None:
-    from ..run.entry import run_state
-
     settings = conf.get()
     env = Envelope.boot(definition.name)
     _insert_row(definition, env)
@@ -121,8 +122,6 @@ def _warn_long(definition: JobDefinition, env: Envelope) -> None:
 
 
 def _insert_row(definition: JobDefinition, env: Envelope) -> None:
-    from ..enqueueing.messages import row_for
-
     row_for(definition, env, "", 0.0).save(force_insert=True)
 
 
@@ -132,8 +131,6 @@ def boot_run_id(job_name: str, dataset: str) -> str:
 
 def enqueue_boot_jobs() -> list[str]:
     """Enqueue every ``run_on_boot`` job not yet enqueued for this Redis dataset."""
-    from ..enqueueing.submit import submit
-
     boot_jobs = [d for d in registry if d.run_on_boot]
     if not boot_jobs:
         return []

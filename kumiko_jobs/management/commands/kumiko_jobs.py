@@ -16,10 +16,15 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from ...core import conf
 from ...core.exceptions import KumikoJobsError
 from ...definition.registry import registry
+from ...enqueueing.schedules import sync_schedules
 from ...enqueueing.submit import enqueue
+from ...guard import role_sync
 from ...models import JobRun, RunStatus
+from ...operations import CANCELLED, cancel_run, retry_run
+from ...worker.relay import relay_pending
 from ...worker.sweep import sweep
 
 _SINCE = re.compile(r"^(\d+)([smhd])$")
@@ -103,8 +108,6 @@ class Command(BaseCommand):
         if action == "list":
             self._list()
         elif action == "schedule":
-            from ...enqueueing.schedules import sync_schedules
-
             synced = sync_schedules()
             for label, ids in (
                 ("created", synced.created),
@@ -181,8 +184,6 @@ class Command(BaseCommand):
         self._table(rows)
 
     def _retry(self, run_id: str) -> None:
-        from ...operations import retry_run
-
         run = _run(run_id)
         try:
             handle = retry_run(run)
@@ -197,8 +198,6 @@ class Command(BaseCommand):
             self.stdout.write(line.rstrip())
 
     def _roles(self, check_only: bool) -> None:
-        from ...guard import role_sync
-
         if check_only:
             stale = role_sync.out_of_date()
             for name in stale:
@@ -218,9 +217,6 @@ class Command(BaseCommand):
         import time
 
         from django.db import connections
-
-        from ...core import conf
-        from ...worker.relay import relay_pending
 
         pause = interval if interval is not None else conf.get().MAINTENANCE_INTERVAL or 10
         while True:
@@ -244,9 +240,6 @@ class Command(BaseCommand):
     def _cancel(self, run_id: str) -> None:
         import getpass
         import uuid
-
-        from ...models import JobRun
-        from ...operations import CANCELLED, cancel_run
 
         try:
             run = JobRun.objects.get(pk=uuid.UUID(run_id.strip()))

@@ -1,0 +1,248 @@
+"""The package's import graph: no circles, RQ behind one door, and reasons for late imports.
+
+docs/design.md, "The map", says which package owns what and what it may import; these tests
+keep that true. They read the source (``ast``), so they see every import, at any depth, even
+those that never run in a given process: an import made inside a function or under
+``TYPE_CHECKING`` is still a dependency a reader has to follow.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "kumiko_jobs"
+# Only the transport talks to Redis, RQ, rq-scheduler and django-rq (docs/design.md).
+TRANSPORT_ONLY = ("rq", "rq_scheduler", "django_rq", "redis")
+
+# The layers of docs/design.md, "The map", bottom to top: a package or root module imports only
+# from layers below its own. Siblings in one layer never import each other, except the
+# surfaces (the top layer), which are what Django, RQ, settings and users load and may use
+# anything, one another included.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("models",),
+    ("core",),
+    ("origin", "signals"),
+    ("log_context", "transport", "definition", "guard"),
+    ("telemetry",),
+    ("history",),
+    ("enqueueing",),
+    ("run",),
+    ("worker", "operations", "task_jobs"),
+    (
+        "admin",
+        "management",
+        "checks",
+        "urls",
+        "apps",
+        "tasks",
+        "testing",
+        "jobs",
+        "__init__",
+        "runner",
+        "context",
+        "conf",
+        "migrations",
+        "templates",
+        "locale",
+    ),
+)
+SURFACES = LAYERS[-1]
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module, dotted
+    target: str  # the imported module (for ``from x import y``: x.y when y is a module)
+    names: tuple[str, ...]
+    line: int
+    in_function: bool
+    comment: str  # the comment on the import's line or the line above it
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _reason_above(lines: list[str], first: int, last: int) -> str:
+    """The comments on an import's lines or above it, through a block of imports (one reason
+    may head several late imports)."""
+    found = [text.split("#", 1)[1] for text in lines[first - 1 : last] if "#" in text]
+    row = first - 2
+    while row >= 0:
+        text = lines[row].strip()
+        if text.startswith("#"):
+            found.append(text[1:])
+        elif not text.startswith(("from ", "import ")):
+            break
+        row -= 1
+    return " ".join(part.strip() for part in found)
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        _module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "migrations" not in p.parts
+    }
+
+
+def _imports() -> Iterator[Import]:
+    modules = _modules()
+    for name, path in modules.items():
+        source = path.read_text()
+        lines = source.splitlines()
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(source, str(path))
+        functions = [
+            n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        ]
+        inside = {id(n) for f in functions for n in ast.walk(f) if n is not f}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [(alias.name, ()) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    module = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    module = node.module or ""
+                names = tuple(alias.name for alias in node.names)
+                submodules = [f"{module}.{n}" for n in names if f"{module}.{n}" in modules]
+                targets = [(t, ()) for t in submodules] or [(module, names)]
+            else:
+                continue
+            comment = _reason_above(lines, node.lineno, node.end_lineno or node.lineno)
+            for target, names_ in targets:
+                yield Import(name, target, names_, node.lineno, id(node) in inside, comment)
+
+
+def _ours(target: str) -> bool:
+    return target == "kumiko_jobs" or target.startswith("kumiko_jobs.")
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_of_the_package_takes_part_in_an_import_circle() -> None:
+    edges: dict[str, set[str]] = defaultdict(set)
+    modules = _modules()
+    for imp in _imports():
+        # ``from . import x`` names the package only to reach x; the package's __init__ is a
+        # dependency only when a name is taken from it.
+        if _ours(imp.target) and imp.target in modules and imp.target != imp.source:
+            edges[imp.source].add(imp.target)
+    assert _circles(edges) == []
+
+
+def _unit(module: str) -> str:
+    """The top-level package or root module a module belongs to (``__init__`` for the root)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _layer_of() -> dict[str, int]:
+    return {unit: n for n, units in enumerate(LAYERS) for unit in units}
+
+
+def test_every_package_and_root_module_has_a_layer() -> None:
+    """A new package or root module must be placed in the map before it can land."""
+    units = {_unit(name) for name in _modules()}
+    assert sorted(units - set(_layer_of())) == []
+
+
+def test_imports_point_down_the_layers() -> None:
+    layer = _layer_of()
+    offenders = sorted(
+        {
+            f"{_unit(imp.source)} -> {_unit(imp.target)} ({imp.source}:{imp.line})"
+            for imp in _imports()
+            if _ours(imp.target)
+            and _unit(imp.source) != _unit(imp.target)
+            and _unit(imp.source) in layer
+            and _unit(imp.target) in layer
+            and _unit(imp.source) not in SURFACES
+            and layer[_unit(imp.target)] >= layer[_unit(imp.source)]
+        }
+    )
+    assert offenders == []
+
+
+def test_only_the_transport_imports_redis_and_rq() -> None:
+    offenders = [
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for imp in _imports()
+        if imp.target.split(".")[0] in TRANSPORT_ONLY
+        and not (
+            imp.source == "kumiko_jobs.transport" or imp.source.startswith("kumiko_jobs.transport.")
+        )
+    ]
+    assert offenders == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    offenders = [
+        f"{imp.source}:{imp.line} takes {name} from {imp.target}"
+        for imp in _imports()
+        if _ours(imp.target)
+        for name in imp.names
+        if name.startswith("_") and not name.startswith("__")
+    ]
+    assert offenders == []
+
+
+def test_every_import_of_our_code_inside_a_function_says_why() -> None:
+    """Late imports exist only where app loading or an optional dependency forces them, and the
+    comment beside each says which."""
+    offenders = [
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for imp in _imports()
+        if imp.in_function and _ours(imp.target) and not imp.comment
+    ]
+    assert offenders == []
+
+
+def test_the_checks_themselves_can_fail() -> None:
+    """Calibration: the cycle finder finds a circle, the import reader sees late imports and
+    imports of each layer, and the map knows the lowest and the highest units."""
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    layer = _layer_of()
+    assert layer["core"] < layer["transport"] < layer["run"] < layer["worker"] < layer["admin"]
+    seen = {(_unit(i.source), _unit(i.target)) for i in _imports() if _ours(i.target)}
+    assert ("run", "core") in seen and ("worker", "run") in seen
+    late = [imp for imp in _imports() if imp.in_function]
+    assert late, "the package has no import inside a function at all: the reader is blind"
