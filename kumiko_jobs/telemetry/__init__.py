@@ -23,6 +23,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .. import transport
 from ..core import project_settings
 
 if TYPE_CHECKING:
@@ -176,10 +177,6 @@ def _observe_last_success(options: CallbackOptions) -> Iterable[Observation]:
 
 
 def _observe_queue_depth(options: CallbackOptions) -> Iterable[Observation]:
-    # Inside the function: telemetry sits below the transport, and this gauge is the one
-    # reader of Redis here (it is to move into transport/: docs/maintainers/layout-plan.md).
-    from .. import transport
-
     observations = []
     for queue in project_settings.rq_queue_names():
         try:
