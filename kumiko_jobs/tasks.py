@@ -77,7 +77,7 @@ class KumikoBackend(BaseTaskBackend):
     supports_get_result = True
     supports_priority = True
 
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+    def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
         self.validate_task(task)
         try:
             definition = registry.get(task_jobs.job_name(self.alias, task.queue_name))
@@ -122,7 +122,7 @@ class KumikoBackend(BaseTaskBackend):
         task_enqueued.send(type(self), task_result=result)
         return result
 
-    def get_result(self, result_id: str) -> TaskResult:
+    def get_result(self, result_id: str) -> TaskResult[Any, Any]:
         try:
             run_id = uuid.UUID(str(result_id))
         except ValueError:

@@ -29,7 +29,7 @@ from ..models import JobRun
 from .pagination import selectable_rows, too_many_selected
 
 
-class RunActions(admin.ModelAdmin):
+class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
     """Retry and cancel on the run list, for operators holding the change permission."""
 
     actions = ("retry_selected", "cancel_selected")

@@ -45,7 +45,7 @@ class OperatorsOnly:
         return is_operator_request() and super().has_view_permission(request, obj)  # type: ignore[misc]
 
 
-class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):
+class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
     """Read-only history: rows are written by the runner, never by hand.
 
     Subclasses describe both audiences; the methods below pick one per request.

@@ -33,7 +33,7 @@ from .render import (
 )
 
 
-class JobAttemptInline(ReadOnly, admin.StackedInline):
+class JobAttemptInline(ReadOnly, admin.StackedInline):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
     model = JobAttempt
     extra = 0
     can_delete = False

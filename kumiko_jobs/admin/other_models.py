@@ -88,7 +88,7 @@ class JobFailureAdmin(TenantScopedAdmin):
 
 
 @admin.register(RejectedMessage)
-class RejectedMessageAdmin(CleanQueryStrings, OperatorsOnly, ReadOnly, admin.ModelAdmin):
+class RejectedMessageAdmin(CleanQueryStrings, OperatorsOnly, ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
     list_display = ("received_at", "queue", "rq_job_id", "reason")
     list_filter = ("queue", ("received_at", admin.DateFieldListFilter))
     search_fields = ("rq_job_id", "reason")
@@ -106,7 +106,7 @@ class RejectedMessageAdmin(CleanQueryStrings, OperatorsOnly, ReadOnly, admin.Mod
 
 
 @admin.register(EscapeHatchUse)
-class EscapeHatchUseAdmin(CleanQueryStrings, OperatorsOnly, ReadOnly, admin.ModelAdmin):
+class EscapeHatchUseAdmin(CleanQueryStrings, OperatorsOnly, ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
     """Every declared crossing of a tenant boundary that was used, with its reason."""
 
     list_display = ("job_name", "grant", "schema_name", "actor", "count", "last_seen", "reason")

@@ -21,7 +21,7 @@ MAX_PAGES = 200
 LOOKAHEAD_PAGES = 5
 
 
-class BoundedPaginator(Paginator):
+class BoundedPaginator(Paginator):  # type: ignore[type-arg]  # Django's Paginator are not subscriptable at runtime
     """Pages of a list that may hold millions of rows, without counting them all.
 
     ``count`` stops at ``LOOKAHEAD_PAGES`` pages beyond the page asked for (``page_hint``), and
@@ -56,7 +56,7 @@ class BoundedPaginator(Paginator):
         self.capped = found > self.limit
         return min(found, self.limit)
 
-    def page(self, number: Any) -> Page:
+    def page(self, number: Any) -> Page[Any]:
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         top = bottom + self.per_page
@@ -64,7 +64,8 @@ class BoundedPaginator(Paginator):
             top = self.count
         keys = list(self.object_list.values_list("pk", flat=True)[bottom:top])
         rows = list(self.object_list.filter(pk__in=keys))
-        return self._get_page(rows, number, self)  # type: ignore[attr-defined]
+        page: Page[Any] = self._get_page(rows, number, self)  # type: ignore[attr-defined]
+        return page
 
 
 def selectable_rows() -> int:

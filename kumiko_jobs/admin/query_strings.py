@@ -44,4 +44,7 @@ class CleanQueryStrings:
         problem = bad_query_string(request.GET)
         if problem:
             return HttpResponseBadRequest(problem, content_type="text/plain; charset=utf-8")
-        return super().changelist_view(request, extra_context)  # type: ignore[misc]
+        response: HttpResponse = super().changelist_view(  # type: ignore[misc]
+            request, extra_context
+        )
+        return response

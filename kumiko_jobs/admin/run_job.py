@@ -32,7 +32,7 @@ from ..definition.job import JobDefinition
 from ..definition.registry import registry
 
 
-class RunJobView(admin.ModelAdmin):
+class RunJobView(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
     """The "Run a job…" page of the run admin: its URL, permission and view."""
 
     def get_urls(self) -> list[URLPattern]:

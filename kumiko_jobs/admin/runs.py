@@ -142,11 +142,12 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
             subject=OuterRef("subject"),
             run_id=OuterRef("run_id"),
         ).values("message_key")[:1]
-        return super().get_queryset(request).annotate(failure_key=Subquery(failure))
+        runs: QuerySet[JobRun] = super().get_queryset(request)
+        return runs.annotate(failure_key=Subquery(failure))
 
     def get_inlines(
         self, request: HttpRequest, obj: Any
-    ) -> list[type[admin.options.InlineModelAdmin]]:
+    ) -> list[type[admin.options.InlineModelAdmin[Any, Any]]]:
         return [JobAttemptInline] if is_operator_request() else []
 
     def get_search_results(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from ..definition.job import JobDefinition
 from ..definition.options import build_definition
@@ -45,7 +45,17 @@ def define(func: Callable[..., Any], options: Mapping[str, Any]) -> Job:
     return Job(**{f.name: getattr(definition, f.name) for f in dataclasses.fields(definition)})
 
 
-def job(func: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+@overload
+def job(func: Callable[..., Any], /) -> Job: ...
+
+
+@overload
+def job(func: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], Job]: ...
+
+
+def job(
+    func: Callable[..., Any] | None = None, /, **options: Any
+) -> Job | Callable[[Callable[..., Any]], Job]:
     """Declare a job: ``@job`` or ``@job(retries=3, queue="default", ...)``."""
 
     def decorate(f: Callable[..., Any]) -> Job:

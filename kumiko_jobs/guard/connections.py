@@ -296,7 +296,7 @@ def _recording(base: type) -> type:
     into the run's denial on every route: Django's cursors, ``connection.connection.execute``,
     ``copy()``, ``stream()``, named cursors."""
 
-    class Recording(base):
+    class Recording(base):  # type: ignore[misc]  # psycopg's cursor class, known at run time
         def execute(self, *args: Any, **kwargs: Any) -> Any:
             session.note_statement(self.connection)
             try:

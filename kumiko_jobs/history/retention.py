@@ -106,7 +106,7 @@ def delete_in_batches(
         if after_batch is not None:
             after_batch(deleted)
         if deleted < batch_size:
-            return total
+            return int(total)
 
 
 def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:

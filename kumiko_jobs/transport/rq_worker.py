@@ -10,7 +10,7 @@ that re-implements RQ internals and must be re-read on every RQ upgrade.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from redis import Redis
 from rq import Queue
@@ -87,7 +87,7 @@ class _OneTripDequeue:
                     )
                     if fetched is None:
                         continue
-                    return fetched
+                    return cast("tuple[Job, Queue]", fetched)
                 if not flat:
                     continue  # no hash any more: RQ skips such an id silently
                 found = cls.from_queue_key(  # type: ignore[attr-defined]
@@ -106,7 +106,7 @@ class _OneTripDequeue:
                     exc.queue = found  # type: ignore[attr-defined]
                     raise
                 return job, found
-        return super().dequeue_any(  # type: ignore[misc]
+        dequeued: tuple[Job, Queue] | None = super().dequeue_any(  # type: ignore[misc]
             queues,
             timeout,
             connection=connection,
@@ -114,6 +114,7 @@ class _OneTripDequeue:
             serializer=serializer,
             death_penalty_class=death_penalty_class,
         )
+        return dequeued
 
 
 _one_trip_queue_classes: dict[type, type] = {}
