@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connections
 from django.test import override_settings
 
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobRun, RejectedMessage, RunStatus
 from tests.conftest import work
+from tests.integration.test_messages import tenant_tags
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
@@ -98,17 +98,6 @@ def _restore(document: dict[str, Any]) -> str:
     return str(run["run_id"])
 
 
-def _probe_tags(schema: str) -> list[str]:
-    """Read through a second connection: what the tenant's table really holds."""
-    other = connections.create_connection("default")
-    try:
-        with other.cursor() as cursor:
-            cursor.execute(f'SELECT tag FROM "{schema}".testapp_probe ORDER BY id')
-            return [row[0] for row in cursor.fetchall()]
-    finally:
-        other.close()
-
-
 def test_the_captured_message_names_the_runner_path_that_must_stay():
     """The fixture is what the other test claims: an RQ job of ``kumiko_jobs.runner.execute``."""
     document = _load()
@@ -133,8 +122,8 @@ def test_a_message_queued_before_the_package_moved_still_runs_in_its_tenant(tena
     run = JobRun.objects.get(pk=run_id)
     assert RejectedMessage.objects.count() == 0, RejectedMessage.objects.values_list("reason")
     assert run.status == RunStatus.SUCCEEDED, (run.status, run.error_message)
-    assert _probe_tags("t2") == ["queued-before-the-move"]
-    assert _probe_tags("t1") == [] and _probe_tags("t3") == []
+    assert tenant_tags("t2") == ["queued-before-the-move"]
+    assert tenant_tags("t1") == [] and tenant_tags("t3") == []
 
 
 def test_the_same_message_is_refused_once_it_is_older_than_message_max_age(tenants):
@@ -154,7 +143,7 @@ def test_the_same_message_is_refused_once_it_is_older_than_message_max_age(tenan
         _restore(document)
         work()
     assert "MESSAGE_MAX_AGE" in RejectedMessage.objects.get().reason
-    assert _probe_tags("t2") == []
+    assert tenant_tags("t2") == []
 
 
 def test_a_cron_entry_registered_before_the_package_moved_still_fans_out(tenants):
@@ -172,7 +161,7 @@ def test_a_cron_entry_registered_before_the_package_moved_still_fans_out(tenants
     work()  # the tick: fans out one child per tenant
     work()  # the children
     for schema in ("t1", "t2", "t3"):
-        assert _probe_tags(schema) == ["cron"]
+        assert tenant_tags(schema) == ["cron"]
     assert RejectedMessage.objects.count() == 0
     # The entry rang for this tick only: the alarm is set again for a later one.
     due = redis.zscore(SCHEDULED, document["job_id"])
