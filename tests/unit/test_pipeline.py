@@ -9,6 +9,7 @@ tenancy, atomic, db_guard). The steps here are small recording fakes; nothing ru
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -174,13 +175,11 @@ def test_default_steps_are_in_the_documented_order() -> None:
 def test_each_default_step_lives_in_its_own_module() -> None:
     for step in DEFAULT_STEPS:
         name = step.__name__  # type: ignore[attr-defined]
-        assert step.__module__ == f"{steps_package.__name__}.{name}"  # type: ignore[attr-defined]
+        assert step.__module__ == f"{steps_package.__name__}.{name}"
 
 
 def test_the_design_document_lists_the_steps_in_the_same_order() -> None:
     """docs/design.md's "Pipeline" bullets name the steps in DEFAULT_STEPS's order."""
-    from pathlib import Path
-
     design = Path(__file__).resolve().parents[2] / "docs" / "design.md"
     text = design.read_text(encoding="utf-8")
     start = text.index("**Pipeline**")
