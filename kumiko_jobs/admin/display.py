@@ -182,7 +182,7 @@ class RunDisplay:
 
     @admin.display(description=_("subject"), ordering="subject")
     def subject_cell(self, run: JobRun) -> SafeString | str:
-        """What the run acted on (its subject), linked or labelled by ``subject_html``."""
+        """What the run acted on (``invoice_id=7``), kept on one line when it is short."""
         return subject_html(run.subject)
 
     @admin.display(description=_("queued"), ordering="queued_at")
