@@ -120,8 +120,8 @@ class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):  # type:
     def get_list_display_links(
         self, request: HttpRequest, list_display: Sequence[Any]
     ) -> tuple[Any, ...]:
-        """Link the first column only, whatever it is for this audience, instead of Django's default
-        of the first field it can link.
+        """Link the first of the columns this request's audience gets, whichever that is (the
+        operators' and the tenant's lists start with different columns).
         """
         return tuple(list_display[:1])
 

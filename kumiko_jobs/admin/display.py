@@ -64,8 +64,8 @@ class JobAttemptInline(ReadOnly, admin.StackedInline):  # type: ignore[type-arg]
     )
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Operators only: tracebacks and log lines can name other tenants, hosts and secrets, so a
-        tenant never sees the attempts, only the run's status and problem sentence.
+        """Operators only: errors, tracebacks and log lines are internals a tenant must not read,
+        so a tenant sees the run's status and problem sentence, never its attempts.
         """
         return is_operator_request() and super().has_view_permission(request, obj)
 

@@ -113,8 +113,8 @@ class Worker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, BookkeepingSimp
 
     def request_force_stop(self, signum: int, frame: Any) -> None:
         """On a cold shutdown during a run, exit at once as a crash would, so the sweep retries the
-        run instead of RQ's ``SystemExit`` failing it for good; a second signal within a second, or
-        no run, goes to RQ.
+        run instead of RQ's ``SystemExit`` failing it for good. Without a run, or within a second
+        of the warm stop request, RQ's own cold shutdown.
         """
         # RQ's cold shutdown raises SystemExit inside the job, and the records step would then
         # fail the run for good. Leave instead, as a crash would: the transaction dies with the
