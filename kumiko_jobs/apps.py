@@ -6,12 +6,20 @@ from django.utils.translation import gettext_lazy as _
 
 
 class KumikoJobsConfig(AppConfig):
+    """The app's start-up: checks registered, cron hooks installed, every app's ``jobs.py``
+    discovered and the registry frozen, and the tenant-deletion and role-sync receivers connected.
+    """
+
     name = "kumiko_jobs"
     label = "kumiko_jobs"
     verbose_name = _("Background jobs")
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        """Wire the app up once Django has loaded every app; with broken ``KUMIKO_JOBS`` settings it
+        stops before discovering jobs, so the mistake surfaces as the clean system check E001
+        instead of a traceback inside ``django.setup()``.
+        """
         # Imported here, not at the top: Django imports apps.py while it is still loading the
         # apps, before the package's modules (which reach models and settings) are safe to import.
         # Importing checks registers the system checks.

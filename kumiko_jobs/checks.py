@@ -20,6 +20,11 @@ TENANT_ENGINE = "django_tenants.postgresql_backend"
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The configuration mistakes that would break runs, each with its fix: unreadable settings
+    (E001), missing django-tenants or django-rq, the history outside the public schema, queues not
+    in ``RQ_QUEUES``, pickle-reading scheduler or worker classes, and django-rq's pages left
+    unguarded.
+    """
     errors: list[checks.CheckMessage] = []
     try:
         settings = conf.get()
@@ -293,6 +298,10 @@ def check_scheduler_running(app_configs: Any = None, **kwargs: Any) -> list[chec
 
 @checks.register(checks.Tags.security)
 def check_db_roles(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The database guard's posture: a transaction pooler (unsafe without ``DB_ROLES``, fragile with
+    it) and ``DB_ROLES`` off in production, where isolation would rest on the guard's classifier
+    alone.
+    """
     try:
         settings = conf.get()
     except ImproperlyConfigured:

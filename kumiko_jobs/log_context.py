@@ -39,6 +39,9 @@ class RunContextFilter(logging.Filter):
     call site already set through ``extra=``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Add the run's fields to ``record`` (keeping any the call site set), and keep every
+        record.
+        """
         for name, value in context_fields().items():
             if not hasattr(record, name):
                 setattr(record, name, value)

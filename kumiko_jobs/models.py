@@ -13,6 +13,8 @@ from django.utils.translation import gettext_lazy as _
 
 
 class RunStatus(models.TextChoices):
+    """Where a run stands, in the one vocabulary the admin, the CLI, the logs and the docs share."""
+
     # One vocabulary everywhere: the labels (admin badges and filters, translated) are the
     # values' own words, the ones the CLI, the logs, the demo and the docs use. A run waiting
     # for a retry or an enqueue_in delay is "queued" (scheduled_for says until when); "deferred"
@@ -89,6 +91,10 @@ class JobRun(models.Model):
     cancel_requested_by = models.CharField(_("cancel requested by"), max_length=150, blank=True)
 
     class Meta:
+        """Newest first, with the indexes that keep the admin's lists an index range read at
+        millions of rows, and the permission for django-rq's queue pages.
+        """
+
         ordering = ("-queued_at",)
         verbose_name = _("job run")
         verbose_name_plural = _("job runs")
@@ -129,6 +135,9 @@ class JobRun(models.Model):
 
     @property
     def is_finished(self) -> bool:
+        """True once the run can change no more (succeeded, failed, cancelled, or refused as skipped
+        or capped).
+        """
         return self.status in FINISHED_STATUSES
 
 
@@ -136,6 +145,11 @@ class JobAttempt(models.Model):
     """One execution of a run (an attempt, or a resumption after a deferral). Operators only."""
 
     class Outcome(models.TextChoices):
+        """How one attempt ended; ``retrying`` and ``deferred`` mean the run goes on in another
+        attempt, ``dropped`` that its message was not run (duplicate, stale, replaced, inactive
+        tenant).
+        """
+
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         RETRYING = "retrying"
@@ -156,6 +170,8 @@ class JobAttempt(models.Model):
     worker = models.CharField(max_length=200, blank=True)
 
     class Meta:
+        """A run's attempts in the order they started."""
+
         ordering = ("run", "started_at")
         verbose_name = _("attempt")
 
@@ -174,6 +190,10 @@ class JobFailure(models.Model):
     run_id = models.UUIDField()
 
     class Meta:
+        """Newest first; one row per tenant, job and subject, so a repeated failure replaces the
+        last one instead of piling up.
+        """
+
         ordering = ("-failed_at",)
         verbose_name = _("failure")
         verbose_name_plural = _("failures")
@@ -202,6 +222,10 @@ class EscapeHatchUse(models.Model):
     last_run_id = models.UUIDField(null=True, blank=True)
 
     class Meta:
+        """Most recently used first; one row per job, grant, tenant and actor, counted, so a hatch
+        used in a loop stays one row.
+        """
+
         ordering = ("-last_seen",)
         verbose_name = _("escape hatch use")
         constraints = (
@@ -225,6 +249,8 @@ class RejectedMessage(models.Model):
     excerpt = models.TextField(blank=True, help_text="The first bytes of the message, as received.")
 
     class Meta:
+        """Newest first."""
+
         ordering = ("-received_at",)
 
     def __str__(self) -> str:

@@ -20,6 +20,10 @@ _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 @dataclass(slots=True)
 class RequestOrigin:
+    """The request being served and the correlation id its enqueues carry, held for the request's
+    duration by ``KumikoJobsMiddleware``.
+    """
+
     request: HttpRequest
     correlation_id: str
 
@@ -28,16 +32,23 @@ _current: ContextVar[RequestOrigin | None] = ContextVar("kumiko_jobs_request", d
 
 
 def new_correlation_id() -> str:
+    """A fresh random correlation id (32 hex characters)."""
     return uuid.uuid4().hex
 
 
 def request_correlation_id(request: HttpRequest) -> str:
+    """The client's ``X-Request-ID`` when it is short and plain, else a fresh id: a supplied id
+    lands in logs, so anything else is not adopted.
+    """
     supplied = request.headers.get("X-Request-ID", "")
     # A client-supplied id is only adopted when it is short and plain: it lands in logs.
     return supplied if _REQUEST_ID_RE.match(supplied) else new_correlation_id()
 
 
 def correlation_id() -> str:
+    """The current request's correlation id, or a fresh one outside a request, so every enqueue has
+    one to carry.
+    """
     origin = _current.get()
     return origin.correlation_id if origin else new_correlation_id()
 
@@ -50,6 +61,9 @@ def peek_correlation_id() -> str | None:
 
 
 def triggered_by() -> str | None:
+    """The primary key of the request's authenticated user, as text, for the run's ``triggered_by``;
+    None outside a request or for an anonymous one.
+    """
     origin = _current.get()
     if origin is None:
         return None

@@ -38,6 +38,9 @@ class RunSignal(Signal):
         weak: bool = True,
         dispatch_uid: Any | None = None,
     ) -> None:
+        """Django's ``connect``, refused inside a run: a receiver connected by a job would see every
+        later run, of every tenant, outside any guard.
+        """
         _refuse_inside_a_run("connect")
         super().connect(receiver, sender, weak, dispatch_uid)
 
@@ -47,6 +50,9 @@ class RunSignal(Signal):
         sender: object | None = None,
         dispatch_uid: Any | None = None,
     ) -> bool:
+        """Django's ``disconnect``, refused inside a run: a job must not silence the project's
+        receivers for every tenant.
+        """
         _refuse_inside_a_run("disconnect")
         return bool(super().disconnect(receiver, sender, dispatch_uid))
 
@@ -70,6 +76,9 @@ job_dropped = RunSignal()
 
 
 def send(signal: Signal, **kwargs: Any) -> None:
+    """Send ``signal`` to its receivers, if any; a receiver that raises is logged and ignored, so a
+    broken receiver never changes a run's outcome.
+    """
     if not signal.receivers:
         return
     for receiver, result in signal.send_robust(sender=None, **kwargs):

@@ -31,6 +31,9 @@ PREFIX = "django_tasks."
 
 
 def job_name(alias: str, queue: str) -> str:
+    """The name of the job registered for a task backend's queue
+    (``django_tasks.<alias>:<queue>``).
+    """
     return f"{PREFIX}{alias}:{queue}"
 
 

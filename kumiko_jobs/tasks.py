@@ -72,12 +72,21 @@ _STATUS = {
 
 
 class KumikoBackend(BaseTaskBackend):
+    """Django's task backend on kumiko runs: a ``@task`` enqueues a run of the job registered for
+    its backend and queue, in the current tenant, and its result is read back from the run's
+    history.
+    """
+
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
     supports_priority = True
 
     def enqueue(self, task: Task[Any, Any], args: Any, kwargs: Any) -> TaskResult[Any, Any]:
+        """Enqueue the task as a run in the current tenant (delayed by ``run_after``) and return its
+        ``TaskResult``, whose id is the run id; a task enqueued from public, with no tenant, is
+        refused.
+        """
         self.validate_task(task)
         try:
             definition = registry.get(task_jobs.job_name(self.alias, task.queue_name))
@@ -123,6 +132,9 @@ class KumikoBackend(BaseTaskBackend):
         return result
 
     def get_result(self, result_id: str) -> TaskResult[Any, Any]:
+        """The task's result read from its run's row: status, kept return value, and one error per
+        failed attempt (or a ``TaskCancelled``).
+        """
         try:
             run_id = uuid.UUID(str(result_id))
         except ValueError:

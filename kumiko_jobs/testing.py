@@ -308,6 +308,9 @@ class KumikoJobs:
         return waiting
 
     def assert_nothing_enqueued(self) -> None:
+        """Assert that no run is waiting (queued or deferred), naming the ones that are when it
+        fails.
+        """
         waiting = [run for run in self.runs() if run.status in _WAITING]
         assert not waiting, f"runs are waiting: {self._summary(waiting)}"
 
@@ -321,6 +324,9 @@ class KumikoJobs:
         return handle.result
 
     def assert_failed(self, handle: RunHandle, error_type: str | None = None) -> JobRun:
+        """Assert that the run failed (with ``error_type``, when given), and return its row for
+        further checks.
+        """
         run = handle.refresh()
         assert run.status == RunStatus.FAILED, f"run {handle.run_id} is {run.status}"
         if error_type is not None:

@@ -90,4 +90,7 @@ def django_rq_urls() -> tuple[list[URLPattern], str, str]:
 
 
 def is_guarded(callback: Any) -> bool:
+    """Whether a view is wrapped by kumiko's guard for django-rq's pages: the system checks use it
+    to find django-rq views served without it.
+    """
     return bool(getattr(callback, GUARD_MARK, False))

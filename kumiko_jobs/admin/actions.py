@@ -35,6 +35,9 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
     actions = ("retry_selected", "cancel_selected")
 
     def action_checkbox(self, obj: Any) -> SafeString:
+        """Django's row checkbox, written as markup directly: rendering Django's widget through the
+        template engine for every row costs a third of the list's time.
+        """
         # The same markup as Django's, written directly: Django renders a form widget through
         # the template engine for each row, a third of the list's rendering time.
         return format_html(
@@ -47,6 +50,9 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
     def response_action(  # Django 6.1 passes action_location, 5.2 does not
         self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
     ) -> HttpResponse | None:
+        """Refuse an action on "select all" when more runs match than the list counts, rather than
+        retry or cancel an unknown number of them.
+        """
         # "Select all" acts on every row the filters match, which the list no longer counts
         # beyond its pages: refuse rather than retry or cancel an unknown number of runs.
         if request.POST.get("select_across") == "1" and too_many_selected(queryset):
@@ -68,6 +74,10 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
 
     @admin.action(description=_("Retry selected failed runs"), permissions=["operate"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        """Retry each selected failed run in its own transaction, and report how many were retried
+        and how many skipped, by reason.
+        """
+
         def retry(run: JobRun) -> None:
             operations.retry_run(run, by=request.user)
 
@@ -81,6 +91,9 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
 
     @admin.action(description=_("Cancel selected runs"), permissions=["operate"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
+        """Cancel the selected runs: waiting ones at once, running ones asked to stop (the job sees
+        ``ctx.cancel_requested``); finished ones are skipped and counted.
+        """
         # Waiting runs are cancelled at once; running ones are asked to stop (the job sees it
         # through ctx.cancel_requested; docs/reliability.md, Cancellation).
         requested = 0

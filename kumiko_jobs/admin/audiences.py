@@ -26,12 +26,17 @@ class ReadOnly:
     """Rows written by the runner, never by hand; the retention sweep is what deletes them."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Nobody adds history rows by hand: only a run writes them."""
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Nobody edits history rows: they record what happened, so they are shown read-only."""
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Nobody deletes history rows from the admin; the retention sweep does, by the configured
+        age.
+        """
         return False
 
 
@@ -39,9 +44,15 @@ class OperatorsOnly:
     """Shown on the public (operator) domain only, never on a tenant's."""
 
     def has_module_permission(self, request: HttpRequest) -> bool:
+        """Hide the app's section from the index on a tenant's domain, whatever the user's
+        permissions.
+        """
         return is_operator_request() and super().has_module_permission(request)  # type: ignore[misc]
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Refuse the pages on a tenant's domain, even to a tenant superuser with the model
+        permission.
+        """
         return is_operator_request() and super().has_view_permission(request, obj)  # type: ignore[misc]
 
 
@@ -79,6 +90,9 @@ class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):  # type:
         orphans: int = 0,
         allow_empty_first_page: bool = True,
     ) -> BoundedPaginator:
+        """A ``BoundedPaginator`` told which page is asked for, so it counts rows only as far as
+        that page needs instead of the whole history.
+        """
         try:
             page = int(request.GET.get(PAGE_VAR, 1))
         except ValueError:
@@ -86,6 +100,10 @@ class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):  # type:
         return BoundedPaginator(queryset, per_page, orphans, allow_empty_first_page, page)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        """All rows for operators; for a tenant only its own schema's rows, loading only the
+        ``tenant_only`` fields its pages render (payloads can be large and are not the tenant's to
+        read).
+        """
         queryset = super().get_queryset(request)
         if is_operator_request():
             return queryset
@@ -94,6 +112,7 @@ class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):  # type:
         return queryset.only(*self.tenant_only) if self.tenant_only else queryset
 
     def get_list_display(self, request: HttpRequest) -> tuple[Any, ...]:
+        """The list's columns for this request's audience (operator or tenant)."""
         if is_operator_request():
             return self.operator_list_display
         return self.tenant_list_display
@@ -101,27 +120,41 @@ class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):  # type:
     def get_list_display_links(
         self, request: HttpRequest, list_display: Sequence[Any]
     ) -> tuple[Any, ...]:
+        """Link the first of the columns this request's audience gets, whichever that is (the
+        operators' and the tenant's lists start with different columns).
+        """
         return tuple(list_display[:1])
 
     def get_list_filter(self, request: HttpRequest) -> tuple[Any, ...]:
+        """The sidebar filters for this request's audience."""
         if is_operator_request():
             return self.operator_list_filter
         return self.tenant_list_filter
 
     def get_search_fields(self, request: HttpRequest) -> tuple[str, ...]:
+        """The searched fields for this request's audience: a tenant cannot search fields it cannot
+        see.
+        """
         if is_operator_request():
             return self.operator_search_fields
         return self.tenant_search_fields
 
     def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The detail page's fieldsets for this request's audience."""
         if is_operator_request():
             return self.operator_fieldsets
         return self.tenant_fieldsets
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        """Every shown field is read-only (the history is never edited), so the detail page renders
+        values rather than form inputs.
+        """
         return tuple(flatten_fieldsets(self.get_fieldsets(request, obj)))
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        """Operators get Django's rules; a tenant only the lookups in ``tenant_lookups``, so it
+        cannot probe hidden fields (``?payload__secret=...``) by watching the row count change.
+        """
         if is_operator_request():
             return bool(super().lookup_allowed(lookup, value, request))
         return lookup in self.tenant_lookups

@@ -60,6 +60,9 @@ class JobFilter(admin.SimpleListFilter):
     parameter_name = "job"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        """The job names in the rows this admin shows, through the job-name index for runs; dotted
+        names for operators, titles for a tenant.
+        """
         operator = is_operator_request()
         if model_admin.model is JobRun:
             names = run_job_names(None if operator else tenant_schema())
@@ -73,6 +76,7 @@ class JobFilter(admin.SimpleListFilter):
         return [(name, name if operator else job_title(name)) for name in names]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The rows of the chosen job, or all of them when none is chosen."""
         value = self.value()
         return queryset.filter(job_name=value) if value else queryset
 
@@ -95,6 +99,9 @@ class TenantFilter(admin.SimpleListFilter):
     hidden_fields: list[tuple[str, str]] = []
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        """Up to ``MAX_CHOICES`` tenants plus "system" as links; beyond that the filter switches to
+        a text input and lists only the chosen tenant and "system".
+        """
         tenants = list(
             get_tenant_model()
             .objects.exclude(schema_name=project_settings.public_schema_name())
@@ -108,6 +115,9 @@ class TenantFilter(admin.SimpleListFilter):
         return [*((t.schema_name, f"{t.schema_name} ({t})") for t in tenants), system]
 
     def choices(self, changelist: Any) -> Any:
+        """Django's choices, after keeping the other filters and the search as hidden fields, so the
+        text input's form does not drop them.
+        """
         # The input's form keeps the other filters and the search (a GET form sends only its
         # own fields), and starts again at the first page.
         query = changelist.get_query_string(remove=[self.parameter_name, PAGE_VAR])
@@ -119,6 +129,7 @@ class TenantFilter(admin.SimpleListFilter):
         yield from super().choices(changelist)
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The rows of the chosen tenant, or of no tenant for "system"."""
         value = self.value()
         if not value:
             return queryset

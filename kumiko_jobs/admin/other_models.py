@@ -25,6 +25,10 @@ from .render import failure_sentence, job_title, pre, short_time, subject_html
 
 @admin.register(JobFailure)
 class JobFailureAdmin(TenantScopedAdmin):
+    """The latest failure per tenant, job and subject, for both audiences: operators see the message
+    key and tenant, a tenant only its own failures as sentences, each linking to its run.
+    """
+
     list_per_page = 50
     ordering = ("-failed_at",)
 
@@ -64,22 +68,31 @@ class JobFailureAdmin(TenantScopedAdmin):
 
     @admin.display(description=_("job"), ordering="job_name")
     def job(self, failure: JobFailure) -> str:
+        """The job's title, for a tenant's list (operators see the dotted ``job_name``)."""
         return job_title(failure.job_name)
 
     @admin.display(description=_("subject"), ordering="subject")
     def subject_cell(self, failure: JobFailure) -> SafeString | str:
+        """What the failed run acted on (``invoice_id=7``), kept on one line when it is short."""
         return subject_html(failure.subject)
 
     @admin.display(description=_("failed at"), ordering="failed_at")
     def failed(self, failure: JobFailure) -> str:
+        """When it failed, in the compact form list columns use."""
         return short_time(failure.failed_at)
 
     @admin.display(description=_("what went wrong"))
     def message(self, failure: JobFailure) -> str:
+        """The failure's message key as a sentence in the reader's language, never the error's own
+        text.
+        """
         return failure_sentence(failure.message_key)
 
     @admin.display(description=_("run"))
     def run_link(self, failure: JobFailure) -> SafeString:
+        """A link to the run that failed, where its status (and, for operators, its attempts)
+        explain more.
+        """
         url = reverse(f"{self.admin_site.name}:kumiko_jobs_jobrun_change", args=[failure.run_id])
         return format_html('<a href="{}">{}</a>', url, gettext("view run"))
 
@@ -89,6 +102,10 @@ class JobFailureAdmin(TenantScopedAdmin):
 
 @admin.register(RejectedMessage)
 class RejectedMessageAdmin(CleanQueryStrings, OperatorsOnly, ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
+    """Operators only: the queue messages refused before any tenant was entered (undecodable,
+    not a call of the runner, a job RQ cannot load), to see what arrived and why it was refused.
+    """
+
     list_display = ("received_at", "queue", "rq_job_id", "reason")
     list_filter = ("queue", ("received_at", admin.DateFieldListFilter))
     search_fields = ("rq_job_id", "reason")
@@ -99,6 +116,7 @@ class RejectedMessageAdmin(CleanQueryStrings, OperatorsOnly, ReadOnly, admin.Mod
 
     @admin.display(description=_("excerpt"))
     def excerpt_block(self, message: RejectedMessage) -> SafeString | str:
+        """The message's first bytes as received, preformatted."""
         return pre(message.excerpt)
 
 

@@ -49,6 +49,9 @@ class BoundedPaginator(Paginator):  # type: ignore[type-arg]  # Django's Paginat
 
     @cached_property
     def count(self) -> int:
+        """The number of rows, counted only up to the pages the list may show (``capped`` says when
+        there are more), in the list's order so the planner reads the page's index.
+        """
         # In the list's order, like the page itself: the planner then reads the same index the
         # page does and stops at the limit; unordered, it may pick a scan of the whole table
         # for a filter it cannot estimate (a busy tenant's search for a short value: 5 s).
@@ -57,6 +60,9 @@ class BoundedPaginator(Paginator):  # type: ignore[type-arg]  # Django's Paginat
         return min(found, self.limit)
 
     def page(self, number: Any) -> Page[Any]:
+        """One page, read as the page's primary keys first and then their rows, so a deep page's
+        offset is skipped on the index rather than over whole rows.
+        """
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         top = bottom + self.per_page

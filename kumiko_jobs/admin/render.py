@@ -37,6 +37,7 @@ _BADGE_COLOURS: dict[str, str] = {
 
 
 def status_badge(status: str) -> SafeString:
+    """A run's status as a coloured, translated badge (an unknown status is shown as it is)."""
     label = RunStatus(status).label if status in RunStatus.values else status
     return format_html(
         '<span class="kj-status kj-status-{}" style="background:{};color:#fff;'
@@ -48,6 +49,9 @@ def status_badge(status: str) -> SafeString:
 
 
 def human_duration(ms: float | None) -> str:
+    """Milliseconds as a person reads them (``850 ms``, ``2.5 s``, ``3 min 4 s``, ``1 h 2 min``);
+    "—" when unknown.
+    """
     if ms is None:
         return "—"
     if ms < 1000:
@@ -70,6 +74,9 @@ def short_time(value: datetime | None) -> str:
 
 
 def subject_html(subject: str) -> SafeString | str:
+    """A subject for a list cell: short ones (``invoice_id=7``) kept on one line, long ones left to
+    wrap, "—" when empty.
+    """
     # Short subjects (invoice_id=7) read best unbroken; long ones may wrap.
     if not subject:
         return "—"
@@ -104,17 +111,22 @@ _PRE_STYLE = "white-space:pre-wrap;max-height:32em;overflow:auto;margin:0;font-s
 
 
 def pretty_json(value: Any) -> SafeString:
+    """A JSON value indented and key-sorted in a scrollable block, for payloads and results."""
     text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
     return format_html('<pre class="kj-pre" style="{}">{}</pre>', _PRE_STYLE, text)
 
 
 def pre(text: str) -> SafeString | str:
+    """Text (a traceback, an error) preformatted in a scrollable block, or "—" when empty."""
     if not text:
         return "—"
     return format_html('<pre class="kj-pre" style="{}">{}</pre>', _PRE_STYLE, text)
 
 
 def log_table(lines: Sequence[dict[str, Any]]) -> SafeString | str:
+    """A run's captured log records as a table of time, level, message and extra data; "—" when
+    there are none.
+    """
     if not lines:
         return "—"
 

@@ -36,6 +36,7 @@ class RunJobView(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
     """The "Run a job…" page of the run admin: its URL, permission and view."""
 
     def get_urls(self) -> list[URLPattern]:
+        """The run admin's URLs plus ``run-job/``, behind the admin site's login check."""
         info = self.opts.app_label, self.opts.model_name
         return [
             path(
@@ -51,6 +52,9 @@ class RunJobView(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
         return is_operator_request() and request.user.has_perm("kumiko_jobs.add_jobrun")
 
     def run_job_view(self, request: HttpRequest) -> HttpResponse:
+        """Show the form and, once it is valid, enqueue the job in one transaction and go to the new
+        run's page; a refusal from enqueueing is shown on the form instead.
+        """
         if not self.has_run_job_permission(request):
             raise PermissionDenied
         form = RunJobForm(request.POST or None)
@@ -95,6 +99,7 @@ class RunJobView(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
 
 
 def manual_jobs() -> list[JobDefinition]:
+    """The registered jobs declared ``manual=True``: the only ones the page may run."""
     return [d for d in registry if d.manual]
 
 
@@ -126,6 +131,10 @@ def _manual_job_rows() -> list[dict[str, Any]]:
 
 
 class RunJobForm(forms.Form):
+    """The job, its tenant (empty for a system job) and its arguments as a JSON object; valid only
+    when the arguments bind to the job's signature.
+    """
+
     job = forms.ChoiceField(label=_("Job"))
     tenant = forms.ChoiceField(
         label=_("Tenant"), required=False, help_text=_("Leave empty for a system job.")
@@ -159,6 +168,9 @@ class RunJobForm(forms.Form):
         ]
 
     def clean_arguments(self) -> dict[str, Any]:
+        """The arguments as a dict, with a readable error for text that is not a JSON object or is
+        nested too deeply to parse.
+        """
         text = (self.cleaned_data.get("arguments") or "").strip() or "{}"
         try:
             value = json.loads(text)
@@ -179,6 +191,9 @@ class RunJobForm(forms.Form):
         return value
 
     def clean(self) -> dict[str, Any]:
+        """Check that a system job has no tenant and a tenant job has one, that the arguments bind
+        to the job's signature, and hand the job's definition to the view.
+        """
         data = super().clean() or {}
         name = data.get("job")
         if not name or name not in registry:

@@ -42,6 +42,10 @@ _TENANT_RUN_FIELDS = (
 
 @admin.register(JobRun)
 class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
+    """The run history for both audiences: operators see every tenant's runs with their attempts,
+    actions and "Run a job…"; a tenant sees its own runs, by job title, status and problem sentence.
+    """
+
     change_list_template = "admin/kumiko_jobs/jobrun/change_list.html"
     list_per_page = 50
     ordering = ("-queued_at",)
@@ -134,6 +138,9 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobRun]:
+        """The audience's runs, each annotated with the message key of its tenant-visible failure,
+        so the "problem" column costs one index probe per row instead of a query.
+        """
         # The tenant-visible failure of a run, for the "problem" column; correlated on the
         # unique (tenant, job, subject) key so each row costs one index probe.
         failure = JobFailure.objects.filter(
@@ -148,11 +155,18 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
     def get_inlines(
         self, request: HttpRequest, obj: Any
     ) -> list[type[admin.options.InlineModelAdmin[Any, Any]]]:
+        """The attempts (errors, tracebacks, logs) under an operator's run page; none for a tenant,
+        who must not read them.
+        """
         return [JobAttemptInline] if is_operator_request() else []
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
     ) -> tuple[QuerySet[JobRun], bool]:
+        """Search that an index can answer (admin/search.py) instead of Django's ``UPPER(...) LIKE``
+        over every field: subjects for a tenant; subjects, job names, correlation and run ids for
+        operators.
+        """
         if not is_operator_request():
             return tenant_search(queryset, search_term), False
         return operator_search(queryset, search_term), False
@@ -164,6 +178,9 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        """For a tenant, replace the page's subtitle (``str(run)``, written for operators) with the
+        job's title, the subject and the translated status.
+        """
         extra_context = dict(extra_context or {})
         if not is_operator_request():
             # The page's subtitle defaults to str(run), which is written for operators (raw
@@ -178,6 +195,9 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        """Add the "Run a job…" link for those allowed to use it, and on an operator's list a banner
+        when delayed work is overdue because no scheduler runs.
+        """
         extra_context = dict(extra_context or {})
         if self.has_run_job_permission(request):
             extra_context["kumiko_run_job_url"] = reverse(

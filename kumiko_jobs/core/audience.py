@@ -22,4 +22,7 @@ def is_operator_request() -> bool:
 
 
 def tenant_schema() -> str:
+    """The schema of the tenant this request is for (``""`` if the connection has none): what the
+    admin limits a tenant's rows to.
+    """
     return str(getattr(connection, "schema_name", ""))

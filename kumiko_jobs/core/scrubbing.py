@@ -82,6 +82,9 @@ _SEPARATORS = str.maketrans("", "", "-_. ")
 
 
 def normalized_key(key: str) -> str:
+    """``key`` lower-cased without separators, so ``API-Key``, ``api_key`` and ``apikey`` all match
+    the same sensitive name.
+    """
     return key.lower().translate(_SEPARATORS)
 
 

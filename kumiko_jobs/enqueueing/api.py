@@ -46,11 +46,15 @@ def define(func: Callable[..., Any], options: Mapping[str, Any]) -> Job:
 
 
 @overload
-def job(func: Callable[..., Any], /) -> Job: ...
+def job(func: Callable[..., Any], /) -> Job:
+    """``@job`` without options: the function becomes a registered job with the defaults."""
+    ...
 
 
 @overload
-def job(func: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], Job]: ...
+def job(func: None = None, /, **options: Any) -> Callable[[Callable[..., Any]], Job]:
+    """``@job(retries=3, ...)``: a decorator that registers the function with these options."""
+    ...
 
 
 def job(

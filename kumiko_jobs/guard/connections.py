@@ -59,10 +59,16 @@ def _wrappers() -> OrderedDict[tuple[str, str], Any]:
 
 
 def connects() -> int:
+    """How many tenant-role connections this thread's pool has opened: what the benchmark reads to
+    show how often a worker reconnects.
+    """
     return _pool.connects
 
 
 def tenant_aliases() -> list[str]:
+    """The database aliases using django-tenants' backend: the ones a tenant body's identity swap
+    covers.
+    """
     return [
         a for a, engine in project_settings.database_engines().items() if engine == TENANT_ENGINE
     ]
@@ -77,6 +83,9 @@ inline_in_callers_transaction: ContextVar[bool] = ContextVar(
 
 
 def enabled_for(watch: Watch) -> bool:
+    """Whether the body of this run logs in as its tenant's role: a tenant run, with ``DB_ROLES``
+    on, not run inline in a test's transaction (whose uncommitted rows no other login could see).
+    """
     return (
         watch.tenant is not None and conf.get().DB_ROLES and not inline_in_callers_transaction.get()
     )
@@ -147,6 +156,9 @@ class Identity:
         self.project_used = False
 
     def swap_to(self, wrappers: dict[str, Any]) -> dict[str, Any]:
+        """Put ``wrappers`` in place of this thread's connections for their aliases (None removes
+        one); returns what was there, to swap back.
+        """
         local = _thread_connections()
         previous = {alias: getattr(local, alias, None) for alias in wrappers}
         for alias, wrapper in wrappers.items():
@@ -158,6 +170,9 @@ class Identity:
         return previous
 
     def project_wrapper(self, alias: str) -> Any:
+        """The project's own connection for ``alias`` that the body's swap set aside, made as Django
+        would and kept for the run when the thread had none yet.
+        """
         wrapper = self.project.get(alias)
         if wrapper is None:  # the thread had none yet: made as Django would, kept for the run
             wrapper = self.project[alias] = connections.create_connection(alias)

@@ -43,13 +43,20 @@ class Audited(Protocol):
     """What the audit reads of a run (``context.RunState`` has it)."""
 
     @property
-    def envelope(self) -> Envelope: ...
+    def envelope(self) -> Envelope:
+        """The run's envelope: job, tenant, trigger and triggering user."""
+        ...
 
     @property
-    def audit_uses(self) -> AuditUses: ...
+    def audit_uses(self) -> AuditUses:
+        """The run's escape-hatch reports so far, which ``save_uses`` writes with the history."""
+        ...
 
 
 def actor_of(state: Audited) -> str:
+    """Who made the run use the hatch: the user the job acts for, else the user who triggered the
+    run, else nobody (``""``).
+    """
     user = current_user()
     if user is not None:
         return f"user:{getattr(user, 'pk', user)}"
@@ -57,6 +64,10 @@ def actor_of(state: Audited) -> str:
 
 
 def record_use(state: Audited, grant: str) -> None:
+    """Count one use of ``grant`` and, unless the same job, grant, tenant and actor reported within
+    the dedupe window (or, for a system cron job, at all in this process), log it and note it for
+    the history.
+    """
     env, uses = state.envelope, state.audit_uses
     # Every use is counted; only the log line and the EscapeHatchUse row are deduplicated.
     telemetry.escape_hatch_used(env.job, grant)

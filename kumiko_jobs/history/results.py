@@ -30,10 +30,12 @@ class _TooLarge(Exception):
 
 
 def marker(reason: str) -> dict[str, str]:
+    """The value stored in place of a result that was not kept, saying why."""
     return {NOT_KEPT: reason}
 
 
 def is_marker(value: Any) -> bool:
+    """Whether a stored result is such a marker rather than what the job returned."""
     return isinstance(value, dict) and set(value) == {NOT_KEPT}
 
 

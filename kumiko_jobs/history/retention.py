@@ -50,6 +50,10 @@ logger = logging.getLogger("kumiko_jobs.retention")
 
 @dataclass(frozen=True, slots=True)
 class Deleted:
+    """How many rows one retention pass deleted, per table (runs with their attempts, rejected
+    messages, failures, escape-hatch uses).
+    """
+
     runs: int = 0
     rejections: int = 0
     failures: int = 0
@@ -110,6 +114,10 @@ def delete_in_batches(
 
 
 def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
+    """Delete, in batches, finished runs and rejected messages past ``RETENTION_DAYS``, failures
+    resolved by a later success or past ``FAILURE_RETENTION_DAYS``, and escape-hatch uses past
+    ``ESCAPE_HATCH_RETENTION_DAYS``.
+    """
     settings = conf.get()
     now = timezone.now()
     runs = rejections = 0

@@ -149,6 +149,10 @@ def _start_sql(commit_mode: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Started:
+    """What the start statement found: whether the run was marked ``running`` for this message, and
+    the tenant it names, loaded in the same statement for the gates step.
+    """
+
     updated: bool  # False: the run does not wait for this message (or its row is gone)
     tenant: Any  # the tenant whose schema_name the message names, or None
 
@@ -256,6 +260,9 @@ def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> 
 
 
 def atomic_function() -> str:
+    """The schema-qualified name of migration 0011's success function, so it is found whatever the
+    connection's ``search_path``.
+    """
     return f"{connection.ops.quote_name(project_settings.public_schema_name())}.{ATOMIC_FUNCTION}"
 
 

@@ -26,6 +26,9 @@ _requested: dict[str, str] = {}
 
 
 def key_for(run_id: str) -> str:
+    """The Redis key holding who asked to cancel ``run_id``: the worker's beat reads it to find
+    cancellations of the runs it executes.
+    """
     return KEY_PREFIX + run_id
 
 
@@ -35,6 +38,9 @@ def mark(run_id: str, who: str) -> None:
 
 
 def forget(run_id: str) -> None:
+    """Drop the cancellation mark of ``run_id`` once its run is over, so the mark does not outlive
+    the run in a long-lived worker.
+    """
     _requested.pop(run_id, None)
 
 

@@ -41,6 +41,7 @@ _worker_name = f"{socket.gethostname()}:{__import__('os').getpid()}"
 
 
 def build_pipeline() -> Next:
+    """The runner's chain: ``DEFAULT_STEPS`` in front of the job's own function."""
     return compose(DEFAULT_STEPS, call_job)
 
 

@@ -94,17 +94,25 @@ class JobLog:
         logger.log(level, "%s %s", entry["msg"], fields or "", extra={"kumiko_data": fields})
 
     def debug(self, msg: str, **data: Any) -> None:
+        """Log a debug line; kept on the attempt only while the ``kumiko_jobs.job`` logger has debug
+        on, so verbose loops cost nothing by default.
+        """
         self._emit(logging.DEBUG, msg, data)
 
     def info(self, msg: str, **data: Any) -> None:
+        """Log an info line, kept on the attempt record whatever the logging setup."""
         self._emit(logging.INFO, msg, data)
 
     def warning(self, msg: str, **data: Any) -> None:
+        """Log a warning line, kept on the attempt record whatever the logging setup."""
         self._emit(logging.WARNING, msg, data)
 
     warn = warning
 
     def error(self, msg: str, **data: Any) -> None:
+        """Log an error line, kept on the attempt record; it does not fail the run (only raising
+        does).
+        """
         self._emit(logging.ERROR, msg, data)
 
 

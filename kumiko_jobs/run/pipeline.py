@@ -16,10 +16,17 @@ Next = Callable[[RunState], None]
 
 
 class Step(Protocol):
+    """One step of the runner: called with the run's state and the rest of the chain, which it may
+    call once, or not at all to end the run there.
+    """
+
     def __call__(self, state: RunState, call_next: Next, /) -> None: ...
 
 
 def compose(steps: Sequence[Step], terminal: Next) -> Next:
+    """Chain ``steps`` (outermost first) in front of ``terminal`` into one callable, built once so a
+    run pays only for the calls.
+    """
     chain = terminal
     for step in reversed(steps):
         chain = _bind(step, chain)

@@ -283,6 +283,9 @@ class RunState:
 
     @tenant.setter
     def tenant(self, tenant: Any) -> None:
+        """Set by the gates step; stored on the Watch, so the guard checks against the same tenant
+        the run enters.
+        """
         self.watch.tenant = tenant
 
     def note_timeout(self, seconds: int) -> None:

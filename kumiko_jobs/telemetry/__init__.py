@@ -79,6 +79,10 @@ _meter = metrics.get_meter(SCOPE, _version())
 
 
 def starts_new_trace(trigger: str | None) -> bool:
+    """Whether a run with this trigger (cron, boot, fan-out) starts a trace of its own instead of
+    joining its scheduler's, which would otherwise put every tenant's run of every tick in one
+    trace.
+    """
     return bool(trigger) and str(trigger).startswith(NEW_TRACE_TRIGGERS)
 
 
@@ -137,6 +141,7 @@ def extract(envelope: Envelope) -> otel_context.Context:
 
 
 def tracer() -> trace.Tracer:
+    """The tracer kumiko's spans are made with (this package's instrumentation scope)."""
     return _tracer
 
 
@@ -215,6 +220,9 @@ def record_attempt(job: str, outcome: str, duration_ms: float, *, deferred_by: s
 
 
 def escape_hatch_used(job: str, grant: str) -> None:
+    """Count one use of ``grant`` by ``job``; a telemetry failure is logged, never raised into the
+    run.
+    """
     try:
         _escape_hatch_uses.add(1, {"job": job, "grant": grant})
     except Exception:

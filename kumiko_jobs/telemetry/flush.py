@@ -8,6 +8,9 @@ logger = logging.getLogger("kumiko_jobs.telemetry")
 
 
 def flush(timeout_millis: int = 5000) -> None:
+    """Flush the tracer and meter providers (those that can) within ``timeout_millis``, so a work
+    horse's spans and metrics are not lost when it exits; a failure is only logged.
+    """
     try:
         from opentelemetry import metrics, trace
     except ImportError:  # pragma: no cover - opentelemetry-api is a dependency

@@ -33,7 +33,9 @@ class CronFiring(Protocol):
     """A cron alarm rung: push ``message`` (if any), ring the alarm again at ``next_at``."""
 
     @property
-    def message(self) -> Message | None: ...
+    def message(self) -> Message | None:
+        """The tick's run message to push; None when the tick was refused or had already fired."""
+        ...
 
     @property
     def next_at(self) -> float | None:

@@ -51,6 +51,9 @@ Bound = Callable[[int], Any]
 
 
 def on_worker_start(queues: Collection[str] | None = None, bound: Bound | None = None) -> None:
+    """What a worker does before its first message: run the boot gates of its queues (each to its
+    end; a failure stops the worker), then enqueue the boot jobs not yet enqueued.
+    """
     run_boot_gates(queues, bound)
     enqueue_boot_jobs()
 
@@ -126,6 +129,9 @@ def _insert_row(definition: JobDefinition, env: Envelope) -> None:
 
 
 def boot_run_id(job_name: str, dataset: str) -> str:
+    """The run id of a boot job for one Redis dataset, derived from both, so every worker starting
+    on that dataset names the same run and it is enqueued once.
+    """
     return uuid.uuid5(_BOOT_NAMESPACE, f"{job_name}@{dataset}").hex
 
 

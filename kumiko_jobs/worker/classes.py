@@ -44,6 +44,9 @@ class BootsFirst:
     """
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
+        """Run the boot gates and boot jobs for this worker's queues, then RQ's loop; a failing gate
+        raises here, so the worker never takes a message.
+        """
         boot.on_worker_start(
             set(self.queue_names()),  # type: ignore[attr-defined]
             self._boot_gate_bound,
@@ -97,6 +100,9 @@ class Worker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, BookkeepingSimp
             logger.warning("worker %s: cancellation of %s requested by %s", self.name, job_id, who)
 
     def execute_job(self, job: Any, queue: Any) -> None:
+        """RQ's execution, then a clean slate for the next run in this process: forget the run's
+        cancellation mark and drop connections the run left unusable.
+        """
         try:
             super().execute_job(job, queue)
         finally:
@@ -106,6 +112,10 @@ class Worker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, BookkeepingSimp
             reset_connections()
 
     def request_force_stop(self, signum: int, frame: Any) -> None:
+        """On a cold shutdown during a run, exit at once as a crash would, so the sweep retries the
+        run instead of RQ's ``SystemExit`` failing it for good. Without a run, or within a second
+        of the warm stop request, RQ's own cold shutdown.
+        """
         # RQ's cold shutdown raises SystemExit inside the job, and the records step would then
         # fail the run for good. Leave instead, as a crash would: the transaction dies with the
         # connection, and the sweep retries the run (or fails it on its last attempt) as soon
@@ -161,6 +171,9 @@ class ForkingWorker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, ForkingW
             os.killpg(pid, signal.SIGKILL)
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
+        """Install the cancellation signal handler before the first fork, so every work horse
+        inherits it, then RQ's loop.
+        """
         cancellation.listen_for_signal()
         return bool(super().work(*args, **kwargs))
 
@@ -197,6 +210,10 @@ class ForkingWorker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, ForkingW
             os.killpg(pid, signal.SIGKILL)
 
     def handle_work_horse_killed(self, job: Any, retpid: Any, ret_val: Any, rusage: Any) -> None:
+        """After RQ reaps a killed work horse, record why when this worker killed it: a cancellation
+        past ``CANCEL_GRACE`` ends the run cancelled, a timeout overrun records the attempt as timed
+        out and pushes its retry.
+        """
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)
         if self._killed_for_cancel == job.id:
             self._killed_for_cancel = ""
@@ -221,17 +238,26 @@ class ForkingWorker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, ForkingW
                 self.wait_for_horse()
 
     def execute_job(self, job: Any, queue: Any) -> None:
+        """RQ's execution; afterwards no work horse is current, so the watchdog and cancellations
+        stop targeting its pid.
+        """
         try:
             super().execute_job(job, queue)
         finally:
             self._horse_of = ("", 0)
 
     def fork_work_horse(self, job: Any, queue: Any) -> None:
+        """Close the database connections before forking (a socket shared by two processes corrupts
+        both), then remember which job the new horse runs, for cancellations and the watchdog.
+        """
         connections.close_all()
         super().fork_work_horse(job, queue)
         self._horse_of = (job.id, self.horse_pid)
 
     def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
+        """In the work horse: tell the cancellation signal which run it means, and before the horse
+        exits flush telemetry and close its connections (its buffers die with it).
+        """
         try:
             if self.is_horse:
                 run_id = run_id_of(job.id)

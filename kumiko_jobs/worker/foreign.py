@@ -47,6 +47,9 @@ class HideRQOutcomeLines(logging.Filter):
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """False for RQ's "Successfully completed" and "Job OK" lines, which would contradict a
+        failed attempt the runner recorded and returned from; True for everything else.
+        """
         if str(record.msg).startswith("Successfully completed"):
             return False
         args = record.args if isinstance(record.args, tuple) else ()
@@ -105,6 +108,9 @@ class RefusesForeignMessages:
     connection: Any
 
     def execute_job(self, job: Any, queue: Any) -> None:
+        """Run a kumiko message; refuse anything else (a pickled call, another function, RQ hooks)
+        before RQ loads or calls it: record why, and fail it in RQ.
+        """
         reason = refusal(job, self.connection)
         if reason is None:
             super().execute_job(job, queue)  # type: ignore[misc]
@@ -121,6 +127,9 @@ class RefusesForeignMessages:
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
     ) -> Any:
+        """RQ's dequeue, but a job hash RQ cannot load is recorded and removed and the next message
+        taken, so one bad hash cannot stop every worker in turn.
+        """
         while True:
             try:
                 return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)  # type: ignore[misc]

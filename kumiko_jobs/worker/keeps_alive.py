@@ -42,6 +42,9 @@ class KeepsRunsAlive:
     log_result_lifespan = False
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
+        """Run RQ's loop with the worker's heart beating (and doing maintenance, except in burst
+        mode); the heart stops when the loop ends.
+        """
         burst = bool(kwargs.get("burst", args[0] if args else False))
         heart = self._heart = Heart(
             self.name, self._overran, self._cancel_seen, self._cancel_overran
@@ -54,10 +57,17 @@ class KeepsRunsAlive:
             heart.stop()
 
     def register_birth(self) -> None:
+        """RQ's registration plus the kumiko mark in the worker's hash, by which liveness tells a
+        kumiko worker from another class whose runs only the timeout rule may end.
+        """
         super().register_birth()  # type: ignore[misc]
         self.connection.hset(self.key, RQ_WORKER_MARK, "1")
 
     def execute_job(self, job: Any, queue: Any) -> None:
+        """Execute with the heart watching the job's timeout and cancellation; a Redis outage in
+        RQ's bookkeeping is logged and survived (the run's history is in PostgreSQL, and the relay
+        pushes a message that never started).
+        """
         heart = self._heart
         if heart is not None:
             heart.current = job.id
@@ -94,6 +104,9 @@ class KeepsRunsAlive:
     # are bookkeeping that can wait for Redis to come back.
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's heartbeat at most once a second, as one pipelined round trip; a Redis outage is
+        noted instead of ending the loop, and the worker registers again when Redis is back.
+        """
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)  # type: ignore[misc]
             return
@@ -120,12 +133,16 @@ class KeepsRunsAlive:
             self._redis_back()
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
+        """RQ's state write; a Redis outage is noted instead of ending the loop."""
         try:
             super().set_state(state, pipeline)  # type: ignore[misc]
         except _REDIS_DOWN as exc:
             self._redis_down(exc)
 
     def check_for_suspension(self, burst: bool) -> None:
+        """RQ's suspension check; during a Redis outage it notes the loss and waits a second, so the
+        loop does not spin.
+        """
         try:
             super().check_for_suspension(burst)  # type: ignore[misc]
         except _REDIS_DOWN as exc:
@@ -133,12 +150,18 @@ class KeepsRunsAlive:
             time.sleep(1)  # no busy loop while Redis is away
 
     def run_maintenance_tasks(self) -> None:
+        """RQ's maintenance; it can wait for Redis, so an outage is noted instead of ending the
+        loop.
+        """
         try:
             super().run_maintenance_tasks()  # type: ignore[misc]
         except _REDIS_DOWN as exc:
             self._redis_down(exc)
 
     def teardown(self) -> None:
+        """RQ's teardown; if Redis is away the death is not registered, a warning says so, and the
+        worker still exits cleanly.
+        """
         try:
             super().teardown()  # type: ignore[misc]
         except _REDIS_DOWN as exc:

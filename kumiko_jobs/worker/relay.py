@@ -69,6 +69,10 @@ Snapshot = tuple[str, int, int, int]
 
 @dataclass(frozen=True, slots=True)
 class RelayResult:
+    """What one relay pass did: waiting runs checked, messages pushed again, and runs failed because
+    their job is no longer registered.
+    """
+
     checked: int = 0
     pushed: int = 0
     failed: int = 0  # runs of jobs no longer registered, failed closed

@@ -43,6 +43,10 @@ logger = logging.getLogger("kumiko_jobs.sweep")
 
 @dataclass(frozen=True, slots=True)
 class SweepResult:
+    """What one sweep did: runs handed back for a retry, runs failed as abandoned, and the history
+    rows retention deleted, per table.
+    """
+
     retried: int = 0
     abandoned: int = 0
     deleted_runs: int = 0
@@ -52,6 +56,9 @@ class SweepResult:
 
 
 def sweep() -> SweepResult:
+    """One maintenance pass: hand back abandoned runs, then delete the history past
+    its retention.
+    """
     retried, abandoned = sweep_abandoned()
     deleted = retention.delete_expired()
     return SweepResult(
@@ -60,6 +67,10 @@ def sweep() -> SweepResult:
 
 
 def sweep_abandoned() -> tuple[int, int]:
+    """Retry, or fail when out of attempts, every ``running`` run that no live worker executes any
+    more or that outlived its timeout plus grace with no kumiko worker on it; returns (retried,
+    failed).
+    """
     grace = conf.get().RUNNING_TIMEOUT_GRACE
     # Before reading the runs: a run started later is too young to judge.
     alive = transport.liveness()

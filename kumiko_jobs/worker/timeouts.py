@@ -45,16 +45,26 @@ class FinalTimeout(transport.DeathPenaltyBase):
         )
 
     def setup_death_penalty(self) -> None:
+        """RQ's alarm; for a job's own timeout also publish how to cancel it, so the runner can stop
+        the alarm once the body is done and the outcome's writes are never interrupted.
+        """
         super().setup_death_penalty()
         if self._job_timeout:
             job_alarm.set(self.cancel_death_penalty)
 
     def cancel_death_penalty(self) -> None:
+        """RQ's cancellation of the alarm, and for a job's own timeout the published canceller
+        withdrawn.
+        """
         super().cancel_death_penalty()
         if self._job_timeout:
             job_alarm.set(None)
 
     def handle_death_penalty(self, signum: int, frame: Any) -> None:
+        """Note the timeout on the run (making it final even if the job catches the exception); if
+        the body waits in a statement, have PostgreSQL cancel it instead of raising mid-query, else
+        raise RQ's timeout.
+        """
         state = current_run.get() if self._job_timeout else None
         if state is not None:
             state.note_timeout(int(self._timeout))

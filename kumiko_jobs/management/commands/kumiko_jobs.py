@@ -60,9 +60,16 @@ def _run(run_id: str) -> JobRun:
 
 
 class Command(BaseCommand):
+    """``manage.py kumiko_jobs``: list jobs, enqueue, inspect, retry and cancel runs, run the sweep
+    and the relay, and sync cron schedules and tenant roles from the command line.
+    """
+
     help = "Inspect kumiko jobs and keep run history healthy."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        """One subcommand per action (``list``, ``sweep``, ``schedule``, ``relay``, ``cancel``,
+        ``roles``, ``enqueue``, ``runs``, ``retry``), each with its own options.
+        """
         sub = parser.add_subparsers(dest="action", required=True)
         sub.add_parser("list", help="registered jobs and their options")
         sub.add_parser("sweep", help="fail or retry abandoned runs, delete expired history")
@@ -104,6 +111,7 @@ class Command(BaseCommand):
         retry.add_argument("run_id")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        """Run the chosen subcommand and print what it did."""
         action = options["action"]
         if action == "list":
             self._list()

@@ -28,6 +28,10 @@ from .records import crash_point
 
 
 def atomic(state: RunState, call_next: Next) -> None:
+    """For an ``atomic=True`` tenant job, run the rest of the pipeline in one transaction and record
+    the success inside it, so the body's writes and the success commit together; anything but a
+    success rolls the body back.
+    """
     if not state.definition.atomic or state.tenant is None:
         call_next(state)
         return

@@ -25,6 +25,10 @@ _NEVER_RETRY = (Unrecoverable, DatabaseAccessDenied, InvalidJob)
 
 
 def deferral(state: RunState, call_next: Next) -> None:
+    """Turn what the rest of the pipeline did into the run's ending: an exception (or a swallowed
+    access denial) fails the attempt, with a retry when one is left; a deferral becomes the
+    resumption; an operator's cancellation wins over both.
+    """
     ending = state.ending
     try:
         call_next(state)

@@ -13,6 +13,9 @@ from ..state import RunState
 
 
 def fanout(state: RunState, call_next: Next) -> None:
+    """For a per-tenant job's run without a tenant, create one child run per tenant and succeed
+    without calling the job; any other run goes on down the pipeline.
+    """
     if state.definition.per_tenant and state.envelope.schema is None:
         state.ending.succeed(fan_out(state.envelope, state.definition, state.subject))
         return

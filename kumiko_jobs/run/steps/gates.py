@@ -17,6 +17,10 @@ from ..state import RunState
 
 
 def gates(state: RunState, call_next: Next) -> None:
+    """Refuse a message whose schema does not fit its job, whose arguments do not bind, or whose
+    tenant is missing; drop or postpone a run of an inactive tenant; otherwise hand the run its
+    tenant and go on.
+    """
     env, definition = state.envelope, state.definition
     # A per-tenant job's message without a schema is its fan-out; every other job is either
     # system (never a schema) or tenant (always one).

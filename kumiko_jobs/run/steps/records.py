@@ -47,6 +47,10 @@ _SIGNAL_FOR = {
 
 
 def records(state: RunState, call_next: Next) -> None:
+    """Mark the run ``running`` (dropping a message it does not wait for), run the rest of the
+    pipeline, and write its outcome whatever happens, so no run is left ``running`` by an
+    interruption.
+    """
     if not _start(state):
         return
     try:

@@ -22,6 +22,10 @@ from ..state import RunState
 
 
 def tenancy(state: RunState, call_next: Next) -> None:
+    """Run the rest of the pipeline in the run's tenant (under ``DB_ROLES`` as the tenant's login),
+    then put every connection back clean; a transaction the job left open is rolled back and fails
+    the run.
+    """
     busy = session.busy_aliases()
     left_open: list[str] = []
     identity = None

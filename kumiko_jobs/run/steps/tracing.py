@@ -21,6 +21,9 @@ _FAILED = (Outcome.FAILED, Outcome.RETRYING)
 
 
 def tracing(state: RunState, call_next: Next) -> None:
+    """Wrap the attempt in its ``job.execute`` consumer span, continuing the enqueue's trace, with
+    the span's status taken from the outcome and any escaping exception recorded scrubbed.
+    """
     with telemetry.tracer().start_as_current_span(
         telemetry.CONSUMER_SPAN,
         context=telemetry.extract(state.envelope),
