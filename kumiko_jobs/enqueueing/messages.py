@@ -137,12 +137,12 @@ def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, i
         return "", 0
     key_owner = owner or project_settings.public_schema_name()
     if definition.concurrency == "sequential":
-        return f"kumiko:seq:{definition.name}:{key_owner}", 1
+        return f"{transport.SEQUENTIAL_LIMIT}{definition.name}:{key_owner}", 1
     limit = definition.tenant_concurrency
     if limit is None and schema is not None:
         limit = conf.get().TENANT_CONCURRENCY
     if limit:
-        return f"kumiko:tenant:{key_owner}", limit
+        return f"{transport.TENANT_LIMIT}{key_owner}", limit
     return "", 0
 
 

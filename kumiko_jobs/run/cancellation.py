@@ -16,9 +16,11 @@ import logging
 import signal
 from typing import Any
 
+from .. import transport
+
 logger = logging.getLogger("kumiko_jobs.cancellation")
 
-KEY_PREFIX = "kumiko:cancel:"  # + run id (hex) -> who asked
+KEY_PREFIX = transport.CANCEL_KEY  # + run id (hex) -> who asked
 # Sent by a forking worker to its work horse when the run it executes is to be cancelled.
 SIGNAL = signal.SIGUSR1
 # Run ids (hex) whose cancellation reached this process, with who asked ("" when unknown).

@@ -26,10 +26,15 @@ from __future__ import annotations
 
 from .errors import RedisConnectionError, RedisError, RedisTimeoutError
 from .keys import (
+    BOOT_DATASET_KEY,
+    CANCEL_KEY,
     CRON_PREFIX,
     LIVE_WORKERS,
+    MAINTENANCE_LOCK,
     RELAY_TAKEN,
     RQ_WORKER_MARK,
+    SEQUENTIAL_LIMIT,
+    TENANT_LIMIT,
     TZ_META,
     WORKER_KEY,
     WORKERS_SINCE_KEY,
@@ -92,13 +97,18 @@ from .scheduler import (
 )
 
 __all__ = [
+    "BOOT_DATASET_KEY",
+    "CANCEL_KEY",
     "CRON_PREFIX",
     "HOOK_FIELDS",
     "JSON_SERIALIZER_PATH",
     "LIVE_WORKERS",
+    "MAINTENANCE_LOCK",
     "RELAY_TAKEN",
     "RQ_WORKER_MARK",
     "RUNNER",
+    "SEQUENTIAL_LIMIT",
+    "TENANT_LIMIT",
     "TZ_META",
     "WORKERS_SINCE_KEY",
     "WORKER_KEY",

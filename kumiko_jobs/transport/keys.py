@@ -1,4 +1,4 @@
-"""Every Redis key, key prefix and hash field name the transport writes besides RQ's own.
+"""Every Redis key, key prefix and hash field name kumiko writes besides RQ's own.
 
 They live in one place because they are stored: a deployed worker, scheduler or relay reads
 what another version wrote, so none of these strings may ever change. RQ's and rq-scheduler's
@@ -25,3 +25,16 @@ RQ_WORKER_MARK = "kumiko"
 
 # + RQ job id -> when the relay first saw the message taken off its queue and not started.
 RELAY_TAKEN = "kumiko:relay:taken:"
+
+# --- kumiko's other keys (written by the modules named; defined here so that every stored key
+# is in one file) --------------------------------------------------------------------------------
+# + run id (hex) -> who asked to cancel the running run (operations; run/cancellation reads it).
+CANCEL_KEY = "kumiko:cancel:"
+# One worker at a time runs the maintenance round (worker/maintenance).
+MAINTENANCE_LOCK = "kumiko:maintenance"
+# Its value identifies the Redis dataset that run_on_boot jobs were enqueued for (worker/boot).
+BOOT_DATASET_KEY = "kumiko_jobs:boot:dataset"
+# RQ RateLimit keys of the concurrency options (enqueueing/messages): + job name + ":" + owner
+# for concurrency="sequential", + owner for tenant_concurrency / TENANT_CONCURRENCY.
+SEQUENTIAL_LIMIT = "kumiko:seq:"
+TENANT_LIMIT = "kumiko:tenant:"

@@ -42,7 +42,7 @@ from ..run.state import RunState
 logger = logging.getLogger("kumiko_jobs.boot")
 
 # The Redis key whose value identifies the dataset boot jobs were enqueued for.
-DATASET_KEY = "kumiko_jobs:boot:dataset"
+DATASET_KEY = transport.BOOT_DATASET_KEY
 _BOOT_NAMESPACE = uuid.UUID("3c8f8a52-6a55-4c35-9d2e-8c1b6b2f5a10")
 
 # A context manager factory (seconds) -> bounds one gate attempt; the worker passes its death

@@ -20,7 +20,6 @@ from .relay import relay_pending
 from .sweep import sweep_abandoned
 
 logger = logging.getLogger("kumiko_jobs.worker")
-_MAINTENANCE_LOCK = "kumiko:maintenance"
 
 
 def run_maintenance() -> None:
@@ -44,7 +43,7 @@ def maintain(name: str, stop: threading.Event) -> None:
         while True:
             try:
                 # The lock is left to expire: one round per interval among all workers.
-                if redis.set(_MAINTENANCE_LOCK, name, nx=True, ex=interval):
+                if redis.set(transport.MAINTENANCE_LOCK, name, nx=True, ex=interval):
                     run_maintenance()
             except Exception as exc:
                 logger.warning("worker %s: maintenance round failed: %r", name, exc)
