@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -209,14 +209,12 @@ def declare(request: pytest.FixtureRequest) -> Iterator[Callable[..., Any]]:
     from kumiko_jobs.enqueueing.api import define
 
     prefix = getattr(request.module, "JOB_PREFIX", "test")
-    added: list[str] = []
 
-    def add(func: Any, **options: Any) -> Any:
-        definition = define(func, {"name": f"{prefix}.{func.__name__}", **options})
-        registry._jobs[definition.name] = definition
-        added.append(definition.name)
-        return definition
+    with ExitStack() as declared:
 
-    yield add
-    for name in added:
-        registry._jobs.pop(name, None)
+        def add(func: Any, **options: Any) -> Any:
+            definition = define(func, {"name": f"{prefix}.{func.__name__}", **options})
+            declared.enter_context(registry.override(definition))
+            return definition
+
+        yield add

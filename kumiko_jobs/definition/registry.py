@@ -7,6 +7,7 @@ Filled while the apps load (each ``@job`` registers its definition) and frozen i
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ..core.exceptions import InvalidJob, JobNotRegistered
 from .job import JobDefinition
@@ -52,6 +53,22 @@ class Registry:
             raise JobNotRegistered(
                 f"No job named {name!r} is registered. Known jobs: {sorted(self._jobs)[:20]}"
             ) from None
+
+    @contextmanager
+    def override(self, *definitions: JobDefinition) -> Iterator[None]:
+        """These definitions, by name, for the block, even once frozen; afterwards the registry
+        is as it was. For tests and benchmarks, which declare jobs after start-up on purpose:
+        the freeze exists to keep workers and web processes agreeing, which a test controls."""
+        saved = {d.name: self._jobs.get(d.name) for d in definitions}
+        self._jobs.update({d.name: d for d in definitions})
+        try:
+            yield
+        finally:
+            for name, previous in saved.items():
+                if previous is None:
+                    self._jobs.pop(name, None)
+                else:
+                    self._jobs[name] = previous
 
     def freeze(self) -> None:
         """Refuse new jobs from now on (called in ``AppConfig.ready``)."""

@@ -426,7 +426,7 @@ def _names(group: str) -> list[str]:
 
 
 @pytest.fixture
-def protections_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def protections_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Calibration runs without kumiko's defences, as the code before issue 11 did: the guard
     off (GUARD_OFF) and, for the strategies that plant session state for the next run, no
     session reset (``session.clean_up``) and no roll-back of a transaction left open before
@@ -445,8 +445,9 @@ def protections_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(run_sql, "end_stray_transaction", lambda: False)
     monkeypatch.setattr(signals, "_refuse_inside_a_run", lambda action: None)
     accepting = dataclasses.replace(jobs.system_reprice, tenant_may_start=True)
-    monkeypatch.setitem(registry._jobs, accepting.name, accepting)
     monkeypatch.setattr(jobs, "system_reprice", accepting)
+    with registry.override(accepting):
+        yield
 
 
 @pytest.mark.parametrize("group", GROUPS)

@@ -95,9 +95,9 @@ def test_a_boot_job_is_retried(tenants, monkeypatch):
             "backoff": {"type": "fixed", "delay": 0},
         },
     )
-    monkeypatch.setitem(registry._jobs, definition.name, definition)
-    [run_id] = enqueue_boot_jobs()
-    work(scheduler_rounds=2)
+    with registry.override(definition):
+        [run_id] = enqueue_boot_jobs()
+        work(scheduler_rounds=2)
     run = JobRun.objects.get(pk=run_id)
     assert (run.status, run.attempts, run.trigger) == (RunStatus.SUCCEEDED, 2, "boot")
 

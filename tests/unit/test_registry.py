@@ -583,3 +583,20 @@ def test_atomic_combinations_that_cannot_be_one_transaction_are_refused(options,
 
 def test_atomic_must_be_a_bool():
     refused("atomic must be True or False", atomic="yes")
+
+
+def test_override_declares_for_a_block_even_once_frozen_and_restores_the_registry() -> None:
+    reg = Registry()
+    original = build_definition(sync_invoice, {"name": "billing.sync"})
+    reg.register(original)
+    reg.freeze()
+    replacement = build_definition(sync_invoice, {"name": "billing.sync", "retries": 1})
+    extra = build_definition(sync_invoice, {"name": "billing.extra"})
+    with reg.override(replacement, extra):
+        assert reg.get("billing.sync") is replacement
+        assert reg.get("billing.extra") is extra
+    assert reg.get("billing.sync") is original
+    assert "billing.extra" not in reg
+    # Outside override, the freeze still refuses a late job.
+    with pytest.raises(InvalidJob, match="declared after start-up"):
+        reg.register(extra)
