@@ -108,17 +108,7 @@ def _start(state: RunState) -> bool:
         else:
             why = _why_not_waiting(state, row["status"], row["attempts"])
             logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
-            state.ending.drop(why)
-            signals.send(
-                signals.job_dropped,
-                run_id=env.run_id,
-                job_name=env.job,
-                schema_name=env.schema,
-                attempt=env.attempt,
-                outcome=Outcome.DROPPED,
-                error=None,
-                reason=why,
-            )
+            _drop(state, why)
             return False
     signals.send(
         signals.job_started,
@@ -157,9 +147,15 @@ def _refuse_without_row(state: RunState) -> None:
         "hand); a run is never recreated from a message"
     )
     logger.warning("refused message for run %s: %s", env.run_id, reason)
-    state.ending.drop(reason)
     excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
     record_rejection(excerpt, reason, state.rq_job_id, state.queue)
+    _drop(state, reason)
+
+
+def _drop(state: RunState, reason: str) -> None:
+    """The message is not run: the attempt ends dropped, and ``job_dropped`` says why."""
+    env = state.envelope
+    state.ending.drop(reason)
     signals.send(
         signals.job_dropped,
         run_id=env.run_id,
