@@ -38,10 +38,21 @@ class FollowupBatch:
     # The envelope of the run that enqueues them: their tenant, correlation and parent.
     parent: Envelope
     entries: list[tuple[Message, JobRun]] = field(default_factory=list)
+    # Set once the records step has written the rows: nothing may join the batch after that.
+    closed: bool = False
 
     def add(self, message: Message, row: JobRun) -> None:
         """Keep a follow-up's message and its (unsaved) run row."""
         self.entries.append((message, row))
+
+    def close(self) -> None:
+        """The rows are written: later enqueues of this thread are ordinary ones again.
+
+        Signal receivers run after the history is written (unguarded, in public). An enqueue
+        there that joined the batch would have its message pushed without its row, and a
+        message without a row is refused: the run would be lost.
+        """
+        self.closed = True
 
     def messages(self) -> list[Message]:
         """What the runner pushes once the attempt's success is recorded."""
@@ -56,8 +67,10 @@ _batch: ContextVar[FollowupBatch | None] = ContextVar("kumiko_jobs_followups", d
 
 
 def current() -> FollowupBatch | None:
-    """The batch of the run executing in this thread, None outside a run."""
-    return _batch.get()
+    """The batch of the run executing in this thread; None outside a run, and once the run's
+    follow-ups are written (``FollowupBatch.close``)."""
+    batch = _batch.get()
+    return None if batch is None or batch.closed else batch
 
 
 @contextlib.contextmanager

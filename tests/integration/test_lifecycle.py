@@ -142,6 +142,34 @@ def test_a_raising_signal_receiver_never_fails_the_run(tenants, caplog):
     assert "receiver bug" in caplog.text
 
 
+@pytest.mark.parametrize("target", ["t1", "t2"])
+def test_a_receiver_that_enqueues_after_a_run_gets_a_real_run(tenants, target):
+    """A ``job_succeeded`` receiver runs after the run's history is written (in public,
+    unguarded: docs/signals). An enqueue there is an ordinary one: a row and a message, run by
+    the next worker, in its own tenant or another. (It used to join the run's follow-ups after
+    they had been written: for the run's tenant the message went out without a row and was
+    refused, the enqueue lost; for another tenant it was refused as a follow-up.)"""
+    handles = []
+
+    def chain(**kwargs):
+        # Once: the run it enqueues succeeds too, and would enqueue again.
+        if kwargs["job_name"] == jobs.probe.name and not handles:
+            handles.append(jobs.probe.enqueue(tenant=target, tag="from-receiver"))
+
+    signals.job_succeeded.connect(chain)
+    try:
+        jobs.probe.enqueue(tenant="t1", tag="first")
+        work()
+    finally:
+        signals.job_succeeded.disconnect(chain)
+    (handle,) = handles
+    assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
+    tags = [p.tag for p in probes("t1")] + [p.tag for p in probes("t2")]
+    assert sorted(tags) == ["first", "from-receiver"]
+    assert [p.tag for p in probes(target)][-1] == "from-receiver"
+    assert not RejectedMessage.objects.exists()
+
+
 def test_signals_follow_the_state_machine(tenants):
     events = []
 

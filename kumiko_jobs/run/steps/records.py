@@ -230,6 +230,8 @@ def _finish(state: RunState) -> None:
         run_sql.finish(attempt, run_update, env.run_id)
     else:
         _finish_in_transaction(state, attempt, run_update, now)
+    # Written: an enqueue from here on (a signal receiver's) is an ordinary enqueue.
+    state.followups.close()
     extra = {}
     if _SIGNAL_FOR[outcome] is signals.job_dropped:
         # job_dropped's receivers get a reason (signals.py).
