@@ -5,11 +5,11 @@ comes from: the ``Delivery`` (envelope, definition, RQ id, queue, worker: frozen
 whoever starts the run; ``state.envelope`` and ``state.definition`` read it), the ``Ending``
 (outcome, error, deferral, next message: the steps that decide it), the ``Tenancy`` (the
 records step's tenant lookup, the gates step's subject; the tenant is on the ``Watch``), the
-``Timing`` (records), the ``Cancellation`` (``ctx.check_cancelled()``), the ``Alarm`` (the
-worker's timeout), the kept ``ctx.log`` lines (run/joblog), the guard's ``Watch``
-(guard/watch), the audit's uses (history/audit) and the follow-up batch
-(enqueueing/followups). ``current_run`` says which run this thread executes, for the run side
-and above (the worker's timeout, the Django tasks backend)."""
+``Timing`` (records), the ``Cancellation`` (``ctx.check_cancelled()``), the ``Atomicity``
+(the atomic step), the ``Alarm`` (the worker's timeout), the kept ``ctx.log`` lines
+(run/joblog), the guard's ``Watch`` (guard/watch), the audit's uses (history/audit) and the
+follow-up batch (enqueueing/followups). ``current_run`` says which run this thread executes,
+for the run side and above (the worker's timeout, the Django tasks backend)."""
 
 from __future__ import annotations
 
@@ -269,6 +269,22 @@ class Cancellation:
 
 
 @dataclass(slots=True)
+class Atomicity:
+    """An ``atomic=True`` run's transaction (the atomic step's part, its only writer).
+
+    ``committed`` once the body's writes and the run's success committed together; False for
+    any other run or ending. Nothing later in the pipeline needs it (the run's row already says
+    ``succeeded``): it is the step's result as the state shows it, which its tests check.
+    """
+
+    committed: bool = False
+
+    def note_committed(self) -> None:
+        """The transaction holding the body's writes and the recorded success committed."""
+        self.committed = True
+
+
+@dataclass(slots=True)
 class RunState:
     """Mutable state of one execution, shared by the pipeline's steps (parts: module docstring)."""
 
@@ -277,6 +293,7 @@ class RunState:
     timing: Timing = field(default_factory=Timing)
     ending: Ending = field(default_factory=Ending)
     cancellation: Cancellation = field(default_factory=Cancellation)
+    atomicity: Atomicity = field(default_factory=Atomicity)
     # What the attempt enqueued (enqueue.followups), sent if it succeeds; made from the envelope.
     followups: FollowupBatch = field(init=False)
     log: AttemptLog = field(default_factory=AttemptLog)
