@@ -39,7 +39,7 @@ from .enqueueing.messages import waiting_envelope
 from .guard import connections as tenant_connections
 from .models import JobRun, RunStatus
 from .run.pipeline import Next, compose
-from .run.state import RunState, running
+from .run.state import Delivery, RunState, running
 from .transport import pushing as transport_pushing
 
 WORKER_NAME = "kumiko_jobs.testing"
@@ -130,13 +130,14 @@ def _run(row: JobRun) -> Ran:
     except JobNotRegistered as exc:
         raise AssertionError(f"run {row.run_id} waits for {row.job_name!r}: {exc}") from None
     env = waiting_envelope(row)
-    state = RunState(
+    delivery = Delivery(
         envelope=env,
         definition=definition,
         rq_job_id=env.rq_job_id,
         queue=definition.queue_name,
         worker_name=WORKER_NAME,
     )
+    state = RunState(delivery)
     wrapper: Any = connections[DEFAULT_DB_ALIAS]
     tenant_before = getattr(wrapper, "tenant", None)
     inline = tenant_connections.inline_in_callers_transaction.set(wrapper.in_atomic_block)

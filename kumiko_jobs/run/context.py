@@ -59,7 +59,7 @@ class JobContext:
         units of work. The run then ends ``cancelled`` and is not retried."""
         who = cancellation.requested_by(self.run_id)
         if who is not None:
-            self._state.cancel_acknowledged = True
+            self._state.cancellation.acknowledge()
             raise JobCancelled(cancellation.message(who))
 
     @property

@@ -31,7 +31,7 @@ from ..models import JobRun, RunStatus
 from . import async_body
 from .context import JobContext
 from .pipeline import Next, compose
-from .state import Alarm, Deferral, RunState, running
+from .state import Alarm, Deferral, Delivery, RunState, running
 from .steps import DEFAULT_STEPS
 
 logger = logging.getLogger("kumiko_jobs.runner")
@@ -129,13 +129,14 @@ def execute(message: object) -> str:
             transport.current_job_origin(),
         )
         return "rejected"
-    state = RunState(
+    delivery = Delivery(
         envelope=env,
         definition=definition,
         rq_job_id=rq_job_id,
         queue=transport.current_job_origin() or definition.queue_name,
         worker_name=_worker_name,
     )
+    state = RunState(delivery)
     run_state(state)
     # A plain string for RQ's result, as before the enum ("" if no step decided).
     return str(state.ending.outcome or "")

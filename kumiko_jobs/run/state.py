@@ -1,14 +1,15 @@
 """What the runner's steps share about one execution (``RunState``) and which run is current.
 
 ``RunState`` is made of parts, each with one writer, so that a reader knows where a value
-comes from: the delivery (envelope, definition, RQ id, queue, worker: set once by the runner),
-the ending (outcome, error, deferral, next message: the steps that decide it), the tenancy
-(the records step's tenant lookup, the gates step's tenant and subject), the timing (records),
-the alarm (the worker's timeout), the kept ``ctx.log`` lines (run/joblog), the guard's
-``Watch`` (guard/watch), the audit's uses (history/audit) and the follow-up batch
-(enqueueing/followups). ``current_run`` says which run this thread executes, for the run side
-and above (the worker's timeout, the Django tasks backend).
-"""
+comes from: the ``Delivery`` (envelope, definition, RQ id, queue, worker: frozen, set once by
+whoever starts the run; ``state.envelope`` and ``state.definition`` read it), the ``Ending``
+(outcome, error, deferral, next message: the steps that decide it), the ``Tenancy`` (the
+records step's tenant lookup, the gates step's subject; the tenant is on the ``Watch``), the
+``Timing`` (records), the ``Cancellation`` (``ctx.check_cancelled()``), the ``Atomicity``
+(the atomic step), the ``Alarm`` (the worker's timeout), the kept ``ctx.log`` lines
+(run/joblog), the guard's ``Watch`` (guard/watch), the audit's uses (history/audit) and the
+follow-up batch (enqueueing/followups). ``current_run`` says which run this thread executes,
+for the run side and above (the worker's timeout, the Django tasks backend)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,22 @@ def render_error(error: BaseException) -> RenderedError:
     # Storable from the start: a NUL in an exception's text made the history's final write
     # fail, which left the run ``running``.
     return RenderedError(error, name, storable(message), storable(text))
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The message being run and where it came from: set once by whoever starts the run (the
+    runner, the boot gates, ``testing.run_jobs``), read by the steps, never changed.
+
+    ``rq_job_id`` and ``queue`` are the RQ job's (the history's ``rq_job_id``, the span's
+    destination, a refusal's record), ``worker_name`` the worker's (the attempt's ``worker``).
+    """
+
+    envelope: Envelope
+    definition: JobDefinition
+    rq_job_id: str = ""
+    queue: str = ""
+    worker_name: str = ""
 
 
 @dataclass(slots=True)
@@ -189,9 +206,22 @@ class Missing:
     tenant: None = None
 
 
-# What the records step learnt of the tenant (None on RunState: it did not look, e.g. a
-# pipeline without that step); the gates step decides what a missing tenant means.
+# What the records step learnt of the tenant; the gates step decides what a missing tenant means.
 TenantLookup = Found | Missing
+
+
+@dataclass(slots=True)
+class Tenancy:
+    """Whose run this is, as far as the history needs it; the tenant itself is on the guard's
+    ``Watch`` (``RunState.tenant``), which the gates step sets from ``lookup``.
+
+    Each field has one writer: ``lookup`` the records step (the tenant loaded with the run's
+    start; None: it did not look, e.g. a pipeline without that step), ``subject`` the gates
+    step (what the run is about, for ``JobFailure`` rows and the fan-out's children).
+    """
+
+    lookup: TenantLookup | None = None
+    subject: str = ""
 
 
 @dataclass(slots=True)
@@ -224,29 +254,52 @@ class Alarm:
 
 
 @dataclass(slots=True)
+class Cancellation:
+    """Whether the job acknowledged an operator's cancellation: ``ctx.check_cancelled()`` raised
+    ``JobCancelled`` (its only writer), and the deferral step then ends the run cancelled
+    whatever the body did after catching it (``settle_cancellation``). The request itself is in
+    process memory (run/cancellation), brought by the worker's beat.
+    """
+
+    acknowledged: bool = False
+
+    def acknowledge(self) -> None:
+        """The job saw the request (``ctx.check_cancelled()`` is raising ``JobCancelled``)."""
+        self.acknowledged = True
+
+
+@dataclass(slots=True)
+class Atomicity:
+    """An ``atomic=True`` run's transaction (the atomic step's part, its only writer).
+
+    ``committed`` once the body's writes and the run's success committed together; False for
+    any other run or ending. Nothing later in the pipeline needs it (the run's row already says
+    ``succeeded``): it is the step's result as the state shows it, which its tests check.
+    """
+
+    committed: bool = False
+
+    def note_committed(self) -> None:
+        """The transaction holding the body's writes and the recorded success committed."""
+        self.committed = True
+
+
+@dataclass(slots=True)
 class RunState:
     """Mutable state of one execution, shared by the pipeline's steps (parts: module docstring)."""
 
-    envelope: Envelope
-    definition: JobDefinition
-    rq_job_id: str = ""
-    queue: str = ""
-    worker_name: str = ""
-    # Tenancy: the records step's lookup; the gates step sets ``tenant`` and ``subject``.
-    tenant_lookup: TenantLookup | None = None
-    subject: str = ""
+    delivery: Delivery
+    tenancy: Tenancy = field(default_factory=Tenancy)
     timing: Timing = field(default_factory=Timing)
     ending: Ending = field(default_factory=Ending)
+    cancellation: Cancellation = field(default_factory=Cancellation)
+    atomicity: Atomicity = field(default_factory=Atomicity)
     # What the attempt enqueued (enqueue.followups), sent if it succeeds; made from the envelope.
     followups: FollowupBatch = field(init=False)
     log: AttemptLog = field(default_factory=AttemptLog)
     # The escape-hatch uses the run reported (audit.record_use), made from the definition.
     audit_uses: audit.AuditUses = field(init=False)
     alarm: Alarm = field(default_factory=Alarm)
-    # The job acknowledged a cancellation (ctx.check_cancelled() raised): the run ends cancelled.
-    cancel_acknowledged: bool = False
-    # An atomic run's body and success committed together (steps.atomic).
-    atomic_committed: bool = False
     # The guard's part: grants open, violations, session marks, the installed guard, the
     # body's database identity (guard_watch). Built from the envelope and the definition.
     watch: Watch = field(init=False)
@@ -271,9 +324,19 @@ class RunState:
     def new(cls, envelope: Envelope, definition: JobDefinition, *, tenant: Any = None) -> RunState:
         """A run of ``definition`` for ``envelope``, as the gates step leaves it when ``tenant``
         is given: for tests and benchmarks that drive one step (the guard, the audit) alone."""
-        state = cls(envelope=envelope, definition=definition)
+        state = cls(Delivery(envelope, definition))
         state.tenant = tenant
         return state
+
+    @property
+    def envelope(self) -> Envelope:
+        """The message being run (the delivery's; read-only, as the whole delivery is)."""
+        return self.delivery.envelope
+
+    @property
+    def definition(self) -> JobDefinition:
+        """The job the message names, from this worker's registry (the delivery's)."""
+        return self.delivery.definition
 
     @property
     def tenant(self) -> Any:

@@ -15,7 +15,7 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 - ``scheduler``: ``Scheduler`` (``RQ["SCHEDULER_CLASS"]``), cron entries, the scheduler's lag.
 - ``scheduler_liveness``: is delayed work overdue because no scheduler runs?
 - ``rq_worker``: RQ's worker bases and the batched per-message bookkeeping.
-- ``live_workers``: which kumiko worker executes which RQ job.
+- ``live_workers``: which kumiko worker executes which RQ job (the beats that say so).
 - ``rate_limits`` and ``registries``: what the relay reads and frees of RQ's bookkeeping.
 
 Tests and ``kumiko_jobs.testing`` replace ``push``/``push_many`` here; ``testing`` replaces
@@ -39,7 +39,7 @@ from .keys import (
     WORKER_KEY,
     WORKERS_SINCE_KEY,
 )
-from .live_workers import Liveness, liveness
+from .live_workers import Liveness, beat, goodbye, liveness
 from .pushing import push, push_many
 from .queues import (
     DelayedSet,
@@ -64,7 +64,6 @@ from .rq_job import (
     JSON_SERIALIZER_PATH,
     RUNNER,
     JsonJob,
-    MalformedJobHash,
     Serializer,
     WorkerJob,
     is_json_serializer,
@@ -123,7 +122,6 @@ __all__ = [
     "JobTimeout",
     "JsonJob",
     "Liveness",
-    "MalformedJobHash",
     "Message",
     "RedisConnectionError",
     "RedisError",
@@ -135,6 +133,7 @@ __all__ = [
     "SlotHolder",
     "WorkerJob",
     "acquire_scheduler_lock",
+    "beat",
     "cancel_scheduled",
     "connection_for",
     "cron_entries",
@@ -148,6 +147,7 @@ __all__ = [
     "forget_messages",
     "forget_queues",
     "get_queue",
+    "goodbye",
     "held_messages",
     "install_cron_hooks",
     "is_json_serializer",

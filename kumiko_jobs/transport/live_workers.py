@@ -1,8 +1,9 @@
 """Worker liveness: which kumiko worker executes which RQ job, read from the keys it beats.
 
-Each kumiko worker writes the RQ job it executes under ``keys.WORKER_KEY`` + its name, with a
-TTL, and its name into ``keys.LIVE_WORKERS``; the sweep and the relay read a ``Liveness``
-snapshot to tell a run whose worker died from one still running. When liveness cannot be known
+Each kumiko worker ``beat``s: it writes the RQ job it executes under ``keys.WORKER_KEY`` + its
+name, with a TTL, and its name into ``keys.LIVE_WORKERS`` (and says ``goodbye`` when it stops);
+the sweep and the relay read a ``Liveness`` snapshot to tell a run whose worker died from one
+still running. When liveness cannot be known
 (Redis down, or emptied since the workers last beat) ``liveness()`` says so, and callers fall
 back to the timeout rule.
 """
@@ -19,12 +20,42 @@ from rq.worker import SimpleWorker as RQSimpleWorker
 
 from ..core import conf
 from ..core.envelope import run_id_of
-from .keys import LIVE_WORKERS, RQ_WORKER_MARK, WORKER_KEY, WORKERS_SINCE_KEY
+from .keys import CANCEL_KEY, LIVE_WORKERS, RQ_WORKER_MARK, WORKER_KEY, WORKERS_SINCE_KEY
 from .queues import connection_for, decoded
 from .rq_job import JsonJob
 
 # The worker's logger, as when this lived in worker.py: users' LOGGING may route it.
 _liveness_logger = logging.getLogger("kumiko_jobs.worker")
+
+
+def beat(redis: Any, worker: str, rq_job_id: str, dead_after: int) -> str | None:
+    """One liveness beat of ``worker``, executing ``rq_job_id`` ("" when idle), in one round trip.
+
+    The key lives ``dead_after`` seconds unless the next beat renews it. Returns who asked to
+    cancel the run being executed ("" if unknown; None: nobody, or no run): the request rides on
+    the beat, one more command and no database read while the job body runs (run/cancellation).
+    Raises ``RedisError`` like any command; the worker's beat thread reports it and goes on.
+    """
+    run_id = run_id_of(rq_job_id)
+    with redis.pipeline(transaction=False) as pipe:
+        pipe.set(WORKER_KEY + worker, rq_job_id, ex=dead_after)
+        pipe.sadd(LIVE_WORKERS, worker)
+        pipe.set(WORKERS_SINCE_KEY, time.time(), nx=True)
+        if run_id is not None:
+            pipe.get(CANCEL_KEY + run_id)
+        replies = pipe.execute()
+    if run_id is None or replies[-1] is None:
+        return None
+    return decoded(replies[-1]) or ""
+
+
+def goodbye(redis: Any, worker: str) -> None:
+    """``worker`` stopped: its keys go now, so nobody waits for them to expire (a failure to say
+    so is ignored: the key's TTL ends it anyway)."""
+    with contextlib.suppress(RedisError), redis.pipeline(transaction=False) as pipe:
+        pipe.delete(WORKER_KEY + worker)
+        pipe.srem(LIVE_WORKERS, worker)
+        pipe.execute()
 
 
 class Liveness:

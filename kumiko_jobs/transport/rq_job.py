@@ -40,8 +40,18 @@ HOOK_FIELDS = (
 )
 
 
-class MalformedJobHash(ValueError):
-    """A job hash RQ would silently skip (see ``WorkerJob.restore``)."""
+class _MalformedJobHash(ValueError):
+    """A job hash RQ would silently skip (see ``WorkerJob.restore``).
+
+    Private: nobody catches it by name. It leaves RQ's dequeue tagged with the job's id and
+    queue like any hash RQ cannot load, and the worker records and removes every such hash
+    (worker/foreign.py).
+    """
+
+
+# The worker's record names the exception's type (``RejectedMessage.reason``: "RQ cannot load
+# the job (MalformedJobHash: ...)"), which operators read and older versions wrote.
+_MalformedJobHash.__name__ = _MalformedJobHash.__qualname__ = "MalformedJobHash"
 
 
 class WorkerJob(JsonJob):
@@ -61,7 +71,7 @@ class WorkerJob(JsonJob):
             # RQ takes such a hash for a job that no longer exists and skips it silently,
             # leaving it in Redis and its id in the intermediate queue. Any other error here
             # reaches the worker, which records the hash and removes it.
-            raise MalformedJobHash("the job hash has no data field")
+            raise _MalformedJobHash("the job hash has no data field")
         present = {
             key.decode() if isinstance(key, bytes) else key
             for key, value in raw_data.items()

@@ -37,7 +37,7 @@ from ..definition.registry import registry
 from ..enqueueing.messages import row_for
 from ..enqueueing.submit import submit
 from ..run.entry import run_state
-from ..run.state import RunState
+from ..run.state import Delivery, RunState
 
 logger = logging.getLogger("kumiko_jobs.boot")
 
@@ -78,7 +78,7 @@ def _run_gate(definition: JobDefinition, bound: Bound | None) -> None:
     env = Envelope.boot(definition.name)
     _insert_row(definition, env)
     while True:
-        state = RunState(envelope=env, definition=definition, queue="boot", rq_job_id="boot")
+        state = RunState(Delivery(env, definition, rq_job_id="boot", queue="boot"))
         warning = threading.Timer(settings.BOOT_GATE_WARN_AFTER, _warn_long, (definition, env))
         warning.daemon = True
         warning.start()

@@ -12,7 +12,6 @@ in the job's code for as long as a run lasts: nothing else could beat meanwhile.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -23,18 +22,12 @@ from django.db import connections
 
 from .. import transport
 from ..core import conf
-from ..core.envelope import run_id_of
-from ..run import cancellation
-from ..transport import LIVE_WORKERS, WORKER_KEY, WORKERS_SINCE_KEY, RedisError
+from ..transport import RedisError
 from ..transport.scheduler_liveness import RateLimitedWarning
 from .maintenance import maintain
 
 logger = logging.getLogger("kumiko_jobs.worker")
 _WATCH_EVERY = 0.5  # seconds between the watchdog's looks at the attempt being executed
-
-
-def _text(value: bytes | str | None) -> str | None:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _redis() -> Any:
@@ -97,10 +90,7 @@ class Heart:
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout)
-        with contextlib.suppress(RedisError), _redis().pipeline(transaction=False) as pipe:
-            pipe.delete(WORKER_KEY + self.name)
-            pipe.srem(LIVE_WORKERS, self.name)
-            pipe.execute()
+        transport.goodbye(_redis(), self.name)
 
     def _beat(self) -> None:
         settings = conf.get()
@@ -112,18 +102,10 @@ class Heart:
         while True:
             try:
                 current = self.current
-                run_id = run_id_of(current)
-                with redis.pipeline(transaction=False) as pipe:
-                    pipe.set(WORKER_KEY + self.name, current, ex=settings.WORKER_DEAD_AFTER)
-                    pipe.sadd(LIVE_WORKERS, self.name)
-                    pipe.set(WORKERS_SINCE_KEY, time.time(), nx=True)
-                    if run_id is not None:
-                        # A cancellation of the run being executed rides on the beat: one more
-                        # command, no extra round trip, no database read inside the job body.
-                        pipe.get(cancellation.key_for(run_id))
-                    replies = pipe.execute()
-                if run_id is not None and replies[-1] is not None:
-                    self._cancel_requested(current, _text(replies[-1]) or "")
+                # A cancellation of the run being executed rides on the beat.
+                who = transport.beat(redis, self.name, current, settings.WORKER_DEAD_AFTER)
+                if who is not None:
+                    self._cancel_requested(current, who)
                 if failing:
                     logger.warning("worker %s: liveness beats reach Redis again", self.name)
                 failing = False

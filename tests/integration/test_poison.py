@@ -377,7 +377,7 @@ def test_a_job_hash_without_data_is_recorded_and_removed(tenants):
     batch.add(job_id)
     rejected, runs = batch.run()
     assert [r.rq_job_id for r in rejected] == [job_id]
-    assert "the job hash has no data field" in rejected[0].reason
+    assert "(MalformedJobHash: the job hash has no data field)" in rejected[0].reason
     assert "no data field" in rejected[0].excerpt  # what the hash held, for the operator
     assert runs == []
     assert not queue().connection.exists(queue().job_class.key_for(job_id))

@@ -352,7 +352,7 @@ def test_an_acknowledged_cancellation_cancels_even_a_success() -> None:
     state = make_state()
 
     def acknowledged_then_returned(state: RunState) -> None:
-        state.cancel_acknowledged = True
+        state.cancellation.acknowledge()
         state.ending.succeed("partial")
 
     deferral(state, acknowledged_then_returned)
@@ -366,7 +366,7 @@ def test_the_jobs_own_job_cancelled_is_kept() -> None:
     own = JobCancelled("cancellation requested by alice")
 
     def acknowledging(state: RunState) -> None:
-        state.cancel_acknowledged = True
+        state.cancellation.acknowledge()
         raise own
 
     deferral(state, acknowledging)

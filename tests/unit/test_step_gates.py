@@ -1,6 +1,6 @@
 """Unit tests for the gates step (run/steps/gates.py): no database.
 
-The gates step looks a tenant up only when the records step did not (``state.tenant_lookup``
+The gates step looks a tenant up only when the records step did not (``state.tenancy.lookup``
 is None); every test here hands it the records step's answer (``Found`` / ``Missing``) or runs
 a system job, so no query is made. Pinned: the job kind must match the message's schema (a
 per-tenant job's schema-less message is its fan-out); the subject and the arguments are
@@ -59,8 +59,8 @@ def make_state(
         kwargs={"invoice_id": 4} if kwargs is None else kwargs,
         run_id=new_run_id(),
     )
-    state = RunState(envelope=envelope, definition=definition)
-    state.tenant_lookup = lookup
+    state = RunState.new(envelope, definition)
+    state.tenancy.lookup = lookup
     return state
 
 
@@ -122,7 +122,7 @@ def test_an_admitted_run_gets_its_tenant_and_subject() -> None:
     assert rest.calls == [tenant]
     assert state.tenant is tenant
     assert state.watch.tenant is tenant  # what the guard reads
-    assert state.subject == "invoice_id=4"
+    assert state.tenancy.subject == "invoice_id=4"
 
 
 def test_a_subject_field_that_is_not_a_primitive_is_refused() -> None:

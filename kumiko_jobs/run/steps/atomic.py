@@ -60,4 +60,4 @@ def atomic(state: RunState, call_next: Next) -> None:
                 f"the atomic run's success could not be recorded in its transaction: {exc}"
             ) from exc
         crash_point(state)  # test hook: after the success, before the COMMIT
-    state.atomic_committed = True
+    state.atomicity.note_committed()

@@ -111,9 +111,10 @@ def settle_cancellation(state: RunState) -> bool:
     """
     ending = state.ending
     who = cancellation.requested_by(state.envelope.run_id)
-    if not state.cancel_acknowledged and who is None:
+    acknowledged = state.cancellation.acknowledged
+    if not acknowledged and who is None:
         return False
-    if ending.outcome is Outcome.SUCCEEDED and not state.cancel_acknowledged:
+    if ending.outcome is Outcome.SUCCEEDED and not acknowledged:
         return False
     if isinstance(ending.error, JobCancelled):
         ending.cancel(None)  # the job's own: its message and traceback stay

@@ -17,6 +17,6 @@ def fanout(state: RunState, call_next: Next) -> None:
     without calling the job; any other run goes on down the pipeline.
     """
     if state.definition.per_tenant and state.envelope.schema is None:
-        state.ending.succeed(fan_out(state.envelope, state.definition, state.subject))
+        state.ending.succeed(fan_out(state.envelope, state.definition, state.tenancy.subject))
         return
     call_next(state)

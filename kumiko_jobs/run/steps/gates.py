@@ -28,13 +28,13 @@ def gates(state: RunState, call_next: Next) -> None:
         kind = "a system job" if definition.system else "a tenant job"
         return _refuse(state, f"message for {kind} names schema {env.schema!r}")
     try:
-        state.subject = build_subject(definition, env.kwargs)
+        state.tenancy.subject = build_subject(definition, env.kwargs)
         definition.bind_arguments(env.kwargs)
     except InvalidJob as exc:
         return _refuse(state, str(exc))
     if env.schema is not None:
         # Loaded by the records step with the run's start; looked up here when it did not run.
-        lookup = state.tenant_lookup
+        lookup = state.tenancy.lookup
         tenant = lookup.tenant if lookup is not None else run_sql.find_tenant(env.schema)
         if tenant is None:
             return _refuse(state, f"tenant not found: no tenant has schema {env.schema!r}")

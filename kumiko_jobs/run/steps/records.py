@@ -90,12 +90,12 @@ def _start(state: RunState) -> bool:
         started_at=now,
         defers=env.defers,
         gate_defers=env.gate_defers,
-        rq_job_id=state.rq_job_id,
+        rq_job_id=state.delivery.rq_job_id,
         schema=env.schema,
     )
     # The gates step decides what a missing or inactive tenant means; it was loaded here
     # because it costs nothing more in the same round trip.
-    state.tenant_lookup = Missing() if started.tenant is None else Found(started.tenant)
+    state.tenancy.lookup = Missing() if started.tenant is None else Found(started.tenant)
     updated = started.updated
     if not updated:
         row = JobRun.objects.filter(pk=env.run_id).values("status", "attempts").first()
@@ -148,7 +148,7 @@ def _refuse_without_row(state: RunState) -> None:
     )
     logger.warning("refused message for run %s: %s", env.run_id, reason)
     excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
-    record_rejection(excerpt, reason, state.rq_job_id, state.queue)
+    record_rejection(excerpt, reason, state.delivery.rq_job_id, state.delivery.queue)
     _drop(state, reason)
 
 
@@ -218,7 +218,7 @@ def _finish(state: RunState) -> None:
         "error_message": described.message[:4000] if described else "",
         "traceback": state.ending.error_traceback[-20000:],
         "log": state.log.lines,
-        "worker": state.worker_name,
+        "worker": state.delivery.worker_name,
     }
     touches_failure = bool(env.schema) and (
         (outcome is Outcome.FAILED and bool(state.ending.failure_key))
@@ -268,7 +268,7 @@ def _finish_in_transaction(
                     JobFailure(
                         schema_name=env.schema,
                         job_name=env.job,
-                        subject=state.subject,
+                        subject=state.tenancy.subject,
                         message_key=state.ending.failure_key,
                         failed_at=now,
                         run_id=uuid.UUID(env.run_id),
@@ -280,7 +280,7 @@ def _finish_in_transaction(
             )
         elif env.schema and outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure:
             JobFailure.objects.filter(
-                schema_name=env.schema, job_name=env.job, subject=state.subject
+                schema_name=env.schema, job_name=env.job, subject=state.tenancy.subject
             ).delete()
         audit.save_uses(state)
         if outcome is Outcome.SUCCEEDED and state.followups.entries:

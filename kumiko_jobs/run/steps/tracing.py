@@ -54,7 +54,7 @@ def tracing(state: RunState, call_next: Next) -> None:
 
 def _attributes(state: RunState) -> dict[str, Any]:
     env = state.envelope
-    queue = state.queue
+    queue = state.delivery.queue
     attributes: dict[str, Any] = {
         "job.name": env.job,
         "job.id": env.run_id,
@@ -64,7 +64,7 @@ def _attributes(state: RunState) -> dict[str, Any]:
         "messaging.operation.type": "process",
         "messaging.operation.name": "process",
         "messaging.destination.name": queue,
-        "messaging.message.id": state.rq_job_id or env.rq_job_id,
+        "messaging.message.id": state.delivery.rq_job_id or env.rq_job_id,
     }
     if env.schema:
         attributes["kumiko.tenant_id"] = env.schema
