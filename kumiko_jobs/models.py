@@ -46,6 +46,20 @@ REFUSED_STATUSES = (RunStatus.SKIPPED, RunStatus.CAPPED)
 WAITING_STATUSES = (RunStatus.QUEUED, RunStatus.DEFERRED)
 
 
+class DeferralKind(models.TextChoices):
+    """Who postponed a run: its job (``ctx.defer``) or a gate (an inactive tenant).
+
+    They count against different limits (``max_defers`` counts only the job's), resume with
+    different messages and are reported apart (the telemetry's ``deferred_by``). A deferred
+    run's row records which one it waits for (``JobRun.waiting_for``), so whoever rebuilds its
+    next message from the row (the relay, the test helpers) does not have to guess. The labels
+    complete "waiting for".
+    """
+
+    JOB = "job", _("the delay its job asked for (ctx.defer)")
+    GATE = "gate", _("its tenant to be active again")
+
+
 class JobRun(models.Model):
     """One logical execution of a job for one tenant, across attempts and deferrals."""
 
@@ -63,6 +77,18 @@ class JobRun(models.Model):
     max_attempts = models.PositiveIntegerField(default=1)
     defer_count = models.PositiveIntegerField(default=0)
     gate_defer_count = models.PositiveIntegerField(default=0)
+    # Which deferral a deferred run waits for (DeferralKind); "" for every other status, and
+    # for a deferral recorded by a worker older than this column (enqueueing.messages.
+    # waiting_envelope keeps the old guess for those). db_default too: a process of the previous
+    # release, still running during a rolling deploy, inserts rows without this column.
+    waiting_for = models.CharField(
+        _("waiting for"),
+        max_length=8,
+        choices=DeferralKind.choices,
+        default="",
+        db_default="",
+        blank=True,
+    )
     queued_at = models.DateTimeField(_("queued"))
     scheduled_for = models.DateTimeField(_("scheduled for"), null=True, blank=True)
     started_at = models.DateTimeField(_("started"), null=True, blank=True)

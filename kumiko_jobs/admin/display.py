@@ -110,7 +110,8 @@ class RunDisplay:
     @admin.display(description=_("status"), ordering="status")
     def status_label(self, run: JobRun) -> SafeString:
         """The status badge, plus "until <time>" for a queued run that is not due yet (a retry's
-        back-off or an ``enqueue_in`` delay), so a waiting run does not look stuck.
+        back-off or an ``enqueue_in`` delay), so a waiting run does not look stuck, and what a
+        deferred run waits for.
         """
         # A run waiting for a retry's back-off or an enqueue_in delay is "queued" (the same
         # word as in code and the CLI); the time says it is not due yet.
@@ -119,6 +120,14 @@ class RunDisplay:
                 '{} <span class="kj-until" style="font-size:0.85em;white-space:nowrap">{}</span>',
                 status_badge(run.status),
                 gettext("until %(time)s") % {"time": short_time(run.scheduled_for)},
+            )
+        if run.status == RunStatus.DEFERRED and run.waiting_for:
+            # Which deferral (recorded since migration 0012): the job's own delay, or the
+            # inactive-tenant gate, which an operator resolves by reactivating the tenant.
+            return format_html(
+                '{} <span class="kj-waiting-for" style="font-size:0.85em">{}</span>',
+                status_badge(run.status),
+                gettext("waiting for %(what)s") % {"what": run.get_waiting_for_display()},
             )
         return status_badge(run.status)
 

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from ..models import RunStatus
+from ..models import DeferralKind, RunStatus
+
+# DeferralKind is defined beside the column that stores it (models.JobRun.waiting_for) and is
+# read from here by the run side, with Outcome.
+__all__ = ["DeferralKind", "Outcome"]
 
 
 class Outcome(StrEnum):
@@ -45,13 +49,3 @@ _STATUS = {
     Outcome.DROPPED: RunStatus.CANCELLED,
     Outcome.CANCELLED: RunStatus.CANCELLED,
 }
-
-
-class DeferralKind(StrEnum):
-    """Who postponed the run: its job (``ctx.defer``) or a gate (an inactive tenant).
-
-    They count against different limits (``max_defers`` only counts the job's) and are
-    reported apart (the telemetry's ``deferred_by``)."""
-
-    JOB = "job"
-    GATE = "gate"

@@ -21,7 +21,7 @@ from .. import origin, transport
 from ..core import conf, project_settings
 from ..core.envelope import Envelope, encode, new_run_id
 from ..definition.job import JobDefinition
-from ..models import JobRun, RunStatus
+from ..models import DeferralKind, JobRun, RunStatus
 from .admission import concurrency_owner
 
 
@@ -157,12 +157,17 @@ def pending_counters(
 
 
 def deferred_by_gate(run: JobRun) -> bool:
-    """Was this deferral the inactive-tenant gate's (the row does not say which kind it was)?
+    """Was this deferral the inactive-tenant gate's?
 
-    The gate defers only runs of inactive tenants under ``INACTIVE_TENANT="defer"``; a tenant
+    The row says so (``waiting_for``) for every deferral recorded since migration 0012. A row
+    without it was deferred by a worker of an earlier release (during a rolling deploy, or
+    before the upgrade): for those the answer is the old guess from the tenant's state now. The
+    gate defers only runs of inactive tenants under ``INACTIVE_TENANT="defer"``, so a tenant
     reactivated since then gets a ``ctx.defer()`` resumption instead, which costs the run one
     of its ``max_defers`` but runs it all the same.
     """
+    if run.waiting_for:
+        return run.waiting_for == DeferralKind.GATE
     settings = conf.get()
     field = settings.TENANT_ACTIVE_FIELD
     if not (field and settings.INACTIVE_TENANT == "defer" and run.schema_name):

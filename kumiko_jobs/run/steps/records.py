@@ -185,7 +185,13 @@ def _finish(state: RunState) -> None:
     error = state.ending.error
     # The job's exception as it was rendered inside its tenant and guard (never str() here).
     described = state.ending.described_error()
-    run_update: dict[str, Any] = {"status": outcome.status, "duration_ms": duration_ms}
+    run_update: dict[str, Any] = {
+        "status": outcome.status,
+        "duration_ms": duration_ms,
+        # Which deferral the run now waits for, so its next message is rebuilt from the row
+        # (relay) without a guess; cleared for every other outcome. In the same statement.
+        "waiting_for": state.ending.deferral_kind if outcome is Outcome.DEFERRED else "",
+    }
     if outcome.final:
         run_update["finished_at"] = now
     if state.ending.reschedule is not None:
