@@ -93,6 +93,11 @@ def newest_matches(
         own = branch if before is None else branch & ~before
         before = branch if before is None else before | branch
         parts.append(queryset.filter(own).order_by(*ordering).values_list(*fields)[:rows])
+    # A branch the filters already rule out (an empty IN) is left out: Django's union drops
+    # it and hands back a lone sliced branch, which cannot be ordered again.
+    parts = [part for part in parts if not part.query.is_empty()]
+    if not parts:
+        return queryset.none()
     first, *others = parts
     merged = first.union(*others, all=True).order_by(*ordering)[:rows] if others else first
     keys = [row[0] for row in merged]

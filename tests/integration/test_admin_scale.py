@@ -291,6 +291,18 @@ def test_tenant_search_for_a_short_value_lists_the_same_runs_in_order(clerk, mon
     assert on_page(clerk.get(RUNS, {"q": "order=1", "p": 2})) == expected[50:100]
 
 
+def test_a_search_within_filters_that_match_nothing_matches_nothing():
+    from kumiko_jobs.admin.search import operator_search, tenant_search
+
+    mixed_history(30)
+    order = ("-queued_at", "-pk")
+    assert list(operator_search(JobRun.objects.none(), "alpha", order, 51)) == []
+    assert list(tenant_search(JobRun.objects.filter(status__in=[]), "order=1", order, 51)) == []
+    # Calibration: the same searches without the empty filters find runs.
+    assert list(operator_search(JobRun.objects.all(), "alpha", order, 51))
+    assert list(tenant_search(JobRun.objects.all(), "order=1", order, 51))
+
+
 def test_the_planner_estimates_a_short_value_search_from_statistics():
     """Migration 0013's statistics on LOWER(subject) match the expression the search writes:
     after ANALYZE the planner estimates how many subjects a value too short for the trigram
