@@ -5,9 +5,9 @@ job name or a correlation id, and asks the subject's trigram index for whole ``f
 words that are in millions of rows. A tenant searches subjects only; an operator also job
 names, correlation ids and run ids (docs/observability.md, "History at scale").
 
-When the list is in its own order (newest first), a search is read as the newest runs of one
-branch per index, merged (``newest_matches``): the list never shows more than its pages, so no
-branch needs more rows than those.
+In a change list, a search reads the first rows, in the list's order, of one branch per index
+and merges them (``newest_matches``): the list never reads more rows than its pages count, so
+no branch needs more than those.
 """
 
 from __future__ import annotations
