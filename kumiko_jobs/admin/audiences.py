@@ -93,11 +93,16 @@ class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):  # type:
         """A ``BoundedPaginator`` told which page is asked for, so it counts rows only as far as
         that page needs instead of the whole history.
         """
-        try:
-            page = int(request.GET.get(PAGE_VAR, 1))
-        except ValueError:
-            page = 1
+        page = self.page_asked(request)
         return BoundedPaginator(queryset, per_page, orphans, allow_empty_first_page, page)
+
+    def page_asked(self, request: HttpRequest) -> int:
+        """The list page the request asks for (1 when it names none or not a number), which
+        decides how far the list counts and how many rows a search reads."""
+        try:
+            return int(request.GET.get(PAGE_VAR, 1))
+        except ValueError:
+            return 1
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         """All rows for operators; for a tenant only its own schema's rows, loading only the

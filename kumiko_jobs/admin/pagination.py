@@ -41,8 +41,7 @@ class BoundedPaginator(Paginator):  # type: ignore[type-arg]  # Django's Paginat
         page_hint: int = 1,
     ) -> None:
         super().__init__(object_list, per_page, orphans, allow_empty_first_page)
-        pages = min(MAX_PAGES, max(page_hint, 1) + LOOKAHEAD_PAGES)
-        self.limit = pages * int(per_page)
+        self.limit = counted_rows(page_hint, int(per_page))
         self.capped = False
 
     object_list: QuerySet[Any]
@@ -72,6 +71,21 @@ class BoundedPaginator(Paginator):  # type: ignore[type-arg]  # Django's Paginat
         rows = list(self.object_list.filter(pk__in=keys))
         page: Page[Any] = self._get_page(rows, number, self)  # type: ignore[attr-defined]
         return page
+
+
+def counted_rows(page_hint: int, per_page: int) -> int:
+    """How many rows the list counts for page ``page_hint`` (``LOOKAHEAD_PAGES`` beyond it, at
+    most ``MAX_PAGES``); the paginator reads one more, to know whether there are more. A search
+    narrows itself to as many (admin/search.py), so it is the one figure for both."""
+    return min(MAX_PAGES, max(page_hint, 1) + LOOKAHEAD_PAGES) * per_page
+
+
+def rows_read(page_hint: int, per_page: int, *, acting: bool) -> int:
+    """The most rows of a list, in its order, that a request for page ``page_hint`` reads: the
+    paginator's count and one more, and when ``acting`` (an action's POST) the "select all"
+    limit and one more too (``too_many_selected``)."""
+    read = counted_rows(page_hint, per_page) + 1
+    return max(read, selectable_rows() + 1) if acting else read
 
 
 def selectable_rows() -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -24,6 +25,7 @@ from .actions import RunActions
 from .audiences import TenantScopedAdmin
 from .display import JobAttemptInline, RunDisplay
 from .filters import JobFilter, TenantFilter
+from .pagination import rows_read
 from .render import job_title
 from .run_job import RunJobView
 from .search import operator_search, tenant_search
@@ -38,6 +40,41 @@ _TENANT_RUN_FIELDS = (
     "finished_at",
     "duration",
 )
+
+
+# The request attribute that carries the list's order from RunChangeList to the search.
+_ORDERING_ATTRIBUTE = "kumiko_jobs_list_ordering"
+
+
+class RunChangeList(ChangeList):
+    """Django's change list, which tells the search the order the list will be in.
+
+    Django applies the search first and the order after it, but a search that reads only the
+    rows the list can show must read them in that order (admin/search.py, newest_matches).
+    The order is Django's own (``get_ordering``: the admin's, a column sorted by hand, then
+    the primary key as tie-break), computed the same way from the same queryset ordering.
+    """
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        """Record the list's order on the request for ``get_search_results``, then build the
+        queryset as Django does."""
+        setattr(request, _ORDERING_ATTRIBUTE, self.get_ordering(request, self.root_queryset))
+        queryset: QuerySet[Any] = super().get_queryset(request, exclude_parameters)
+        return queryset
+
+
+def list_ordering(request: HttpRequest) -> tuple[str, ...] | None:
+    """The order RunChangeList recorded for this request's list, as field names (duplicates
+    dropped); ``None`` outside a change list (another caller of ``get_search_results``) or
+    when the order holds an expression: the search then filters without narrowing."""
+    recorded = getattr(request, _ORDERING_ATTRIBUTE, None)
+    if recorded is None or not all(isinstance(item, str) for item in recorded):
+        return None
+    ordering: list[str] = []
+    for item in recorded:
+        if item.removeprefix("-") not in {o.removeprefix("-") for o in ordering}:
+            ordering.append(item)
+    return tuple(ordering)
 
 
 @admin.register(JobRun)
@@ -167,9 +204,20 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
         over every field: subjects for a tenant; subjects, job names, correlation and run ids for
         operators.
         """
+        # A search reads only the rows the list can show, in the list's order (admin/search.py,
+        # newest_matches): as many as this page's count reads and, for an action's POST, as
+        # many as "select all" may act on. The order is the one RunChangeList hands over.
+        ordering = list_ordering(request)
+        rows = rows_read(
+            self.page_asked(request), self.list_per_page, acting=request.method == "POST"
+        )
         if not is_operator_request():
-            return tenant_search(queryset, search_term), False
-        return operator_search(queryset, search_term), False
+            return tenant_search(queryset, search_term, ordering, rows), False
+        return operator_search(queryset, search_term, ordering, rows), False
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        """``RunChangeList``: Django's, handing its order to the search."""
+        return RunChangeList
 
     def change_view(
         self,

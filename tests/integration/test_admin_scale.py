@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -188,6 +188,169 @@ def test_operator_search_matches_subject_job_name_and_correlation_id(operator):
     assert found(b.correlation_id[:10]) == set()
     assert found("scale. order") == {b.run_id}  # every word must match somewhere
     assert found("no-such-thing") == set()
+
+
+def mixed_history(count: int, *, schema: str = "t1") -> list[JobRun]:
+    """``count`` runs in three jobs, three to a timestamp (ties, broken by the run id), whose
+    subjects and correlation ids make a search for ``alpha`` match some by job name, some by
+    subject, some by correlation id and some by two of them at once."""
+    now = timezone.now()
+    jobs = ("scale.alpha_sync", "scale.beta", "scale.gamma")
+    subjects = ("order=alpha", "order=beta", "order=1")
+    return JobRun.objects.bulk_create(
+        JobRun(
+            run_id=uuid.uuid4(),
+            job_name=jobs[i % 3],
+            schema_name=schema,
+            subject=subjects[(i // 3) % 3] if i % 7 else f"invoice_id={i}",
+            status="succeeded",
+            queue="default",
+            queued_at=now - timedelta(minutes=i // 3),
+            correlation_id="alpha" if i % 11 == 0 else uuid.uuid4().hex,
+        )
+        for i in range(count)
+    )
+
+
+def listed_in_order(runs: list[JobRun], match: Any, *, ascending: bool = False) -> list[uuid.UUID]:
+    """The runs ``match`` accepts, in the list's order: queued_at (newest first, or oldest
+    first when ``ascending``), then the run id descending (the tie-break Django adds)."""
+    chosen = [r for r in runs if match(r)]
+    chosen.sort(key=lambda r: r.run_id, reverse=True)
+    chosen.sort(key=lambda r: r.queued_at, reverse=not ascending)
+    return [r.run_id for r in chosen]
+
+
+def alpha(run: JobRun) -> bool:
+    return (
+        "alpha" in run.job_name.casefold()
+        or "alpha" in run.subject.casefold()
+        or run.correlation_id == "alpha"
+    )
+
+
+def test_operator_search_lists_the_same_runs_in_the_same_order_as_one_condition(
+    operator, monkeypatch
+):
+    """The search reads the first rows of each branch (job name, subject, correlation id) and
+    merges them: each page, the count and the "more than" notice are those of the one
+    condition, with runs that match two branches listed once and ties kept in order."""
+    monkeypatch.setattr(pagination, "MAX_PAGES", 2)  # the list reads 101 rows at most
+    runs = mixed_history(400)
+    expected = listed_in_order(runs, alpha)
+    assert len(expected) > 150  # more than the list reads, so the limit decides
+    assert any("alpha" in r.job_name and "alpha" in r.subject for r in runs)  # both branches
+
+    first = operator.get(RUNS, {"q": "alpha"})
+    assert on_page(first) == expected[:50]
+    assert "More than 100 job runs" in text(first)
+    assert on_page(operator.get(RUNS, {"q": "alpha", "p": 2})) == expected[50:100]
+
+    # Oldest first (the queued column sorted by hand): the branches read in that order.
+    cl = first.context["cl"]
+    queued = cl.list_display.index("queued")
+    oldest = operator.get(RUNS, {"q": "alpha", "o": str(queued)})
+    assert on_page(oldest) == listed_in_order(runs, alpha, ascending=True)[:50]
+
+
+def test_operator_search_for_a_job_name_still_finds_subjects_and_correlation_ids(operator):
+    [by_job] = bulk_runs(1, job="scale.alpha_sync")
+    [by_subject] = bulk_runs(1, job="scale.beta")
+    [by_correlation] = bulk_runs(1, job="scale.gamma")
+    JobRun.objects.filter(pk=by_subject.pk).update(subject="note=scale.alpha_sync")
+    JobRun.objects.filter(pk=by_correlation.pk).update(correlation_id="scale.alpha_sync")
+    bulk_runs(3, job="scale.delta")
+
+    assert set(on_page(operator.get(RUNS, {"q": "scale.alpha_sync"}))) == {
+        by_job.run_id,
+        by_subject.run_id,
+        by_correlation.run_id,
+    }
+    # Two words: each run must match both, the second checked on the first one's branches.
+    assert on_page(operator.get(RUNS, {"q": "scale.alpha_sync note=scale"})) == [by_subject.run_id]
+
+
+def test_operator_search_over_many_job_names_reads_them_as_one_branch(operator, monkeypatch):
+    from kumiko_jobs.admin import search
+
+    monkeypatch.setattr(search, "MAX_NAME_BRANCHES", 1)
+    runs = mixed_history(60)
+    expected = listed_in_order(runs, lambda r: "scale." in r.job_name)
+    assert on_page(operator.get(RUNS, {"q": "scale."})) == expected[:50]
+
+
+def test_tenant_search_for_a_short_value_lists_the_same_runs_in_order(clerk, monkeypatch):
+    monkeypatch.setattr(pagination, "MAX_PAGES", 2)
+    runs = mixed_history(400)
+    mixed_history(30, schema="t2")  # another tenant's matches never count
+    expected = listed_in_order(runs, lambda r: "order=1" in r.subject)
+    assert len(expected) > 101
+    first = clerk.get(RUNS, {"q": "order=1"})
+    assert on_page(first) == expected[:50]
+    assert "More than 100 job runs" in text(first)
+    assert on_page(clerk.get(RUNS, {"q": "order=1", "p": 2})) == expected[50:100]
+
+
+def test_a_search_within_filters_that_match_nothing_matches_nothing():
+    from kumiko_jobs.admin.search import operator_search, tenant_search
+
+    mixed_history(30)
+    order = ("-queued_at", "-pk")
+    assert list(operator_search(JobRun.objects.none(), "alpha", order, 51)) == []
+    assert list(tenant_search(JobRun.objects.filter(status__in=[]), "order=1", order, 51)) == []
+    # Calibration: the same searches without the empty filters find runs.
+    assert list(operator_search(JobRun.objects.all(), "alpha", order, 51))
+    assert list(tenant_search(JobRun.objects.all(), "order=1", order, 51))
+
+
+def test_the_planner_estimates_a_short_value_search_from_statistics():
+    """Migration 0013's statistics on LOWER(subject) match the expression the search writes:
+    after ANALYZE the planner estimates how many subjects a value too short for the trigram
+    index matches (about a third here) instead of guessing almost none, which at 10 million
+    runs made it read the whole table rather than the tenant's runs newest first."""
+    from kumiko_jobs.admin.search import tenant_search
+
+    runs = mixed_history(600)
+    matching = sum("order=1" in r.subject for r in runs)
+
+    def estimate(queryset: Any) -> float:
+        statement, params = queryset.query.sql_with_params()
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (FORMAT JSON) " + statement, params)
+            plan = cursor.fetchone()[0]
+        return float(plan[0]["Plan"]["Plan Rows"])
+
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE kumiko_jobs_jobrun")
+    searched = tenant_search(JobRun.objects.filter(schema_name="t1"), "order=1")
+    assert matching / 3 < estimate(searched) < matching * 3
+    # Calibration: without the statistics (dropped in a transaction rolled back after), the
+    # same query is guessed from the pattern's length: a handful of rows.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("DROP STATISTICS kj_run_subject_lower")
+        guessed = estimate(searched)
+        transaction.set_rollback(True)
+    assert guessed < matching / 10
+
+
+def test_select_all_on_a_search_acts_on_every_match_the_list_may_act_on(operator, monkeypatch):
+    """A page's search reads only what the page counts (here 301 rows); an action's "select
+    all" reads as many as it may act on (350), so it cancels all 320 matches, not 301."""
+    monkeypatch.setattr(pagination, "MAX_PAGES", 7)
+    bulk_runs(320, job="scale.alpha", status=RunStatus.QUEUED)
+    bulk_runs(5, job="scale.beta", status=RunStatus.QUEUED)
+    first = JobRun.objects.filter(job_name="scale.alpha").first()
+    assert first is not None
+    data = {
+        "action": "cancel_selected",
+        "index": 0,
+        "select_across": "1",
+        "_selected_action": [str(first.run_id)],
+    }
+    operator.post(f"{RUNS}?q=alpha", data, follow=True)
+    assert JobRun.objects.filter(status=RunStatus.CANCELLED).count() == 320
+    assert not JobRun.objects.filter(job_name="scale.beta", status=RunStatus.CANCELLED).exists()
 
 
 def test_tenant_search_still_looks_at_subjects_only(clerk):
