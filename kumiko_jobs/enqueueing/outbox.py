@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+
+from django.db import transaction
 
 from .. import signals, transport
 from ..core import conf
@@ -19,6 +22,14 @@ logger = logging.getLogger("kumiko_jobs.enqueueing")
 
 # time.monotonic() of this process's last failed push, None after a push that worked.
 _push_failed_at: float | None = None
+
+
+def save(row: JobRun, on_commit: Callable[[], None]) -> None:
+    """Insert the new run's ``row`` in the caller's transaction; ``on_commit`` (its push, or
+    the signal of a refused enqueue) runs once that commits, at once outside a transaction,
+    never after a rollback. A robust callback: its failure never fails the caller."""
+    row.save(force_insert=True)
+    transaction.on_commit(on_commit, robust=True)
 
 
 def push_committed(message: transport.Message, row: JobRun) -> None:

@@ -13,7 +13,7 @@ import functools
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from .. import signals, telemetry
@@ -22,11 +22,10 @@ from ..core.exceptions import InvalidJob
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
 from ..models import RunStatus
-from . import followups
+from . import followups, outbox
 from .admission import admission
 from .handle import RunHandle, resolve
 from .messages import message_for, new_envelope, row_for
-from .outbox import push_committed
 from .validate import check_size, resolve_schema, validated
 
 
@@ -110,8 +109,8 @@ def record_refusal(
     row.finished_at = row.queued_at
     row.rq_job_id = ""
     row.error_message = _REFUSAL_REASONS[status]
-    row.save(force_insert=True)
-    transaction.on_commit(
+    outbox.save(
+        row,
         functools.partial(
             signals.send,
             signals.job_dropped,
@@ -123,7 +122,6 @@ def record_refusal(
             error=None,
             reason=row.error_message,
         ),
-        robust=True,
     )
     return RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema, status=status)
 
@@ -143,8 +141,7 @@ def _submit_admitted(
         message = message_for(definition, env, delay)
         check_size(definition, env, message)
         row = row_for(definition, env, subject, delay)
-        row.save(force_insert=True)
-        transaction.on_commit(lambda: push_committed(message, row), robust=True)
+        outbox.save(row, lambda: outbox.push_committed(message, row))
     return RunHandle(
         run_id=env.run_id,
         job_name=definition.name,

@@ -9,7 +9,9 @@ cursor, which sets the path again because the tenancy step has marked it stale.
 
 Per run, this makes the history cost one statement at the start (the run's ``running`` row and
 the run's tenant together) and one at the end (the attempt row and the run's outcome
-together), each its own implicit transaction.
+together), each its own implicit transaction. The rarer paths around them (a message the start
+did not take, a finish with more to write than its two rows, an atomic run's transaction) are
+here too, through the ORM: the run side reaches the history's rows only through this module.
 
 With ``HISTORY_SYNCHRONOUS_COMMIT = False`` both statements commit asynchronously
 (``set_config('synchronous_commit', 'off', true)`` inside the statement, so it applies to that
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantDatabaseWrapper
 from django_tenants.utils import get_tenant_model
 
@@ -204,6 +206,19 @@ def start(
     return Started(updated=bool(row[0]), tenant=_tenant_from(row[1:]))
 
 
+def run_row(run_id: str) -> tuple[str, int] | None:
+    """The run's status and attempts, read when ``start`` did not take the message (None: the
+    run has no row)."""
+    row = JobRun.objects.filter(pk=run_id).values("status", "attempts").first()
+    return None if row is None else (row["status"], row["attempts"])
+
+
+def take_over(run_id: str, attempt: int, started_at: datetime) -> None:
+    """The run is ``running`` an earlier attempt whose worker died after scheduling this one:
+    it runs ``attempt`` from now on."""
+    JobRun.objects.filter(pk=run_id).update(attempts=attempt, started_at=started_at)
+
+
 def find_tenant(schema: str) -> Any:
     """The tenant with this schema_name, or None: the same lookup as ``start`` makes."""
     tenant_table = _qualified(get_tenant_model()._meta.db_table)
@@ -256,7 +271,37 @@ def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> 
         cursor.execute(sql, params)
 
 
+def finish_in_transaction(
+    attempt: dict[str, Any], run_update: dict[str, Any], run_id: str, also: Callable[[], None]
+) -> None:
+    """``finish``'s two writes through the ORM, and ``also`` (the run's other writes: the
+    tenant's failure, escape-hatch uses, follow-ups), in one transaction."""
+    with transaction.atomic():
+        JobAttempt.objects.create(
+            **{("run_id" if k == "run" else k): v for k, v in attempt.items()}
+        )
+        JobRun.objects.filter(pk=run_id).update(**run_update)
+        also()
+
+
 # --- atomic runs (docs/reliability.md, "Exactly once for database-only jobs") ------------------
+
+
+@contextmanager
+def atomic_transaction() -> Iterator[str]:
+    """The atomic run's transaction on the body's connection (the default alias), yielding its
+    id (``atomic_begin``); rolled back if the block raises or calls ``atomic_roll_back``."""
+    with transaction.atomic(using=DEFAULT_DB_ALIAS):
+        # The runner's own statement on the tenant login: known, so it does not make the
+        # session count as touched past the guard (which would reset it after every run).
+        with session.judged():
+            xid = atomic_begin()
+        yield xid
+
+
+def atomic_roll_back() -> None:
+    """The atomic run did not succeed: its transaction (``atomic_transaction``) rolls back."""
+    transaction.set_rollback(True, using=DEFAULT_DB_ALIAS)
 
 
 def atomic_function() -> str:

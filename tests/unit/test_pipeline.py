@@ -10,26 +10,14 @@ tenancy, atomic, db_guard). The steps here are small recording fakes; nothing ru
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from kumiko_jobs.core.envelope import Envelope, new_run_id
-from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.run import steps as steps_package
 from kumiko_jobs.run.pipeline import Next, Step, compose
 from kumiko_jobs.run.state import RunState
 from kumiko_jobs.run.steps import DEFAULT_STEPS
-
-
-def _body(ctx: Any) -> None:
-    """A job body the fakes never call."""
-
-
-def make_state() -> RunState:
-    definition = build_definition(_body, {"name": "unit.pipeline_body"})
-    envelope = Envelope(job=definition.name, schema="t1", kwargs={}, run_id=new_run_id())
-    return RunState.new(envelope, definition)
+from tests.unit.states import make_state
 
 
 def recording(name: str, calls: list[str]) -> Step:
@@ -57,7 +45,7 @@ def terminal_into(calls: list[str]) -> Next:
 def test_steps_run_outermost_first_and_unwind_innermost_first() -> None:
     calls: list[str] = []
     chain = compose([recording(n, calls) for n in ("a", "b", "c")], terminal_into(calls))
-    chain(make_state())
+    chain(make_state(kwargs={}))
     assert calls == [
         "a:before",
         "b:before",
@@ -74,7 +62,7 @@ def test_no_steps_is_the_terminal_alone() -> None:
     terminal = terminal_into(calls)
     chain = compose([], terminal)
     assert chain is terminal
-    chain(make_state())
+    chain(make_state(kwargs={}))
     assert calls == ["terminal"]
 
 
@@ -85,7 +73,7 @@ def test_every_step_and_the_terminal_see_the_same_state() -> None:
         seen.append(state)
         call_next(state)
 
-    state = make_state()
+    state = make_state(kwargs={})
     compose([step, step], seen.append)(state)
     assert len(seen) == 3
     assert all(s is state for s in seen)
@@ -101,7 +89,7 @@ def test_a_step_that_does_not_call_next_stops_the_rest() -> None:
     chain = compose(
         [recording("outer", calls), refuse, recording("inner", calls)], terminal_into(calls)
     )
-    state = make_state()
+    state = make_state(kwargs={})
     chain(state)
     # The outer step still unwinds; nothing below the refusing step ran.
     assert calls == ["outer:before", "refuse", "outer:after"]
@@ -117,7 +105,7 @@ def test_an_exception_passes_up_through_every_step() -> None:
 
     chain = compose([recording("a", calls), recording("b", calls)], terminal)
     with pytest.raises(LookupError, match="from the body"):
-        chain(make_state())
+        chain(make_state(kwargs={}))
     # No step caught it, so none reached its "after".
     assert calls == ["a:before", "b:before", "terminal"]
 
@@ -135,7 +123,7 @@ def test_an_outer_step_can_catch_what_an_inner_one_raised() -> None:
         raise ValueError("inner")
 
     calls: list[str] = []
-    compose([catcher, raiser], terminal_into(calls))(make_state())
+    compose([catcher, raiser], terminal_into(calls))(make_state(kwargs={}))
     assert [str(e) for e in caught] == ["inner"]
     assert calls == []  # the raising step did not call the terminal
 
@@ -143,8 +131,8 @@ def test_an_outer_step_can_catch_what_an_inner_one_raised() -> None:
 def test_a_composed_chain_runs_again_without_rebuilding() -> None:
     calls: list[str] = []
     chain = compose([recording("a", calls)], terminal_into(calls))
-    chain(make_state())
-    chain(make_state())
+    chain(make_state(kwargs={}))
+    chain(make_state(kwargs={}))
     assert calls == ["a:before", "terminal", "a:after"] * 2
 
 

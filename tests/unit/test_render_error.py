@@ -6,9 +6,8 @@ the text. These tests pin what the text holds, and that rendering never raises.
 
 from __future__ import annotations
 
-from kumiko_jobs.core.envelope import Envelope
-from kumiko_jobs.definition.options import build_definition
-from kumiko_jobs.run.state import RunState, render_error
+from kumiko_jobs.run.state import render_error
+from tests.unit.states import make_state
 
 
 class Refused(Exception):
@@ -62,10 +61,7 @@ def test_causes_and_groups_are_rendered_with_it():
 
 
 def test_the_run_reuses_the_rendering_for_its_own_error_only():
-    definition = build_definition(lambda ctx: None, {"name": "unit.render"})
-    state = RunState.new(
-        Envelope(job="unit.render", schema="t1", kwargs={}, run_id="0" * 32), definition
-    )
+    state = make_state(name="unit.render", kwargs={}, run_id="0" * 32)
     error = _raised(Counting())
     state.ending.fail(error)
     state.ending.note_rendered(render_error(error))

@@ -1,7 +1,7 @@
 """Unit tests for the deferral step's policy (run/steps/deferral.py): no database, no Redis.
 
-Each test drives the real ``deferral`` step over a ``RunState.new(...)`` with a tiny fake for
-the rest of the pipeline (it returns, defers, or raises). Pinned here:
+Each test drives the real ``deferral`` step over a run's state (``states.make_state``) with a
+tiny fake for the rest of the pipeline (it returns, defers, or raises). Pinned here:
 
 * retry vs final failure: by attempts left (``retries``), with the backoff's delay and the next
   attempt's envelope; the final attempt fails for good;
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from kumiko_jobs.core.envelope import Envelope, new_run_id
+from kumiko_jobs.core.envelope import new_run_id
 from kumiko_jobs.core.exceptions import (
     FALLBACK_MESSAGE_KEY,
     DatabaseAccessDenied,
@@ -32,37 +32,26 @@ from kumiko_jobs.core.exceptions import (
     Unrecoverable,
 )
 from kumiko_jobs.core.outcome import DeferralKind, Outcome
-from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.run import cancellation
 from kumiko_jobs.run.state import RunState
 from kumiko_jobs.run.steps.deferral import deferral, settle_cancellation
+from tests.unit.states import make_state
 
 
-def _body(ctx: Any, *, invoice_id: int = 0) -> None:
-    """A job body the fakes stand in for."""
-
-
-def make_state(
+def make_run(
     *, attempt: int = 1, defers: int = 0, gate_defers: int = 0, **options: Any
 ) -> RunState:
     """A tenant run of a job declared with ``options`` (retries=2 and a fixed 7 s backoff
     unless given), at ``attempt`` with the given deferral counters."""
-    options = {
-        "name": "unit.deferral_body",
-        "retries": 2,
-        "backoff": {"type": "fixed", "delay": 7},
-    } | options
-    definition = build_definition(_body, options)
-    envelope = Envelope(
-        job=definition.name,
-        schema="t1",
-        kwargs={"invoice_id": 4},
-        run_id=new_run_id(),
+    options = {"retries": 2, "backoff": {"type": "fixed", "delay": 7}} | options
+    return make_state(
+        name="unit.deferral_body",
         attempt=attempt,
         defers=defers,
         gate_defers=gate_defers,
+        tenant=object(),
+        **options,
     )
-    return RunState.new(envelope, definition, tenant=object())
 
 
 def raising(exc: BaseException) -> Callable[[RunState], None]:
@@ -94,7 +83,7 @@ def no_cancellations_left() -> Iterator[None]:
 
 
 def test_a_failure_with_attempts_left_is_retried_after_the_backoff() -> None:
-    state = make_state(attempt=1)
+    state = make_run(attempt=1)
     error = RuntimeError("provider down")
     deferral(state, raising(error))
     ending = state.ending
@@ -107,7 +96,7 @@ def test_a_failure_with_attempts_left_is_retried_after_the_backoff() -> None:
 
 
 def test_the_retry_delay_follows_an_exponential_backoff() -> None:
-    state = make_state(attempt=2, backoff={"type": "exponential", "delay": 3, "max_delay": 100})
+    state = make_run(attempt=2, backoff={"type": "exponential", "delay": 3, "max_delay": 100})
     deferral(state, raising(RuntimeError("again")))
     assert state.ending.outcome is Outcome.RETRYING
     assert state.ending.reschedule is not None
@@ -115,7 +104,7 @@ def test_the_retry_delay_follows_an_exponential_backoff() -> None:
 
 
 def test_the_final_attempt_fails_for_good() -> None:
-    state = make_state(attempt=3)  # retries=2: attempts 1, 2, 3
+    state = make_run(attempt=3)  # retries=2: attempts 1, 2, 3
     assert state.final_attempt
     error = RuntimeError("still down")
     deferral(state, raising(error))
@@ -125,7 +114,7 @@ def test_the_final_attempt_fails_for_good() -> None:
 
 
 def test_no_retries_fails_at_the_first_attempt() -> None:
-    state = make_state(retries=0)
+    state = make_run(retries=0)
     deferral(state, raising(RuntimeError("once")))
     assert state.ending.outcome is Outcome.FAILED
     assert state.ending.reschedule is None
@@ -141,7 +130,7 @@ def test_no_retries_fails_at_the_first_attempt() -> None:
     ids=["Unrecoverable", "DatabaseAccessDenied", "InvalidJob"],
 )
 def test_never_retried_even_with_attempts_left(error: Exception) -> None:
-    state = make_state(attempt=1, retries=5)
+    state = make_run(attempt=1, retries=5)
     deferral(state, raising(error))
     assert state.ending.outcome is Outcome.FAILED
     assert state.ending.error is error
@@ -149,7 +138,7 @@ def test_never_retried_even_with_attempts_left(error: Exception) -> None:
 
 
 def test_a_success_passes_through_untouched() -> None:
-    state = make_state()
+    state = make_run()
     deferral(state, succeeding)
     assert state.ending.outcome is Outcome.SUCCEEDED
     assert state.ending.result == "done"
@@ -160,7 +149,7 @@ def test_a_success_passes_through_untouched() -> None:
 def test_a_base_exception_is_not_policy_and_passes_up() -> None:
     """Only ``Exception`` is turned into an outcome; a KeyboardInterrupt (or a worker's
     shutdown) is not swallowed as a failure."""
-    state = make_state()
+    state = make_run()
     with pytest.raises(KeyboardInterrupt):
         deferral(state, raising(KeyboardInterrupt()))
     assert state.ending.outcome is None
@@ -170,21 +159,21 @@ def test_a_base_exception_is_not_policy_and_passes_up() -> None:
 
 
 def test_tenant_visible_error_fails_with_its_key_and_is_not_retried_by_default() -> None:
-    state = make_state(attempt=1)
+    state = make_run(attempt=1)
     deferral(state, raising(TenantVisibleError("billing.sync_failed")))
     assert state.ending.outcome is Outcome.FAILED
     assert state.ending.failure_key == "billing.sync_failed"
 
 
 def test_tenant_visible_error_with_retry_is_retried_and_keeps_its_key() -> None:
-    state = make_state(attempt=1)
+    state = make_run(attempt=1)
     deferral(state, raising(TenantVisibleError("billing.sync_failed", retry=True)))
     assert state.ending.outcome is Outcome.RETRYING
     assert state.ending.failure_key == "billing.sync_failed"
 
 
 def test_an_unstorable_key_becomes_the_declared_one() -> None:
-    state = make_state(
+    state = make_run(
         tenant_visible_failure={"message_key": "billing.declared", "subject_fields": []}
     )
     deferral(state, raising(TenantVisibleError("x" * 500)))
@@ -193,13 +182,13 @@ def test_an_unstorable_key_becomes_the_declared_one() -> None:
 
 
 def test_an_unstorable_key_without_a_declared_one_becomes_the_fallback() -> None:
-    state = make_state()
+    state = make_run()
     deferral(state, raising(TenantVisibleError("")))
     assert state.ending.failure_key == FALLBACK_MESSAGE_KEY
 
 
 def test_a_final_failure_shows_the_declared_tenant_visible_failure() -> None:
-    state = make_state(
+    state = make_run(
         attempt=3, tenant_visible_failure={"message_key": "billing.declared", "subject_fields": []}
     )
     deferral(state, raising(RuntimeError("x")))
@@ -208,7 +197,7 @@ def test_a_final_failure_shows_the_declared_tenant_visible_failure() -> None:
 
 
 def test_a_retry_does_not_show_the_declared_failure_yet() -> None:
-    state = make_state(
+    state = make_run(
         attempt=1, tenant_visible_failure={"message_key": "billing.declared", "subject_fields": []}
     )
     deferral(state, raising(RuntimeError("x")))
@@ -220,7 +209,7 @@ def test_a_retry_does_not_show_the_declared_failure_yet() -> None:
 
 
 def test_a_swallowed_violation_fails_a_success() -> None:
-    state = make_state(attempt=1, retries=5)
+    state = make_run(attempt=1, retries=5)
 
     def swallowing(state: RunState) -> None:
         state.watch.violations.append("UPDATE on public.shared_plan")
@@ -235,7 +224,7 @@ def test_a_swallowed_violation_fails_a_success() -> None:
 
 
 def test_a_swallowed_violation_fails_a_deferral() -> None:
-    state = make_state()
+    state = make_run()
 
     def swallowing(state: RunState) -> None:
         state.watch.violations.append("DELETE on public.x")
@@ -251,7 +240,7 @@ def test_a_swallowed_violation_fails_a_deferral() -> None:
 
 
 def test_a_job_deferral_resumes_with_one_more_defer() -> None:
-    state = make_state(defers=2, max_defers=5)
+    state = make_run(defers=2, max_defers=5)
     deferral(state, deferring(45))
     ending = state.ending
     assert ending.outcome is Outcome.DEFERRED
@@ -263,7 +252,7 @@ def test_a_job_deferral_resumes_with_one_more_defer() -> None:
 
 
 def test_the_job_deferral_at_max_defers_gives_up() -> None:
-    state = make_state(defers=5, max_defers=5)
+    state = make_run(defers=5, max_defers=5)
     deferral(state, deferring(45))
     ending = state.ending
     assert ending.outcome is Outcome.FAILED
@@ -273,20 +262,20 @@ def test_the_job_deferral_at_max_defers_gives_up() -> None:
 
 
 def test_the_last_allowed_job_deferral_still_resumes() -> None:
-    state = make_state(defers=4, max_defers=5)
+    state = make_run(defers=4, max_defers=5)
     deferral(state, deferring(1))
     assert state.ending.outcome is Outcome.DEFERRED
     assert state.ending.reschedule is not None
 
 
 def test_max_defers_zero_refuses_every_job_deferral() -> None:
-    state = make_state(max_defers=0)
+    state = make_run(max_defers=0)
     deferral(state, deferring(1))
     assert state.ending.outcome is Outcome.FAILED
 
 
 def test_gate_deferrals_have_no_cap() -> None:
-    state = make_state(defers=0, gate_defers=10_000, max_defers=0)
+    state = make_run(defers=0, gate_defers=10_000, max_defers=0)
     deferral(state, deferring(300, DeferralKind.GATE))
     ending = state.ending
     assert ending.outcome is Outcome.DEFERRED
@@ -300,14 +289,14 @@ def test_gate_deferrals_have_no_cap() -> None:
 
 
 def test_settle_without_a_request_changes_nothing() -> None:
-    state = make_state()
+    state = make_run()
     state.ending.fail(RuntimeError("x"))
     assert settle_cancellation(state) is False
     assert state.ending.outcome is Outcome.FAILED
 
 
 def test_a_requested_cancellation_of_a_failing_run_cancels_instead_of_retrying() -> None:
-    state = make_state(attempt=1)
+    state = make_run(attempt=1)
     cancellation.mark(state.envelope.run_id, "alice")
     deferral(state, raising(RuntimeError("interrupted")))
     ending = state.ending
@@ -321,7 +310,7 @@ def test_a_requested_cancellation_of_a_failing_run_cancels_instead_of_retrying()
 
 
 def test_a_cancelled_run_never_shows_the_tenant_a_failure() -> None:
-    state = make_state(
+    state = make_run(
         attempt=3, tenant_visible_failure={"message_key": "billing.declared", "subject_fields": []}
     )
     cancellation.mark(state.envelope.run_id, "")
@@ -332,7 +321,7 @@ def test_a_cancelled_run_never_shows_the_tenant_a_failure() -> None:
 
 
 def test_a_requested_cancellation_of_a_deferral_is_not_resumed() -> None:
-    state = make_state()
+    state = make_run()
     cancellation.mark(state.envelope.run_id, "-")
     deferral(state, deferring(60))
     assert state.ending.outcome is Outcome.CANCELLED
@@ -341,7 +330,7 @@ def test_a_requested_cancellation_of_a_deferral_is_not_resumed() -> None:
 
 
 def test_success_wins_over_a_request_the_job_did_not_acknowledge() -> None:
-    state = make_state()
+    state = make_run()
     cancellation.mark(state.envelope.run_id, "alice")
     deferral(state, succeeding)
     assert state.ending.outcome is Outcome.SUCCEEDED
@@ -349,7 +338,7 @@ def test_success_wins_over_a_request_the_job_did_not_acknowledge() -> None:
 
 
 def test_an_acknowledged_cancellation_cancels_even_a_success() -> None:
-    state = make_state()
+    state = make_run()
 
     def acknowledged_then_returned(state: RunState) -> None:
         state.cancellation.acknowledge()
@@ -361,7 +350,7 @@ def test_an_acknowledged_cancellation_cancels_even_a_success() -> None:
 
 
 def test_the_jobs_own_job_cancelled_is_kept() -> None:
-    state = make_state(attempt=1)
+    state = make_run(attempt=1)
     cancellation.mark(state.envelope.run_id, "alice")
     own = JobCancelled("cancellation requested by alice")
 
@@ -376,7 +365,7 @@ def test_the_jobs_own_job_cancelled_is_kept() -> None:
 
 
 def test_a_cancellation_of_another_run_does_not_apply() -> None:
-    state = make_state(attempt=1)
+    state = make_run(attempt=1)
     cancellation.mark(new_run_id(), "alice")
     deferral(state, raising(RuntimeError("x")))
     assert state.ending.outcome is Outcome.RETRYING

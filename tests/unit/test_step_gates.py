@@ -19,16 +19,11 @@ import pytest
 from django.conf import settings
 from django.test import override_settings
 
-from kumiko_jobs.core.envelope import Envelope, new_run_id
 from kumiko_jobs.core.exceptions import Unrecoverable
 from kumiko_jobs.core.outcome import DeferralKind, Outcome
-from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.run.state import Found, Missing, RunState
 from kumiko_jobs.run.steps.gates import gates
-
-
-def _body(ctx: Any, *, invoice_id: int = 0, note: Any = None) -> None:
-    """A job body the fake for the rest of the pipeline stands in for."""
+from tests.unit.states import make_state
 
 
 class Rest:
@@ -43,25 +38,6 @@ class Rest:
     @property
     def called(self) -> bool:
         return bool(self.calls)
-
-
-def make_state(
-    schema: str | None,
-    *,
-    kwargs: dict[str, Any] | None = None,
-    lookup: Found | Missing | None = None,
-    **options: Any,
-) -> RunState:
-    definition = build_definition(_body, {"name": "unit.gates_body"} | options)
-    envelope = Envelope(
-        job=definition.name,
-        schema=schema,
-        kwargs={"invoice_id": 4} if kwargs is None else kwargs,
-        run_id=new_run_id(),
-    )
-    state = RunState.new(envelope, definition)
-    state.tenancy.lookup = lookup
-    return state
 
 
 def refused(state: RunState, rest: Rest, reason: str) -> None:

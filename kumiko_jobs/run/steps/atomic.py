@@ -15,7 +15,7 @@ docs/reliability.md, "Exactly once for database-only jobs", says what such a job
 
 from __future__ import annotations
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
+from django.db import DatabaseError
 from django.utils import timezone
 
 from ...core import session
@@ -35,16 +35,13 @@ def atomic(state: RunState, call_next: Next) -> None:
     if not state.definition.atomic or state.tenant is None:
         call_next(state)
         return
-    with transaction.atomic(using=DEFAULT_DB_ALIAS):
-        # The runner's own statements on the tenant login: known, so they do not make the
-        # session count as touched past the guard (which would reset it after every run).
-        with session.judged():
-            xid = run_sql.atomic_begin()
+    with run_sql.atomic_transaction() as xid:
         call_next(state)
         if state.ending.outcome is not Outcome.SUCCEEDED or state.watch.violations:
-            transaction.set_rollback(True, using=DEFAULT_DB_ALIAS)
+            run_sql.atomic_roll_back()
             return
         try:
+            # The runner's own statement on the tenant login (see run_sql.atomic_transaction).
             with session.judged():
                 run_sql.atomic_success(
                     run_id=state.envelope.run_id,

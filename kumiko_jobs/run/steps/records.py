@@ -20,16 +20,14 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from ... import signals
 from ...core import conf
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
-from ...history import audit, run_sql
-from ...history.rejections import record_rejection
-from ...models import JobAttempt, JobFailure, JobRun, RunStatus
+from ...history import audit, rejections, run_sql
+from ...models import JobFailure, JobRun, RunStatus
 from .. import report
 from ..pipeline import Next
 from ..state import Found, Missing, RunState, Timing
@@ -98,15 +96,16 @@ def _start(state: RunState) -> bool:
     state.tenancy.lookup = Missing() if started.tenant is None else Found(started.tenant)
     updated = started.updated
     if not updated:
-        row = JobRun.objects.filter(pk=env.run_id).values("status", "attempts").first()
+        row = run_sql.run_row(env.run_id)
         if row is None:
             _refuse_without_row(state)
             return False
-        if row["status"] == RunStatus.RUNNING and row["attempts"] < env.attempt:
+        status, attempts = row
+        if status == RunStatus.RUNNING and attempts < env.attempt:
             # The previous attempt's worker died after scheduling this one: take over.
-            JobRun.objects.filter(pk=env.run_id).update(attempts=env.attempt, started_at=now)
+            run_sql.take_over(env.run_id, env.attempt, now)
         else:
-            why = _why_not_waiting(state, row["status"], row["attempts"])
+            why = _why_not_waiting(state, status, attempts)
             logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
             _drop(state, why)
             return False
@@ -148,7 +147,7 @@ def _refuse_without_row(state: RunState) -> None:
     )
     logger.warning("refused message for run %s: %s", env.run_id, reason)
     excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
-    record_rejection(excerpt, reason, state.delivery.rq_job_id, state.delivery.queue)
+    rejections.record_rejection(excerpt, reason, state.delivery.rq_job_id, state.delivery.queue)
     _drop(state, reason)
 
 
@@ -252,36 +251,38 @@ def _finish(state: RunState) -> None:
 def _finish_in_transaction(
     state: RunState, attempt: dict[str, Any], run_update: dict[str, Any], now: Any
 ) -> None:
+    run_sql.finish_in_transaction(
+        attempt, run_update, state.envelope.run_id, also=lambda: _other_writes(state, now)
+    )
+
+
+def _other_writes(state: RunState, now: Any) -> None:
+    """What the finish writes besides the run's two rows, in their transaction."""
     env, definition, outcome = (
         state.envelope,
         state.definition,
         state.ending.outcome or Outcome.FAILED,
     )
-    with transaction.atomic():
-        JobAttempt.objects.create(
-            **{("run_id" if k == "run" else k): v for k, v in attempt.items()}
+    if env.schema and outcome is Outcome.FAILED and state.ending.failure_key:
+        JobFailure.objects.bulk_create(
+            [
+                JobFailure(
+                    schema_name=env.schema,
+                    job_name=env.job,
+                    subject=state.tenancy.subject,
+                    message_key=state.ending.failure_key,
+                    failed_at=now,
+                    run_id=uuid.UUID(env.run_id),
+                )
+            ],
+            update_conflicts=True,
+            unique_fields=("schema_name", "job_name", "subject"),
+            update_fields=("message_key", "failed_at", "run_id"),
         )
-        JobRun.objects.filter(pk=env.run_id).update(**run_update)
-        if env.schema and outcome is Outcome.FAILED and state.ending.failure_key:
-            JobFailure.objects.bulk_create(
-                [
-                    JobFailure(
-                        schema_name=env.schema,
-                        job_name=env.job,
-                        subject=state.tenancy.subject,
-                        message_key=state.ending.failure_key,
-                        failed_at=now,
-                        run_id=uuid.UUID(env.run_id),
-                    )
-                ],
-                update_conflicts=True,
-                unique_fields=("schema_name", "job_name", "subject"),
-                update_fields=("message_key", "failed_at", "run_id"),
-            )
-        elif env.schema and outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure:
-            JobFailure.objects.filter(
-                schema_name=env.schema, job_name=env.job, subject=state.tenancy.subject
-            ).delete()
-        audit.save_uses(state)
-        if outcome is Outcome.SUCCEEDED and state.followups.entries:
-            JobRun.objects.bulk_create(state.followups.rows(), ignore_conflicts=True)
+    elif env.schema and outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure:
+        JobFailure.objects.filter(
+            schema_name=env.schema, job_name=env.job, subject=state.tenancy.subject
+        ).delete()
+    audit.save_uses(state)
+    if outcome is Outcome.SUCCEEDED and state.followups.entries:
+        JobRun.objects.bulk_create(state.followups.rows(), ignore_conflicts=True)

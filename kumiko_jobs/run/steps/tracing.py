@@ -105,7 +105,9 @@ def _record_error(span: Span, ending: Ending, error: BaseException, *, escaped: 
         {
             "exception.type": rendered.type_name,
             "exception.message": message,
-            "exception.stacktrace": scrub(_tail(stacktrace, STACKTRACE_LIMIT)),
+            "exception.stacktrace": scrub(
+                _tail(stacktrace, STACKTRACE_LIMIT), limit=STACKTRACE_LIMIT
+            ),
             "exception.escaped": escaped,
         },
     )
@@ -113,10 +115,14 @@ def _record_error(span: Span, ending: Ending, error: BaseException, *, escaped: 
 
 
 def _tail(text: str, limit: int) -> str:
-    """The last ``limit`` characters of ``text``, from a line start (no half token survives)."""
+    """At most ``limit`` characters: the end of ``text`` from a line start (no half token
+    survives), after a line that says how much was left out. The line counts against the limit:
+    ``scrub`` keeps the first ``limit`` characters, and would cut the end, where the exception is.
+    """
     if len(text) <= limit:
         return text
-    tail = text[-limit:]
+    room = limit - len(f"[... {len(text)} characters before]\n")
+    tail = text[-room:]
     newline = tail.find("\n")
     tail = tail[newline + 1 :] if newline >= 0 else ""
     return f"[... {len(text) - len(tail)} characters before]\n{tail}"
