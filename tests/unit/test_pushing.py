@@ -1,0 +1,175 @@
+"""Unit tests for the transport's pushing (transport/pushing.py): no Redis.
+
+``pushing`` reaches Redis only through the handles ``queues`` gives it (``get_queue`` for a queue,
+``delayed_set`` for rq-scheduler's set); ``Handles`` below stands in for both and notes every
+call. Pinned: a message without a delay goes on its own queue (one pipeline per queue, in slices
+of 500) under its job id, with the runner, its body, timeout, TTLs and front flag; a delayed one
+goes to rq-scheduler's set, bound for its queue, never on the queue; a rate-limited one goes
+through RQ's admission one by one (``enqueue_call`` with its ``RateLimit``), and a delayed
+rate-limited one carries its limit on the scheduled job for when it is moved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from kumiko_jobs.transport import RUNNER, Message, pushing
+
+
+@dataclass
+class ScheduledJob:
+    """What rq-scheduler's ``enqueue_in`` returns: a job whose fields may be set and saved."""
+
+    id: str
+    rate_limit_key: str = ""
+    rate_limit_concurrency: int = 0
+    saved: int = 0
+
+    def save(self) -> None:
+        self.saved += 1
+
+
+@dataclass
+class Queue:
+    name: str
+    batches: list[list[Any]] = field(default_factory=list)
+    calls: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
+
+    def enqueue_many(self, data: list[Any]) -> None:
+        self.batches.append(list(data))
+
+    def enqueue_call(self, func: Any, **kwargs: Any) -> None:
+        self.calls.append((func, kwargs))
+
+
+@dataclass
+class DelayedSet:
+    queue: str
+    scheduled: list[tuple[timedelta, Any, tuple[Any, ...], dict[str, Any]]] = field(
+        default_factory=list
+    )
+    jobs: list[ScheduledJob] = field(default_factory=list)
+
+    def enqueue_in(self, delay: timedelta, func: Any, *args: Any, **kwargs: Any) -> ScheduledJob:
+        self.scheduled.append((delay, func, args, kwargs))
+        job = ScheduledJob(kwargs["job_id"])
+        self.jobs.append(job)
+        return job
+
+
+class Handles:
+    """``get_queue`` and ``delayed_set``, one fake per queue name."""
+
+    def __init__(self) -> None:
+        self.queues: dict[str, Queue] = {}
+        self.delayed: dict[str, DelayedSet] = {}
+
+    def get_queue(self, name: str) -> Queue:
+        return self.queues.setdefault(name, Queue(name))
+
+    def delayed_set(self, queue: str) -> DelayedSet:
+        return self.delayed.setdefault(queue, DelayedSet(queue))
+
+
+@pytest.fixture
+def redis(monkeypatch: pytest.MonkeyPatch) -> Handles:
+    handles = Handles()
+    monkeypatch.setattr(pushing, "get_queue", handles.get_queue)
+    monkeypatch.setattr(pushing, "delayed_set", handles.delayed_set)
+    return handles
+
+
+def message(n: int = 1, **fields: Any) -> Message:
+    return Message(
+        **({"body": f"signed-{n}", "queue": "default", "job_id": f"kj-{n}", "timeout": 60} | fields)
+    )
+
+
+TTLS = {**settings.KUMIKO_JOBS, "RESULT_TTL": 111, "FAILURE_TTL": 222}
+
+
+@override_settings(KUMIKO_JOBS=TTLS)
+def test_a_message_goes_on_its_queue_under_its_job_id(redis: Handles) -> None:
+    pushing.push(message(1, queue="mail", timeout=90))
+    assert set(redis.queues) == {"mail"}
+    assert redis.delayed == {}
+    [[data]] = redis.queues["mail"].batches
+    assert data.func == RUNNER
+    assert data.args == ("signed-1",)
+    assert data.job_id == "kj-1"
+    assert data.timeout == 90
+    assert (data.result_ttl, data.failure_ttl) == (111, 222)
+    assert data.at_front is False
+    assert redis.queues["mail"].calls == []
+
+
+def test_a_message_for_the_front_of_its_queue_says_so(redis: Handles) -> None:
+    pushing.push(message(at_front=True))
+    [[data]] = redis.get_queue("default").batches
+    assert data.at_front is True
+
+
+def test_one_pipeline_per_queue_in_the_order_given(redis: Handles) -> None:
+    pushing.push_many([message(1), message(2, queue="mail"), message(3), message(4, queue="mail")])
+    assert [[d.job_id for d in b] for b in redis.queues["default"].batches] == [["kj-1", "kj-3"]]
+    assert [[d.job_id for d in b] for b in redis.queues["mail"].batches] == [["kj-2", "kj-4"]]
+
+
+def test_thousands_go_in_slices_of_500(redis: Handles) -> None:
+    pushing.push_many(message(n) for n in range(1201))
+    batches = redis.queues["default"].batches
+    assert [len(b) for b in batches] == [500, 500, 201]
+    assert [d.job_id for b in batches for d in b] == [f"kj-{n}" for n in range(1201)]
+
+
+@override_settings(KUMIKO_JOBS=TTLS)
+def test_a_delayed_message_goes_to_the_scheduler_not_the_queue(redis: Handles) -> None:
+    pushing.push(message(1, queue="mail", delay=30.5, timeout=90))
+    assert redis.queues == {}
+    [(delay, func, args, kwargs)] = redis.delayed["mail"].scheduled
+    assert delay == timedelta(seconds=30.5)
+    assert func == RUNNER
+    assert args == ("signed-1",)
+    assert kwargs == {
+        "job_id": "kj-1",
+        "timeout": 90,
+        "job_result_ttl": 111,
+        "queue_name": "mail",
+    }
+    assert redis.delayed["mail"].jobs[0].saved == 0  # nothing more to write
+
+
+def test_a_zero_delay_is_no_delay(redis: Handles) -> None:
+    pushing.push(message(delay=0.0))
+    assert redis.delayed == {}
+    assert len(redis.queues["default"].batches) == 1
+
+
+def test_a_rate_limited_message_is_admitted_by_rq_one_by_one(redis: Handles) -> None:
+    limited = [
+        message(n, rate_limit_key="kj:seq:unit:t1", rate_limit=1, at_front=n == 2) for n in (1, 2)
+    ]
+    pushing.push_many([*limited, message(3)])
+    queue = redis.queues["default"]
+    assert [[d.job_id for d in b] for b in queue.batches] == [["kj-3"]]
+    assert [kwargs["job_id"] for _, kwargs in queue.calls] == ["kj-1", "kj-2"]
+    func, kwargs = queue.calls[1]
+    assert func == RUNNER
+    assert kwargs["args"] == ("signed-2",)
+    assert kwargs["at_front"] is True
+    limit = kwargs["rate_limit"]
+    assert (limit.key, limit.concurrency) == ("kj:seq:unit:t1", 1)
+
+
+def test_a_delayed_rate_limited_message_keeps_its_limit_for_the_move(redis: Handles) -> None:
+    pushing.push(message(1, delay=10, rate_limit_key="kj:seq:unit:t1", rate_limit=3))
+    assert redis.queues == {}
+    [job] = redis.delayed["default"].jobs
+    assert (job.rate_limit_key, job.rate_limit_concurrency) == ("kj:seq:unit:t1", 3)
+    assert job.saved == 1

@@ -1,0 +1,413 @@
+"""Unit tests for the transport's scheduler (transport/scheduler.py): no Redis.
+
+``Scheduler`` takes its Redis connection; ``FakeRedis`` below is the few commands it sends, in
+memory. The cron domain is a fake ``CronHooks``, pushes are captured by
+``testing.captured_pushes``. Pinned: a rung cron alarm pushes its tick's message (never the alarm
+itself) and is re-armed at the next tick; an alarm of no registered job is removed; a tick already
+fired is re-armed without a push; with PostgreSQL down the alarm is left due for the next round;
+any other due job is rq-scheduler's move. The loop survives a Redis outage (and syncs the cron
+entries again); the heartbeat writes a lost registration again; after an outage the scheduler
+drops its own stale registration instead of refusing to start. Then the helpers over Redis keys:
+which cron entries rq-scheduler would not tick, and how far behind delayed work is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.db import OperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from kumiko_jobs import testing
+from kumiko_jobs.transport import CRON_PREFIX, Message, queues, scheduler
+from kumiko_jobs.transport.scheduler import Scheduler
+
+SCHEDULED = Scheduler.scheduled_jobs_key
+
+
+class FakeRedis:
+    """The commands the scheduler sends, over dicts: sorted sets, hashes, plain keys."""
+
+    def __init__(self) -> None:
+        self.zsets: dict[str, dict[str, float]] = {}
+        self.hashes: dict[str, dict[str, Any]] = {}
+        self.keys: set[str] = set()
+        self.expiring: dict[str, int] = {}
+        self.commands: list[str] = []
+        self.connection_pool = SimpleNamespace(
+            connection_kwargs={"host": "redis", "port": 6379, "db": 0}
+        )
+
+    # sorted sets
+    def zadd(self, key: str, mapping: dict[str, float]) -> int:
+        self.commands.append("zadd")
+        self.zsets.setdefault(key, {}).update(mapping)
+        return len(mapping)
+
+    def zrem(self, key: str, member: str) -> int:
+        self.commands.append("zrem")
+        return int(self.zsets.get(key, {}).pop(member, None) is not None)
+
+    def zscore(self, key: str, member: str) -> float | None:
+        return self.zsets.get(key, {}).get(member)
+
+    def zcount(self, key: str, low: float, high: float) -> int:
+        return sum(1 for score in self.zsets.get(key, {}).values() if low <= score <= high)
+
+    def zrangebyscore(
+        self, key: str, low: float, high: float, start: int, num: int, withscores: bool
+    ) -> list[tuple[bytes, float]]:
+        found = sorted(
+            (score, member)
+            for member, score in self.zsets.get(key, {}).items()
+            if low <= score <= high
+        )
+        return [(member.encode(), score) for score, member in found[start : start + num]]
+
+    # hashes and keys
+    def hset(self, key: str, name: str, value: Any) -> int:
+        self.commands.append("hset")
+        self.hashes.setdefault(key, {})[name] = value
+        return 1
+
+    def hexists(self, key: str, name: str) -> bool:
+        return name in self.hashes.get(key, {})
+
+    def exists(self, key: str) -> int:
+        return int(key in self.hashes or key in self.keys)
+
+    def expire(self, key: str, seconds: int) -> bool:
+        self.commands.append("expire")
+        if key not in self.hashes and key not in self.keys:
+            return False
+        self.expiring[key] = seconds
+        return True
+
+    def delete(self, key: str) -> int:
+        self.commands.append("delete")
+        found = key in self.hashes or key in self.keys
+        self.hashes.pop(key, None)
+        self.keys.discard(key)
+        return int(found)
+
+    def scan_iter(self, match: str, count: int) -> Iterator[str]:
+        prefix = match.rstrip("*")
+        return iter([k for k in self.hashes if k.startswith(prefix)])
+
+    def pipeline(self, transaction: bool = True) -> Pipeline:
+        return Pipeline(self)
+
+
+class Pipeline:
+    """Queues calls and runs them on ``execute``, as redis-py's pipeline does."""
+
+    def __init__(self, redis: FakeRedis) -> None:
+        self.redis = redis
+        self.queued: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        def queue(*args: Any, **kwargs: Any) -> Pipeline:
+            self.queued.append((name, args, kwargs))
+            return self
+
+        return queue
+
+    def execute(self) -> list[Any]:
+        queued, self.queued = self.queued, []
+        return [getattr(self.redis, name)(*args, **kwargs) for name, args, kwargs in queued]
+
+
+@dataclass
+class Firing:
+    message: Message | None
+    next_at: float | None
+
+
+@dataclass
+class Hooks:
+    """The cron domain: what ``fire`` answers (or raises), and what was asked."""
+
+    firing: Firing | None = None
+    error: Exception | None = None
+    fired: list[str] = field(default_factory=list)
+    syncs: int = 0
+    restored: Sequence[str] = ()
+
+    def sync_schedules(self) -> object:
+        self.syncs += 1
+        return None
+
+    def restore_missing_cron(self) -> Sequence[str]:
+        return self.restored
+
+    def fire(self, alarm_id: str) -> Firing:
+        self.fired.append(alarm_id)
+        if self.error is not None:
+            raise self.error
+        assert self.firing is not None
+        return self.firing
+
+
+@dataclass
+class Alarm:
+    """A due job as rq-scheduler hands it to ``enqueue_job`` (only its id is read)."""
+
+    id: str
+
+
+def install(monkeypatch: pytest.MonkeyPatch, hooks: Hooks) -> Hooks:
+    monkeypatch.setattr(scheduler, "_cron_hooks", hooks)
+    return hooks
+
+
+@pytest.fixture
+def redis() -> FakeRedis:
+    return FakeRedis()
+
+
+@pytest.fixture
+def pushes() -> Iterator[testing.Pushes]:
+    with testing.captured_pushes() as captured:
+        yield captured
+
+
+def make_scheduler(redis: FakeRedis) -> Scheduler:
+    return Scheduler(queue_name="default", connection=redis, interval=5)
+
+
+TICK = Message(body="signed-tick", queue="default", job_id="kj-tick", timeout=60)
+ALARM = Alarm(CRON_PREFIX + "billing_nightly")
+
+
+# --- a rung cron alarm ---------------------------------------------------------------------------
+
+
+def test_a_cron_alarm_pushes_its_tick_and_is_rearmed(
+    monkeypatch: pytest.MonkeyPatch, redis: FakeRedis, pushes: testing.Pushes
+) -> None:
+    hooks = install(monkeypatch, Hooks(Firing(TICK, 1_900_000_000.7)))
+    make_scheduler(redis).enqueue_job(ALARM)  # type: ignore[arg-type]
+    assert hooks.fired == [ALARM.id]
+    assert pushes.messages == [TICK]  # the tick's own message, never the alarm
+    assert redis.zsets[SCHEDULED] == {ALARM.id: 1_900_000_000}
+
+
+def test_a_tick_that_already_fired_is_rearmed_without_a_push(
+    monkeypatch: pytest.MonkeyPatch, redis: FakeRedis, pushes: testing.Pushes
+) -> None:
+    install(monkeypatch, Hooks(Firing(None, 1_900_000_060)))
+    make_scheduler(redis).enqueue_job(ALARM)  # type: ignore[arg-type]
+    assert pushes.messages == []
+    assert redis.zsets[SCHEDULED] == {ALARM.id: 1_900_000_060}
+
+
+def test_an_alarm_of_no_registered_job_is_removed(
+    monkeypatch: pytest.MonkeyPatch,
+    redis: FakeRedis,
+    pushes: testing.Pushes,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    install(monkeypatch, Hooks(Firing(TICK, None)))
+    redis.zsets[SCHEDULED] = {ALARM.id: 1.0}
+    with caplog.at_level(logging.WARNING):
+        make_scheduler(redis).enqueue_job(ALARM)  # type: ignore[arg-type]
+    assert redis.zsets[SCHEDULED] == {}
+    assert pushes.messages == []
+    assert "belongs to no registered cron job; removed" in caplog.text
+
+
+def test_with_postgresql_down_the_alarm_is_left_due(
+    monkeypatch: pytest.MonkeyPatch,
+    redis: FakeRedis,
+    pushes: testing.Pushes,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    install(monkeypatch, Hooks(error=OperationalError("connection refused")))
+    redis.zsets[SCHEDULED] = {ALARM.id: 1.0}
+    with caplog.at_level(logging.WARNING):
+        make_scheduler(redis).enqueue_job(ALARM)  # type: ignore[arg-type]
+    assert redis.zsets[SCHEDULED] == {ALARM.id: 1.0}  # the next round rings it again
+    assert pushes.messages == []
+    assert "PostgreSQL unavailable" in caplog.text
+
+
+def test_another_error_of_the_cron_domain_is_not_swallowed(
+    monkeypatch: pytest.MonkeyPatch, redis: FakeRedis
+) -> None:
+    install(monkeypatch, Hooks(error=RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):
+        make_scheduler(redis).enqueue_job(ALARM)  # type: ignore[arg-type]
+
+
+def test_any_other_due_job_is_rq_schedulers_move(
+    monkeypatch: pytest.MonkeyPatch, redis: FakeRedis
+) -> None:
+    hooks = install(monkeypatch, Hooks())
+    moved: list[str] = []
+    monkeypatch.setattr(queues.DelayedSet, "enqueue_job", lambda self, job: moved.append(job.id))
+    make_scheduler(redis).enqueue_job(Alarm("kj-run-1"))  # type: ignore[arg-type]
+    assert moved == ["kj-run-1"]
+    assert hooks.fired == []
+
+
+def test_each_round_restores_deleted_cron_entries_first(
+    monkeypatch: pytest.MonkeyPatch, redis: FakeRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    install(monkeypatch, Hooks(restored=["kj-cron-a", "kj-cron-b"]))
+    order: list[str] = []
+    monkeypatch.setattr(queues.DelayedSet, "enqueue_jobs", lambda self: order.append("round"))
+    with caplog.at_level(logging.WARNING):
+        make_scheduler(redis).enqueue_jobs()
+    assert order == ["round"]
+    assert "restored deleted cron entries: kj-cron-a, kj-cron-b" in caplog.text
+
+
+# --- surviving Redis -----------------------------------------------------------------------------
+
+
+def test_the_loop_survives_a_redis_outage_and_syncs_again(
+    monkeypatch: pytest.MonkeyPatch, redis: FakeRedis
+) -> None:
+    hooks = install(monkeypatch, Hooks())
+    runs: list[bool] = []
+
+    def loop(self: Scheduler, burst: bool = False) -> None:
+        runs.append(self._restarting)
+        if len(runs) < 3:
+            raise RedisConnectionError("Connection refused")
+
+    pauses: list[float] = []
+    monkeypatch.setattr(queues.DelayedSet, "run", loop)
+    monkeypatch.setattr(time, "sleep", pauses.append)
+    make_scheduler(redis).run(burst=True)
+    assert runs == [False, True, True]  # restarted twice, marked as a restart
+    assert hooks.syncs == 3
+    assert pauses == [scheduler._PAUSE, scheduler._PAUSE]
+
+
+def test_the_loop_ends_on_any_other_error(
+    monkeypatch: pytest.MonkeyPatch, redis: FakeRedis
+) -> None:
+    install(monkeypatch, Hooks())
+
+    def loop(self: Scheduler, burst: bool = False) -> None:
+        raise ValueError("There's already an active RQ scheduler")
+
+    monkeypatch.setattr(queues.DelayedSet, "run", loop)
+    with pytest.raises(ValueError):
+        make_scheduler(redis).run(burst=True)
+
+
+def test_the_heartbeat_extends_a_live_registration(redis: FakeRedis) -> None:
+    rq_scheduler = make_scheduler(redis)
+    redis.hashes[rq_scheduler.key] = {"birth": 1.0}
+    rq_scheduler.heartbeat()
+    assert redis.expiring == {rq_scheduler.key: 15}  # interval + 10
+    assert "hset" not in redis.commands
+
+
+def test_the_heartbeat_writes_a_lost_registration_again(
+    redis: FakeRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    rq_scheduler = make_scheduler(redis)
+    with caplog.at_level(logging.WARNING):
+        rq_scheduler.heartbeat()
+    assert "birth" in redis.hashes[rq_scheduler.key]
+    assert redis.expiring == {rq_scheduler.key: 15}
+    assert "registration was gone from Redis; registered again" in caplog.text
+
+
+def test_after_an_outage_its_own_stale_registration_does_not_stop_it(redis: FakeRedis) -> None:
+    rq_scheduler = make_scheduler(redis)
+    redis.hashes[rq_scheduler.key] = {"birth": 1.0}  # its death mark never reached Redis
+    rq_scheduler._restarting = True
+    rq_scheduler.register_birth()
+    assert not rq_scheduler._restarting
+    assert "death" not in redis.hashes[rq_scheduler.key]
+    assert redis.hashes[rq_scheduler.key]["birth"] != 1.0
+
+
+def test_at_first_start_a_live_registration_of_that_name_is_refused(redis: FakeRedis) -> None:
+    rq_scheduler = make_scheduler(redis)
+    redis.hashes[rq_scheduler.key] = {"birth": 1.0}
+    with pytest.raises(ValueError, match="already an active RQ scheduler"):
+        rq_scheduler.register_birth()
+
+
+# --- reading rq-scheduler's keys -----------------------------------------------------------------
+
+
+@pytest.fixture
+def on_fake_redis(monkeypatch: pytest.MonkeyPatch, redis: FakeRedis) -> FakeRedis:
+    """Every queue's handle (``scheduler_for``, ``scheduler_lag``) is on ``redis``."""
+    monkeypatch.setattr(
+        scheduler, "get_queue", lambda name: SimpleNamespace(name=name, connection=redis)
+    )
+    return redis
+
+
+def test_cron_entries_without_a_slot_or_a_job_hash_are_missing(on_fake_redis: FakeRedis) -> None:
+    redis = on_fake_redis
+    redis.zsets[SCHEDULED] = {"kj-cron-ok": 1.0, "kj-cron-no-hash": 2.0}
+    redis.keys.update({"rq:job:kj-cron-ok", "rq:job:kj-cron-no-slot"})
+    ids = ["kj-cron-ok", "kj-cron-no-hash", "kj-cron-no-slot", "kj-cron-neither"]
+    assert scheduler.missing_cron_entries(ids) == [
+        "kj-cron-no-hash",
+        "kj-cron-no-slot",
+        "kj-cron-neither",
+    ]
+
+
+def test_no_cron_entries_asks_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(name: str) -> Any:
+        raise AssertionError("no Redis round trip for no ids")
+
+    monkeypatch.setattr(scheduler, "get_queue", unreachable)
+    assert scheduler.missing_cron_entries([]) == []
+
+
+def test_lag_counts_overdue_messages_once_per_redis(
+    monkeypatch: pytest.MonkeyPatch, on_fake_redis: FakeRedis
+) -> None:
+    redis = on_fake_redis
+    now = time.time()
+    redis.zsets[SCHEDULED] = {"late-1": now - 300, "late-2": now - 120, "soon": now + 60}
+    monkeypatch.setattr(scheduler.project_settings, "rq_queue_names", lambda: ["default", "mail"])
+    lag = scheduler.scheduler_lag(after=60)
+    assert lag.overdue == 2  # both queues share one Redis: counted once
+    assert lag.oldest_due == pytest.approx(now - 300)
+    assert lag.scheduler_registered is False
+
+
+def test_lag_sees_a_live_scheduler_registration(
+    monkeypatch: pytest.MonkeyPatch, on_fake_redis: FakeRedis
+) -> None:
+    redis = on_fake_redis
+    redis.zsets[SCHEDULED] = {"late": time.time() - 300}
+    prefix = Scheduler.redis_scheduler_namespace_prefix
+    redis.hashes[prefix + "dead"] = {"birth": 1.0, "death": 2.0}
+    monkeypatch.setattr(scheduler.project_settings, "rq_queue_names", lambda: ["default"])
+    assert scheduler.scheduler_lag(after=60).scheduler_registered is False
+    redis.hashes[prefix + "alive"] = {"birth": 3.0}
+    assert scheduler.scheduler_lag(after=60).scheduler_registered is True
+
+
+def test_no_overdue_work_is_no_lag(
+    monkeypatch: pytest.MonkeyPatch, on_fake_redis: FakeRedis
+) -> None:
+    on_fake_redis.zsets[SCHEDULED] = {"soon": time.time() + 60}
+    monkeypatch.setattr(scheduler.project_settings, "rq_queue_names", lambda: ["default"])
+    lag = scheduler.scheduler_lag(after=60)
+    assert (lag.overdue, lag.oldest_due) == (0, None)
