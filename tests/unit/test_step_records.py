@@ -25,6 +25,8 @@ import pytest
 from kumiko_jobs import signals
 from kumiko_jobs.core.exceptions import Unrecoverable
 from kumiko_jobs.core.outcome import DeferralKind, Outcome
+from kumiko_jobs.enqueueing import followups
+from kumiko_jobs.enqueueing.followups import collecting
 from kumiko_jobs.history import rejections, run_sql
 from kumiko_jobs.models import JobRun
 from kumiko_jobs.run.state import Found, Missing, RunState
@@ -328,6 +330,54 @@ def test_a_deferral_is_scheduled_not_finished(history: History, sent: Sent) -> N
     assert update["scheduled_for"] == history.attempt["finished_at"] + timedelta(seconds=45)
     assert "error_type" not in update  # a deferral neither sets nor clears the last error
     assert sent.names() == ["job_started", "job_deferred"]
+
+
+@pytest.mark.parametrize("kind", list(DeferralKind))
+def test_a_deferral_records_what_it_waits_for(history: History, kind: DeferralKind) -> None:
+    def defer(state: RunState) -> None:
+        state.ending.defer(5, kind)
+
+    records(make_state(), Rest(defer))
+    assert history.run_update["waiting_for"] == kind
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        lambda s: s.ending.succeed(1),
+        lambda s: s.ending.fail(ValueError("x")),
+        lambda s: s.ending.retry(ValueError(), "", s.envelope.next_attempt(), 1),
+        lambda s: s.ending.drop("gone"),
+    ],
+    ids=["success", "failure", "retry", "drop"],
+)
+def test_every_other_outcome_clears_what_the_run_waited_for(
+    history: History, ending: Callable[[RunState], None]
+) -> None:
+    records(make_state(), Rest(ending))
+    assert history.run_update["waiting_for"] == ""
+
+
+def test_the_follow_up_batch_closes_once_written_so_receivers_enqueue_normally(
+    history: History,
+) -> None:
+    """A ``job_succeeded`` receiver runs after the history is written: its enqueue must not
+    join the batch, whose rows are already written (its message would go out without a row)."""
+    state = make_state()
+    seen: list[object] = []
+
+    def receiver(**kwargs: Any) -> None:
+        seen.append(followups.current())
+
+    signals.job_succeeded.connect(receiver)
+    try:
+        with collecting(state.followups):
+            records(state, succeeding())
+            assert followups.current() is None
+    finally:
+        signals.job_succeeded.disconnect(receiver)
+    assert seen == [None]
+    assert state.followups.closed
 
 
 def test_a_drop_after_the_start_writes_its_reason(history: History, sent: Sent) -> None:
