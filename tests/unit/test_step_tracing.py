@@ -199,6 +199,14 @@ def test_a_failure_without_an_exception_is_still_an_error(exporter: InMemorySpan
     assert exception_events(span) == []
 
 
+def test_an_attempt_no_step_decided_is_an_error_span(exporter: InMemorySpanExporter) -> None:
+    tracing(make_state(), ending(lambda s: None))
+    span = one_span(exporter)
+    assert span.attributes is not None
+    assert span.attributes["kumiko.job.outcome"] == "failed"
+    assert span.status.status_code is StatusCode.ERROR
+
+
 def test_a_drop_carries_its_reason(exporter: InMemorySpanExporter) -> None:
     tracing(make_state(), ending(lambda s: s.ending.drop("duplicate delivery")))
     span = one_span(exporter)

@@ -40,8 +40,9 @@ def tracing(state: RunState, call_next: Next) -> None:
             raise
         if not span.is_recording():
             return
-        outcome = state.ending.outcome
-        span.set_attribute("kumiko.job.outcome", str(outcome or Outcome.FAILED))
+        # An attempt no step decided is recorded as failed (records step): the span says the same.
+        outcome = state.ending.outcome or Outcome.FAILED
+        span.set_attribute("kumiko.job.outcome", str(outcome))
         if outcome in _FAILED:
             span.set_attribute("kumiko.job.final_attempt", outcome is Outcome.FAILED)
             if state.ending.error is not None:
