@@ -27,7 +27,6 @@ from .definition.registry import registry
 from .enqueueing.handle import RunHandle, resolve
 from .enqueueing.submit import submit
 from .models import WAITING_STATUSES, JobRun, RunStatus
-from .run import cancellation
 
 logger = logging.getLogger("kumiko_jobs.operations")
 
@@ -168,7 +167,9 @@ def _cancel_flag_ttl(job_name: str) -> int:
 
 def _publish_cancel(run_hex: str, who: str, ttl: int) -> None:
     try:
-        cancellation.publish(transport.connection_for(conf.get().DEFAULT_QUEUE), run_hex, who, ttl)
+        transport.request_cancel(
+            transport.connection_for(conf.get().DEFAULT_QUEUE), run_hex, who, ttl
+        )
     except Exception as exc:
         # The request is on the row; only its way to the worker failed. Asking again re-sends it.
         logger.error("could not send the cancellation of run %s to the workers: %r", run_hex, exc)

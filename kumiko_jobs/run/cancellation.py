@@ -16,22 +16,12 @@ import logging
 import signal
 from typing import Any
 
-from .. import transport
-
 logger = logging.getLogger("kumiko_jobs.cancellation")
 
-KEY_PREFIX = transport.CANCEL_KEY  # + run id (hex) -> who asked
 # Sent by a forking worker to its work horse when the run it executes is to be cancelled.
 SIGNAL = signal.SIGUSR1
 # Run ids (hex) whose cancellation reached this process, with who asked ("" when unknown).
 _requested: dict[str, str] = {}
-
-
-def key_for(run_id: str) -> str:
-    """The Redis key holding who asked to cancel ``run_id``: the worker's beat reads it to find
-    cancellations of the runs it executes.
-    """
-    return KEY_PREFIX + run_id
 
 
 def mark(run_id: str, who: str) -> None:
@@ -49,11 +39,6 @@ def forget(run_id: str) -> None:
 def requested_by(run_id: str) -> str | None:
     """Who asked to cancel ``run_id`` ("" if unknown), or None when nobody did (yet)."""
     return _requested.get(run_id)
-
-
-def publish(redis: Any, run_id: str, who: str, ttl: int) -> None:
-    """Tell the workers (the Redis key their beats read); expires after ``ttl`` seconds."""
-    redis.set(key_for(run_id), who or "-", ex=max(ttl, 1))
 
 
 # The run the work horse in this process executes (set in the horse only).

@@ -39,7 +39,7 @@ from .keys import (
     WORKER_KEY,
     WORKERS_SINCE_KEY,
 )
-from .live_workers import Liveness, beat, goodbye, liveness
+from .live_workers import Liveness, beat, goodbye, liveness, request_cancel
 from .pushing import push, push_many
 from .queues import (
     DelayedSet,
@@ -161,6 +161,7 @@ __all__ = [
     "redis_identity",
     "register_cron",
     "release_rate_limit_slot",
+    "request_cancel",
     "scheduled_job_ids",
     "scheduler_for",
     "scheduler_lag",

@@ -49,6 +49,12 @@ def beat(redis: Any, worker: str, rq_job_id: str, dead_after: int) -> str | None
     return decoded(replies[-1]) or ""
 
 
+def request_cancel(redis: Any, run_id: str, who: str, ttl: int) -> None:
+    """Ask the worker executing ``run_id`` (hex) to cancel it: the key its ``beat`` reads, saying
+    who asked ("-" when nobody is named); it expires after ``ttl`` seconds."""
+    redis.set(CANCEL_KEY + run_id, who or "-", ex=max(ttl, 1))
+
+
 def goodbye(redis: Any, worker: str) -> None:
     """``worker`` stopped: its keys go now, so nobody waits for them to expire (a failure to say
     so is ignored: the key's TTL ends it anyway)."""

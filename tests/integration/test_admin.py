@@ -534,8 +534,6 @@ def test_operator_sees_escape_hatch_uses_read_only(operator):
 
 
 def test_cancel_action_asks_a_running_run_to_stop(operator, history, redis_conn):
-    from kumiko_jobs.run import cancellation
-
     run_id = history.t2_waiting.run_id
     # As the records step marks a run the moment a worker starts it.
     JobRun.objects.filter(pk=run_id).update(status=RunStatus.RUNNING)
@@ -549,5 +547,5 @@ def test_cancel_action_asks_a_running_run_to_stop(operator, history, redis_conn)
     # Still running: the worker's beat carries the request to the job, which ends the run.
     assert run.status == RunStatus.RUNNING
     assert run.cancel_requested_by == "operator" and run.cancel_requested_at is not None
-    assert redis_conn.get(cancellation.key_for(run_id)) == b"operator"
-    assert redis_conn.ttl(cancellation.key_for(run_id)) > 0
+    assert redis_conn.get(transport.CANCEL_KEY + run_id) == b"operator"
+    assert redis_conn.ttl(transport.CANCEL_KEY + run_id) > 0
