@@ -33,7 +33,7 @@ from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
 from psycopg import ServerCursor, errors
 
-from ..core import conf, project_settings, session
+from ..core import conf, idle_connections, project_settings, session
 from ..core.exceptions import DatabaseAccessDenied
 from . import role_names
 from .watch import Watch, current_watch, watching
@@ -100,6 +100,11 @@ def wrapper_for(alias: str, tenant_pk: Any, suffix: str = "") -> Any:
     wrapper = pool.pop(key, None)
     if wrapper is None:
         wrapper = _new_wrapper(alias, role)
+    else:
+        # Ended by PostgreSQL while pooled (a restart, idle_session_timeout): closed here, before
+        # the run sends anything, so the wrapper logs in anew as the same role at its first
+        # statement, where the run's guard adopts it (core.idle_connections).
+        idle_connections.close_if_died(wrapper)
     pool[key] = wrapper
     while len(pool) > conf.get().DB_ROLE_POOL_SIZE:
         _, evicted = pool.popitem(last=False)

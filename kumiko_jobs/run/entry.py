@@ -17,7 +17,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .. import transport
-from ..core import conf
+from ..core import conf, idle_connections
 from ..core import envelope as envelope_mod
 from ..core.current import job_alarm
 from ..core.exceptions import EnvelopeError, JobNotRegistered
@@ -148,6 +148,9 @@ def run_state(state: RunState, *, push: bool = True) -> None:
     global _pipeline
     if _pipeline is None:
         _pipeline = build_pipeline()
+    # Before the history's first statement: a kept connection that PostgreSQL ended while the
+    # worker was idle is replaced, not failed on (core.idle_connections).
+    idle_connections.close_dead()
     with running(state):
         _pipeline(state)
     if push:

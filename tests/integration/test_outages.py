@@ -207,6 +207,43 @@ def test_postgresql_restart_while_a_worker_runs(own_postgres, tmp_path):
         pool.stop_all()
 
 
+def test_a_postgresql_restart_while_the_worker_idles_costs_no_run_an_attempt(
+    own_postgres, tmp_path
+):
+    """The restart ends the worker's kept sessions, its own (the history's) and the tenant
+    login it pooled (DB_ROLES): the next run connects anew and succeeds on its first attempt
+    (core.idle_connections). test_dead_connections kills single sessions on the shared server."""
+    server, name = own_postgres
+    env = worker_env()
+    env["DATABASE_URL"] = server.url(name)
+    pool = Workers(tmp_path)
+    try:
+        with default_connection_on(server, name):
+            call_command("kumiko_jobs", "roles", stdout=io.StringIO())
+            worker = pool.start(env=env)
+            before = jobs.probe.enqueue(tenant="t1", tag="before")
+            pool.wait_for("a first run", lambda: status(before.run_id) == RunStatus.SUCCEEDED)
+            connections["default"].close()
+
+            server.stop()
+            server.start()
+
+            after = jobs.probe.enqueue(tenant="t1", tag="after")
+            pool.wait_for(
+                "the run after the restart to end",
+                lambda: status(after.run_id) not in ("queued", "running"),
+            )
+            run = JobRun.objects.get(pk=after.run_id)
+            assert (run.status, run.attempts) == (RunStatus.SUCCEEDED, 1), (
+                run.error_message,
+                pool.logs(),
+            )
+            assert sorted(p.tag for p in probes("t1")) == ["after", "before"]
+            assert worker.poll() is None
+    finally:
+        pool.stop_all()
+
+
 # --------------------------------------------------------------------------- own Redis
 
 
