@@ -228,6 +228,16 @@ class JobFailure(models.Model):
                 fields=("schema_name", "job_name", "subject"), name="kj_failure_one_per_subject"
             ),
         )
+        indexes = (
+            # The operators' failures list at hundreds of thousands of rows (migration 0014,
+            # built CONCURRENTLY; docs/observability.md, "History at scale"): the list's order
+            # (failed_at DESC, id DESC: the admin adds the pk as tie-break) and the same by
+            # job, so a page is an index range read, not a sort of the table. The job one also
+            # lists the job filter's names by a loose index scan (admin/filters.py); a tenant's
+            # rows are found by the unique constraint's index, which starts with schema_name.
+            models.Index(fields=("failed_at", "id"), name="kj_failure_recent"),
+            models.Index(fields=("job_name", "failed_at", "id"), name="kj_failure_job_recent"),
+        )
 
     def __str__(self) -> str:
         return f"{self.job_name} {self.subject}: {self.message_key}"

@@ -16,6 +16,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -117,6 +118,14 @@ def _signature(definition: JobDefinition) -> str:
     return ", ".join(parts)
 
 
+def _tenants() -> QuerySet[Any]:
+    """The project's tenants, without the public schema's row (it is no tenant)."""
+    tenants: QuerySet[Any] = get_tenant_model().objects.exclude(
+        schema_name=project_settings.public_schema_name()
+    )
+    return tenants
+
+
 def _manual_job_rows() -> list[dict[str, Any]]:
     # Plain dicts: templates call callables, and a JobDefinition is callable.
     return [
@@ -133,7 +142,13 @@ def _manual_job_rows() -> list[dict[str, Any]]:
 class RunJobForm(forms.Form):
     """The job, its tenant (empty for a system job) and its arguments as a JSON object; valid only
     when the arguments bind to the job's signature.
+
+    Up to ``MAX_TENANT_CHOICES`` tenants the tenant is a select; beyond, a text input for the
+    schema name, checked against the tenant model with one indexed query: ten thousand options
+    would load every tenant row and render a page no one can scroll.
     """
+
+    MAX_TENANT_CHOICES = 100
 
     job = forms.ChoiceField(label=_("Job"))
     tenant = forms.ChoiceField(
@@ -155,17 +170,44 @@ class RunJobForm(forms.Form):
             (d.name, f"{d.name} — {d.description}" if d.description else d.name)
             for d in manual_jobs()
         ]
-        tenants = (
-            get_tenant_model()
-            .objects.exclude(schema_name=project_settings.public_schema_name())
-            .order_by("schema_name")
-        )
+        # One more than the select may hold: enough to know whether it would overflow.
+        tenants = list(_tenants().order_by("schema_name")[: self.MAX_TENANT_CHOICES + 1])
+        self.tenant_as_input = len(tenants) > self.MAX_TENANT_CHOICES
+        if self.tenant_as_input:
+            self.fields["tenant"] = forms.CharField(
+                label=_("Tenant"),
+                required=False,
+                max_length=63,  # PostgreSQL's longest identifier, a schema name's bound
+                widget=forms.TextInput(
+                    attrs={"placeholder": gettext("schema name"), "spellcheck": "false"}
+                ),
+                help_text=_("The tenant's schema name. Leave empty for a system job."),
+            )
+            return
         tenant_field = self.fields["tenant"]
         assert isinstance(tenant_field, forms.ChoiceField)
         tenant_field.choices = [
             ("", "—"),
             *((t.schema_name, f"{t} ({t.schema_name})") for t in tenants),
         ]
+
+    def clean_tenant(self) -> str:
+        """The tenant's schema name, or "" for none. A typed name must be a tenant's (one query
+        on the tenant model's unique schema name) and never the public schema, which is no
+        tenant; the select offers only tenants, so Django's choice check covered it.
+        """
+        schema = str(self.cleaned_data.get("tenant") or "").strip()
+        if not schema or not self.tenant_as_input:
+            return schema
+        if schema == project_settings.public_schema_name():
+            raise forms.ValidationError(
+                gettext("“%(schema)s” is the public schema, not a tenant's.") % {"schema": schema}
+            )
+        if not _tenants().filter(schema_name=schema).exists():
+            raise forms.ValidationError(
+                gettext("No tenant has the schema name “%(schema)s”.") % {"schema": schema}
+            )
+        return schema
 
     def clean_arguments(self) -> dict[str, Any]:
         """The arguments as a dict, with a readable error for text that is not a JSON object or is

@@ -17,9 +17,18 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from kumiko_jobs import transport
 from kumiko_jobs.admin import filters, pagination
-from kumiko_jobs.models import JobRun, RunStatus
-from tests.integration.test_admin import RUNS, client_for, make_user, text
+from kumiko_jobs.admin.run_job import RunJobForm
+from kumiko_jobs.models import JobFailure, JobRun, RunStatus
+from tests.integration.test_admin import (
+    FAILURES,
+    RUN_JOB,
+    RUNS,
+    client_for,
+    make_user,
+    text,
+)
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
@@ -49,6 +58,21 @@ def bulk_runs(
             queue="default",
             queued_at=now - timedelta(minutes=i),
             correlation_id=uuid.uuid4().hex,
+        )
+        for i in range(count)
+    )
+
+
+def bulk_failures(count: int, *, schema: str = "t1", job: str = "scale.job_a") -> list[JobFailure]:
+    now = timezone.now()
+    return JobFailure.objects.bulk_create(
+        JobFailure(
+            schema_name=schema,
+            job_name=job,
+            subject=f"invoice_id={i}",
+            message_key="billing.sync_failed",
+            failed_at=now - timedelta(minutes=i),
+            run_id=uuid.uuid4(),
         )
         for i in range(count)
     )
@@ -166,6 +190,126 @@ def test_listing_tenants_costs_one_bounded_query(operator, monkeypatch):
     # The domain lookup of the middleware and the filter's one LIMITed read of the tenants.
     listing = [sql for sql in tenant_queries if "ORDER BY" in sql]
     assert len(listing) == 1 and "LIMIT 3" in listing[0]
+
+
+# --- the failures' job filter ----------------------------------------------------------------
+
+
+def test_failure_job_filter_reads_the_names_from_an_index_for_each_audience(operator, clerk):
+    bulk_failures(3, job="scale.b_job")
+    bulk_failures(2, job="scale.a_job")
+    bulk_failures(2, schema="t2", job="scale.c_only_t2")
+    bulk_failures(1, schema="t2", job="scale.a_job")
+    expected = list(
+        JobFailure.objects.order_by("job_name").values_list("job_name", flat=True).distinct()
+    )
+    assert filters.failure_job_names() == expected
+    assert expected == ["scale.a_job", "scale.b_job", "scale.c_only_t2"]
+    with CaptureQueriesContext(connection) as captured:
+        response = operator.get(FAILURES)
+    assert filter_choices(response, "job") == expected
+    # The names come from the walk, not from reading the whole table.
+    assert not [q for q in captured.captured_queries if "DISTINCT" in q["sql"].upper()]
+    # A tenant sees its own jobs only, never another tenant's.
+    assert filters.failure_job_names("t1") == ["scale.a_job", "scale.b_job"]
+    assert filters.failure_job_names("t3") == []
+    assert filter_choices(clerk.get(FAILURES), "job") == ["scale.a_job", "scale.b_job"]
+
+
+def explain_without_seq_scans(statement: str, params: Any = ()) -> str:
+    """The plan PostgreSQL makes when it may not read the (tiny) table whole: an index that can
+    answer the statement shows up in it, or a Sort/Seq Scan if there is none."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        try:
+            cursor.execute("EXPLAIN " + statement, params)
+            return "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("RESET enable_seqscan")
+
+
+def test_failures_list_and_its_job_names_are_read_from_indexes(operator):
+    bulk_failures(3)
+    # The operators' walk over the job names: each probe a step in a job_name-led index.
+    walk = explain_without_seq_scans(
+        "SELECT job_name FROM kumiko_jobs_jobfailure WHERE job_name > 'a' ORDER BY job_name LIMIT 1"
+    )
+    assert "kj_failure_job_recent" in walk and "Sort" not in walk
+    # A tenant's walk stays in its own rows through the unique (schema, job, subject) index.
+    tenant_walk = explain_without_seq_scans(
+        "SELECT job_name FROM kumiko_jobs_jobfailure WHERE schema_name = 't1'"
+        " AND job_name > 'a' ORDER BY job_name LIMIT 1"
+    )
+    assert "kj_failure_one_per_subject" in tenant_walk and "Sort" not in tenant_walk
+    # The list's pages, plain and by job, in the list's order without sorting the table.
+    with CaptureQueriesContext(connection) as captured:
+        operator.get(FAILURES)
+        operator.get(FAILURES, {"job": "scale.job_a"})
+    pages = [
+        q["sql"]
+        for q in captured.captured_queries
+        if 'ORDER BY "kumiko_jobs_jobfailure"."failed_at" DESC' in q["sql"]
+        and "COUNT(" not in q["sql"].upper()
+    ]
+    assert len(pages) == 2
+    plain, by_job = (explain_without_seq_scans(sql) for sql in pages)
+    assert "kj_failure_recent" in plain and "Sort" not in plain
+    assert "kj_failure_job_recent" in by_job and "Sort" not in by_job
+
+
+# --- the run-job form's tenant ----------------------------------------------------------------
+
+
+def test_run_job_form_offers_a_select_for_few_tenants_and_an_input_for_many(operator, monkeypatch):
+    few = text(operator.get(RUN_JOB))
+    assert '<select name="tenant"' in few
+    assert '<option value="t1">' in few and '<option value="t3">' in few
+    assert '<option value="public">' not in few
+
+    monkeypatch.setattr(RunJobForm, "MAX_TENANT_CHOICES", 2)
+    with CaptureQueriesContext(connection) as captured:
+        many = text(operator.get(RUN_JOB))
+    assert '<select name="tenant"' not in many
+    assert '<input type="text" name="tenant"' in many
+    assert '<option value="t1">' not in many
+    # The tenants are read once, only as many as tell that the select would overflow.
+    listing = [q["sql"] for q in captured.captured_queries if "customers_client" in q["sql"]]
+    listing = [sql for sql in listing if "ORDER BY" in sql]
+    assert len(listing) == 1 and "LIMIT 3" in listing[0]
+
+
+@pytest.mark.parametrize(
+    ("tenant", "error"),
+    [
+        ("no_such_tenant", "No tenant has the schema name “no_such_tenant”."),
+        ("public", "“public” is the public schema, not a tenant&#x27;s."),
+        ("", "Choose the tenant"),
+    ],
+)
+def test_typed_tenant_must_be_a_tenant_and_nothing_is_enqueued_otherwise(
+    operator, monkeypatch, tenant, error
+):
+    monkeypatch.setattr(RunJobForm, "MAX_TENANT_CHOICES", 2)
+    data = {"job": "billing.sync_invoice", "tenant": tenant, "arguments": '{"invoice_id": 7}'}
+    response = operator.post(RUN_JOB, data)
+    assert response.status_code == 200
+    assert error in text(response)
+    assert not JobRun.objects.exists()
+    assert transport.queue_length("default") == 0
+
+
+def test_typed_tenant_enqueues_the_job_in_that_tenant(operator, monkeypatch):
+    monkeypatch.setattr(RunJobForm, "MAX_TENANT_CHOICES", 2)
+    data = {"job": "billing.sync_invoice", "tenant": " t2 ", "arguments": '{"invoice_id": 7}'}
+    response = operator.post(RUN_JOB, data)
+    run = JobRun.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"{RUNS}{run.run_id}/change/"
+    assert (run.job_name, run.schema_name, run.payload) == (
+        "billing.sync_invoice",
+        "t2",
+        {"invoice_id": 7},
+    )
+    assert transport.queue_length("default") == 1
 
 
 # --- search ----------------------------------------------------------------------------------

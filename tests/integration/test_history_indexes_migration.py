@@ -1,4 +1,5 @@
-"""Migration 0010 builds its indexes without stopping writes to the run table (issue 15).
+"""Migration 0010 builds its indexes without stopping writes to the run table (issue 15); 0014,
+the failures' indexes, is built the same way.
 
 The test holds a transaction that has written a run (as a worker mid-run does), so an index
 build must wait for it, and while the build waits a third session inserts another run:
@@ -34,7 +35,6 @@ INSERT = (
     " cancel_requested_by) VALUES (%s, 'test.lock', 't1', '', 'queued', 'default', 0, 1, 0, 0,"
     " now(), '', '', '', '', '{}', '{}', '', '', '', '')"
 )
-MIGRATION = importlib.import_module("kumiko_jobs.migrations.0010_history_indexes")
 
 
 def session() -> psycopg.Connection[Any]:
@@ -46,9 +46,9 @@ def session() -> psycopg.Connection[Any]:
     return conn
 
 
-def index_statements() -> list[str]:
+def index_statements(migration: str = "0010") -> list[str]:
     out = io.StringIO()
-    call_command("sqlmigrate", "kumiko_jobs", "0010", stdout=out)
+    call_command("sqlmigrate", "kumiko_jobs", migration, stdout=out)
     return [line.strip() for line in out.getvalue().splitlines() if "CREATE INDEX" in line]
 
 
@@ -102,11 +102,13 @@ def insert_from_another_session() -> None:
         other.close()
 
 
-def test_migration_0010_is_non_atomic_and_builds_every_index_concurrently():
-    assert MIGRATION.Migration.atomic is False
-    index_ops = [op for op in MIGRATION.Migration.operations if not isinstance(op, RunPython)]
+@pytest.mark.parametrize("name", ["0010_history_indexes", "0014_failure_indexes"])
+def test_migration_is_non_atomic_and_builds_every_index_concurrently(name):
+    migration = importlib.import_module(f"kumiko_jobs.migrations.{name}")
+    assert migration.Migration.atomic is False
+    index_ops = [op for op in migration.Migration.operations if not isinstance(op, RunPython)]
     assert index_ops and all(isinstance(op, AddIndexConcurrently) for op in index_ops)
-    statements = index_statements()
+    statements = index_statements(name[:4])
     assert len(statements) == len(index_ops)
     assert all(s.startswith("CREATE INDEX CONCURRENTLY") for s in statements), statements
 
