@@ -45,7 +45,6 @@ from kumiko_jobs import transport
 from kumiko_jobs.definition.registry import registry
 from kumiko_jobs.enqueueing.schedules import schedule_id
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.run import cancellation
 from kumiko_jobs.worker import boot
 from tests.conftest import TENANTS, probes
 from tests.integration.test_outages import _start_scheduler
@@ -378,8 +377,8 @@ def _check_round(
     # kumiko's other keys go through the same Sentinel-built clients, to the new primary.
     token = transport.dataset_token(boot.DATASET_KEY, "after-failover")
     assert client.get(boot.DATASET_KEY) == token.encode()
-    cancellation.publish(transport.connection_for("default"), "f" * 32, "operator", 60)
-    assert client.get(cancellation.key_for("f" * 32)) == b"operator"
+    transport.request_cancel(transport.connection_for("default"), "f" * 32, "operator", 60)
+    assert client.get(transport.CANCEL_KEY + "f" * 32) == b"operator"
     assert transport.scheduler_lag(60).overdue == 0
 
 

@@ -28,7 +28,6 @@ from django.utils import timezone
 from bench import soak
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
-from kumiko_jobs.run import cancellation
 from kumiko_jobs.worker.relay import pending_rq_job_ids, relay_pending
 from kumiko_jobs.worker.sweep import sweep_abandoned
 from tests.conftest import ROOT, probes, work, worker_env
@@ -303,7 +302,7 @@ def test_sweep_waits_while_liveness_is_unknown(tenants, redis_conn):
 
 def test_a_beat_names_the_job_and_brings_its_runs_cancellation(redis_conn):
     """The worker's beat (transport.beat): what the sweep reads, and the cancellation it
-    carries back from the key an operator's request writes (run/cancellation.publish)."""
+    carries back from the key an operator's request writes (transport.request_cancel)."""
     run_hex = "a" * 32
     job_id = f"kj-{run_hex}-a1-d0-g0"
     assert transport.beat(redis_conn, "w1", "", 30) is None  # idle: no run to cancel
@@ -313,9 +312,9 @@ def test_a_beat_names_the_job_and_brings_its_runs_cancellation(redis_conn):
     assert 0 < redis_conn.ttl(transport.WORKER_KEY + "w1") <= 30
     assert redis_conn.smembers(transport.LIVE_WORKERS) == {b"w1"}
     assert redis_conn.exists(transport.WORKERS_SINCE_KEY)
-    cancellation.publish(redis_conn, run_hex, "operator", 30)
+    transport.request_cancel(redis_conn, run_hex, "operator", 30)
     assert transport.beat(redis_conn, "w1", job_id, 30) == "operator"
-    cancellation.publish(redis_conn, "b" * 32, "", 30)  # who asked is unknown: "-"
+    transport.request_cancel(redis_conn, "b" * 32, "", 30)  # who asked is unknown: "-"
     assert transport.beat(redis_conn, "w1", f"kj-{'b' * 32}-a2-d0-g0", 30) == "-"
 
     transport.goodbye(redis_conn, "w1")
