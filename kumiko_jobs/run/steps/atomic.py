@@ -15,12 +15,13 @@ docs/reliability.md, "Exactly once for database-only jobs", says what such a job
 
 from __future__ import annotations
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.utils import timezone
 
 from ...core import session
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
+from ...guard import search_path
 from ...history import run_sql
 from ..pipeline import Next
 from ..state import RunState
@@ -35,6 +36,8 @@ def atomic(state: RunState, call_next: Next) -> None:
     if not state.definition.atomic or state.tenant is None:
         call_next(state)
         return
+    # The body's search path, set (if it must be) before the transaction: kept for later runs.
+    search_path.settle(connections[DEFAULT_DB_ALIAS])
     with transaction.atomic(using=DEFAULT_DB_ALIAS):
         # The runner's own statements on the tenant login: known, so they do not make the
         # session count as touched past the guard (which would reset it after every run).
