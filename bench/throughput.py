@@ -573,7 +573,8 @@ def profile_drain(variant: Variant, tenants: Sequence[Any], jobs: int, stamp: st
     reset(tenants)
     enqueue(tenants, jobs)
     queue = variant.queue()
-    worker = worker_class([queue], connection=queue.connection)
+    # The queue's serializer, as drain() passes it: (a)'s messages are JSON, not pickle.
+    worker = worker_class([queue], connection=queue.connection, serializer=queue.serializer)
     return profiled(
         f"drain-{variant.key}",
         lambda: worker.work(burst=True, logging_level="WARNING"),
