@@ -290,6 +290,64 @@ def drain(worker_class: type, queue: Any) -> float:
     return time.perf_counter() - started
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _backend_cpu_seconds() -> float | None:
+    """CPU time (user + system) of this database's client backends so far, read from ``/proc``.
+
+    Only when PostgreSQL runs on this machine and its processes are readable (the bench's
+    user is root, or postgres): otherwise None. Counts the backends of every connection to
+    the bench database, the tenant roles' included; a backend that exits during a drain (a
+    tenant connection evicted from the pool) takes its CPU with it.
+    """
+    from django.db import connection
+
+    connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants adds it
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND backend_type = 'client backend'"
+        )
+        pids = [row[0] for row in cursor.fetchall()]
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS  # utime, stime
+    return total
+
+
+@dataclass(frozen=True)
+class Drained:
+    seconds: float  # wall clock
+    worker_cpu: float  # this process's CPU time (user + system, all threads)
+    database_cpu: float | None  # PostgreSQL's client backends' CPU time, None: not readable
+
+
+def drain_measured(worker_class: type, queue: Any) -> Drained:
+    """``drain``, with the CPU time the worker process and PostgreSQL spent on it.
+
+    CPU time per job moves far less with the machine's load than the wall clock does: on a
+    shared machine it tells a cut in work from a quieter minute. (Redis's CPU is not counted:
+    its server is shared by every user of the machine.)
+    """
+    database_before = _backend_cpu_seconds()
+    cpu_before = time.process_time()
+    seconds = drain(worker_class, queue)
+    worker_cpu = time.process_time() - cpu_before
+    database_after = _backend_cpu_seconds()
+    database_cpu = (
+        database_after - database_before
+        if database_before is not None and database_after is not None
+        else None
+    )
+    return Drained(seconds, worker_cpu, database_cpu)
+
+
 def _rq_simple_worker() -> type:
     from rq import SimpleWorker
 
@@ -364,6 +422,8 @@ class Measurement:
     ok: bool = True
     problem: str = ""
     tenant_connects: int = 0  # tenant-role connections the drain opened (in-process only)
+    worker_cpu_seconds: float | None = None  # the drain's CPU time in this process
+    database_cpu_seconds: float | None = None  # ... and in PostgreSQL's backends
 
     @property
     def enqueue_rate(self) -> float:
@@ -372,6 +432,13 @@ class Measurement:
     @property
     def drain_rate(self) -> float | None:
         return self.jobs / self.drain_seconds if self.drain_seconds else None
+
+    @property
+    def cpu_ms_per_job(self) -> float | None:
+        """Worker and PostgreSQL CPU per drained job (None: the database's was not readable)."""
+        if self.worker_cpu_seconds is None or self.database_cpu_seconds is None:
+            return None
+        return 1000 * (self.worker_cpu_seconds + self.database_cpu_seconds) / self.jobs
 
 
 def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) -> Measurement:
@@ -387,7 +454,7 @@ def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) ->
 
     enqueue_seconds = enqueue(tenants, jobs)
     connects = tenant_connections.connects()
-    drain_seconds = drain(worker, variant.queue())
+    drained = drain_measured(worker, variant.queue())
     connects = tenant_connections.connects() - connects
     problems = []
     rows = written_rows(tenants)
@@ -399,10 +466,12 @@ def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) ->
         variant.key,
         jobs,
         enqueue_seconds,
-        drain_seconds,
+        drained.seconds,
         not problems,
         "; ".join(problems),
         connects,
+        drained.worker_cpu,
+        drained.database_cpu,
     )
 
 
@@ -504,7 +573,8 @@ def profile_drain(variant: Variant, tenants: Sequence[Any], jobs: int, stamp: st
     reset(tenants)
     enqueue(tenants, jobs)
     queue = variant.queue()
-    worker = worker_class([queue], connection=queue.connection)
+    # The queue's serializer, as drain() passes it: (a)'s messages are JSON, not pickle.
+    worker = worker_class([queue], connection=queue.connection, serializer=queue.serializer)
     return profiled(
         f"drain-{variant.key}",
         lambda: worker.work(burst=True, logging_level="WARNING"),
@@ -584,6 +654,27 @@ def summarize(measurements: Sequence[Measurement]) -> dict[str, Any]:
     per_round = [ratio(b, a) for a, b in zip(a_rates, b_rates, strict=False)]
     d_rates = [m.drain_rate for m in measurements if m.key == "d"]
     d_per_round = [ratio(d, a) for a, d in zip(a_rates, d_rates, strict=False)]
+    # The same pairing on CPU per job (worker and PostgreSQL): a's CPU over b's, so that it
+    # reads like the throughput ratio (above 1: b costs less than a).
+    a_cpu = [m.cpu_ms_per_job for m in measurements if m.key == "a"]
+    b_cpu = [m.cpu_ms_per_job for m in measurements if m.key == "b"]
+    d_cpu = [m.cpu_ms_per_job for m in measurements if m.key == "d"]
+    cpu_b_per_round = [ratio(a, b) for a, b in zip(a_cpu, b_cpu, strict=False)]
+    cpu_d_per_round = [ratio(a, d) for a, d in zip(a_cpu, d_cpu, strict=False)]
+
+    def cpu_parts(key: str) -> dict[str, float | None]:
+        of_key = [m for m in measurements if m.key == key and m.drain_seconds is not None]
+        return {
+            "worker_ms_per_job": median(
+                None if m.worker_cpu_seconds is None else 1000 * m.worker_cpu_seconds / m.jobs
+                for m in of_key
+            ),
+            "database_ms_per_job": median(
+                None if m.database_cpu_seconds is None else 1000 * m.database_cpu_seconds / m.jobs
+                for m in of_key
+            ),
+        }
+
     return {
         "drain_jobs_per_s": drain,
         "enqueue_jobs_per_s": enqueue,
@@ -593,6 +684,11 @@ def summarize(measurements: Sequence[Measurement]) -> dict[str, Any]:
         "b_over_c": ratio(drain["b"], drain["c"]),
         "d_over_a": median(d_per_round),
         "d_over_a_per_round": d_per_round,
+        "cpu": {v.key: cpu_parts(v.key) for v in VARIANTS},
+        "cpu_b_over_a": median(cpu_b_per_round),
+        "cpu_b_over_a_per_round": cpu_b_per_round,
+        "cpu_d_over_a": median(cpu_d_per_round),
+        "cpu_d_over_a_per_round": cpu_d_per_round,
         "enqueue_kumiko_over_plain": ratio(enqueue["kumiko"], enqueue["plain"]),
         "enqueue_kumiko_over_plain_reused": ratio(enqueue["kumiko"], enqueue["plain_reused"]),
         "enqueue_kumiko_atomic_over_plain": ratio(enqueue["kumiko_atomic"], enqueue["plain"]),
@@ -638,6 +734,21 @@ def print_report(results: Results) -> None:
     if s.get("d_over_a") is not None:
         rounds_text = ", ".join(_num(r, ".2f") for r in s["d_over_a_per_round"])
         print(f"  drain    d/a = {s['d_over_a']:.2f}   (atomic=True; per round {rounds_text})")
+    if s.get("cpu_b_over_a") is not None:
+        rounds_text = ", ".join(_num(r, ".2f") for r in s["cpu_b_over_a_per_round"])
+        print(
+            f"  CPU      b/a = {s['cpu_b_over_a']:.2f}   (a's CPU per job over b's; "
+            f"per round {rounds_text})"
+        )
+        if s.get("cpu_d_over_a") is not None:
+            rounds_text = ", ".join(_num(r, ".2f") for r in s["cpu_d_over_a_per_round"])
+            print(f"  CPU      d/a = {s['cpu_d_over_a']:.2f}   (per round {rounds_text})")
+        for key, parts in s["cpu"].items():
+            if parts["worker_ms_per_job"] is not None:
+                print(
+                    f"  CPU ms per job ({key}): worker {_num(parts['worker_ms_per_job'], '.3f')}, "
+                    f"PostgreSQL {_num(parts['database_ms_per_job'], '.3f')} (medians)"
+                )
     if s["b_over_c"] is not None:
         print(f"  drain    b/c = {s['b_over_c']:.2f}   (in-process worker against a fork per job)")
     enq = s["enqueue_kumiko_over_plain"]
@@ -766,10 +877,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"round {round_}: ({variant.key}) {variant.label} ...", end=" ", flush=True)
                 m = measure(variant, tenants, args.jobs, args.warmup)
                 measurements.append(m)
+                cpu = m.cpu_ms_per_job
                 print(
-                    f"drain {m.drain_rate:.1f} jobs/s; {ENQUEUES[variant.enqueue][0]} "
-                    f"{m.enqueue_rate:.0f} jobs/s; {m.tenant_connects} tenant connects"
-                    + ("" if m.ok else f"  WARNING: {m.problem}"),
+                    f"drain {m.drain_rate:.1f} jobs/s"
+                    + ("" if cpu is None else f" ({cpu:.2f} ms CPU per job)")
+                    + f"; {ENQUEUES[variant.enqueue][0]} "
+                    f"{m.enqueue_rate:.0f} jobs/s; {m.tenant_connects} tenant connects; "
+                    f"load {os.getloadavg()[0]:.2f}" + ("" if m.ok else f"  WARNING: {m.problem}"),
                     flush=True,
                 )
             if "a" in args.only:
@@ -778,7 +892,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 label = ENQUEUES["plain_reused"][0]
                 print(f"round {round_}: {label} {m.enqueue_rate:.0f} jobs/s", flush=True)
         results.measurements = [
-            {**asdict(m), "enqueue_rate": m.enqueue_rate, "drain_rate": m.drain_rate}
+            {
+                **asdict(m),
+                "enqueue_rate": m.enqueue_rate,
+                "drain_rate": m.drain_rate,
+                "cpu_ms_per_job": m.cpu_ms_per_job,
+            }
             for m in measurements
         ]
         results.summary = summarize(measurements)

@@ -135,5 +135,6 @@ def extra_search_paths() -> tuple[str, ...]:
 
 def limit_set_calls() -> bool:
     """django-tenants' ``TENANT_LIMIT_SET_CALLS``: it sets the search path once per request
-    instead of before every query. (No reader in the package yet; tests pin its default.)"""
+    instead of before every query. guard/search_path.py sets a tenant login's path ahead of an
+    atomic run's transaction only then (without it this would add a statement)."""
     return bool(getattr(settings, "TENANT_LIMIT_SET_CALLS", False))

@@ -35,7 +35,7 @@ from psycopg import ServerCursor, errors
 
 from ..core import conf, idle_connections, project_settings, session
 from ..core.exceptions import DatabaseAccessDenied
-from . import role_names
+from . import role_names, search_path
 from .watch import Watch, current_watch, watching
 
 ROLE_ATTRIBUTE = "kumiko_db_role"
@@ -123,7 +123,8 @@ def _new_wrapper(alias: str, role: str) -> Any:
     options.pop("assume_role", None)
     options.pop("pool", None)
     settings["OPTIONS"] = options
-    wrapper = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, alias)
+    # It serves one tenant: its search path is set once, not again for every run.
+    wrapper = search_path.keeping(load_backend(settings["ENGINE"]).DatabaseWrapper)(settings, alias)
     setattr(wrapper, ROLE_ATTRIBUTE, role)
     original = wrapper.get_new_connection
 

@@ -249,26 +249,44 @@ def end_stray_transaction() -> bool:
     return True
 
 
-def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> None:
-    """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement."""
+@dataclass(frozen=True, slots=True)
+class _FinishStatement:
+    sql: str
+    attempt_fields: tuple[Any, ...]
+    run_fields: tuple[Any, ...]
+
+
+@functools.cache
+def _finish_statement(
+    attempt_names: tuple[str, ...], run_names: tuple[str, ...], commit_mode: str
+) -> _FinishStatement:
+    """The finish for these columns, built once per combination (a handful: the outcomes)."""
     qn = connection.ops.quote_name
     a_meta, r_meta = JobAttempt._meta, JobRun._meta
-    a_fields: list[Any] = [a_meta.get_field(name) for name in attempt]
-    r_fields: list[Any] = [r_meta.get_field(name) for name in run_update]
-    params: list[Any] = [f.get_db_prep_save(attempt[f.name], connection) for f in a_fields]
-    params += [f.get_db_prep_save(run_update[f.name], connection) for f in r_fields]
-    params.append(uuid.UUID(run_id))
+    a_fields: tuple[Any, ...] = tuple(a_meta.get_field(name) for name in attempt_names)
+    r_fields: tuple[Any, ...] = tuple(r_meta.get_field(name) for name in run_names)
     sql = (
         f"WITH attempt AS (INSERT INTO {_qualified(a_meta.db_table)} "
         f"({', '.join(qn(f.column) for f in a_fields)}) "
         f"VALUES ({', '.join(['%s'] * len(a_fields))})) "
         f"UPDATE {_qualified(r_meta.db_table)} SET "
         f"{', '.join(f'{qn(f.column)} = %s' for f in r_fields)} "
-        f"FROM {_commit_mode()} AS commit_mode "
+        f"FROM {commit_mode} AS commit_mode "
         f"WHERE {qn(str(r_meta.pk.column))} = %s"
     )
+    return _FinishStatement(sql, a_fields, r_fields)
+
+
+def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> None:
+    """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement."""
+    statement = _finish_statement(tuple(attempt), tuple(run_update), _commit_mode())
+    params: list[Any] = [
+        f.get_db_prep_save(attempt[f.name], connection) for f in statement.attempt_fields
+    ]
+    params += [f.get_db_prep_save(run_update[f.name], connection) for f in statement.run_fields]
+    params.append(uuid.UUID(run_id))
     with public_cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(statement.sql, params)
 
 
 def finish_in_transaction(

@@ -225,3 +225,22 @@ def raw_write_registry_in_global_writes(ctx: JobContext) -> None:
         connection.connection.execute(
             "UPDATE public.customers_client SET name = 'renamed-by-t1' WHERE schema_name = 't2'"
         )
+
+
+@job(atomic=True)
+def role_whoami_atomic(ctx: JobContext) -> None:
+    """``role_whoami`` in one transaction with its success (``@job(atomic=True)``)."""
+    _note("identity", _identity())
+    _note("secrets", ",".join(Secret.objects.values_list("value", flat=True)))
+
+
+@job
+def roll_back_under_the_path(ctx: JobContext) -> None:
+    """The body's first query opens a transaction (django-tenants' ``SET search_path`` is sent
+    inside it), and a raw ``ROLLBACK`` ends it behind Django's back: the server's path is gone,
+    while django-tenants still counts it as set for the rest of this run."""
+    from django.db import transaction
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.execute("ROLLBACK")

@@ -15,12 +15,13 @@ docs/reliability.md, "Exactly once for database-only jobs", says what such a job
 
 from __future__ import annotations
 
-from django.db import DatabaseError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.utils import timezone
 
 from ...core import session
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
+from ...guard import search_path
 from ...history import run_sql
 from ..pipeline import Next
 from ..state import RunState
@@ -35,6 +36,8 @@ def atomic(state: RunState, call_next: Next) -> None:
     if not state.definition.atomic or state.tenant is None:
         call_next(state)
         return
+    # The body's search path, set (if it must be) before the transaction: kept for later runs.
+    search_path.settle(connections[DEFAULT_DB_ALIAS])
     with run_sql.atomic_transaction() as xid:
         call_next(state)
         if state.ending.outcome is not Outcome.SUCCEEDED or state.watch.violations:
