@@ -35,13 +35,14 @@ from typing import Any
 from bench.history_scale import (
     BUDGET_MS,
     BUSY_TENANT,
-    ROW_ID,
     Page,
     clients,
     create_tenants_and_users,
+    listed_only,
     measure_page,
     prepare_environment,
     print_page,
+    rows,
     sql,
     step,
 )
@@ -83,27 +84,11 @@ def build(tenants: int, failures: int, now: datetime) -> dict[str, float]:
     return timings
 
 
-def rows(expect: int) -> Callable[[str], str]:
-    def check(html: str) -> str:
-        found = len(ROW_ID.findall(html))
-        return "" if found == expect else f"{found} rows listed, expected {expect}"
-
-    return check
-
-
 def only(**filters: Any) -> Callable[[str], str]:
     """Every failure listed (by its run's link) matches ``filters``."""
+    from kumiko_jobs.models import JobFailure
 
-    def check(html: str) -> str:
-        from kumiko_jobs.models import JobFailure
-
-        ids = ROW_ID.findall(html)
-        if not ids:
-            return "no rows listed"
-        off = JobFailure.objects.filter(run_id__in=ids).exclude(**filters).count()
-        return f"{off} listed rows do not match {filters}" if off else ""
-
-    return check
+    return listed_only(JobFailure, "run_id", **filters)
 
 
 def form_offers_few_tenants(tenants: int) -> Callable[[str], str]:

@@ -674,26 +674,36 @@ def measure_page(page: Page, client: Any, requests: int, check: Callable[[str], 
         page.seq_scans = sorted(set(page.seq_scans) | seq)
 
 
+def rows(expect: int) -> Callable[[str], str]:
+    """A page check: the list shows ``expect`` rows."""
+
+    def check(html: str) -> str:
+        found = len(ROW_ID.findall(html))
+        return "" if found == expect else f"{found} rows listed, expected {expect}"
+
+    return check
+
+
+def listed_only(model: Any, id_field: str, **filters: Any) -> Callable[[str], str]:
+    """A page check: every row listed (by its run's link) is a ``model`` row matching
+    ``filters``, looked up by ``id_field``."""
+
+    def check(html: str) -> str:
+        ids = ROW_ID.findall(html)
+        if not ids:
+            return "no rows listed"
+        off = model.objects.filter(**{f"{id_field}__in": ids}).exclude(**filters).count()
+        return f"{off} listed rows do not match {filters}" if off else ""
+
+    return check
+
+
 def pages_to_measure(now: datetime) -> list[tuple[Page, Callable[[str], str]]]:
     from kumiko_jobs.admin.pagination import MAX_PAGES
     from kumiko_jobs.models import JobRun
 
-    def rows(expect: int) -> Callable[[str], str]:
-        def check(html: str) -> str:
-            found = len(ROW_ID.findall(html))
-            return "" if found == expect else f"{found} rows listed, expected {expect}"
-
-        return check
-
     def only(**filters: Any) -> Callable[[str], str]:
-        def check(html: str) -> str:
-            ids = ROW_ID.findall(html)
-            if not ids:
-                return "no rows listed"
-            off = JobRun.objects.filter(pk__in=ids).exclude(**filters).count()
-            return f"{off} listed rows do not match {filters}" if off else ""
-
-        return check
+        return listed_only(JobRun, "pk", **filters)
 
     rare_job = "app19.job_199"
     # As DateFieldListFilter's "Past 7 days" link writes them.
