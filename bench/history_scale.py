@@ -737,6 +737,8 @@ def pages_to_measure(now: datetime) -> list[tuple[Page, Callable[[str], str]]]:
         ),
         (Page(f"search {subject!r}", "operator", f"q={subject}"), only(subject__contains=subject)),
         (Page("search, no match", "operator", "q=no-such-subject-anywhere"), rows(0)),
+        # A value too short for a trigram, in a field no run has: nothing to find anywhere.
+        (Page("search, short value, no match", "operator", "q=nosuch=1"), rows(0)),
         (Page("search job name", "operator", f"q={rare_job}"), only(job_name=rare_job)),
         (Page(f"deep page (p={deep})", "operator", f"p={deep}"), rows(50)),
         (Page("tenant's run list", "tenant", ""), only(schema_name=BUSY_TENANT)),
@@ -748,6 +750,7 @@ def pages_to_measure(now: datetime) -> list[tuple[Page, Callable[[str], str]]]:
             Page("tenant: search", "tenant", "q=invoice_id=12"),
             only(schema_name=BUSY_TENANT, subject__contains="invoice_id=12"),
         ),
+        (Page("tenant: search, short value, no match", "tenant", "q=nosuch=1"), rows(0)),
         (Page(f"tenant: deep page (p={tenant_deep})", "tenant", f"p={tenant_deep}"), rows(50)),
     ]
 

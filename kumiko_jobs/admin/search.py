@@ -46,17 +46,22 @@ def subject_contains(word: str) -> Q:
     So for a word with ``=``, the index is asked for the value after the last ``=`` (when it
     has three characters or more: a trigram's length) and the whole word is checked on the
     rows it returns through ``LOWER(subject)``, which the index does not cover, so the planner
-    keeps it as a filter. A shorter value is no use to the index: the filter alone then, and
-    the list's own order finds the matches (short values match many rows). Other words: the
-    index on the whole word.
+    keeps it as a filter. A shorter value is no use to the index; the field name (three
+    characters or more) then is: for a field the runs have it is in millions of rows, and the
+    planner, seeing that, reads the list in its own order and filters (short values match
+    many rows); for a field no run has, the index returns nothing at once, where the list's
+    order alone would read the whole table to find no match (3 s at 10 million runs, 0.6 ms
+    now). Other words: the index on the whole word.
     """
     whole = Q(kj_subject_lower__contains=word.lower())
     if "=" not in word:
         return Q(subject__icontains=word)
-    value = word.rsplit("=", 1)[1]
-    if len(value) < 3:
-        return whole
-    return Q(subject__icontains=value) & whole
+    field, value = word.rsplit("=", 1)
+    if len(value) >= 3:
+        return Q(subject__icontains=value) & whole
+    if len(field) >= 3:
+        return Q(subject__icontains=field) & whole
+    return whole
 
 
 # One branch per job name up to this many names matching a word; beyond, one branch for them

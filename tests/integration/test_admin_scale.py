@@ -505,6 +505,48 @@ def test_tenant_search_still_looks_at_subjects_only(clerk):
     assert on_page(clerk.get(RUNS, {"q": mine.correlation_id})) == []
 
 
+def test_a_short_value_asks_the_index_for_its_field_name():
+    """``nosuch=1``: the value is too short for a trigram, the field name is not. The index is
+    asked for the field name, so a field no run has costs nothing; at 10 million runs the same
+    search, filtered in the list's order, read the whole table to find no match (3 s for an
+    operator, a 0.7 s Seq Scan for a busy tenant; 0.6 ms with the field name)."""
+    from kumiko_jobs.admin.search import operator_search, tenant_search
+
+    bulk_runs(3)
+    # The search's condition (without an ordering: the keys' query itself would find none).
+    searched = operator_search(JobRun.objects.all(), "nosuch=1")
+    plan = bitmap_only_plan(*searched.query.sql_with_params())
+    assert "kj_run_subject_trgm" in plan and "'%NOSUCH%'" in plan
+    assert DISABLED not in plan
+    # A tenant's search asks the same (here the planner may prefer the tenant's own index).
+    _, params = tenant_search(
+        JobRun.objects.filter(schema_name="t1"), "nosuch=1"
+    ).query.sql_with_params()
+    assert "%nosuch%" in params
+    # Calibration: a field name too short for a trigram leaves only the filter, which no index
+    # answers: the planner has to use a node it was told not to.
+    short = operator_search(JobRun.objects.all(), "id=1")
+    assert DISABLED in bitmap_only_plan(*short.query.sql_with_params())
+
+
+# The cost PostgreSQL gives a node it was told not to use (enable_* = off) but had to.
+DISABLED = "cost=10000000000"
+
+
+def bitmap_only_plan(statement: str, params: Any) -> str:
+    """The plan of ``statement`` when the planner may use only bitmap index scans (a tiny table is
+    otherwise best read whole): a ``DISABLED`` cost in it means some condition has no index."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute("SET enable_indexscan = off")
+        try:
+            cursor.execute("EXPLAIN " + statement, params)
+            return "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("RESET enable_seqscan")
+            cursor.execute("RESET enable_indexscan")
+
+
 def test_search_plans_use_the_indexes(operator):
     """The SQL the admin sends for a search can be answered from indexes (no Seq Scan on the
     run table), once the planner knows the table is not tiny."""
