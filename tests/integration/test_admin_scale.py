@@ -182,6 +182,32 @@ def test_many_tenants_turn_the_tenant_filter_into_an_input(operator, monkeypatch
     assert filter_choices(chosen, "tenant") == ["t2", "system (no tenant)"]
 
 
+def test_escape_hatch_uses_filter_by_tenant_through_the_same_input(operator, monkeypatch):
+    from django.utils import timezone
+
+    from kumiko_jobs.models import EscapeHatchUse
+
+    now = timezone.now()
+    for schema in ("t1", "t2", "t3"):
+        EscapeHatchUse.objects.create(
+            job_name="billing.rebuild_prices",
+            grant="global_writes",
+            reason="rebuilds the index",
+            schema_name=schema,
+            first_seen=now,
+            last_seen=now,
+        )
+    uses = "/admin/kumiko_jobs/escapehatchuse/"
+    monkeypatch.setattr(filters.TenantFilter, "MAX_CHOICES", 2)
+    many = operator.get(uses)
+    html = text(many)
+    assert 'id="kj-tenant-filter"' in html
+    assert "?tenant=t3" not in html and "?schema_name=" not in html
+    chosen = operator.get(uses, {"tenant": "t2"})
+    assert [u.schema_name for u in chosen.context["cl"].result_list] == ["t2"]
+    assert filter_choices(operator.get(uses), "job") == ["billing.rebuild_prices"]
+
+
 def test_listing_tenants_costs_one_bounded_query(operator, monkeypatch):
     monkeypatch.setattr(filters.TenantFilter, "MAX_CHOICES", 2)
     with CaptureQueriesContext(connection) as captured:
