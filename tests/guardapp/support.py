@@ -400,3 +400,20 @@ def observed(query: str, params: Any = None) -> list[tuple[Any, ...]]:
         autocommit=True,
     ) as conn:
         return list(conn.execute(query, params).fetchall())
+
+
+def run_for(tenant: Any, job: Any, mode: dict[str, Any], **kwargs: Any) -> Any:
+    """Enqueue ``job`` in ``tenant`` under the settings ``mode``, work the queue in process, and
+    return the run's row (back in public)."""
+    from django.test import override_settings
+    from django_tenants.utils import tenant_context
+
+    from kumiko_jobs.models import JobRun
+    from tests.conftest import work
+
+    with override_settings(KUMIKO_JOBS=mode):
+        with tenant_context(tenant):
+            handle = job.enqueue(**kwargs)
+        work()
+    connection.set_schema_to_public()
+    return JobRun.objects.get(pk=handle.run_id)

@@ -37,15 +37,6 @@ def _only_on_a_test_database(django_db_setup: None) -> None:
     support.refuse_unless_test_database()
 
 
-def _run(tenant: Any, job: Any, mode: dict[str, Any], **kwargs: Any) -> JobRun:
-    with override_settings(KUMIKO_JOBS=mode):
-        with tenant_context(tenant):
-            handle = job.enqueue(**kwargs)
-        work()
-    connection.set_schema_to_public()
-    return JobRun.objects.get(pk=handle.run_id)
-
-
 def _project_user() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT session_user")
@@ -53,7 +44,7 @@ def _project_user() -> str:
 
 
 def test_the_body_logs_in_as_its_tenants_role(tenants, guard_data):
-    run = _run(tenants["t1"], role_jobs.role_whoami, ROLES_ENFORCE)
+    run = support.run_for(tenants["t1"], role_jobs.role_whoami, ROLES_ENFORCE)
     assert run.status == RunStatus.SUCCEEDED, run.error_message
     role = role_names.role_name(tenants["t1"].pk)
     assert support.findings("t1") == {"identity": f"{role}/{role}", "secrets": "t1-value"}
@@ -66,7 +57,7 @@ def test_the_body_logs_in_as_its_tenants_role(tenants, guard_data):
 
 @pytest.mark.parametrize("case", sorted(role_jobs.UNDO_IDENTITY))
 def test_calibration_the_raw_driver_reads_t2_without_walls(tenants, guard_data, case):
-    run = _run(
+    run = support.run_for(
         tenants["t1"],
         role_jobs.undo_identity_then_read,
         NO_WALLS,
@@ -80,7 +71,7 @@ def test_calibration_the_raw_driver_reads_t2_without_walls(tenants, guard_data, 
 @pytest.mark.parametrize("mode", [ROLES_LOG, ROLES_ENFORCE], ids=["log", "enforce"])
 @pytest.mark.parametrize("case", sorted(role_jobs.UNDO_IDENTITY))
 def test_the_raw_driver_cannot_undo_the_login_role(tenants, guard_data, observer, case, mode):
-    run = _run(
+    run = support.run_for(
         tenants["t1"],
         role_jobs.undo_identity_then_read,
         mode,
@@ -101,7 +92,7 @@ def test_the_raw_driver_cannot_undo_the_login_role(tenants, guard_data, observer
 
 def test_a_swallowed_permission_denied_still_fails_the_run(tenants, guard_data):
     """The job catches PostgreSQL's refusal and returns normally: the run is still failed."""
-    run = _run(tenants["t1"], role_jobs.swallow_denial, ROLES_LOG)
+    run = support.run_for(tenants["t1"], role_jobs.swallow_denial, ROLES_LOG)
     assert support.findings("t1") == {"swallowed": "carried on"}
     assert run.status == RunStatus.FAILED
     assert run.error_type == "DatabaseAccessDenied"
@@ -114,7 +105,7 @@ def test_a_swallowed_permission_denied_still_fails_the_run(tenants, guard_data):
 def test_global_writes_run_as_the_tenants_writer_login_for_the_block(tenants, guard_data, observer):
     """Not the project user: the writer login holds the tenant's own privileges and writes on
     the shared tables, nothing on other tenants (test_db_roles_leftovers has the raw routes)."""
-    run = _run(tenants["t1"], role_jobs.role_add_plan, ROLES_LOG, name="added")
+    run = support.run_for(tenants["t1"], role_jobs.role_add_plan, ROLES_LOG, name="added")
     assert run.status == RunStatus.SUCCEEDED, run.error_message
     role = role_names.role_name(tenants["t1"].pk)
     writer = role_names.writer_name(tenants["t1"].pk)
@@ -126,7 +117,7 @@ def test_global_writes_run_as_the_tenants_writer_login_for_the_block(tenants, gu
 
 
 def test_without_global_writes_a_shared_write_is_refused_by_postgresql(tenants, guard_data):
-    run = _run(tenants["t1"], role_jobs.write_shared_unguarded, ROLES_LOG)
+    run = support.run_for(tenants["t1"], role_jobs.write_shared_unguarded, ROLES_LOG)
     assert run.status == RunStatus.FAILED
     assert run.error_type == "DatabaseAccessDenied"
     assert "permission denied for table catalog_plan" in run.error_message
@@ -134,7 +125,7 @@ def test_without_global_writes_a_shared_write_is_refused_by_postgresql(tenants, 
 
 
 def test_cross_tenant_reads_use_the_other_tenants_role_read_only(tenants, guard_data):
-    run = _run(tenants["t1"], role_jobs.read_other_tenant, ROLES_LOG, schema="t2")
+    run = support.run_for(tenants["t1"], role_jobs.read_other_tenant, ROLES_LOG, schema="t2")
     assert run.status == RunStatus.SUCCEEDED, run.error_message
     t1_role = role_names.role_name(tenants["t1"].pk)
     t2_reader = role_names.reader_name(tenants["t2"].pk)
@@ -146,7 +137,9 @@ def test_cross_tenant_reads_use_the_other_tenants_role_read_only(tenants, guard_
 
 
 def test_cross_tenant_reads_cannot_write_even_past_the_classifier(tenants, guard_data):
-    run = _run(tenants["t1"], role_jobs.read_other_tenant, ROLES_LOG, schema="t2", write_too=True)
+    run = support.run_for(
+        tenants["t1"], role_jobs.read_other_tenant, ROLES_LOG, schema="t2", write_too=True
+    )
     assert run.status == RunStatus.FAILED
     assert "read-only transaction" in run.error_message, run.error_message
     assert support.secrets("t2") == [("t2-secret", "t2-value")]
@@ -167,7 +160,7 @@ def test_system_jobs_run_as_the_project_user(live_db, guard_data):
 def test_a_connection_with_the_project_credentials_opened_in_the_body_is_refused(
     tenants, guard_data
 ):
-    run = _run(tenants["t1"], role_jobs.open_project_connection, ROLES_LOG)
+    run = support.run_for(tenants["t1"], role_jobs.open_project_connection, ROLES_LOG)
     assert run.status == RunStatus.FAILED
     assert run.error_type == "DatabaseAccessDenied"
     assert "with the project's credentials was opened during the run" in run.error_message
@@ -199,7 +192,7 @@ def test_tenant_lifecycle_create_run_migrate_repair_delete(live_db, observer):
             assert role_sync.out_of_date() == [] and _e012() == []
 
             # Runs of the new tenant work at once, as its role.
-            run = _run(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
+            run = support.run_for(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
             assert run.status == RunStatus.SUCCEEDED, run.error_message
             assert support.findings("t_life")["identity"] == f"{role}/{role}"
 
@@ -210,7 +203,7 @@ def test_tenant_lifecycle_create_run_migrate_repair_delete(live_db, observer):
             assert role_sync.out_of_date() == ["t_life"]
             (error,) = _e012()
             assert "t_life" in error.msg and "manage.py kumiko_jobs roles" in error.hint
-            run = _run(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
+            run = support.run_for(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
             assert run.status == RunStatus.FAILED
             assert "permission denied for table guardapp_secret" in run.error_message
 
@@ -224,7 +217,7 @@ def test_tenant_lifecycle_create_run_migrate_repair_delete(live_db, observer):
             assert not observer.value(
                 "SELECT has_schema_privilege(%s, 't_life', 'CREATE')", (role,)
             )
-            run = _run(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
+            run = support.run_for(tenant, role_jobs.role_whoami, ROLES_ENFORCE)
             assert run.status == RunStatus.SUCCEEDED, run.error_message
 
             # A table created later by the project user (a migration) is the tenant's at once.
@@ -310,12 +303,12 @@ def test_a_warm_tenant_connection_costs_no_extra_statement(tenants):
         return original(self, query, *args, **kwargs)
 
     def statements_of_a_warm_run(mode: dict[str, Any]) -> int:
-        _run(tenants["t1"], role_jobs.role_whoami, mode)  # warm: connected, schema known
+        support.run_for(tenants["t1"], role_jobs.role_whoami, mode)  # warm: connected, schema known
         counted.clear()
         psycopg.Cursor.execute = counting  # type: ignore[method-assign]
         try:
             connects = tenant_connections.connects()
-            run = _run(tenants["t1"], role_jobs.role_whoami, mode)
+            run = support.run_for(tenants["t1"], role_jobs.role_whoami, mode)
         finally:
             psycopg.Cursor.execute = original  # type: ignore[method-assign]
         assert run.status == RunStatus.SUCCEEDED, run.error_message
@@ -336,7 +329,7 @@ def test_the_pool_keeps_one_connection_per_tenant_up_to_its_size(tenants):
         before = tenant_connections.connects()
         mode = {**ROLES_ENFORCE, "DB_ROLE_POOL_SIZE": size}
         for schema in order:
-            run = _run(tenants[schema], role_jobs.role_whoami, mode)
+            run = support.run_for(tenants[schema], role_jobs.role_whoami, mode)
             assert run.status == RunStatus.SUCCEEDED, run.error_message
         return tenant_connections.connects() - before
 
@@ -381,11 +374,11 @@ def planted_objects() -> Iterator[None]:
 def test_non_model_tables_views_and_history_are_not_readable(
     tenants, guard_data, planted_objects, statement, refusal
 ):
-    calibration = _run(tenants["t1"], role_jobs.raw_read, NO_WALLS, statement=statement)
+    calibration = support.run_for(tenants["t1"], role_jobs.raw_read, NO_WALLS, statement=statement)
     assert calibration.status == RunStatus.SUCCEEDED, calibration.error_message
     support.clean()
     support.seed()
-    run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=statement)
+    run = support.run_for(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=statement)
     assert run.status == RunStatus.FAILED
     assert run.error_type == "DatabaseAccessDenied"
     assert refusal in run.error_message, run.error_message
@@ -398,14 +391,14 @@ def test_a_security_definer_function_is_outside_the_walls_unless_revoked(
     """docs/guard.md, "What is outside both walls": PostgreSQL grants EXECUTE to PUBLIC, and a
     SECURITY DEFINER function runs with its owner's (the project user's) rights."""
     call = "SELECT public.kj_definer_leak()"
-    run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=call)
+    run = support.run_for(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=call)
     assert run.status == RunStatus.SUCCEEDED, run.error_message
     assert support.findings("t1") == {"read": "t2-value"}  # the documented way out
 
     _as_project_user("REVOKE EXECUTE ON FUNCTION public.kj_definer_leak() FROM PUBLIC")
     support.clean()
     support.seed()
-    run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=call)
+    run = support.run_for(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=call)
     assert run.status == RunStatus.FAILED
     assert "permission denied for function kj_definer_leak" in run.error_message
 
@@ -448,7 +441,7 @@ def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
         role_grants.drop_role(cursor, role)
     try:
         assert "t3" in role_sync.out_of_date()
-        run = _run(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
+        run = support.run_for(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
         assert run.status == RunStatus.FAILED
         assert run.error_type == "OperationalError"
         assert role in run.error_message
@@ -456,14 +449,14 @@ def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
     finally:
         call_command("kumiko_jobs", "roles", stdout=StringIO())
     assert role_sync.out_of_date() == []
-    run = _run(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
+    run = support.run_for(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
     assert run.status == RunStatus.SUCCEEDED, run.error_message
 
 
 def test_ddl_fails_as_the_tenant_role_even_in_its_own_schema(tenants, guard_data, observer):
     """docs/guard.md, "Who runs what": schema changes belong to migrate_schemas."""
     statement = "CREATE TABLE t1.kj_made_by_a_job (id int)"
-    run = _run(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=statement)
+    run = support.run_for(tenants["t1"], role_jobs.raw_read, ROLES_LOG, statement=statement)
     assert run.status == RunStatus.FAILED
     assert "permission denied for schema t1" in run.error_message, run.error_message
     assert not observer.rows(

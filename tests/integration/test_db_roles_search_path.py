@@ -17,13 +17,10 @@ import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection
-from django.test import override_settings
-from django_tenants.utils import tenant_context
 
 from kumiko_jobs.guard import connections as tenant_connections
 from kumiko_jobs.guard import role_names
 from kumiko_jobs.models import JobRun, RunStatus
-from tests.conftest import work
 from tests.guardapp import role_jobs, route_jobs, support
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -45,12 +42,8 @@ def _cold_pool() -> Iterator[None]:
 
 
 def _run(tenant: Any, job: Any, mode: dict[str, Any] = ROLES_ENFORCE, **kwargs: Any) -> JobRun:
-    with override_settings(KUMIKO_JOBS=mode):
-        with tenant_context(tenant):
-            handle = job.enqueue(**kwargs)
-        work()
-    connection.set_schema_to_public()
-    return JobRun.objects.get(pk=handle.run_id)
+    run: JobRun = support.run_for(tenant, job, mode, **kwargs)
+    return run
 
 
 def _sets_of(
