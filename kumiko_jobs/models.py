@@ -183,6 +183,17 @@ class JobAttempt(models.Model):
         DROPPED = "dropped"
         CANCELLED = "cancelled"
 
+        @property
+        def status(self) -> RunStatus:
+            """The run's status after an attempt that ended this way (a retry waits queued; a
+            dropped message leaves its run cancelled)."""
+            return _RUN_STATUS_AFTER[self]
+
+        @property
+        def final(self) -> bool:
+            """The run ends here (it gets a ``finished_at``); retrying and deferred runs go on."""
+            return self not in (JobAttempt.Outcome.RETRYING, JobAttempt.Outcome.DEFERRED)
+
     run = models.ForeignKey(JobRun, on_delete=models.CASCADE, related_name="attempt_set")
     number = models.PositiveIntegerField()
     started_at = models.DateTimeField()
@@ -203,6 +214,17 @@ class JobAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number}: {self.outcome}"
+
+
+# The run's status after each attempt outcome (JobAttempt.Outcome.status).
+_RUN_STATUS_AFTER = {
+    JobAttempt.Outcome.SUCCEEDED: RunStatus.SUCCEEDED,
+    JobAttempt.Outcome.FAILED: RunStatus.FAILED,
+    JobAttempt.Outcome.RETRYING: RunStatus.QUEUED,
+    JobAttempt.Outcome.DEFERRED: RunStatus.DEFERRED,
+    JobAttempt.Outcome.DROPPED: RunStatus.CANCELLED,
+    JobAttempt.Outcome.CANCELLED: RunStatus.CANCELLED,
+}
 
 
 class JobFailure(models.Model):
