@@ -707,7 +707,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if embedded:
         note = "    (with PostgreSQL and Redis running; the embedded ones stop with the demo)"
         say(out.dim(note))
+    roles = demo_roles()
+    if roles:
+        # Roles are server-wide: dropping the demo's database leaves them behind.
+        say(
+            f"  Roles: DB_ROLES made {roles} PostgreSQL roles for this database, server-wide "
+            "(dropdb leaves them); remove them with: python manage.py kumiko_jobs drop-roles --yes"
+        )
     return 0
+
+
+def demo_roles() -> int:
+    """How many roles kumiko holds on the server for the demo's database (DB_ROLES)."""
+    from django.db import connection
+
+    from kumiko_jobs.guard import role_names
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_roles WHERE rolname LIKE %s", [role_names.prefix() + r"\_%"]
+        )
+        return int(cursor.fetchone()[0])
 
 
 if __name__ == "__main__":
