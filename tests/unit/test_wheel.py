@@ -69,7 +69,7 @@ def test_the_wheel_holds_every_file_of_the_package(wheel: list[str]) -> None:
         "kumiko_jobs/migrations/__init__.py",
         "kumiko_jobs/migrations/0001_initial.py",
         "kumiko_jobs/management/commands/kumiko_jobs.py",
-        "kumiko_jobs/testing.py",
+        "kumiko_jobs/testing/__init__.py",
     ],
 )
 def test_the_wheel_holds_what_the_docs_use(wheel: list[str], part: str) -> None:

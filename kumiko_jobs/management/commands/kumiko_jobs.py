@@ -21,7 +21,7 @@ from ...core.exceptions import KumikoJobsError
 from ...definition.registry import registry
 from ...enqueueing.schedules import sync_schedules
 from ...enqueueing.submit import enqueue
-from ...guard import role_sync
+from ...guard import role_grants, role_names, role_sync
 from ...models import JobRun, RunStatus
 from ...operations import CANCELLED, cancel_run, retry_run
 from ...worker.relay import relay_pending
@@ -307,9 +307,7 @@ def _add_drop_roles(sub: Any) -> None:
 def _drop_roles(command: BaseCommand, yes: bool, dropped_database: str | None) -> None:
     """Roles are cluster-wide: ``dropdb`` leaves them behind. Only the roles of one database's
     prefix (``guard.role_names``) are touched, never another database's or anyone else's."""
-    from django.db import connections
-
-    from ...guard import role_grants, role_names
+    from django.db import connections  # as _relay: the module's callers need none
 
     if dropped_database is None:
         with connections["default"].cursor() as cursor:
