@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -23,6 +24,18 @@ from tests.conftest import ROOT, worker_env
 from tests.guardapp.support import Observer
 
 GONE = "kj_test_database_that_was_dropped"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tenant_roles(django_db_setup: None, django_db_blocker: Any) -> None:
+    """The session's tenants have roles only with KUMIKO_TEST_DB_ROLES=1 (the default): these
+    tests need them in both modes (the plugin drops them at the end of the session)."""
+    from kumiko_jobs.core import conf
+    from kumiko_jobs.guard import role_sync
+
+    if not conf.get().DB_ROLES:
+        with django_db_blocker.unblock():
+            role_sync.sync_all()
 
 
 def manage(*args: str) -> subprocess.CompletedProcess[str]:

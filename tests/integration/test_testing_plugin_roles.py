@@ -35,6 +35,18 @@ NO_ROLES = {**settings.KUMIKO_JOBS, "DB_GUARD": "log", "DB_ROLES": False}
 RAW = EscapeHatch(reason="tests: a raw read of another tenant's table", grants=["unsafe_raw"])
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _tenant_roles(django_db_setup: None, django_db_blocker: Any) -> None:
+    """The session's tenants have roles only with KUMIKO_TEST_DB_ROLES=1 (the default): these
+    tests need them in both modes (the plugin drops them at the end of the session)."""
+    from kumiko_jobs.core import conf
+    from kumiko_jobs.guard import role_sync
+
+    if not conf.get().DB_ROLES:
+        with django_db_blocker.unblock():
+            role_sync.sync_all()
+
+
 def raw_read_of_t2(ctx: Any) -> list[str]:
     with ctx.unsafe_raw(), connection.cursor() as cursor:
         cursor.execute("SELECT value FROM t2.guardapp_secret")
