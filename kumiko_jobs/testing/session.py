@@ -15,6 +15,7 @@ every session would leave its own behind. Whatever ``django_db_setup`` the proje
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Generator
 from typing import Any
 
@@ -50,7 +51,15 @@ def pytest_fixture_post_finalizer(fixturedef: Any, request: Any) -> None:
     if fixturedef.argname != SETUP_FIXTURE:
         return
     for alias, database in sorted(request.config.stash.get(TEST_DATABASES, set())):
-        drop_roles_if_gone(alias, database)
+        try:
+            drop_roles_if_gone(alias, database)
+        except psycopg.Error as exc:  # the session's results stand; say what is left behind
+            warnings.warn(
+                f"kumiko_jobs.testing could not drop the roles of test database {database!r} "
+                f"({exc}); run `manage.py kumiko_jobs drop-roles --of-dropped-database "
+                f"{database} --yes`",
+                stacklevel=1,
+            )
 
 
 def drop_roles_if_gone(alias: str, database: str) -> list[str]:
