@@ -83,11 +83,13 @@ def job_name(alias: str, queue: str) -> str:
 
 def task_job_name(task: Any, alias: str, queue: str) -> str:
     """The name of ``task``'s job for ``alias`` and ``queue``: its module path for the backend
-    and queue it declares, else the path with the queue (and the backend, when another)."""
+    and queue the task declares (a ``using()`` copy counts as the task it was made from), else
+    the path with the queue (and the backend, when another)."""
     path = task.module_path
-    if alias != task.backend:
+    declared = _known.get(path, task)
+    if alias != declared.backend:
         return f"{path}:{alias}:{queue}"
-    return path if queue == task.queue_name else f"{path}:{queue}"
+    return path if queue == declared.queue_name else f"{path}:{queue}"
 
 
 def task_job(name: str) -> TaskJob | None:
