@@ -145,7 +145,8 @@ class KumikoBackend(BaseTaskBackend):
         From a tenant's context only that tenant's runs are found: another tenant's run raises
         ``TaskResultDoesNotExist``, as an unknown id does, and the errors carry no traceback
         (operators only). Operators (the public schema) read any run, tracebacks included."""
-        run = run_reads.load_run(result_id)
+        operator = run_reads.reader_schema() is None
+        run, attempts = run_reads.load_run_and_attempts(result_id, with_traceback=operator)
         job = task_jobs.task_job(run.job_name) if run is not None else None
         if run is None or job is None or job.alias != self.alias:
             raise TaskResultDoesNotExist(result_id)
@@ -163,8 +164,6 @@ class KumikoBackend(BaseTaskBackend):
             )
         except (TypeError, ValueError, InvalidTask) as exc:
             raise TaskResultDoesNotExist(f"{result_id}: its task cannot be loaded ({exc})") from exc
-        operator = run_reads.reader_schema() is None
-        attempts = run_reads.attempts_of(run, with_traceback=operator)
         result: TaskResult[Any, Any] = TaskResult(
             task=task,
             id=run.run_id.hex,

@@ -65,9 +65,25 @@ def history_connection() -> Iterator[None]:
         yield
 
 
-def load_run(run_id: Any, *, job_prefix: str = "") -> JobRun | None:
-    """The run with this id if the caller may see it (``reader_schema``), else None; with
-    ``job_prefix``, only a run of a job whose name starts with it."""
+def load_run(run_id: Any) -> JobRun | None:
+    """The run with this id if the caller may see it (``reader_schema``), else None."""
+    with history_connection():
+        return _run(run_id)
+
+
+def load_run_and_attempts(
+    run_id: Any, *, with_traceback: bool
+) -> tuple[JobRun | None, list[tuple[str, str, str, str, str]]]:
+    """``load_run`` and, for a run found, ``(outcome, traceback, error_type, error_message,
+    worker)`` of each of its attempts in order, in one switch of connection (a tenant run under
+    DB_ROLES: one ``SET search_path`` for both); the traceback is ``""`` unless
+    ``with_traceback``."""
+    with history_connection():
+        run = _run(run_id)
+        return run, _attempts(run, with_traceback) if run is not None else []
+
+
+def _run(run_id: Any) -> JobRun | None:
     pk = parse_id(run_id)
     if pk is None:
         return None
@@ -75,24 +91,18 @@ def load_run(run_id: Any, *, job_prefix: str = "") -> JobRun | None:
     schema = reader_schema()
     if schema is not None:
         runs = runs.filter(schema_name=schema)
-    if job_prefix:
-        runs = runs.filter(job_name__startswith=job_prefix)
-    with history_connection():
-        return runs.first()
+    return runs.first()
 
 
-def attempts_of(run: JobRun, *, with_traceback: bool) -> list[tuple[str, str, str, str, str]]:
-    """``(outcome, traceback, error_type, error_message, worker)`` of each attempt of a run
-    ``load_run`` returned, in order; the traceback is ``""`` unless ``with_traceback``."""
+def _attempts(run: JobRun, with_traceback: bool) -> list[tuple[str, str, str, str, str]]:
     columns = ["outcome", "error_type", "error_message", "worker"]
     if with_traceback:
         columns.insert(1, "traceback")
-    with history_connection():
-        rows = list(
-            JobAttempt.objects.filter(run_id=run.pk)
-            .order_by("number", "started_at")
-            .values_list(*columns)
-        )
+    rows = list(
+        JobAttempt.objects.filter(run_id=run.pk)
+        .order_by("number", "started_at")
+        .values_list(*columns)
+    )
     if with_traceback:
         return [(r[0], r[1], r[2], r[3], r[4]) for r in rows]
     return [(r[0], "", r[1], r[2], r[3]) for r in rows]
