@@ -1,14 +1,17 @@
 """``KumikoBackend``: Django 6's task framework (``django.tasks``) on kumiko_jobs.
 
 ``settings.TASKS = {"default": {"BACKEND": "kumiko_jobs.tasks.KumikoBackend"}}`` makes every
-``@task`` function enqueue a kumiko run: in the current tenant (never silently public), with
-its history, the database guard, retries (``OPTIONS["RETRIES"]``), timeouts and the push on
-commit. docs/tasks.md describes the mapping; in short:
+``@task`` function enqueue a kumiko run of its own job (named by its module path,
+``task_jobs``): in the current tenant (never silently public), with its history, the database
+guard, retries (``OPTIONS["RETRIES"]``), timeouts and the push on commit. docs/tasks.md
+describes the mapping; in short:
 
 - ``enqueue()`` returns a ``TaskResult`` whose ``id`` is the run id; ``get_result(id)`` reads
-  the run: queued or deferred -> READY, running -> RUNNING, succeeded -> SUCCESSFUL (with the
-  kept result as ``return_value``), failed and cancelled -> FAILED (one ``TaskError`` per failed
-  attempt, and one ``TaskCancelled`` for a cancellation).
+  the run, in the caller's tenant only (``history.run_reads``: another tenant's run does not
+  exist for a tenant's context, and only operators get tracebacks): queued or deferred ->
+  READY, running -> RUNNING, succeeded -> SUCCESSFUL (with the kept result as
+  ``return_value``), failed and cancelled -> FAILED (one ``TaskError`` per failed attempt, and
+  one ``TaskCancelled`` for a cancellation). A return value that is not JSON fails the run.
 - ``priority`` above 0 puts the run's message at the front of its RQ queue; RQ has no other
   order within a queue (for lanes, use ``queue_name`` and list queues in order to the worker).
 - ``queue_name`` is the RQ queue (one of the backend's ``QUEUES``); ``run_after`` delays the run
