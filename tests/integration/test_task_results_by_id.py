@@ -179,6 +179,8 @@ def test_a_task_reads_its_own_tenants_results_during_its_run_and_not_the_others(
             own_run = tasks.reads_own_result.enqueue()
             handle_other = tasks.refreshes_run.enqueue(finished["job"].run_id)
             handle_own = tasks.refreshes_run.enqueue(ours.id)
+            async_own = tasks.areads_result.enqueue(ours.id)
+            async_other = tasks.areads_result.enqueue(theirs.id)
         work()
     results = {
         name: tasks.reads_result.get_result(r.id)
@@ -197,6 +199,11 @@ def test_a_task_reads_its_own_tenants_results_during_its_run_and_not_the_others(
     own = tasks.reads_own_result.get_result(own_run.id)
     assert own.status == TaskResultStatus.SUCCESSFUL, own.errors
     assert own.return_value == {"found": True, "status": "RUNNING", "args": []}
+    assert tasks.areads_result.get_result(async_own.id).return_value == {
+        "found": True,
+        "status": "SUCCESSFUL",
+    }
+    assert tasks.areads_result.get_result(async_other.id).return_value == {"found": False}
     assert tasks.refreshes_run.get_result(handle_other.id).return_value == {"found": False}
     assert tasks.refreshes_run.get_result(handle_own.id).return_value == {
         "found": True,

@@ -73,6 +73,16 @@ def reads_result(result_id: str) -> dict[str, Any]:
 
 
 @task
+async def areads_result(result_id: str) -> dict[str, Any]:
+    """Read a task result by id during an async run (aget_result)."""
+    try:
+        result = await default_task_backend.aget_result(result_id)
+    except TaskResultDoesNotExist:
+        return {"found": False}
+    return {"found": True, "status": str(result.status)}
+
+
+@task
 def reads_result_as(schema: str, result_id: str) -> dict[str, Any]:
     """Switch the connection to another schema, then read a result by id."""
     from django_tenants.utils import schema_context
