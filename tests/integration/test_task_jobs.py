@@ -183,3 +183,29 @@ def test_a_task_not_known_at_start_up_is_refused_at_enqueue(tenants: Any) -> Non
     with schema_context("t1"), pytest.raises(InvalidTask, match="was not known when kumiko"):
         made.enqueue()
     assert JobRun.objects.count() == 0
+
+
+def test_a_worker_process_knows_the_tasks_from_start_up_and_imports_no_module_a_run_names(
+    tenants: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``manage.py rqworker`` in its own process: the tasks modules are imported at its start
+    (the task runs under its own job name), and a crafted run naming the canary module leaves
+    no trace of an import (with ``resolve_task`` reverted to ``import_string``, the canary's
+    file was written and its planted task ran)."""
+    from tests.conftest import start_rqworker
+
+    canary_file = tmp_path / "canary.txt"
+    monkeypatch.setenv("KUMIKO_TEST_CANARY_FILE", str(canary_file))
+    with schema_context("t1"):
+        real = tasks.add.enqueue(20, 22)
+        crafted = submit.enqueue(
+            registry.get(LEGACY), task=f"{CANARY}.planted", args=[], kwargs={}, priority=0
+        )
+    proc = start_rqworker("default", "--burst")
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert tasks.add.get_result(real.id).return_value == 42
+    assert JobRun.objects.get(pk=real.id).job_name == "tests.testapp.tasks.add"
+    run = JobRun.objects.get(pk=crafted.run_id)
+    assert (run.status, run.error_type) == (RunStatus.FAILED, "Unrecoverable"), out
+    assert not canary_file.exists(), canary_file.read_text()
