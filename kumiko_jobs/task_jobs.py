@@ -63,6 +63,8 @@ class TaskJob:
 _known: dict[str, Any] = {}
 # job name -> what it runs; every task job registered at start-up.
 _jobs: dict[str, TaskJob] = {}
+# module path -> why a known task got no job (its name is not a valid job name, say).
+_refused: dict[str, str] = {}
 
 
 def note_task(task: Any) -> None:
@@ -121,7 +123,12 @@ def register_task_jobs() -> None:
             for path, task in sorted(_known.items()):
                 doc = (inspect.getdoc(task.func) or "").split("\n\n")[0]
                 name = task_job_name(task, alias, queue)
-                _register(name, TaskJob(alias, queue, path), options[alias], doc)
+                try:
+                    _register(name, TaskJob(alias, queue, path), options[alias], doc)
+                except InvalidJob as exc:
+                    # One odd task (a name no job may have) must not stop the project's
+                    # start-up; its enqueue says why (tasks.KumikoBackend.enqueue).
+                    _refused[path] = str(exc)
 
 
 def _job_options(alias: str, params: Any) -> dict[str, Any]:
@@ -143,6 +150,11 @@ def _register(name: str, job: TaskJob, options: dict[str, Any], description: str
     definition = dataclasses.replace(built, description=description, front_by_priority=True)
     registry.register(definition)
     _jobs[name] = job
+
+
+def why_unregistered(task: Any) -> str:
+    """Why a task known at start-up got no job, or ""."""
+    return _refused.get(task.module_path, "")
 
 
 def definition_for(task: Any, alias: str) -> JobDefinition | None:

@@ -100,6 +100,10 @@ class KumikoBackend(BaseTaskBackend):
         self.validate_task(task)
         _refuse_public_schema(task)
         definition = task_jobs.definition_for(task, self.alias)
+        if definition is None and task_jobs.why_unregistered(task):
+            raise InvalidTask(
+                f"The task {task.module_path} has no kumiko job: {task_jobs.why_unregistered(task)}"
+            )
         if definition is None:
             raise InvalidTask(
                 f"The task {task.module_path} (backend {self.alias!r}, queue "

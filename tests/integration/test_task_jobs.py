@@ -61,7 +61,7 @@ def test_each_task_is_a_job_of_its_own_named_by_its_module_path(tenants: Any) ->
     # The task's own docstring (first paragraph) is the job's title; none: its name.
     assert registry.get("tests.testapp.tasks.add").description == "Add two numbers for the tests."
     assert registry.get("tests.testapp.tasks.undocumented").description == ""
-    assert "internal" not in registry.get(LEGACY).description.lower()
+    assert registry.get(LEGACY).description == ""  # was run_django_task's own docstring
 
 
 def test_the_admin_and_the_metrics_tell_tasks_apart(
@@ -209,3 +209,32 @@ def test_a_worker_process_knows_the_tasks_from_start_up_and_imports_no_module_a_
     run = JobRun.objects.get(pk=crafted.run_id)
     assert (run.status, run.error_type) == (RunStatus.FAILED, "Unrecoverable"), out
     assert not canary_file.exists(), canary_file.read_text()
+
+
+def test_a_task_whose_name_no_job_may_have_does_not_stop_start_up(
+    tenants: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up registers every known task; one whose module path is not a valid job name (here
+    over 200 characters, the history's column) gets no job, the others do, and its enqueue says
+    why. (A fresh registry stands in for start-up: the project's is frozen.)"""
+    from django.tasks import task
+    from django.tasks.exceptions import InvalidTask
+
+    from kumiko_jobs.definition.registry import Registry
+
+    def odd() -> None:
+        pass
+
+    odd.__module__, odd.__qualname__ = "tests." + "m" * 220, "odd"
+    made = task(odd)
+    fresh = Registry()
+    monkeypatch.setattr(task_jobs, "registry", fresh)
+    monkeypatch.setattr(task_jobs, "_known", {made.module_path: made, **task_jobs._known})
+    monkeypatch.setattr(task_jobs, "_jobs", {})
+    monkeypatch.setattr(task_jobs, "_refused", {})
+    monkeypatch.setattr(task_jobs, "discover_tasks", lambda: None)
+    task_jobs.register_task_jobs()
+    assert "tests.testapp.tasks.add" in fresh and LEGACY in fresh
+    assert "must match" in task_jobs.why_unregistered(made)
+    with schema_context("t1"), pytest.raises(InvalidTask, match=r"has no kumiko job: .*must match"):
+        made.enqueue()
