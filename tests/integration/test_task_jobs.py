@@ -7,12 +7,17 @@ not JSON fails the run, as Django's own backends fail the task."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.tasks import TaskResultStatus, default_task_backend
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django_tenants.utils import schema_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from kumiko_jobs import task_jobs
 from kumiko_jobs.definition.registry import registry
@@ -27,7 +32,6 @@ from tests.integration.test_admin import (  # noqa: F401 - fixtures
     operator_user,
     text,
 )
-from tests.integration.test_observability import Telemetry, otel, telemetry  # noqa: F401
 from tests.testapp import canary_record, tasks
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -64,22 +68,38 @@ def test_each_task_is_a_job_of_its_own_named_by_its_module_path(tenants: Any) ->
     assert registry.get(LEGACY).description == ""  # was run_django_task's own docstring
 
 
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    """The job.execute spans of this test (an exporter on the process's tracer provider, which
+    test_observability's fixture shares: a second MeterProvider could not be installed)."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.shutdown()  # the processor stays; a shut exporter keeps nothing
+
+
 def test_the_admin_and_the_metrics_tell_tasks_apart(
     tenants: Any,
     operator: Any,  # noqa: F811 - the fixtures imported above
     clerk: Any,  # noqa: F811
-    telemetry: Telemetry,  # noqa: F811
+    spans: InMemorySpanExporter,
 ) -> None:
+    from kumiko_jobs import telemetry
+
+    telemetry._last_success.clear()  # the source of the kumiko.job.last_success gauge
     with schema_context("t1"):
         tasks.add.enqueue(3, 4)
         tasks.always_fails.enqueue()
     work()
-    points = telemetry.points()
-    jobs = {dict(attributes).get("job") for (_name, attributes) in points}
-    assert {"tests.testapp.tasks.add", "tests.testapp.tasks.always_fails"} <= jobs
-    assert LEGACY not in jobs
-    spans = {s.attributes.get("job.name") for s in telemetry.spans("job.execute")}
-    assert "tests.testapp.tasks.add" in spans and LEGACY not in spans
+    # The metrics' "job" attribute: the gauge's observations, one per job that succeeded.
+    assert set(telemetry._last_success) == {"tests.testapp.tasks.add"}
+    names = {s.attributes.get("job.name") for s in spans.get_finished_spans()}
+    assert {"tests.testapp.tasks.add", "tests.testapp.tasks.always_fails"} <= names
+    assert LEGACY not in names
 
     operators = text(operator.get("/admin/kumiko_jobs/jobrun/"))
     assert "tests.testapp.tasks.add" in operators
