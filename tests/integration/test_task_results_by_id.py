@@ -14,11 +14,13 @@ then returned tenant two's result, arguments and traceback).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from io import StringIO
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
 from django.conf import settings
+from django.core.management import call_command
 from django.tasks import TaskResultStatus, default_task_backend
 from django.tasks.exceptions import TaskResultDoesNotExist
 from django.test import Client, override_settings
@@ -34,6 +36,17 @@ pytestmark = pytest.mark.usefixtures("live_db")
 
 ROLES_ON = {**settings.KUMIKO_JOBS, "DB_ROLES": True}
 ROLES_OFF = {**settings.KUMIKO_JOBS, "DB_ROLES": False}
+
+
+@pytest.fixture
+def mode(request: pytest.FixtureRequest, tenants: Any) -> dict[str, Any]:
+    """The settings of a roles/no-roles case; with roles on, the tenants' roles exist also
+    when the suite runs without them (KUMIKO_TEST_DB_ROLES=0)."""
+    chosen: dict[str, Any] = request.param
+    if chosen["DB_ROLES"] and not settings.KUMIKO_JOBS["DB_ROLES"]:
+        with override_settings(KUMIKO_JOBS=chosen):
+            call_command("kumiko_jobs", "roles", stdout=StringIO())
+    return chosen
 
 
 @pytest.fixture
@@ -163,7 +176,7 @@ def test_a_task_status_view_on_tenant_ones_domain_never_shows_tenant_twos_result
 # --- inside a run: a task reads results by id (both DB_ROLES modes) ------------------------------
 
 
-@pytest.mark.parametrize("mode", [ROLES_ON, ROLES_OFF], ids=["roles", "no-roles"])
+@pytest.mark.parametrize("mode", [ROLES_ON, ROLES_OFF], ids=["roles", "no-roles"], indirect=True)
 def test_a_task_reads_its_own_tenants_results_during_its_run_and_not_the_others(
     finished: dict[str, Any], mode: dict[str, Any], observer: support.Observer
 ) -> None:
@@ -212,12 +225,13 @@ def test_a_task_reads_its_own_tenants_results_during_its_run_and_not_the_others(
     }
 
 
+@pytest.mark.parametrize("mode", [ROLES_ON], ids=["roles"], indirect=True)
 def test_postgresql_still_refuses_the_tenants_own_reads_of_the_history(
-    finished: dict[str, Any],
+    finished: dict[str, Any], mode: dict[str, Any]
 ) -> None:
     """The read above is kumiko's, on the project's connection: nothing was granted to the
     tenant's role, so the body's own SQL on kumiko's table is still refused by PostgreSQL."""
-    with override_settings(KUMIKO_JOBS=ROLES_ON):
+    with override_settings(KUMIKO_JOBS=mode):
         with schema_context("t1"):
             result = tasks.counts_runs_by_sql.enqueue()
         work()
@@ -227,7 +241,7 @@ def test_postgresql_still_refuses_the_tenants_own_reads_of_the_history(
     assert "permission denied" in run.error_message and "kumiko_jobs_jobrun" in run.error_message
 
 
-@pytest.mark.parametrize("mode", [ROLES_ON, ROLES_OFF], ids=["roles", "no-roles"])
+@pytest.mark.parametrize("mode", [ROLES_ON, ROLES_OFF], ids=["roles", "no-roles"], indirect=True)
 def test_a_task_that_switches_to_the_other_tenants_schema_still_reads_its_own_tenant_only(
     finished: dict[str, Any], mode: dict[str, Any], observer: support.Observer
 ) -> None:
