@@ -35,6 +35,9 @@ class RunHandle:
     # What the job returned, once the run succeeded (see kumiko_jobs.results for the marker
     # stored instead of a result that could not be kept). None before that.
     result: Any = None
+    # A unique job's enqueue that matched an existing run (@job(unique=...)): this handle is
+    # that run's, and no new run was made.
+    deduplicated: bool = False
 
     @property
     def skipped(self) -> bool:

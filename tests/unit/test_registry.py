@@ -605,3 +605,19 @@ def test_override_declares_for_a_block_even_once_frozen_and_restores_the_registr
     # Outside override, the freeze still refuses a late job.
     with pytest.raises(InvalidJob, match="declared after start-up"):
         reg.register(extra)
+
+
+def test_unique_options_are_checked_at_registration():
+    def body(ctx, *, invoice_id: int) -> None: ...
+
+    cases = {
+        "names ['nope'], which are not keyword arguments": {"unique": ["nope"]},
+        "unique=[] names no argument": {"unique": []},
+        "unique_for= needs unique=": {"unique_for": 60},
+        "unique_for must be seconds > 0": {"unique": True, "unique_for": 0},
+        "Choose one of the two": {"unique": True, "concurrency": "replace"},
+    }
+    for expected, options in cases.items():
+        with pytest.raises(InvalidJob, match=re.escape(expected)):
+            build_definition(body, options)
+    assert build_definition(body, {"unique": True}).unique == ("invoice_id",)
