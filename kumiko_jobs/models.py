@@ -136,7 +136,7 @@ class JobRun(models.Model):
         # which show and delete every tenant's raw messages. Declared here because a
         # permission needs a model; is_staff alone is not enough for those pages.
         permissions = (("manage_queues", _("Can use django-rq's queue pages")),)
-        # Migration 0023 builds both CONCURRENTLY (AddIndexConcurrently cannot build a unique
+        # Migration 0015 builds both CONCURRENTLY (AddIndexConcurrently cannot build a unique
         # partial index, so it is SQL there and a constraint here).
         constraints = (
             models.UniqueConstraint(

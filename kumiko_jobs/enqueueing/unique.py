@@ -7,7 +7,7 @@ A cancelled run does not count: an operator stopped it, so the next enqueue is n
 
 Settled in PostgreSQL, not by a lookup alone: every unique job's row carries its key
 (``JobRun.unique_key``) and a partial unique index over the active statuses
-(``kj_run_unique_active``, migration 0023) refuses a second active row of the same key. Two
+(``kj_run_unique_active``, migration 0015) refuses a second active row of the same key. Two
 concurrent enqueues therefore cannot both insert: the second INSERT waits for the first
 transaction and fails once it commits, and the second enqueue then returns the first run. The
 index holds whatever writes the row (an enqueue, a follow-up written at the end of its parent's
