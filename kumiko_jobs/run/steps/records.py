@@ -28,7 +28,7 @@ from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
 from ...enqueueing.fanout import insert_new
 from ...history import audit, rejections, run_sql
-from ...models import JobFailure, JobRun, RunStatus
+from ...models import JobFailure, RunStatus
 from .. import report
 from ..pipeline import Next
 from ..state import Found, Missing, RunState, Timing
