@@ -10,6 +10,9 @@ is one of those.
 For each documented settings layout: (a) auth in TENANT_APPS too (the example project), (b)
 auth in SHARED_APPS only (django-tenants' documented layout; tests/shared_auth).
 
+The last test uses the suite's own database: E012's query failing for real inside a
+transaction (W008, the transaction left usable).
+
 Calibrated: with ``guard/role_sync.py``'s ``_tenants`` reading the tenant table unconditionally
 again (the code before this change), ``check --database default``, ``kumiko_jobs roles`` and
 ``migrate_schemas --shared`` each exit 1 with ``relation "customers_client" does not exist``.
@@ -173,3 +176,37 @@ def test_shared_users_without_a_membership_rule_fail_check_naming_the_fix(
     result = project.manage("check", KUMIKO_TEST_TENANT_MEMBERSHIP="no_such_module.is_member")
     assert result.returncode == 1 and "kumiko_jobs.E015" in result.stderr, result.stderr
     assert "cannot be imported" in result.stderr
+
+
+@pytest.mark.usefixtures("live_db")  # real commits; no flush of the tenants afterwards
+def test_a_check_that_cannot_read_the_tenants_warns_and_leaves_the_transaction_usable(
+    settings,
+) -> None:
+    """E012's query failing for real (a role that may not read the tenant table) inside the
+    caller's transaction: a warning (W008) names the way out, and the transaction is not left
+    aborted (its savepoint was rolled back). Calibrated: without the savepoint and the except
+    clause, ``run_checks`` raises ProgrammingError ("permission denied for table")."""
+    from django.core import checks
+    from django.db import connection, transaction
+
+    settings.KUMIKO_JOBS = {**settings.KUMIKO_JOBS, "DB_ROLES": True}
+    role = f"kj_test_blind_{os.getpid()}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)).as_string())
+        cursor.execute(sql.SQL("GRANT {} TO CURRENT_USER").format(sql.Identifier(role)).as_string())
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)).as_string()
+                )
+            found = checks.run_checks(databases=["default"], tags=[checks.Tags.database])
+            ours = [m for m in found if m.id.startswith("kumiko_jobs.")]
+            assert [m.id for m in ours] == ["kumiko_jobs.W008"], ours
+            assert "permission denied" in ours[0].msg
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")  # the transaction goes on
+                assert cursor.fetchone() == (1,)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)).as_string())
