@@ -251,7 +251,9 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
             extra_context["kumiko_run_job_url"] = reverse(
                 f"{self.admin_site.name}:kumiko_jobs_jobrun_run_job"
             )
-        if is_operator_request() and request.method == "GET":
+        # Operators only: this runs before Django's permission check, and the banner (a
+        # count of overdue messages, kept in the session) is theirs to read.
+        if sees_all_tenants(request) and request.method == "GET":
             self._warn_if_scheduler_missing(request)
         return super().changelist_view(request, extra_context)
 

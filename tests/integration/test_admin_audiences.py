@@ -105,3 +105,19 @@ def test_a_tenant_superuser_is_still_a_tenant(history: History) -> None:
 def test_anonymous_visitors_see_nothing(history: History) -> None:
     for host in ("localhost", "t1.localhost"):
         assert_sees_nothing(Client(HTTP_HOST=host), history)
+
+
+def test_the_scheduler_banner_is_for_operators_only(tenants: dict[str, Any], redis_conn) -> None:
+    """The run list adds its banner before Django's permission check, into the session's
+    messages: public staff without ``view_all_tenants`` must not read it on the next page.
+    Calibrated: gated by the domain alone, the refused list's banner shows on the index."""
+    from tests.integration.test_scheduler_liveness import overdue_retry
+
+    overdue_retry(redis_conn)
+    staff = client_for(
+        "localhost", "public", make_user("public", "staff-no-operator", perms=OPERATOR_MODEL_PERMS)
+    )
+    assert staff.get("/admin/kumiko_jobs/jobrun/").status_code == 403
+    assert "Scheduler:" not in staff.get("/admin/").content.decode()
+    operator = client_for("localhost", "public", make_user("public", "op", perms=OPERATOR_PERMS))
+    assert "Scheduler:" in operator.get("/admin/kumiko_jobs/jobrun/").content.decode()
