@@ -133,18 +133,26 @@ def _ok(result: subprocess.CompletedProcess[str]) -> str:
     return result.stdout + result.stderr
 
 
-def test_every_first_command_works_on_a_new_database(project: Project) -> None:
-    """check, check --database default and kumiko_jobs roles before migrating; migrate_schemas
-    --shared and migrate; the same three after migrating; and once a tenant exists, its role
-    made and found in step."""
+@pytest.mark.parametrize(
+    "migrations",
+    [("migrate_schemas", "--shared"), ("migrate",)],
+    ids=["migrate_schemas_shared_first", "migrate_first"],
+)
+def test_every_first_command_works_on_a_new_database(
+    project: Project, migrations: tuple[str, ...]
+) -> None:
+    """check, check --database default and kumiko_jobs roles before migrating; the first
+    migration (django-tenants' ``migrate_schemas --shared``, or plain ``migrate``), then
+    ``migrate``; the same three after migrating; and once a tenant exists, its role made and
+    found in step."""
     # Before migrating: nothing to read yet, nothing to report, no crash.
     assert "no issues" in _ok(project.manage("check"))
     assert "no issues" in _ok(project.manage("check", "--database", "default"))
     said = _ok(project.manage("kumiko_jobs", "roles"))
     assert "ensured 0 tenant role(s), dropped 0" in said
 
-    _ok(project.manage("migrate_schemas", "--shared"))
-    _ok(project.manage("migrate"))  # django-tenants' migrate: every schema, already migrated
+    _ok(project.manage(*migrations))
+    _ok(project.manage("migrate"))  # django-tenants' migrate: every schema
     assert "no issues" in _ok(project.manage("check", "--database", "default"))
     assert "ensured 0 tenant role(s)" in _ok(project.manage("kumiko_jobs", "roles"))
 
