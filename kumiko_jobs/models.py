@@ -126,7 +126,8 @@ class JobRun(models.Model):
 
     class Meta:
         """Newest first, with the indexes that keep the admin's lists an index range read at
-        millions of rows, and the permission for django-rq's queue pages.
+        millions of rows, and the operators' permissions (django-rq's queue pages, every tenant's
+        runs).
         """
 
         ordering = ("-queued_at",)
@@ -135,7 +136,13 @@ class JobRun(models.Model):
         # Not about runs: the operators' right to django-rq's queue pages (kumiko_jobs.urls),
         # which show and delete every tenant's raw messages. Declared here because a
         # permission needs a model; is_staff alone is not enough for those pages.
-        permissions = (("manage_queues", _("Can use django-rq's queue pages")),)
+        # view_all_tenants: the operators' view of every tenant's runs on the public schema's
+        # domain (admin/audiences.py); view_jobrun alone is no longer enough there, since with
+        # shared users a tenant's staff user holds view_jobrun too.
+        permissions = (
+            ("manage_queues", _("Can use django-rq's queue pages")),
+            ("view_all_tenants", _("Can view every tenant's runs (the operators' admin)")),
+        )
         # Migration 0015 builds both CONCURRENTLY (AddIndexConcurrently cannot build a unique
         # partial index, so it is SQL there and a constraint here).
         constraints = (

@@ -168,7 +168,9 @@ def test_demo_prints_admin_logins_that_work(demo_env: dict[str, str], first_outp
         "    with schema_context(schema):\n"
         "        u = authenticate(username=user, password='kumiko-demo')\n"
         "        print(schema, user, bool(u and u.is_staff), bool(u and u.is_superuser),\n"
-        "              bool(u and u.has_perm('kumiko_jobs.view_jobrun')))\n"
+        "              bool(u and u.has_perm('kumiko_jobs.view_jobrun')),\n"
+        "              bool(u and u.has_perm('kumiko_jobs.view_all_tenants')),\n"
+        "              sorted(p.codename for p in u.user_permissions.all()))\n"
         "with schema_context('acme'):\n"
         "    print('wrong', authenticate(username='acme-staff', password='nope') is None)\n"
     )
@@ -186,7 +188,7 @@ def test_demo_prints_admin_logins_that_work(demo_env: dict[str, str], first_outp
         line for line in result.stdout.splitlines() if line.startswith(("public", "acme", "wrong"))
     ]
     assert said == [
-        "public operator True True True",
-        "acme acme-staff True False True",
+        "public operator True True True True ['view_all_tenants']",
+        "acme acme-staff True False True False ['view_jobfailure', 'view_jobrun']",
         "wrong True",
     ], result.stdout + result.stderr
