@@ -552,11 +552,12 @@ DEMO_PASSWORD = "kumiko-demo"  # a demo database's logins only; printed at the e
 def demo_logins(tenants: Sequence[Client]) -> list[tuple[str, str, str]]:
     """Admin logins for the demo (idempotent; the password is reset on every run).
 
-    An operator (a superuser of the public schema, which sees every tenant's runs) and a
-    staff user who may view a tenant's runs and failures: of the first tenant with a failed
-    run, so that its login has a failure to look at (the first tenant when none failed). Users
-    live in each schema's own auth tables (auth is a tenant app too). Returns (who, url,
-    username).
+    An operator (a superuser of the public schema, also granted ``view_all_tenants`` by name:
+    the permission the operators' view of every tenant's runs takes) and a staff user who may
+    view a tenant's runs and failures: of the first tenant with a failed run, so that its login
+    has a failure to look at (the first tenant when none failed). Users live in each schema's
+    own auth tables (auth is a tenant app too, so a tenant's users are its members). Returns
+    (who, url, username).
     """
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Permission
@@ -572,13 +573,14 @@ def demo_logins(tenants: Sequence[Client]) -> list[tuple[str, str, str]]:
             user.is_superuser = superuser
             user.set_password(DEMO_PASSWORD)
             user.save()
-            if not superuser:
-                user.user_permissions.set(
-                    Permission.objects.filter(
-                        content_type__app_label="kumiko_jobs",
-                        codename__in=("view_jobrun", "view_jobfailure"),
-                    )
+            # The operator holds view_all_tenants by name as well, so that it stays an operator
+            # if its superuser flag is taken away; a tenant's staff may only view.
+            codenames = ("view_all_tenants",) if superuser else ("view_jobrun", "view_jobfailure")
+            user.user_permissions.set(
+                Permission.objects.filter(
+                    content_type__app_label="kumiko_jobs", codename__in=codenames
                 )
+            )
 
     ensure("public", "operator", superuser=True)
     logins = [("operators", "http://localhost:8000/admin/", "operator")]

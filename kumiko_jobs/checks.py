@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 from django.utils.module_loading import import_string
 
 from . import transport
@@ -357,7 +358,19 @@ def check_db_roles_in_step(
     except ImproperlyConfigured:
         return []
 
-    stale = role_sync.out_of_date()
+    try:
+        # In a savepoint, so that a failed statement leaves no caller's transaction aborted.
+        with transaction.atomic(using=DEFAULT_DB_ALIAS):
+            stale = role_sync.out_of_date()  # no tenant table yet (not migrated): []
+    except DatabaseError as exc:
+        # Say what can be said and let the command go on: `migrate` runs this check first.
+        return [
+            checks.Warning(
+                f"Could not read the tenants' database roles: {exc}".strip(),
+                hint="Run `manage.py migrate_schemas --shared` and `manage.py kumiko_jobs roles`.",
+                id="kumiko_jobs.W008",
+            )
+        ]
     if not stale:
         return []
     shown = ", ".join(stale[:10]) + (f" and {len(stale) - 10} more" if len(stale) > 10 else "")

@@ -170,7 +170,9 @@ def test_demo_prints_admin_logins_that_work(demo_env: dict[str, str], first_outp
         "    with schema_context(schema):\n"
         "        u = authenticate(username=user, password='kumiko-demo')\n"
         "        print(schema, user, bool(u and u.is_staff), bool(u and u.is_superuser),\n"
-        "              bool(u and u.has_perm('kumiko_jobs.view_jobrun')))\n"
+        "              bool(u and u.has_perm('kumiko_jobs.view_jobrun')),\n"
+        "              bool(u and u.has_perm('kumiko_jobs.view_all_tenants')),\n"
+        "              sorted(p.codename for p in u.user_permissions.all()))\n"
         "with schema_context('globex'):\n"
         "    print('wrong', authenticate(username='globex-staff', password='nope') is None)\n"
         "print('globex failed', JobRun.objects.filter(schema_name='globex', status='failed')"
@@ -192,8 +194,8 @@ def test_demo_prints_admin_logins_that_work(demo_env: dict[str, str], first_outp
         if line.startswith(("public", "globex", "wrong"))
     ]
     assert said == [
-        "public operator True True True",
-        "globex globex-staff True False True",
+        "public operator True True True True ['view_all_tenants']",
+        "globex globex-staff True False True False ['view_jobfailure', 'view_jobrun']",
         "wrong True",
         "globex failed 1",
     ], result.stdout + result.stderr
