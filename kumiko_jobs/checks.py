@@ -410,3 +410,46 @@ def check_redis_sentinel(app_configs: Any = None, **kwargs: Any) -> list[checks.
             )
         )
     return found
+
+
+@checks.register(checks.Tags.security, checks.Tags.database)
+def check_project_user_not_superuser(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """``DB_ROLES`` with a superuser as the project user (``--database``, as E012).
+
+    docs/guard.md ("Two walls", set-up) forbids it: a superuser passes every privilege check,
+    so a job body that reaches the project's connection (``ctx.system_db()``, a connection
+    opened by hand) holds every tenant's data and the server's files, and the tenant roles it
+    creates are all the wall there is.
+    """
+    if not databases or "default" not in databases:
+        return []
+    try:
+        if not conf.get().DB_ROLES:
+            return []
+    except ImproperlyConfigured:
+        return []  # E001 says why
+    from django.db import DatabaseError, connections
+
+    try:
+        with connections["default"].cursor() as cursor:
+            # current_user: the identity that holds the privileges (after "assume_role")
+            cursor.execute(
+                "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
+            )
+            row = cursor.fetchone()
+    except DatabaseError:
+        return []  # no database to ask: Django's own checks and E012 report it
+    if row is None or not row[1]:
+        return []
+    return [
+        checks.Warning(
+            f"KUMIKO_JOBS['DB_ROLES'] is on and the project's database user {row[0]!r} is a "
+            "superuser: it passes every privilege check, so whatever a job reaches with the "
+            "project's credentials is outside the second wall.",
+            hint="Connect as a user with LOGIN and CREATEROLE that owns the database, not a "
+            "superuser (docs/guard.md, 'Two walls', set-up).",
+            id="kumiko_jobs.W007",
+        )
+    ]
