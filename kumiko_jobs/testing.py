@@ -30,13 +30,13 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import transport
+from .core import current
 from .core.exceptions import JobNotRegistered
 from .core.outcome import Outcome
 from .definition.job import JobDefinition
 from .definition.registry import registry
 from .enqueueing.handle import RunHandle
 from .enqueueing.messages import waiting_envelope
-from .guard import connections as tenant_connections
 from .models import JobRun, RunStatus
 from .run.pipeline import Next, compose
 from .run.state import Delivery, RunState, running
@@ -130,26 +130,24 @@ def _run(row: JobRun) -> Ran:
     except JobNotRegistered as exc:
         raise AssertionError(f"run {row.run_id} waits for {row.job_name!r}: {exc}") from None
     env = waiting_envelope(row)
+    wrapper: Any = connections[DEFAULT_DB_ALIAS]
     delivery = Delivery(
         envelope=env,
         definition=definition,
         rq_job_id=env.rq_job_id,
         queue=definition.queue_name,
         worker_name=WORKER_NAME,
+        in_callers_transaction=wrapper.in_atomic_block,
     )
     state = RunState(delivery)
-    wrapper: Any = connections[DEFAULT_DB_ALIAS]
     tenant_before = getattr(wrapper, "tenant", None)
-    inline = tenant_connections.inline_in_callers_transaction.set(wrapper.in_atomic_block)
     try:
         # What runner.run_state does, minus the push of the next message (the next attempt
-        # is a row, which the next round finds).
+        # is a row, which the next round finds), in a fresh context as there.
         # A job's exception ends in its outcome (the retry step); what still raises here
         # (a history write that failed, a timeout outside the body) is the test's to see.
-        with running(state):
-            _pipeline()(state)
+        current.attempt_context().run(_run_pipeline, state)
     finally:
-        tenant_connections.inline_in_callers_transaction.reset(inline)
         if tenant_before is not None and hasattr(wrapper, "set_tenant"):
             # The run ends on public; a test inside a tenant (TenantTestCase) stays there.
             wrapper.set_tenant(tenant_before)
@@ -162,6 +160,11 @@ def _run(row: JobRun) -> Ran:
         error=state.ending.error,
         result=state.ending.result if state.ending.outcome is Outcome.SUCCEEDED else None,
     )
+
+
+def _run_pipeline(state: RunState) -> None:
+    with running(state):
+        _pipeline()(state)
 
 
 def _savepoint_for_the_body(state: RunState, call_next: Next) -> None:

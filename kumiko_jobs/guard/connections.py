@@ -14,7 +14,8 @@ comes back after the pool forgot it. A forked work horse starts with an empty po
 connection per run): the parent's connections are never used in the child.
 
 A ``permission denied`` from PostgreSQL inside a run is recorded on the run like a guard
-denial (``DatabaseAccessDenied``; the run fails even if the job catches it).
+denial (``DatabaseAccessDenied``; the run fails even if the job catches it), on every psycopg
+route, hand-built cursors included.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -74,21 +74,15 @@ def tenant_aliases() -> list[str]:
     ]
 
 
-# Set by kumiko_jobs.testing while it runs a job inside a caller's transaction (pytest-django's
-# ``db`` fixture): the body must see that transaction's uncommitted rows, which no other login
-# can, so it runs on the caller's connection as the project user. Workers never set it.
-inline_in_callers_transaction: ContextVar[bool] = ContextVar(
-    "kumiko_jobs_inline_in_callers_transaction", default=False
-)
-
-
 def enabled_for(watch: Watch) -> bool:
     """Whether the body of this run logs in as its tenant's role: a tenant run, with ``DB_ROLES``
     on, not run inline in a test's transaction (whose uncommitted rows no other login could see).
+
+    The inline case is the run's own fact (``Watch.in_callers_transaction``, set by
+    ``testing.run_jobs`` when it starts the run), not a context variable: one set by a job's
+    code turned the wall off for every later run of its worker (issue 22).
     """
-    return (
-        watch.tenant is not None and conf.get().DB_ROLES and not inline_in_callers_transaction.get()
-    )
+    return watch.tenant is not None and conf.get().DB_ROLES and not watch.in_callers_transaction
 
 
 def wrapper_for(alias: str, tenant_pk: Any, suffix: str = "") -> Any:
@@ -295,11 +289,32 @@ def read_identity(watch: Watch, tenant: Any) -> Iterator[None]:
 
 # --- PostgreSQL's refusals are the run's denials ------------------------------------------------
 
+# psycopg's one constructor of the exceptions it raises for a server error, on every psycopg
+# route: Django's cursors, ``connection.connection.execute``, a hand-built ``psycopg.Cursor``,
+# ``copy()``, ``stream()``, pipelines. Wrapped once, in this process, so that a ``permission
+# denied`` PostgreSQL sends a tenant login is recorded on the run wherever it was raised, even
+# when the job catches it (a hand-built cursor never passed the wrapped cursor class below).
+# Not seen: a result read from libpq itself (``pgconn.exec_()``), which raises nothing.
+_error_from_result = errors.error_from_result
 
-def _denial(exc: errors.InsufficientPrivilege) -> BaseException:
+
+def _error_noting_denials(result: Any, encoding: str = "utf-8") -> Any:
+    error = _error_from_result(result, encoding)
+    if isinstance(error, errors.InsufficientPrivilege):
+        _note_denial(error)
+    return error
+
+
+if getattr(errors.error_from_result, "__name__", "") != _error_noting_denials.__name__:
+    errors.error_from_result = _error_noting_denials
+
+
+def _note_denial(exc: errors.InsufficientPrivilege) -> None:
+    """A ``permission denied`` raised in a tenant body running as its tenant's login: a
+    violation of the run (it fails even if the job catches it)."""
     watch = current_watch()
-    if watch is None or watch.schema is None:
-        return exc
+    if watch is None or watch.schema is None or watch.db_identity is None:
+        return
     message = (
         f"Job {watch.job!r} (tenant {watch.schema}) was denied by PostgreSQL: "
         f"{exc.diag.message_primary or exc}. The job body runs as the tenant's own database "
@@ -308,25 +323,33 @@ def _denial(exc: errors.InsufficientPrivilege) -> BaseException:
         "instead."
     )
     watch.violations.append(message)
+    exc.kumiko_denial = message  # type: ignore[attr-defined]  # read by _denial below
+
+
+def _denial(exc: errors.InsufficientPrivilege) -> BaseException:
+    """The run's denial for ``exc`` (noted by ``_note_denial``); ``exc`` outside a tenant body."""
+    message = getattr(exc, "kumiko_denial", None)
+    watch = current_watch()
+    if message is None or watch is None:
+        return exc
     return DatabaseAccessDenied(message, job_name=watch.job, kind="privilege")
 
 
 @cache
 def _recording(base: type) -> type:
-    """``base`` (psycopg's cursor class of the connection), turning ``permission denied``
-    into the run's denial on every route: Django's cursors, ``connection.connection.execute``,
-    ``copy()``, ``stream()``, named cursors."""
+    """``base`` (psycopg's cursor class of the connection), raising a ``permission denied``
+    as the run's ``DatabaseAccessDenied`` on the routes Django and the connection's own cursors
+    take: Django's cursors, ``connection.connection.execute``, ``copy()``, ``stream()``, named
+    cursors (the denial is recorded on every route, see ``_error_noting_denials``)."""
 
     class Recording(base):  # type: ignore[misc]  # psycopg's cursor class, known at run time
         def execute(self, *args: Any, **kwargs: Any) -> Any:
-            session.note_statement(self.connection)
             try:
                 return super().execute(*args, **kwargs)
             except errors.InsufficientPrivilege as exc:
                 raise _denial(exc) from exc
 
         def executemany(self, *args: Any, **kwargs: Any) -> Any:
-            session.note_statement(self.connection)
             try:
                 return super().executemany(*args, **kwargs)
             except errors.InsufficientPrivilege as exc:
@@ -334,7 +357,6 @@ def _recording(base: type) -> type:
 
         @contextlib.contextmanager
         def copy(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            session.note_statement(self.connection)
             try:
                 with super().copy(*args, **kwargs) as copy:
                     yield copy
@@ -342,7 +364,6 @@ def _recording(base: type) -> type:
                 raise _denial(exc) from exc
 
         def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            session.note_statement(self.connection)
             try:
                 yield from super().stream(*args, **kwargs)
             except errors.InsufficientPrivilege as exc:
