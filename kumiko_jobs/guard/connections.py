@@ -25,17 +25,16 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
-from functools import cache
 from typing import Any
 
 from django.db import connections
 from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
-from psycopg import ServerCursor, errors
+from psycopg import ServerCursor
 
 from ..core import conf, idle_connections, project_settings, session
 from ..core.exceptions import DatabaseAccessDenied
-from . import role_names, search_path
+from . import refusals, role_names, search_path
 from .watch import Watch, current_watch, watching
 
 ROLE_ATTRIBUTE = "kumiko_db_role"
@@ -124,8 +123,8 @@ def _new_wrapper(alias: str, role: str) -> Any:
 
     def get_new_connection(conn_params: Any) -> Any:
         raw = original(conn_params)
-        raw.cursor_factory = _recording(raw.cursor_factory)
-        raw.server_cursor_factory = _recording(raw.server_cursor_factory or ServerCursor)
+        raw.cursor_factory = refusals.recording(raw.cursor_factory)
+        raw.server_cursor_factory = refusals.recording(raw.server_cursor_factory or ServerCursor)
         _pool.connects += 1
         return raw
 
@@ -285,92 +284,6 @@ def read_identity(watch: Watch, tenant: Any) -> Iterator[None]:
             # goes, one round trip per block.
             session.reset_borrowed(wrapper)
             wrapper.set_schema_to_public()
-
-
-# --- PostgreSQL's refusals are the run's denials ------------------------------------------------
-
-# psycopg's one constructor of the exceptions it raises for a server error, on every psycopg
-# route: Django's cursors, ``connection.connection.execute``, a hand-built ``psycopg.Cursor``,
-# ``copy()``, ``stream()``, pipelines. Wrapped once, in this process, so that a ``permission
-# denied`` PostgreSQL sends a tenant login is recorded on the run wherever it was raised, even
-# when the job catches it (a hand-built cursor never passed the wrapped cursor class below).
-# Not seen: a result read from libpq itself (``pgconn.exec_()``), which raises nothing.
-_error_from_result = errors.error_from_result
-
-
-def _error_noting_denials(result: Any, encoding: str = "utf-8") -> Any:
-    error = _error_from_result(result, encoding)
-    if isinstance(error, errors.InsufficientPrivilege):
-        _note_denial(error)
-    return error
-
-
-if getattr(errors.error_from_result, "__name__", "") != _error_noting_denials.__name__:
-    errors.error_from_result = _error_noting_denials
-
-
-def _note_denial(exc: errors.InsufficientPrivilege) -> None:
-    """A ``permission denied`` raised in a tenant body running as its tenant's login: a
-    violation of the run (it fails even if the job catches it)."""
-    watch = current_watch()
-    if watch is None or watch.schema is None or watch.db_identity is None:
-        return
-    message = (
-        f"Job {watch.job!r} (tenant {watch.schema}) was denied by PostgreSQL: "
-        f"{exc.diag.message_primary or exc}. The job body runs as the tenant's own database "
-        "role, which holds no privilege outside its schema and the shared tables it may "
-        "read (docs/guard.md, Two walls). No grant allows this; run a job in that tenant "
-        "instead."
-    )
-    watch.violations.append(message)
-    exc.kumiko_denial = message  # type: ignore[attr-defined]  # read by _denial below
-
-
-def _denial(exc: errors.InsufficientPrivilege) -> BaseException:
-    """The run's denial for ``exc`` (noted by ``_note_denial``); ``exc`` outside a tenant body."""
-    message = getattr(exc, "kumiko_denial", None)
-    watch = current_watch()
-    if message is None or watch is None:
-        return exc
-    return DatabaseAccessDenied(message, job_name=watch.job, kind="privilege")
-
-
-@cache
-def _recording(base: type) -> type:
-    """``base`` (psycopg's cursor class of the connection), raising a ``permission denied``
-    as the run's ``DatabaseAccessDenied`` on the routes Django and the connection's own cursors
-    take: Django's cursors, ``connection.connection.execute``, ``copy()``, ``stream()``, named
-    cursors (the denial is recorded on every route, see ``_error_noting_denials``)."""
-
-    class Recording(base):  # type: ignore[misc]  # psycopg's cursor class, known at run time
-        def execute(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super().execute(*args, **kwargs)
-            except errors.InsufficientPrivilege as exc:
-                raise _denial(exc) from exc
-
-        def executemany(self, *args: Any, **kwargs: Any) -> Any:
-            try:
-                return super().executemany(*args, **kwargs)
-            except errors.InsufficientPrivilege as exc:
-                raise _denial(exc) from exc
-
-        @contextlib.contextmanager
-        def copy(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            try:
-                with super().copy(*args, **kwargs) as copy:
-                    yield copy
-            except errors.InsufficientPrivilege as exc:
-                raise _denial(exc) from exc
-
-        def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            try:
-                yield from super().stream(*args, **kwargs)
-            except errors.InsufficientPrivilege as exc:
-                raise _denial(exc) from exc
-
-    Recording.__name__ = Recording.__qualname__ = f"Recording{base.__name__}"
-    return Recording
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
