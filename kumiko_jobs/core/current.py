@@ -35,7 +35,8 @@ job_alarm: ContextVar[Callable[[], None] | None] = ContextVar("kumiko_jobs_job_a
 _acting_user: ContextVar[Any] = ContextVar("kumiko_jobs_acting_user", default=None)
 
 
-# The name every context variable of kumiko starts with (tests/unit/test_layers.py checks it).
+# The name every context variable of kumiko starts with (tests/integration/test_outlives_run.py
+# checks that each one does).
 OWN_PREFIX = "kumiko_jobs_"
 
 
