@@ -210,6 +210,17 @@ def test_a_permission_denied_swallowed_on_a_hand_built_cursor_fails_the_run(
     assert _findings(observer, "t1")["read"] == "denied, and swallowed"
 
 
+def test_documented_gap_a_refusal_read_from_libpq_is_not_the_runs_failure(
+    tenants, guard_data, observer
+):
+    """docs/guard.md, Not covered: ``pgconn.exec_()`` raises nothing, so a refusal the job reads
+    and ignores there does not fail the run. PostgreSQL still refused it: nothing of t2 was
+    read. Fails the day the gap is closed, so that the case moves into the attacks above."""
+    (run,) = _runs((tenants["t1"], outlive_jobs.libpq_swallowed_denial), mode=ROLES)
+    _succeeded(run)
+    assert _findings(observer, "t1")["read"] == str(int(psycopg.pq.ExecStatus.FATAL_ERROR))
+
+
 def test_a_clean_warm_run_with_roles_costs_four_statements(tenants, guard_data):
     """start, the body's one statement, the reset (with the kept search path), the finish:
     every statement psycopg sends, on every connection."""
