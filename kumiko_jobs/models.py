@@ -123,6 +123,13 @@ class JobRun(models.Model):
     unique_key = models.CharField(  # noqa: DJ001
         _("unique key"), max_length=64, null=True, blank=True
     )
+    # An atomic run's attempt key: the SHA-256 (hex) of a secret the runner holds for the attempt
+    # it runs, written before the body's transaction opens; migration 0017's success function
+    # accepts the attempt's success only with that secret (run/steps/atomic.py). "" otherwise.
+    # Tenant logins hold no privilege on this table, and the classifier refuses its writes.
+    atomic_key = models.CharField(
+        max_length=64, default="", db_default="", blank=True, editable=False
+    )
 
     class Meta:
         """Newest first, with the indexes that keep the admin's lists an index range read at
@@ -328,6 +335,23 @@ class EscapeHatchUse(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_name} {self.grant} [{self.schema_name or 'public'}] x{self.count}"
+
+
+class AdmissionLock(models.Model):
+    """One row per (job, whose runs count) for the jobs whose enqueues are admitted under a lock
+    (``concurrency`` skip/replace/debounce, ``max_per_tenant``: enqueueing/admission.py).
+
+    The lock is the row's, taken by an upsert in the enqueuing transaction and held until it
+    ends: a row lock on a kumiko table, which no tenant login may take (tenant roles hold no
+    privilege on kumiko's tables, and the classifier refuses any statement naming this one).
+    It replaced an advisory lock, which any session, a tenant role's included, could take and
+    hold on another tenant's key (issue 22). Never cleaned: at most one row per job and tenant.
+    """
+
+    key = models.TextField(primary_key=True)
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class RejectedMessage(models.Model):

@@ -1,18 +1,23 @@
 """Names kumiko's own database objects carry, shared by the code that uses them and the guard.
 
-Constants only, no imports: the admission lock's advisory-key class is taken by the enqueue
-side's lock and kept from tenant SQL by the guard's classifier; the atomic success function
-(migration 0011) is called by the run's history and granted to the tenants' roles by
+Constants only, no imports: the admission lock's table is written by the enqueue side and kept
+from tenant SQL by the guard's classifier; the atomic success function (migrations 0011 and
+0017) is called by the run's history and granted to the tenants' roles by
 ``guard.role_grants``. Living here, neither of those imports the other.
 """
 
 from __future__ import annotations
 
-# kumiko's own admission lock uses the two-int4 advisory key space with this class id
-# (pg_advisory_xact_lock(ADMISSION_LOCK_CLASS, hashtext(...))). Tenant SQL may use the two-int
-# form only with a constant first argument different from this one (see guard docs).
+# kumiko's admission lock is a row lock on this table (models.AdmissionLock; migration 0017):
+# tenant logins hold no privilege on it, and the classifier refuses any statement naming it.
+ADMISSION_LOCK_TABLE = "kumiko_jobs_admissionlock"
+
+# The two-int4 advisory key class kumiko's admission lock used before migration 0017. Still
+# refused to tenant SQL (rule protected), so that a worker of the previous release, which takes
+# the advisory lock during a rolling deploy, cannot be blocked by a tenant run of this one.
 ADMISSION_LOCK_CLASS = 0x4B4A  # "KJ"
 
-# Created by migration 0011 (SECURITY DEFINER, owned by the project user); its signature.
+# Created by migration 0011, replaced by 0017 (SECURITY DEFINER, owned by the project user);
+# its signature. The last argument is the attempt's key (run/steps/atomic.py).
 ATOMIC_FUNCTION = "kumiko_jobs_atomic_success"
-ATOMIC_SIGNATURE = "(uuid, integer, xid8, timestamptz, jsonb)"
+ATOMIC_SIGNATURE = "(uuid, integer, xid8, timestamptz, jsonb, text)"

@@ -9,12 +9,13 @@ behind by one run, any of them reaches the next, of whatever tenant.
 * An open transaction (a raw ``BEGIN``, an ``atomic()`` never exited, autocommit switched off)
   is always looked for; the check is client-side (psycopg knows the server's transaction state
   from every reply), so it costs no round trip. It is rolled back, and the run fails.
-* Everything else is reset with ``DISCARD ALL`` (spelled out, so that Django's time zone is
-  set again in the same statement), one round trip, sent only when the run may have left
-  something: the guard marks a session when it allows a statement only under ``unsafe_raw``,
-  lets ``system_db`` code run unwatched, or passes a held cursor; every session when the guard
-  is off. Statements the guard allows without a grant change nothing beyond their
-  transaction, so a clean run costs nothing more.
+* Everything else is reset with ``DISCARD ALL`` (spelled out, so that Django's time zone, and a
+  tenant login's kept ``search_path``, are set again in the same statement): one round trip per
+  open connection, after **every** run. It used to be sent only when the guard had seen a
+  statement that might change the session; statements sent past it (libpq's
+  ``pgconn.exec_()``, a hand-built ``psycopg.Cursor``) were never seen, and a session advisory
+  lock, a temporary table or a setting they left stayed for the next run (issue 22). What a
+  route is cannot be known from the routes one watches, so nothing is inferred from them.
 
 docs/guard.md ("Nothing outlives a run") has the reasoning and the costs.
 """
@@ -23,42 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import weakref
-from collections.abc import Iterator, Set
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
 from django_tenants.postgresql_backend.base import DatabaseWrapper as TenantDatabaseWrapper
-from psycopg import ClientCursor
+from psycopg import ClientCursor, sql
 from psycopg.pq import TransactionStatus
 
 logger = logging.getLogger("kumiko_jobs.session")
-
-# True while a statement passes the guard's execute wrapper. A statement that reaches a tenant
-# role's connection without it came by the raw driver (``connection.connection.execute``),
-# which the guard never judged: that session is reset after the run, whatever it sent (a
-# session advisory lock on kumiko's admission key, a temp table shadowing a tenant table).
-_judged: ContextVar[bool] = ContextVar("kumiko_jobs_judged_statement", default=False)
-# psycopg connections that ran such a statement since their last reset.
-_unjudged: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-@contextlib.contextmanager
-def judged() -> Iterator[None]:
-    """Around a statement the guard has judged (steps.db_guard)."""
-    token = _judged.set(True)
-    try:
-        yield
-    finally:
-        _judged.reset(token)
-
-
-def note_statement(pg_connection: Any) -> None:
-    """Called for every statement on a tenant role's connection (tenant_connections)."""
-    if not _judged.get():
-        _unjudged.add(pg_connection)
 
 
 def in_transaction(conn: Any) -> bool:
@@ -79,34 +52,24 @@ def busy_aliases() -> frozenset[str]:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Marks:
-    """What the guard noted about the run's sessions (the run's ``dirty_sessions`` and
-    ``unwatched_sessions``): which ones may hold more than their transaction."""
+def clean_up(busy: frozenset[str]) -> list[str]:
+    """Reset every open connection the run may have used; returns the aliases it left in a
+    transaction.
 
-    # Aliases whose session the body may have changed beyond its transaction.
-    dirty: Set[str] = frozenset()
-    # The guard did not watch (DB_GUARD="off"): every session counts as dirty.
-    unwatched: bool = False
-
-
-def clean_up(marks: Marks, busy: frozenset[str]) -> list[str]:
-    """Reset what the run left on its connections; returns the aliases it left in a transaction.
-
-    Never raises: a connection that cannot be cleaned is closed (the next run reconnects).
+    Every initialised connection of this thread with an open session is reset, whatever the run
+    sent on it and by which route (module docstring); ``busy`` ones (a caller's transaction
+    around an inline run) are the caller's. Never raises: a connection that cannot be cleaned
+    is closed (the next run reconnects).
     """
     left_open = []
     for conn in connections.all(initialized_only=True):
         if conn.alias in busy or conn.connection is None:
             continue
         try:
-            dirty = marks.unwatched or conn.alias in marks.dirty or conn.connection in _unjudged
             if in_transaction(conn):
                 left_open.append(conn.alias)
                 roll_back(conn)
-                dirty = True
-            if dirty:
-                discard(conn)
+            discard(conn)
         except Exception as exc:
             logger.warning("closing connection %r: it could not be reset (%r)", conn.alias, exc)
             forget_transaction(conn)
@@ -147,41 +110,51 @@ DISCARD_ALL = (
 )
 
 
-def reset_statement(conn: Any) -> str:
+def reset_statement(conn: Any, kept_path: list[str] | None = None) -> str:
     """``DISCARD ALL`` and what Django sets up on a new connection, as one simple query.
 
     ``RESET ALL`` also resets ``TimeZone`` and the role, which Django sets after connecting
-    (``_configure_connection``): both are set again here, with Django's own statements.
+    (``_configure_connection``): both are set again here, with Django's own statements. With
+    ``kept_path`` (a tenant login's path, which it keeps from run to run: guard/search_path.py)
+    the path is set again too, so the reset costs the next run no ``SET search_path``.
     """
     statements = [DISCARD_ALL]
     # Quoted client-side: Django's ops.compose_sql() would open a (django-tenants) cursor.
-    quote = ClientCursor(conn.connection).mogrify
+    raw = conn.connection
+    quote = ClientCursor(raw).mogrify
     time_zone = getattr(conn, "timezone_name", None)
     if time_zone and hasattr(conn.ops, "set_time_zone_sql"):
         statements.append(quote(conn.ops.set_time_zone_sql(), [time_zone]))
     role = conn.settings_dict.get("OPTIONS", {}).get("assume_role")
     if role:
         statements.append(quote("SET ROLE %s", [role]))  # as Django sets it
+    if kept_path:
+        path = sql.SQL(", ").join(sql.Identifier(schema) for schema in kept_path)
+        statements.append(sql.SQL("SET search_path = {}").format(path).as_string(raw))
     return "; ".join(statements)
 
 
 def discard(conn: Any, *, raw: bool = False) -> None:
     """Back to a session as new, in one round trip (see ``reset_statement``).
 
-    psycopg clears its own prepared-statement cache when it sees ``DEALLOCATE ALL`` go through;
+    psycopg clears its own prepared-statement cache when it sees ``DEALLOCATE ALL`` go through.
     django-tenants forgets the search path it believes set, and sends it again on the next
-    cursor (as it does after every run anyway).
+    cursor (as it does after every run anyway), except on a tenant login whose kept path the
+    reset has just set again (``guard.search_path``: ``kept_path``, ``path_set_again``): the
+    next run of that tenant sends no ``SET``.
     """
-    statement = reset_statement(conn)
-    with judged():
-        if raw:  # past Django's cursor, and so past a guard still installed on ``conn``
-            conn.connection.execute(statement)
-        else:
-            with plain_cursor(conn) as cursor:
-                cursor.execute(statement)
-    _unjudged.discard(conn.connection)
+    kept_path = getattr(conn, "kept_path", None)
+    kept = kept_path() if kept_path is not None else None
+    statement = reset_statement(conn, kept)
+    if raw:  # past Django's cursor, and so past a guard still installed on ``conn``
+        conn.connection.execute(statement)
+    else:
+        with plain_cursor(conn) as cursor:
+            cursor.execute(statement)
     if hasattr(conn, "search_path_set_schemas"):
         conn.search_path_set_schemas = None
+    if kept is not None:
+        conn.path_set_again(kept)
 
 
 def reset_borrowed(conn: Any) -> None:

@@ -1,8 +1,9 @@
 """Admission: the job's concurrency options applied to an enqueue, atomically.
 
 ``concurrency="skip"``, ``"replace"``, ``"debounce"`` and ``max_per_tenant`` decide at enqueue
-time whether a new run is admitted, counting the job's active runs under a transaction-scoped
-advisory lock, so two requests can never both see "no run queued". ``"sequential"`` and
+time whether a new run is admitted, counting the job's active runs under a row lock on kumiko's
+``AdmissionLock`` table (one row per job and owner, held until the enqueuing transaction ends),
+so two requests can never both see "no run queued". ``"sequential"`` and
 ``tenant_concurrency`` are not decided here: they hold messages back in RQ (``messages``'s
 rate limit). ``concurrency_owner`` says, for both, whose runs count.
 """
@@ -17,9 +18,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from .. import signals
-from ..core.db import ADMISSION_LOCK_CLASS
+from ..core import project_settings
+from ..core.db import ADMISSION_LOCK_TABLE
 from ..definition.job import JobDefinition
-from ..models import JobRun, RunStatus
+from ..models import AdmissionLock, JobRun, RunStatus
 
 
 def concurrency_owner(definition: JobDefinition, schema: str | None) -> str | None:
@@ -34,14 +36,27 @@ def concurrency_owner(definition: JobDefinition, schema: str | None) -> str | No
 _ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.DEFERRED)
 
 
+def _lock_sql() -> str:
+    """The lock: the key's row, inserted or updated (so locked) in one statement. Concurrent
+    enqueues of the same key wait on the row (or on its uncommitted insert) until the holder's
+    transaction ends. Qualified: the enqueuing connection may be in a tenant's search path."""
+    qn = connection.ops.quote_name
+    table = f"{qn(project_settings.public_schema_name())}.{qn(ADMISSION_LOCK_TABLE)}"
+    key = qn(str(AdmissionLock._meta.get_field("key").column))
+    return (
+        f"INSERT INTO {table} ({key}) VALUES (%s) "
+        f"ON CONFLICT ({key}) DO UPDATE SET {key} = EXCLUDED.{key}"
+    )
+
+
 @contextlib.contextmanager
 def admission(definition: JobDefinition, schema: str | None) -> Iterator[RunStatus | None]:
     """Apply ``concurrency`` skip/replace/debounce and ``max_per_tenant`` atomically.
 
     Yields None when the run is admitted, else why not (``RunStatus.SKIPPED`` or ``CAPPED``).
-    A transaction-scoped advisory lock per (job, tenant) serialises concurrent enqueues of the
-    same job for the same tenant until the enqueuing transaction commits, so two requests can
-    never both see "no run queued" and both enqueue. A system job's tenant is the system: its
+    A row lock per (job, tenant) serialises concurrent enqueues of the same job for the same
+    tenant until the enqueuing transaction commits, so two requests can never both see "no run
+    queued" and both enqueue. A system job's tenant is the system: its
     runs (``schema_name`` empty) are counted under the same lock, keyed ``<job>:``.
     """
     limited = definition.concurrency in ("skip", "replace", "debounce") or definition.max_per_tenant
@@ -51,12 +66,10 @@ def admission(definition: JobDefinition, schema: str | None) -> Iterator[RunStat
         return
     with transaction.atomic():
         with connection.cursor() as cursor:
-            # Two int4 keys under kumiko's reserved class id: the DB guard refuses that class
-            # to tenant SQL, so a tenant job cannot hold (or wait on) this lock.
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                [ADMISSION_LOCK_CLASS, f"kumiko_jobs:{definition.name}:{owner}"],
-            )
+            # A row lock on kumiko's own table, held until the enqueuing transaction ends: no
+            # tenant login may take it (no privilege; the classifier refuses the table), unlike
+            # the advisory lock it replaced, which a tenant session could hold on any key.
+            cursor.execute(_lock_sql(), [f"kumiko_jobs:{definition.name}:{owner}"])
         active = JobRun.objects.filter(
             job_name=definition.name, schema_name=owner, status__in=_ACTIVE
         )

@@ -14,7 +14,8 @@ comes back after the pool forgot it. A forked work horse starts with an empty po
 connection per run): the parent's connections are never used in the child.
 
 A ``permission denied`` from PostgreSQL inside a run is recorded on the run like a guard
-denial (``DatabaseAccessDenied``; the run fails even if the job catches it).
+denial (``DatabaseAccessDenied``; the run fails even if the job catches it), on every psycopg
+route, hand-built cursors included.
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextvars import ContextVar
-from functools import cache
 from typing import Any
 
 from django.db import connections
 from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
-from psycopg import ServerCursor, errors
+from psycopg import ServerCursor
 
 from ..core import conf, idle_connections, project_settings, session
 from ..core.exceptions import DatabaseAccessDenied
-from . import role_names, search_path
+from . import refusals, role_names, search_path
 from .watch import Watch, current_watch, watching
 
 ROLE_ATTRIBUTE = "kumiko_db_role"
@@ -74,18 +74,11 @@ def tenant_aliases() -> list[str]:
     ]
 
 
-# Set by kumiko_jobs.testing while it runs a job inside a caller's transaction (pytest-django's
-# ``db`` fixture): the body must see that transaction's uncommitted rows, which no other login
-# can, so it runs on the caller's connection as the project user. Workers never set it.
-inline_in_callers_transaction: ContextVar[bool] = ContextVar(
-    "kumiko_jobs_inline_in_callers_transaction", default=False
-)
-
-
-# Set by kumiko_jobs.testing alongside the flag above when DB_ROLES is on: the inline body runs
-# as its tenant's role on the caller's connection (SET ROLE, the one identity switch that still
-# sees the caller's rows), and the escape hatches below switch that connection's role as a
-# worker switches logins: ``switch(kind, watch, tenant)`` for "writer", "reader", "project".
+# Set by kumiko_jobs.testing, inside the attempt's context, when it runs a body in a caller's
+# transaction with DB_ROLES on: the inline body runs as its tenant's role on the caller's
+# connection (SET ROLE, the one identity switch that still sees the caller's rows), and the
+# escape hatches below switch that connection's role as a worker switches logins:
+# ``switch(kind, watch, tenant)`` for "writer", "reader", "project".
 inline_roles: ContextVar[Any] = ContextVar("kumiko_jobs_inline_roles", default=None)
 
 
@@ -97,10 +90,12 @@ def _inline_switch(kind: str, watch: Watch, tenant: Any = None) -> Any:
 def enabled_for(watch: Watch) -> bool:
     """Whether the body of this run logs in as its tenant's role: a tenant run, with ``DB_ROLES``
     on, not run inline in a test's transaction (whose uncommitted rows no other login could see).
+
+    The inline case is the run's own fact (``Watch.in_callers_transaction``, set by
+    ``testing.run_jobs`` when it starts the run), not a context variable: one set by a job's
+    code turned the wall off for every later run of its worker (issue 22).
     """
-    return (
-        watch.tenant is not None and conf.get().DB_ROLES and not inline_in_callers_transaction.get()
-    )
+    return watch.tenant is not None and conf.get().DB_ROLES and not watch.in_callers_transaction
 
 
 def wrapper_for(alias: str, tenant_pk: Any, suffix: str = "") -> Any:
@@ -142,8 +137,8 @@ def _new_wrapper(alias: str, role: str) -> Any:
 
     def get_new_connection(conn_params: Any) -> Any:
         raw = original(conn_params)
-        raw.cursor_factory = _recording(raw.cursor_factory)
-        raw.server_cursor_factory = _recording(raw.server_cursor_factory or ServerCursor)
+        raw.cursor_factory = refusals.recording(raw.cursor_factory)
+        raw.server_cursor_factory = refusals.recording(raw.server_cursor_factory or ServerCursor)
         _pool.connects += 1
         return raw
 
@@ -306,71 +301,6 @@ def read_identity(watch: Watch, tenant: Any) -> Iterator[None]:
             # goes, one round trip per block.
             session.reset_borrowed(wrapper)
             wrapper.set_schema_to_public()
-
-
-# --- PostgreSQL's refusals are the run's denials ------------------------------------------------
-
-
-def _denial(exc: errors.InsufficientPrivilege) -> BaseException:
-    watch = current_watch()
-    if watch is None or watch.schema is None:
-        return exc
-    message = (
-        f"Job {watch.job!r} (tenant {watch.schema}) was denied by PostgreSQL: "
-        f"{exc.diag.message_primary or exc}. The job body runs as the tenant's own database "
-        "role, which holds no privilege outside its schema and the shared tables it may "
-        "read (docs/guard.md, Two walls). No grant allows this; run a job in that tenant "
-        "instead."
-    )
-    watch.violations.append(message)
-    return DatabaseAccessDenied(message, job_name=watch.job, kind="privilege")
-
-
-@cache
-def _recording(base: type) -> type:
-    """``base`` (psycopg's cursor class of the connection), turning ``permission denied``
-    into the run's denial on every route: Django's cursors, ``connection.connection.execute``,
-    ``copy()``, ``stream()``, named cursors."""
-
-    class Recording(base):  # type: ignore[misc]  # psycopg's cursor class, known at run time
-        def execute(self, *args: Any, **kwargs: Any) -> Any:
-            session.note_statement(self.connection)
-            try:
-                return super().execute(*args, **kwargs)
-            except errors.InsufficientPrivilege as exc:
-                raise _denial(exc) from exc
-
-        def executemany(self, *args: Any, **kwargs: Any) -> Any:
-            session.note_statement(self.connection)
-            try:
-                return super().executemany(*args, **kwargs)
-            except errors.InsufficientPrivilege as exc:
-                raise _denial(exc) from exc
-
-        @contextlib.contextmanager
-        def copy(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            session.note_statement(self.connection)
-            try:
-                with super().copy(*args, **kwargs) as copy:
-                    yield copy
-            except errors.InsufficientPrivilege as exc:
-                raise _denial(exc) from exc
-
-        def stream(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
-            session.note_statement(self.connection)
-            try:
-                yield from super().stream(*args, **kwargs)
-            except errors.InsufficientPrivilege as exc:
-                raise _denial(exc) from exc
-
-    Recording.__name__ = Recording.__qualname__ = f"Recording{base.__name__}"
-    return Recording
-
-
-def recording_denials(base: type) -> type:
-    """``base`` turning PostgreSQL's ``permission denied`` into the run's denial: for
-    kumiko_jobs.testing's inline body (``inline_roles``), whose connection is the caller's."""
-    return _recording(base)
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:

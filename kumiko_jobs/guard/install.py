@@ -11,6 +11,7 @@ connections' lifetime (Django's handler, threads), not about statements.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -18,10 +19,13 @@ from typing import Any
 from django.db import connections
 from django.db.backends.signals import connection_created
 
+from ..core.exceptions import DatabaseAccessDenied
 from .watch import Watch, current_watch, watching
 from .wrapper import GuardWrapper, guarded_routes, not_a_tenant_alias, refuse
 
 __all__ = ["GuardSession"]
+
+logger = logging.getLogger("kumiko_jobs.guard")
 
 
 class GuardSession:
@@ -115,9 +119,31 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     # A thread that carries the run's context (contextvars) sees the run here, also in
     # sync_to_async's executor thread; a plain thread does not (docs/guard.md, Not covered).
     watch = current_watch()
-    installed = watch.guard if watch is not None else None
+    if watch is None:
+        return
+    if watch.ended or (not watch.in_body and watch.thread not in (None, threading.get_ident())):
+        _refuse_outliving(watch, connection)
+    installed = watch.guard
     if installed is not None:
         installed.adopt(connection)
+
+
+def _refuse_outliving(watch: Watch, conn: Any) -> None:
+    """A connection made from a run's context where no wall stands: after the run ended, or in
+    another thread outside the body. It would log in with the project's credentials, in public,
+    unguarded (both ``DB_ROLES`` modes, every ``DB_GUARD`` mode): closed and refused."""
+    _close(conn)
+    when = "after the run ended" if watch.ended else "in another thread, outside the job body"
+    message = (
+        f"Job {watch.job!r} (tenant {watch.schema or 'public'}): a connection (alias "
+        f"{conn.alias!r}) was opened from the run's context {when}. A thread that carries a "
+        "run's context (contextvars.copy_context().run, an executor started by the job) must "
+        "finish its database work inside the job body: join it before the job returns."
+    )
+    logger.warning("%s", message)
+    if not watch.ended:
+        watch.violations.append(message)
+    raise DatabaseAccessDenied(message, job_name=watch.job, kind="connection")
 
 
 connection_created.connect(_on_connection_created, dispatch_uid="kumiko_jobs.db_guard")

@@ -24,9 +24,10 @@ this same session. What the server has is known only from django-tenants' own bo
   kumiko's ``DISCARD ALL`` and its rollback of a transaction a run left open,
   ``core.session``) forgets it.
 
-A job that changes its session's path itself does so under the guard's ``unsafe_raw`` (or with
-the guard off, or past it on the raw driver): the tenancy step resets that session with
-``DISCARD ALL`` after the run, which forgets the kept path, so the next run sets it again.
+Whatever a job does to its session's path (under the guard's ``unsafe_raw``, with the guard off,
+or past it on the raw driver), the tenancy step resets every session after every run with
+``DISCARD ALL`` and sets the kept path again in the same round trip (``kept_path``,
+``path_set_again``): the server's path is then known again, whatever the run did.
 Without ``TENANT_LIMIT_SET_CALLS`` django-tenants sets the path before every query whatever
 this records, so nothing changes there.
 """
@@ -38,7 +39,7 @@ from typing import Any
 
 from psycopg.pq import TransactionStatus
 
-from ..core import conf, project_settings, session
+from ..core import conf, project_settings
 
 __all__ = ["keeping", "settle"]
 
@@ -75,6 +76,25 @@ def keeping(base: type) -> type:
             self._kumiko_server_path = list(value) if trusted and value is not None else None
             self._kumiko_server_connection = raw if trusted else None
 
+        def kept_path(self) -> list[str] | None:
+            """The path the server has on this session, when it is trusted (module docstring):
+            the session reset sets it again in the same round trip (``core.session.discard``)."""
+            raw = getattr(self, "connection", None)
+            if raw is None or raw is not self._kumiko_server_connection:
+                return None
+            return None if self._kumiko_server_path is None else list(self._kumiko_server_path)
+
+        def path_set_again(self, path: list[str]) -> None:
+            """The session reset has just set ``path`` again, in autocommit, on this session: the
+            server has it, so it is kept (and counts as set if the wrapper points there now)."""
+            self._kumiko_server_path = list(path)
+            self._kumiko_server_connection = self.connection
+            try:
+                wanted = self._get_cursor_search_paths()
+            except Exception:  # an invalid schema name: django-tenants refuses it at the cursor
+                wanted = None
+            self.__dict__["_kumiko_path_set"] = list(path) if wanted == path else None
+
         def set_tenant(self, tenant: Any, include_public: bool = True) -> None:
             """django-tenants' ``set_tenant``, keeping the record of a path the server already has
             on this session (module docstring)."""
@@ -108,8 +128,7 @@ def settle(wrapper: Any) -> None:
     Only on a tenant role's connection made by ``keeping`` and with ``TENANT_LIMIT_SET_CALLS``
     (without it django-tenants sets the path before every query, and this would add one);
     costs no round trip when the path is kept, one ``SET`` otherwise, the one the body's first
-    query would have sent. The ``SET`` is the runner's own statement (``session.judged``): it
-    does not make the session count as touched past the guard.
+    query would have sent.
     """
     if not getattr(wrapper, "_kumiko_keeps_search_path", False):
         return
@@ -120,5 +139,5 @@ def settle(wrapper: Any) -> None:
     wrapper.ensure_connection()
     if wrapper.connection.info.transaction_status != TransactionStatus.IDLE:
         return
-    with session.judged(), wrapper.cursor():
+    with wrapper.cursor():
         pass  # django-tenants sends the SET when it hands out the cursor

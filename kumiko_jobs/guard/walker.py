@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..core.db import ADMISSION_LOCK_CLASS
+from ..core.db import ADMISSION_LOCK_CLASS, ADMISSION_LOCK_TABLE
 from .allowlists import (
     ADVISORY_XACT_LOCKS,
     BUILTIN_FUNCTIONS,
@@ -175,6 +175,9 @@ class Walker:
             self.catalog_read(name)
         else:
             self.schemas.add(schema)
+        if name == ADMISSION_LOCK_TABLE:
+            # A row lock on it (FOR UPDATE) would hold kumiko's admission lock of any tenant.
+            self.forbidden = f"{name} is kumiko's admission lock table"
         self.fields(node)
 
     def catalog_read(self, name: str) -> None:

@@ -3,11 +3,11 @@
 Everything the guard and the tenant's login (``guard.wrapper``, ``guard.connections``) need
 to know about a run, and everything they record on it, in one place: the run's schema, tenant
 and write origin, the grants its job declares, the escape hatches open right now, the
-violations (kept, so a job that catches the denial still fails), which database sessions the
-body may have changed, the installed guard, and the body's database identity. The run holds
-its Watch (``RunState.watch``); the guard reads the Watch and never the run, so the guard sits
-below the run side and imports nothing of it. ``JobContext`` opens and closes the hatches,
-through the methods below only.
+violations (kept, so a job that catches the denial still fails), the installed guard, the
+body's database identity, and where the run is (its thread, the body's window, its end). The
+run holds its Watch (``RunState.watch``); the guard reads the Watch and never the run, so the
+guard sits below the run side and imports nothing of it. ``JobContext`` opens and closes the
+hatches, through the methods below only.
 
 Pure data: this module imports nothing of kumiko and nothing of Django, so that the run state,
 which is imported while Django's apps load (the logging filter), can hold a Watch.
@@ -45,6 +45,9 @@ class Watch:
     declared_grants: frozenset[str]
     system: bool
     atomic: bool
+    # Run inline in a caller's open transaction (``Delivery.in_callers_transaction``): the body
+    # keeps the caller's connection (no tenant login). Fixed when the run starts.
+    in_callers_transaction: bool = False
     # The tenant model instance (written by the gates step through ``RunState.tenant``).
     tenant: Any = None
     # Hatches open now, innermost last (``JobContext``'s escape-hatch methods).
@@ -55,18 +58,23 @@ class Watch:
     system_db_open: bool = False
     # Denials (the guard's, PostgreSQL's): the run fails even if the job caught them.
     violations: list[str] = field(default_factory=list)
-    # Aliases whose session the body may have changed beyond its transaction (statements the
-    # guard allowed under unsafe_raw or inside system_db, server-side cursors); all of them
-    # when the guard did not watch (DB_GUARD="off"). The tenancy step resets those sessions
-    # (``session.clean_up``, given these two as ``session.Marks``).
-    dirty_sessions: set[str] = field(default_factory=set)
-    unwatched_sessions: bool = False
     # The db_guard step's installation while the body runs (it adopts connections opened
     # meanwhile); None outside the body and with DB_GUARD="off".
     guard: Installation | None = None
     # The body's database identity while it runs as its tenant's role
     # (``tenant_connections.Identity``); None otherwise.
     db_identity: Any = None
+    # kumiko_jobs.testing's inline body under DB_ROLES: it runs as its tenant's role on the
+    # caller's connection (SET ROLE), so PostgreSQL's refusals are the run's as on a login.
+    inline_role: bool = False
+    # The thread the run executes in, while it runs (``run.state.running``); True once the run
+    # ended. A thread that carries the run's context (``contextvars.copy_context().run``) and
+    # connects from outside the body, or after the run, is refused (``guard.install``).
+    thread: int | None = None
+    ended: bool = False
+    # Between the tenancy step's entry and exit: the body's window, where the guard and the
+    # tenant login decide about connections made in other threads.
+    in_body: bool = False
 
     @contextlib.contextmanager
     def hatch(self, grant: str) -> Iterator[None]:

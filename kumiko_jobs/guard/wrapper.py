@@ -18,10 +18,9 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
-from psycopg import ServerCursor
 from psycopg import sql as psycopg_sql
 
-from ..core import conf, project_settings, session
+from ..core import conf, project_settings
 from ..core.exceptions import DatabaseAccessDenied
 from .judge import Grant, Policy, Verdict, classify
 from .parse import statement_shape
@@ -39,8 +38,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("kumiko_jobs.guard")
-
-_UNSAFE_RAW = str(Grant.UNSAFE_RAW)
 
 
 def not_a_tenant_alias(conn: Any) -> str:
@@ -110,13 +107,12 @@ class _GuardsOtherRoutes:
 
     def copy(self, statement: Any, params: Any = None, **kwargs: Any) -> Any:
         self._check(statement, params)
-        # psycopg sends the COPY when the caller enters the block, after this returns: the
-        # session counts it as unjudged and is reset after the run (one round trip).
+        # psycopg sends the COPY when the caller enters the block, after this returns.
         return self.cursor.copy(statement, params, **kwargs)
 
     def stream(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
         self._check(query, params)
-        return self.cursor.stream(query, params, **kwargs)  # (likewise: reset after the run)
+        return self.cursor.stream(query, params, **kwargs)
 
     def callproc(self, procname: Any, params: Any = None, kparams: Any = None) -> Any:
         """The statement Django's psycopg cursor would build, sent through ``execute``."""
@@ -127,15 +123,6 @@ class _GuardsOtherRoutes:
         args = psycopg_sql.SQL(",").join(psycopg_sql.Literal(arg) for arg in params or ())
         self.execute(psycopg_sql.SQL("SELECT * FROM {}({})").format(name, args))  # type: ignore[attr-defined]
         return params
-
-
-def _run_judged(
-    execute: Callable[..., Any], sql: Any, params: Any, many: bool, context: Any
-) -> Any:
-    """Send a statement the guard has judged (or, in system_db and log mode, let through
-    knowingly): the tenant role's connection counts it as seen (``session.judged``)."""
-    with session.judged():
-        return execute(sql, params, many, context)
 
 
 def _checked_only(sql: Any, params: Any, many: bool, context: Any) -> None:
@@ -196,8 +183,7 @@ class GuardWrapper:
         watch = self.watch
         conn = context["connection"]
         if watch.system_db_open:
-            watch.dirty_sessions.add(conn.alias)  # unwatched: its session is reset after the run
-            return _run_judged(execute, sql, params, many, context)
+            return execute(sql, params, many, context)
         if watch.tenant is not None and getattr(conn, "schema_name", None) is None:
             refuse(
                 watch,
@@ -205,7 +191,7 @@ class GuardWrapper:
                 "database",
                 not_a_tenant_alias(conn),
             )
-            return _run_judged(execute, sql, params, many, context)  # log mode
+            return execute(sql, params, many, context)  # log mode
         text = sql if isinstance(sql, str) else _composed_text(sql, context)
         if watch.atomic and statement_shape(text, params is not None).ends_transaction:
             # Whatever the grants: the runner's transaction holds the body and its success.
@@ -218,8 +204,7 @@ class GuardWrapper:
                 "run's success. Savepoints (`with transaction.atomic():` inside the job) work; "
                 "to commit on your own, drop atomic=True.",
             )
-            watch.dirty_sessions.add(conn.alias)  # log mode
-            return _run_judged(execute, sql, params, many, context)
+            return execute(sql, params, many, context)
         policy = self.policy()
         verdict = classify(text, policy, parameters=params is not None)
         grants = verdict.grants_used
@@ -229,21 +214,14 @@ class GuardWrapper:
         if verdict.allowed:
             for grant in grants:
                 self.report_use(str(grant))
-            if Grant.UNSAFE_RAW in grants or _UNSAFE_RAW in watch.active_grants:
-                # What the guard allows only under unsafe_raw (SET, set_config, session
-                # advisory locks, PREPARE, LISTEN, temporary tables, ...) may outlive the run:
-                # the tenancy step resets this session. Any statement inside the block counts,
-                # not only those that needed the grant: the reset must not depend on the
-                # classifier seeing every way a statement changes the session.
-                watch.dirty_sessions.add(conn.alias)
-            elif _server_side(context):
-                watch.dirty_sessions.add(conn.alias)  # a cursor Django may hold past the tx
-            return _run_judged(execute, sql, params, many, context)
+            # What the guard allows under unsafe_raw (SET, set_config, session advisory locks,
+            # temporary tables, ...) may outlive the statement: the tenancy step resets every
+            # session after every run, whatever the guard saw (core.session).
+            return execute(sql, params, many, context)
         message = denial_message(watch, verdict)
         if not self.enforce:
             logger.warning("DB guard (log mode) would deny: %s", message)
-            watch.dirty_sessions.add(conn.alias)
-            return _run_judged(execute, sql, params, many, context)
+            return execute(sql, params, many, context)
         # Kept on the run, so a job that catches the exception still fails.
         watch.violations.append(message)
         raise DatabaseAccessDenied(
@@ -285,12 +263,6 @@ class GuardWrapper:
                 )
                 return Verdict(False, reading.kind, None, None, reason, "cross_schema"), ()
         return verdict, (*verdict.grants_used, *switched.grants_used)
-
-
-def _server_side(context: Mapping[str, Any]) -> bool:
-    """A named cursor (``QuerySet.iterator()``): in autocommit, Django declares it WITH HOLD."""
-    cursor = getattr(context.get("cursor"), "cursor", None)
-    return isinstance(cursor, ServerCursor)
 
 
 def _switched_schema(conn: Any, policy: Policy) -> str | None:

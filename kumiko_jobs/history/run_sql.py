@@ -24,6 +24,8 @@ back by the sweep (a lost finish), as after a worker crash. docs/reliability.md 
 from __future__ import annotations
 
 import functools
+import hashlib
+import secrets
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -310,10 +312,7 @@ def atomic_transaction() -> Iterator[str]:
     """The atomic run's transaction on the body's connection (the default alias), yielding its
     id (``atomic_begin``); rolled back if the block raises or calls ``atomic_roll_back``."""
     with transaction.atomic(using=DEFAULT_DB_ALIAS):
-        # The runner's own statement on the tenant login: known, so it does not make the
-        # session count as touched past the guard (which would reset it after every run).
-        with session.judged():
-            xid = atomic_begin()
+        xid = atomic_begin()
         yield xid
 
 
@@ -323,8 +322,8 @@ def atomic_roll_back() -> None:
 
 
 def atomic_function() -> str:
-    """The schema-qualified name of migration 0011's success function, so it is found whatever the
-    connection's ``search_path``.
+    """The schema-qualified name of the success function (migrations 0011, 0017), so it is found
+    whatever the connection's ``search_path``.
     """
     return f"{connection.ops.quote_name(project_settings.public_schema_name())}.{ATOMIC_FUNCTION}"
 
@@ -338,23 +337,45 @@ def atomic_begin() -> str:
     return str(row[0])
 
 
+def atomic_key(project: Any, *, run_id: str, attempt: int) -> str | None:
+    """A fresh secret for the atomic attempt the runner is about to run; its SHA-256 is written
+    on the run's row, on the project's connection ``project``, before the body's transaction
+    opens (committed at once, so the success function sees it at any isolation level). Tenant
+    logins cannot write that column (no privilege on kumiko's tables; the classifier refuses
+    it), and only this runner holds the secret: migration 0017's function accepts the success
+    of this attempt only with it. None when the run does not run this attempt (any more)."""
+    secret = secrets.token_hex(32)
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    qn = connection.ops.quote_name
+    with session.plain_cursor(project) as cursor:
+        cursor.execute(
+            f"UPDATE {_qualified(JobRun._meta.db_table)} SET {qn('atomic_key')} = %s "
+            f"WHERE {qn('run_id')} = %s AND {qn('status')} = %s AND {qn('attempts')} = %s",
+            [digest, uuid.UUID(run_id), RunStatus.RUNNING.value, attempt],
+        )
+        written = cursor.rowcount == 1
+    return secret if written else None
+
+
 def atomic_success(
-    *, run_id: str, attempt: int, xid: str, finished_at: datetime, result: Any
+    *, run_id: str, attempt: int, xid: str, key: str, finished_at: datetime, result: Any
 ) -> None:
-    """The run's success, in the body's transaction, through migration 0011's function: the
+    """The run's success, in the body's transaction, through migration 0017's function: the
     body's login may hold no privilege on kumiko's tables (DB_ROLES). The function also sets
     ``synchronous_commit = on`` for the transaction and refuses when the job ended the
-    transaction the runner opened (``xid``) or the run no longer runs this attempt."""
+    transaction the runner opened (``xid``), without the attempt's secret (``key``, see
+    ``atomic_key``), or when the run no longer runs this attempt."""
     from psycopg.types.json import Jsonb
 
     with public_cursor() as cursor:
         cursor.execute(
-            f"SELECT {atomic_function()}(%s, %s, %s::xid8, %s, %s)",
+            f"SELECT {atomic_function()}(%s, %s, %s::xid8, %s, %s, %s)",
             [
                 uuid.UUID(run_id),
                 attempt,
                 xid,
                 finished_at,
                 None if result is None else Jsonb(result),
+                key,
             ],
         )

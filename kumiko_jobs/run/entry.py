@@ -17,7 +17,7 @@ from django.db import connections
 from django.utils import timezone
 
 from .. import transport
-from ..core import conf, idle_connections
+from ..core import conf, current, idle_connections
 from ..core import envelope as envelope_mod
 from ..core.current import job_alarm
 from ..core.exceptions import EnvelopeError, JobNotRegistered
@@ -148,13 +148,24 @@ def run_state(state: RunState, *, push: bool = True) -> None:
     global _pipeline
     if _pipeline is None:
         _pipeline = build_pipeline()
+    # Nothing outlives a run (docs/guard.md): the attempt runs in a fresh copy of the context,
+    # so a ContextVar, translation or time zone it sets ends with it, and kumiko's own
+    # variables start unset; Django's locale is put back to the defaults around it as well.
+    current.reset_locale()
+    try:
+        current.attempt_context().run(_run_pipeline, _pipeline, state)
+    finally:
+        current.reset_locale()
+    if push:
+        dispatch(state)
+
+
+def _run_pipeline(pipeline: Next, state: RunState) -> None:
     # Before the history's first statement: a kept connection that PostgreSQL ended while the
     # worker was idle is replaced, not failed on (core.idle_connections).
     idle_connections.close_dead()
     with running(state):
-        _pipeline(state)
-    if push:
-        dispatch(state)
+        pipeline(state)
 
 
 def dispatch(state: RunState) -> None:

@@ -14,6 +14,7 @@ for the run side and above (the worker's timeout, the Django tasks backend)."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from ..core import current
 from ..core.outcome import DeferralKind, Outcome
 from ..core.text import storable
 from ..enqueueing.followups import FollowupBatch, collecting
-from ..guard.watch import Watch
+from ..guard.watch import Watch, watching
 from ..history import audit
 from .joblog import AttemptLog
 
@@ -42,13 +43,19 @@ current_run: ContextVar[RunState | None] = ContextVar("kumiko_jobs_current_run",
 @contextlib.contextmanager
 def running(state: RunState) -> Iterator[None]:
     """``state`` is the current run inside the block: ``current_run``, the context variables
-    of core.current, and its follow-up batch (runner.run_state and testing run the pipeline
-    in it)."""
+    of core.current, its follow-up batch and its Watch (runner.run_state and testing run the
+    pipeline in it). When the block ends the run has ended: the Watch says so to any thread that
+    still carries the run's context."""
     token = current_run.set(state)
+    watch = state.watch
+    watch.thread = threading.get_ident()
     try:
-        with current.running(state.envelope), collecting(state.followups):
+        # The run's Watch is current for the whole run, not only the body: a connection made
+        # from the run's context in another thread, or after the run, is refused by it.
+        with current.running(state.envelope), collecting(state.followups), watching(watch):
             yield
     finally:
+        watch.ended = True
         current_run.reset(token)
 
 
@@ -105,6 +112,11 @@ class Delivery:
     rq_job_id: str = ""
     queue: str = ""
     worker_name: str = ""
+    # Run inline inside the caller's open transaction (``testing.run_jobs`` in pytest-django's
+    # ``db`` fixture): the body must see that transaction's rows, so it runs on the caller's
+    # connection as the project user (no tenant login). Set here, by whoever starts the run,
+    # and never read from a context variable that job code could set for later runs.
+    in_callers_transaction: bool = False
 
 
 @dataclass(slots=True)
@@ -313,6 +325,7 @@ class RunState:
             declared_grants=frozenset(definition.grants),
             system=definition.system,
             atomic=definition.atomic,
+            in_callers_transaction=self.delivery.in_callers_transaction,
         )
         self.followups = FollowupBatch(parent=env)
         hatch = definition.escape_hatch

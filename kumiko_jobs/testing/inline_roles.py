@@ -28,8 +28,7 @@ from django.db import connection
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from ..guard import connections as tenant_connections
-from ..guard import role_names
+from ..guard import refusals, role_names
 
 
 class MissingTenantRole(AssertionError):
@@ -72,9 +71,9 @@ class InlineRoles:
         self._become(role)
         raw = self.raw
         self.factories = (raw.cursor_factory, raw.server_cursor_factory)
-        raw.cursor_factory = tenant_connections.recording_denials(raw.cursor_factory)
+        raw.cursor_factory = refusals.recording(raw.cursor_factory)
         if raw.server_cursor_factory is not None:
-            raw.server_cursor_factory = tenant_connections.recording_denials(
+            raw.server_cursor_factory = refusals.recording(
                 raw.server_cursor_factory
             )
 

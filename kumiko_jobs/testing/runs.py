@@ -22,7 +22,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from ..core import conf
+from ..core import conf, current
 from ..core.exceptions import JobNotRegistered
 from ..core.outcome import Outcome
 from ..definition.job import JobDefinition
@@ -124,28 +124,26 @@ def _run(row: JobRun) -> Ran:
     except JobNotRegistered as exc:
         raise AssertionError(f"run {row.run_id} waits for {row.job_name!r}: {exc}") from None
     env = waiting_envelope(row)
+    wrapper: Any = connections[DEFAULT_DB_ALIAS]
     delivery = Delivery(
         envelope=env,
         definition=definition,
         rq_job_id=env.rq_job_id,
         queue=definition.queue_name,
         worker_name=WORKER_NAME,
+        in_callers_transaction=wrapper.in_atomic_block,
     )
     state = RunState(delivery)
-    wrapper: Any = connections[DEFAULT_DB_ALIAS]
     tenant_before = getattr(wrapper, "tenant", None)
     if wrapper.in_atomic_block and env.schema and conf.get().DB_ROLES:
         _check_role(env.schema)  # a set-up mistake is the test's to see, not a failed run
-    inline = tenant_connections.inline_in_callers_transaction.set(wrapper.in_atomic_block)
     try:
         # What runner.run_state does, minus the push of the next message (the next attempt
-        # is a row, which the next round finds).
+        # is a row, which the next round finds), in a fresh context as there.
         # A job's exception ends in its outcome (the retry step); what still raises here
         # (a history write that failed, a timeout outside the body) is the test's to see.
-        with running(state):
-            _pipeline()(state)
+        current.attempt_context().run(_run_pipeline, state)
     finally:
-        tenant_connections.inline_in_callers_transaction.reset(inline)
         if tenant_before is not None and hasattr(wrapper, "set_tenant"):
             # The run ends on public; a test inside a tenant (TenantTestCase) stays there.
             wrapper.set_tenant(tenant_before)
@@ -166,6 +164,11 @@ def _check_role(schema: str) -> None:
     tenant = get_tenant_model().objects.filter(schema_name=schema).first()
     if tenant is not None:  # a tenant that is gone: the gates fail the run, as on a worker
         role_of(tenant)
+
+
+def _run_pipeline(state: RunState) -> None:
+    with running(state):
+        _pipeline()(state)
 
 
 def _savepoint_for_the_body(state: RunState, call_next: Next) -> None:
@@ -192,6 +195,7 @@ def _savepoint_for_the_body(state: RunState, call_next: Next) -> None:
     try:
         with watching(state.watch):  # PostgreSQL's refusals are recorded on this run
             if roles is not None:
+                state.watch.inline_role = True
                 roles.enter(role_names.role_name(state.tenant.pk))
             call_next(state)
     except BaseException:

@@ -691,6 +691,7 @@ def everyday(ctx: JobContext, *, case: str) -> None:
 
 
 from . import (  # noqa: E402
+    outlive_jobs,  # noqa: F401  (jobs of the "nothing outlives a run" suite)
     role_jobs,  # noqa: F401  (jobs of the two-walls suite)
     route_jobs,  # noqa: F401  (jobs of the route and run-hygiene suites)
 )

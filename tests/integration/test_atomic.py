@@ -123,12 +123,19 @@ def test_a_commit_through_the_raw_driver_is_detected_not_prevented(tenants):
 def test_the_success_function_forces_a_synchronous_commit(tenants):
     handle = jobs.probe.enqueue(tenant="t1", tag="x")
     JobRun.objects.filter(pk=handle.run_id).update(status=RunStatus.RUNNING, attempts=1)
+    key = run_sql.atomic_key(connection, run_id=handle.run_id, attempt=1)
+    assert key is not None
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit = off")
         xid = run_sql.atomic_begin()
         run_sql.atomic_success(
-            run_id=handle.run_id, attempt=1, xid=xid, finished_at=JobRun().queued_at, result=None
+            run_id=handle.run_id,
+            attempt=1,
+            xid=xid,
+            key=key,
+            finished_at=JobRun().queued_at,
+            result=None,
         )
         with connection.cursor() as cursor:
             cursor.execute("SHOW synchronous_commit")
@@ -149,7 +156,7 @@ def test_the_success_function_refuses_another_schemas_run(tenants):
         cursor.execute("SELECT pg_current_xact_id()::text")
         xid = cursor.fetchone()[0]
         cursor.execute(
-            f"SELECT {run_sql.atomic_function()}(%s, 1, %s::xid8, now(), NULL)",
+            f"SELECT {run_sql.atomic_function()}(%s, 1, %s::xid8, now(), NULL, NULL)",
             [handle.run_id, xid],
         )
     t1.close()

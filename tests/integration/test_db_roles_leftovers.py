@@ -38,7 +38,6 @@ def _only_on_a_test_database(django_db_setup: None) -> None:
 def reset(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """``closed``: as shipped. ``calibration``: the reset that closes the case is off."""
     if request.param == "calibration":
-        monkeypatch.setattr(session, "note_statement", lambda pg_connection: None)
         monkeypatch.setattr(session, "reset_borrowed", lambda conn: None)
         monkeypatch.setattr(session, "discard", lambda conn, raw=False: None)
     return str(request.param)

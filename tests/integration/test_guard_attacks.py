@@ -441,7 +441,7 @@ def protections_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from kumiko_jobs.definition.registry import registry
     from kumiko_jobs.history import run_sql
 
-    monkeypatch.setattr(session, "clean_up", lambda marks, busy: [])
+    monkeypatch.setattr(session, "clean_up", lambda busy: [])
     monkeypatch.setattr(run_sql, "end_stray_transaction", lambda: False)
     monkeypatch.setattr(signals, "_refuse_inside_a_run", lambda action: None)
     accepting = dataclasses.replace(jobs.system_reprice, tenant_may_start=True)

@@ -977,14 +977,29 @@ def test_two_key_advisory_locks_need_a_constant_class(sql: str) -> None:
     assert_denied(classify(sql, BASE), UNSAFE, "unverifiable")
 
 
-def test_admission_lock_statement_uses_the_reserved_class() -> None:
-    import inspect
-
+def test_admission_lock_is_a_row_of_kumikos_lock_table() -> None:
+    """Issue 22: an advisory key any session could hold became a row lock on a kumiko table."""
+    from kumiko_jobs.core.db import ADMISSION_LOCK_TABLE
     from kumiko_jobs.enqueueing import admission
+    from kumiko_jobs.models import AdmissionLock
 
-    source = inspect.getsource(admission.admission)
-    assert "pg_advisory_xact_lock(%s, hashtext(%s))" in source
-    assert "ADMISSION_LOCK_CLASS" in source
+    assert AdmissionLock._meta.db_table == ADMISSION_LOCK_TABLE
+    assert f'"{ADMISSION_LOCK_TABLE}"' in admission._lock_sql()
+    assert "advisory" not in admission._lock_sql()
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT 1 FROM kumiko_jobs_admissionlock WHERE key = %s FOR UPDATE",
+        "SELECT * FROM public.kumiko_jobs_admissionlock FOR NO KEY UPDATE",
+        "SELECT key FROM kumiko_jobs_admissionlock",
+        "WITH l AS (SELECT 1 FROM public.kumiko_jobs_admissionlock FOR SHARE) SELECT 1",
+    ],
+)
+def test_kumikos_admission_lock_table_is_refused_whatever_the_grants(sql: str) -> None:
+    assert_denied(classify(sql, BASE, parameters="%s" in sql), None, "protected")
+    assert_denied(classify(sql, policy(*ALL), parameters="%s" in sql), None, "protected")
 
 
 # --- utility statements ------------------------------------------------------------------------

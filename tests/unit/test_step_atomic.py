@@ -35,6 +35,8 @@ class Transaction:
 
     def __init__(self, refuse: bool = False) -> None:
         self.refuse = refuse
+        self.key: str | None = "attempt-key"  # None: the run no longer runs the attempt
+        self.keyed: list[tuple[str, int]] = []
         self.events: list[str] = []
         self.successes: list[dict[str, Any]] = []
         self._rollback = False
@@ -48,6 +50,10 @@ class Transaction:
             self.events.append("rollback")
             raise
         self.events.append("rollback" if self._rollback else "commit")
+
+    def atomic_key(self, project: Any, *, run_id: str, attempt: int) -> str | None:
+        self.keyed.append((run_id, attempt))
+        return self.key
 
     def atomic_roll_back(self) -> None:
         self._rollback = True
@@ -68,6 +74,7 @@ def install(monkeypatch: pytest.MonkeyPatch, tx: Transaction) -> Transaction:
     monkeypatch.setattr(run_sql, "atomic_transaction", tx.atomic_transaction)
     monkeypatch.setattr(run_sql, "atomic_roll_back", tx.atomic_roll_back)
     monkeypatch.setattr(run_sql, "atomic_success", tx.atomic_success)
+    monkeypatch.setattr(run_sql, "atomic_key", tx.atomic_key)
     return tx
 
 
@@ -92,7 +99,17 @@ def test_a_success_is_recorded_in_the_bodys_transaction(tx: Transaction) -> None
     [success] = tx.successes
     assert success["run_id"] == state.envelope.run_id
     assert (success["attempt"], success["xid"], success["result"]) == (2, "xid-42", {"n": 1})
+    # With the secret whose hash the runner wrote for this attempt, before the transaction.
+    assert success["key"] == "attempt-key"
+    assert tx.keyed == [(state.envelope.run_id, 2)]
     assert state.atomicity.committed
+
+
+def test_an_attempt_whose_key_cannot_be_written_opens_no_transaction(tx: Transaction) -> None:
+    tx.key = None
+    with pytest.raises(Unrecoverable, match="no longer runs attempt"):
+        atomic(atomic_run(), body(tx, lambda s: s.ending.succeed(1)))
+    assert tx.events == []
 
 
 @pytest.mark.parametrize(

@@ -121,10 +121,9 @@ def test_the_body_runs_inside_the_guard_of_the_mode(
     (guard,) = guards
     assert (guard.watch, guard.enforce) == (state.watch, enforce)
     assert inside == [True] and guard.exited
-    assert state.watch.unwatched_sessions is False
 
 
-def test_without_the_guard_the_bodys_sessions_count_as_unwatched(
+def test_without_the_guard_the_body_runs_unguarded(
     guards: list[FakeGuardSession],
 ) -> None:
     state, rest = make_state(), Rest()
@@ -132,7 +131,6 @@ def test_without_the_guard_the_bodys_sessions_count_as_unwatched(
         db_guard(state, rest)
     assert guards == []
     assert rest.calls == 1
-    assert state.watch.unwatched_sessions is True  # so the tenancy step resets them
 
 
 class Loud(Exception):

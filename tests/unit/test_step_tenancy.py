@@ -40,13 +40,13 @@ class Sessions:
 
     busy: frozenset[str] = frozenset()
     left_open: list[list[str]] = field(default_factory=list)
-    cleanups: list[tuple[session.Marks, frozenset[str], str]] = field(default_factory=list)
+    cleanups: list[tuple[frozenset[str], str]] = field(default_factory=list)
 
     def busy_aliases(self) -> frozenset[str]:
         return self.busy
 
-    def clean_up(self, marks: session.Marks, busy: frozenset[str]) -> list[str]:
-        self.cleanups.append((marks, busy, connection.schema_name))
+    def clean_up(self, busy: frozenset[str]) -> list[str]:
+        self.cleanups.append((busy, connection.schema_name))
         return self.left_open.pop(0) if self.left_open else []
 
 
@@ -97,9 +97,8 @@ def test_a_tenant_run_enters_its_schema_and_leaves_it(sessions: Sessions) -> Non
     tenancy(state, rest)
     assert rest.schemas == ["t1"]
     assert connection.schema_name == public()
-    [(marks, busy, _)] = sessions.cleanups
+    [(busy, _)] = sessions.cleanups
     assert busy == frozenset()
-    assert marks == session.Marks(dirty=state.watch.dirty_sessions, unwatched=False)
 
 
 def test_a_body_that_switched_schema_is_put_back_in_public(sessions: Sessions) -> None:
@@ -143,19 +142,17 @@ def test_a_callers_transaction_is_not_the_runs_to_end(sessions: Sessions) -> Non
     sessions.busy = frozenset({"default"})
     state = make_state("t1", tenant=TENANT)
     tenancy(state, Rest())
-    [(_, busy, _)] = sessions.cleanups
+    [(busy, _)] = sessions.cleanups
     assert busy == frozenset({"default"})
 
 
-def test_the_guards_marks_reach_the_clean_up(sessions: Sessions) -> None:
-    def dirtied(state: RunState) -> None:
-        state.watch.dirty_sessions.add("default")
-        state.watch.unwatched_sessions = True
-
-    tenancy(make_state("t1", tenant=TENANT), Rest(dirtied))
-    [(marks, _, _)] = sessions.cleanups
-    assert marks.dirty == {"default"}
-    assert marks.unwatched
+def test_the_body_window_is_marked_on_the_watch(sessions: Sessions) -> None:
+    """Other threads' connections are refused outside it (guard.install)."""
+    state = make_state("t1", tenant=TENANT)
+    inside: list[bool] = []
+    tenancy(state, Rest(lambda s: inside.append(s.watch.in_body)))
+    assert inside == [True]
+    assert state.watch.in_body is False
 
 
 @dataclass
@@ -188,7 +185,7 @@ def test_under_db_roles_the_bodys_connections_are_cleaned_without_the_callers_bu
     state = make_state("t1", tenant=TENANT)
     tenancy(state, Rest())
     assert entered == [state.watch]
-    [(_, busy, _)] = sessions.cleanups
+    [(busy, _)] = sessions.cleanups
     assert busy == frozenset()  # the tenant login's pooled connections: never a caller's
 
 
@@ -201,7 +198,6 @@ def test_under_db_roles_the_projects_connections_used_by_the_body_are_reset_too(
     state = make_state("t1", tenant=TENANT)
     with pytest.raises(Unrecoverable, match="'default'"):
         tenancy(state, Rest())
-    (_, body_busy, _), (marks, project_busy, _) = sessions.cleanups
+    (body_busy, _), (project_busy, _) = sessions.cleanups
     assert body_busy == frozenset()
     assert project_busy == frozenset({"other"})
-    assert "default" in marks.dirty  # reset whatever the guard saw

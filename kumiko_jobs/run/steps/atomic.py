@@ -1,10 +1,13 @@
 """``@job(atomic=True)``: the body's writes and the run's success commit in one transaction.
 
 Between the tenancy step (the body's connection: under DB_ROLES the tenant's login) and the
-guard. The transaction is opened on the default alias of the body's connection; the runner
-reads its id before the body runs, and after a successful body records the success through
-migration 0011's SECURITY DEFINER function in the same transaction, which refuses if the body
-ended the transaction itself (a raw COMMIT or ROLLBACK the guard did not see). Then it commits:
+guard. First the runner writes, on the project's connection, the hash of a secret only it holds
+for this attempt (``run_sql.atomic_key``). The transaction is opened on the default alias of the
+body's connection; the runner reads its id before the body runs, and after a successful body
+records the success through migration 0017's SECURITY DEFINER function in the same
+transaction, which refuses without the attempt's secret (a job calling it for its own run or
+another running run of its tenant: issue 22) and if the body ended the transaction itself (a
+raw COMMIT or ROLLBACK the guard did not see). Then it commits:
 a crash before the COMMIT leaves neither the effect nor the success, one after it leaves both,
 and the redelivered message finds the run ``succeeded`` and is dropped (records step).
 
@@ -18,7 +21,6 @@ from __future__ import annotations
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.utils import timezone
 
-from ...core import session
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
 from ...guard import search_path
@@ -36,6 +38,16 @@ def atomic(state: RunState, call_next: Next) -> None:
     if not state.definition.atomic or state.tenant is None:
         call_next(state)
         return
+    identity = state.watch.db_identity
+    project = (
+        identity.project_wrapper(DEFAULT_DB_ALIAS) if identity else connections[DEFAULT_DB_ALIAS]
+    )
+    key = run_sql.atomic_key(project, run_id=state.envelope.run_id, attempt=state.envelope.attempt)
+    if key is None:
+        raise Unrecoverable(
+            f"the atomic run {state.envelope.run_id} no longer runs attempt "
+            f"{state.envelope.attempt}: its success could not be prepared"
+        )
     # The body's search path, set (if it must be) before the transaction: kept for later runs.
     search_path.settle(connections[DEFAULT_DB_ALIAS])
     with run_sql.atomic_transaction() as xid:
@@ -44,15 +56,14 @@ def atomic(state: RunState, call_next: Next) -> None:
             run_sql.atomic_roll_back()
             return
         try:
-            # The runner's own statement on the tenant login (see run_sql.atomic_transaction).
-            with session.judged():
-                run_sql.atomic_success(
-                    run_id=state.envelope.run_id,
-                    attempt=state.envelope.attempt,
-                    xid=xid,
-                    finished_at=timezone.now(),
-                    result=state.ending.result,
-                )
+            run_sql.atomic_success(
+                run_id=state.envelope.run_id,
+                attempt=state.envelope.attempt,
+                xid=xid,
+                key=key,
+                finished_at=timezone.now(),
+                result=state.ending.result,
+            )
         except DatabaseError as exc:
             # Not retried: a job that ends its own transaction does so again, and what it
             # committed before is committed (its effect may exist without the success).

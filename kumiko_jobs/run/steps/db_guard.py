@@ -20,11 +20,9 @@ from ..state import RunState, render_error
 
 
 def db_guard(state: RunState, call_next: Next) -> None:
-    """The pipeline step: the body runs under the guard (or, with ``DB_GUARD="off"``, with
-    its sessions marked unwatched, so that the tenancy step resets them)."""
+    """The pipeline step: the body runs under the guard (or, with ``DB_GUARD="off"``, without)."""
     mode = conf.get().DB_GUARD
     if mode == "off":
-        state.watch.unwatched_sessions = True  # nothing watched the body: its sessions are reset
         _call_body(state, call_next)
         return
     # The guard reads only the run's Watch; the audit of a grant's use needs the whole run.

@@ -2,8 +2,8 @@
 
 The worker process serves every tenant; whatever a job does to the connection (switches
 schema and forgets to switch back, breaks the transaction, leaves one open, changes the
-session) must not reach the next run: ``kumiko_jobs.session`` resets it, and a run that left
-a transaction open fails (its transaction is rolled back).
+session) must not reach the next run: ``kumiko_jobs.session`` resets every session after every
+run, and a run that left a transaction open fails (its transaction is rolled back).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def tenancy(state: RunState, call_next: Next) -> None:
     busy = session.busy_aliases()
     left_open: list[str] = []
     identity = None
+    state.watch.in_body = True
     try:
         with tenant_connections.body_identity(state.watch) as identity:
             # With DB_ROLES the body's connections are the tenant role's (pooled, never inside
@@ -46,10 +47,10 @@ def tenancy(state: RunState, call_next: Next) -> None:
                 raise
             left_open = _leave(state, body_busy)
     finally:
+        state.watch.in_body = False
         if identity is not None and identity.project_used:
             # ctx.system_db() used the project's connections inside a tenant identity: reset
-            # them whatever the guard saw, since the raw driver there is the project's user.
-            state.watch.dirty_sessions.update(identity.aliases)
+            # them, since the raw driver there is the project's user.
             left_open += _leave(state, busy)
     if left_open:
         raise Unrecoverable(
@@ -71,9 +72,7 @@ def _other_aliases_in(tenant: Any) -> None:
 def _leave(state: RunState, busy: frozenset[str]) -> list[str]:
     """End of the body: no transaction, no session state, public schema (module doc)."""
     try:
-        watch = state.watch
-        marks = session.Marks(dirty=watch.dirty_sessions, unwatched=watch.unwatched_sessions)
-        return session.clean_up(marks, busy)
+        return session.clean_up(busy)
     finally:
         reset_connections()
 
