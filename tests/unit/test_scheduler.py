@@ -201,7 +201,8 @@ def test_a_cron_alarm_pushes_its_tick_and_is_rearmed(
     make_scheduler(redis).enqueue_job(ALARM)  # type: ignore[arg-type]
     assert hooks.fired == [ALARM.id]
     assert pushes.messages == [TICK]  # the tick's own message, never the alarm
-    assert redis.zsets[SCHEDULED] == {ALARM.id: 1_900_000_000}
+    # Scored as given: truncated to 1_900_000_000, it rang 0.7 s early (issue 23).
+    assert redis.zsets[SCHEDULED] == {ALARM.id: 1_900_000_000.7}
 
 
 def test_a_tick_that_already_fired_is_rearmed_without_a_push(
@@ -289,7 +290,7 @@ def test_the_loop_survives_a_redis_outage_and_syncs_again(
             raise RedisConnectionError("Connection refused")
 
     pauses: list[float] = []
-    monkeypatch.setattr(queues.DelayedSet, "run", loop)
+    monkeypatch.setattr(Scheduler, "serve", loop)
     monkeypatch.setattr(time, "sleep", pauses.append)
     make_scheduler(redis).run(burst=True)
     assert runs == [False, True, True]  # restarted twice, marked as a restart
@@ -305,7 +306,7 @@ def test_the_loop_ends_on_any_other_error(
     def loop(self: Scheduler, burst: bool = False) -> None:
         raise ValueError("There's already an active RQ scheduler")
 
-    monkeypatch.setattr(queues.DelayedSet, "run", loop)
+    monkeypatch.setattr(Scheduler, "serve", loop)
     with pytest.raises(ValueError):
         make_scheduler(redis).run(burst=True)
 
