@@ -215,3 +215,25 @@ def test_cron_ticks_start_no_earlier_than_their_second(rqscheduler):
     for run in runs:
         tick = ticks[run.run_id.hex]
         assert run.started_at is not None and run.started_at >= tick, (run.started_at, tick)
+
+
+def test_a_delayed_push_is_one_round_trip(redis_conn):
+    """The job hash and its score in one MULTI/EXEC: rq-scheduler's own enqueue_in sent the
+    hash, then the score (and a rate-limited message's hash a second time)."""
+    from tests.conftest import redis_round_trips
+
+    for limit in (0, 2):
+        message = transport.Message(
+            body="signed",
+            queue="default",
+            job_id=f"kj-one-trip-{limit}",
+            timeout=60,
+            delay=0.3,
+            rate_limit_key="kj:test:limit" if limit else "",
+            rate_limit=limit,
+        )
+        with redis_round_trips() as trips:
+            transport.push(message)
+        assert trips["trips"] == 1
+        score = redis_conn.zscore(transport.Scheduler.scheduled_jobs_key, message.job_id)
+        assert score is not None and score != int(score)  # its due time, not a whole second

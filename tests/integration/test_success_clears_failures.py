@@ -15,6 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
 from kumiko_jobs import TenantVisibleError
 from kumiko_jobs.models import JobFailure, JobRun, RunStatus
@@ -90,3 +92,29 @@ def test_a_success_with_follow_ups_clears_it_in_its_transaction(declare, tenants
     work()
     assert JobRun.objects.filter(job_name=noop.name, status=RunStatus.SUCCEEDED).count() == 1
     assert failures() == {("t1", "item=1"), ("t2", "item=1")}
+
+
+@override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "DB_ROLES": False})
+@pytest.mark.parametrize("declared", [False, True], ids=["undeclared", "declared"])
+def test_clearing_costs_no_statement_more(declare, tenants, declared):
+    """A tenant's success is still its start and its finish, the clearing inside the finish.
+    A job declaring tenant_visible_failure used to finish in a transaction: start, SET
+    search_path, INSERT, UPDATE, SELECT, DELETE and the COMMIT (seen on the code before issue
+    23). Counted on the test's own connection, which the body shares with DB_ROLES off."""
+    from tests.integration.test_run_sql import _kind, recording
+
+    def quiet(ctx: Any, *, item: int, fail: bool = False) -> None:
+        _body(ctx, item, fail)
+
+    visible = {"message_key": "testapp.generic", "subject_fields": ["item"]}
+    job = declare(quiet, **({"tenant_visible_failure": visible} if declared else {}))
+    job.enqueue(tenant=tenants["t1"], item=1, fail=True)
+    work()
+    assert failures() == {("t1", "item=1" if declared else "")}
+    handle = job.enqueue(tenant=tenants["t1"], item=1)
+    with recording() as statements:
+        work()
+    run = JobRun.objects.get(pk=handle.run_id)
+    # The body sends nothing, so django-tenants never sets its path: two statements in all.
+    assert [_kind(sql) for sql in statements.of(run.rq_job_id)] == ["start", "finish"]
+    assert failures() == set()
