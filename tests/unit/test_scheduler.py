@@ -1,4 +1,4 @@
-"""Unit tests for the transport's scheduler (transport/scheduler.py): no Redis.
+"""Unit tests for the transport's scheduler (transport/scheduler.py, scheduler_loop.py): no Redis.
 
 ``Scheduler`` takes its Redis connection; ``FakeRedis`` below is the few commands it sends, in
 memory. The cron domain is a fake ``CronHooks``, pushes are captured by
@@ -27,7 +27,7 @@ from django.test import override_settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from kumiko_jobs import testing
-from kumiko_jobs.transport import CRON_PREFIX, Message, queues, scheduler
+from kumiko_jobs.transport import CRON_PREFIX, Message, queues, scheduler, scheduler_loop
 from kumiko_jobs.transport.scheduler import Scheduler
 
 SCHEDULED = Scheduler.scheduled_jobs_key
@@ -450,7 +450,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(scheduler, "time", fake)
+    monkeypatch.setattr(scheduler_loop, "time", fake)
     return fake
 
 
