@@ -370,3 +370,27 @@ class RejectedMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.received_at:%Y-%m-%d %H:%M:%S} {self.reason}"
+
+
+class BootMarker(models.Model):
+    """A ``run_on_boot`` job enqueued for one Redis dataset (docs/reliability.md, "Boot").
+
+    Written in the transaction that writes the boot run's row, and never deleted by retention:
+    the run row alone was the marker, so once retention deleted it every worker start enqueued
+    the boot job again (in every tenant, for a per-tenant one). The key is the boot run's id,
+    derived from (job, dataset token); a flushed or new Redis has a new token, so its boot jobs
+    run once more, as promised.
+    """
+
+    run_id = models.UUIDField(primary_key=True)
+    job_name = models.CharField(max_length=200)
+    dataset = models.CharField(max_length=100)
+    enqueued_at = models.DateTimeField()
+
+    class Meta:
+        """Newest first."""
+
+        ordering = ("-enqueued_at",)
+
+    def __str__(self) -> str:
+        return f"{self.job_name} @ {self.dataset}"

@@ -63,7 +63,7 @@ def _truncate_all() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE kumiko_jobs_jobattempt, kumiko_jobs_jobrun, kumiko_jobs_jobfailure, "
-            "kumiko_jobs_rejectedmessage, kumiko_jobs_escapehatchuse"
+            "kumiko_jobs_rejectedmessage, kumiko_jobs_escapehatchuse, kumiko_jobs_bootmarker"
         )
         for schema in TENANTS:
             cursor.execute(

@@ -107,6 +107,10 @@ class KumikoSettings:
     # may wait before the worker log, the admin and check W003 say that no scheduler moves it
     # (rqscheduler moves due messages every --interval seconds, 60 by default). 0: never say.
     SCHEDULER_OVERDUE_AFTER: int = 120
+    # Seconds between two looks of ``rqscheduler`` (transport.Scheduler) at the earliest due
+    # time between its --interval rounds, so that delays are honoured to the millisecond
+    # instead of to the next round (docs/settings.md, "How precise delays are"). 0: rounds only.
+    SCHEDULER_POLL: float = 0.1
     # Seconds after its due time a signed message is refused (core/envelope.py). Seven days: a
     # weekend-plus outage's backlog still runs, while a copy of an old message is useless well
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
@@ -210,6 +214,15 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT", "DB_ROLES"):
         if not isinstance(values.get(key, True), bool):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be True or False.")
+    poll = values.get("SCHEDULER_POLL", 0.0)
+    if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 <= poll <= 60:
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['SCHEDULER_POLL'] must be a number of seconds from 0 to 60 "
+            f"(0.1 by default; 0 moves delayed messages only every rqscheduler --interval), "
+            f"got {poll!r}."
+        )
+    if "SCHEDULER_POLL" in values:
+        values["SCHEDULER_POLL"] = float(poll)
     defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
     beat = values.get("WORKER_HEARTBEAT", defaults["WORKER_HEARTBEAT"])
     if values.get("WORKER_DEAD_AFTER", defaults["WORKER_DEAD_AFTER"]) < 2 * beat:

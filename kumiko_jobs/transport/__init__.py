@@ -13,6 +13,7 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 - ``queues``: handles on the queues, their Redis, rq-scheduler's delayed set; ``Message``.
 - ``pushing``: ``push`` and ``push_many``, the one way a message reaches Redis.
 - ``scheduler``: ``Scheduler`` (``RQ["SCHEDULER_CLASS"]``), cron entries, the scheduler's lag.
+- ``scheduler_loop``: the ``rqscheduler`` loop: due messages moved to the millisecond, never early.
 - ``scheduler_liveness``: is delayed work overdue because no scheduler runs?
 - ``rq_worker``: RQ's worker bases and the batched per-message bookkeeping.
 - ``live_workers``: which kumiko worker executes which RQ job (the beats that say so).

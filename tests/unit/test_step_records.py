@@ -81,9 +81,17 @@ class History:
     def end_stray_transaction(self) -> bool:
         return self.stray
 
-    def finish(self, attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> None:
+    def finish(
+        self,
+        attempt: dict[str, Any],
+        run_update: dict[str, Any],
+        run_id: str,
+        *,
+        clear_failure: tuple[str, str, str] | None = None,
+    ) -> None:
         self.writes.append("finish")
         self.attempt, self.run_update = attempt, run_update
+        self.cleared = clear_failure
 
     def finish_in_transaction(
         self,
@@ -463,7 +471,8 @@ FAILURE = {"message_key": "billing.failed", "subject_fields": []}
         ("t1", {}, lambda s: s.ending.fail(ValueError("x")), False),
         # a tenant-visible failure to write, or to clear after a success
         ("t1", {}, lambda s: (s.ending.fail(ValueError("x")), s.ending.show_tenant("k")), True),
-        ("t1", {"tenant_visible_failure": FAILURE}, lambda s: s.ending.succeed(1), True),
+        # a success clears its subject's failure in the one statement (issue 23), declared or not
+        ("t1", {"tenant_visible_failure": FAILURE}, lambda s: s.ending.succeed(1), False),
         ("t1", {"tenant_visible_failure": FAILURE}, lambda s: s.ending.fail(ValueError()), False),
         # a system run has no tenant to show a failure to
         (None, {"system": True}, lambda s: (s.ending.fail(), s.ending.show_tenant("k")), False),
@@ -518,3 +527,6 @@ def test_the_finish_is_one_statement_unless_there_is_more_to_write(
     if in_transaction:
         assert history.also is not None  # the rest is written in the same transaction
     assert history.run_update["status"] == (state.ending.outcome or Outcome.FAILED).status
+    if not in_transaction:
+        clears = schema is not None and state.ending.outcome is Outcome.SUCCEEDED
+        assert history.cleared == ((schema, state.envelope.job, "") if clears else None)

@@ -169,7 +169,7 @@ def _drop(state: RunState, reason: str) -> None:
 
 
 def _finish(state: RunState) -> None:
-    env, definition = state.envelope, state.definition
+    env = state.envelope
     if run_sql.end_stray_transaction():
         logger.error("run %s left a transaction open; rolled back before its outcome", env.run_id)
         if state.ending.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
@@ -220,14 +220,17 @@ def _finish(state: RunState) -> None:
         "log": state.log.lines,
         "worker": state.delivery.worker_name,
     }
-    touches_failure = bool(env.schema) and (
-        (outcome is Outcome.FAILED and bool(state.ending.failure_key))
-        or (outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure is not None)
+    records_failure = (
+        bool(env.schema) and outcome is Outcome.FAILED and bool(state.ending.failure_key)
     )
     followups = outcome is Outcome.SUCCEEDED and bool(state.followups.entries)
-    if not (touches_failure or state.audit_uses.reported or followups):
-        # The common case: one statement, so one round trip and its own transaction.
-        run_sql.finish(attempt, run_update, env.run_id)
+    if not (records_failure or state.audit_uses.reported or followups):
+        # The common case: one statement, so one round trip and its own transaction. A
+        # tenant's success clears its subject's failure in it, however that failure was
+        # recorded (a TenantVisibleError needs no tenant_visible_failure declared).
+        clears = env.schema and outcome is Outcome.SUCCEEDED
+        subject = (env.schema or "", env.job, state.tenancy.subject) if clears else None
+        run_sql.finish(attempt, run_update, env.run_id, clear_failure=subject)
     else:
         _finish_in_transaction(state, attempt, run_update, now)
     # Written: an enqueue from here on (a signal receiver's) is an ordinary enqueue.
@@ -259,11 +262,7 @@ def _finish_in_transaction(
 
 def _other_writes(state: RunState, now: Any) -> None:
     """What the finish writes besides the run's two rows, in their transaction."""
-    env, definition, outcome = (
-        state.envelope,
-        state.definition,
-        state.ending.outcome or Outcome.FAILED,
-    )
+    env, outcome = state.envelope, state.ending.outcome or Outcome.FAILED
     if env.schema and outcome is Outcome.FAILED and state.ending.failure_key:
         JobFailure.objects.bulk_create(
             [
@@ -280,7 +279,7 @@ def _other_writes(state: RunState, now: Any) -> None:
             unique_fields=("schema_name", "job_name", "subject"),
             update_fields=("message_key", "failed_at", "run_id"),
         )
-    elif env.schema and outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure:
+    elif env.schema and outcome is Outcome.SUCCEEDED:
         JobFailure.objects.filter(
             schema_name=env.schema, job_name=env.job, subject=state.tenancy.subject
         ).delete()
