@@ -123,6 +123,9 @@ class KumikoSettings:
     # "transaction" (PgBouncer's pool modes). Transaction pooling shares server sessions
     # between clients; checks.py refuses it where that crosses tenants.
     DB_POOLER: str | None = None
+    # Milliseconds PostgreSQL lets each statement of an admin list (and of a search, the
+    # autocomplete's too) run before it cancels it (admin/query_strings.py); 0: no timeout.
+    ADMIN_STATEMENT_TIMEOUT_MS: int = 5000
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -167,6 +170,7 @@ _NON_NEGATIVE_INTS = (
     "PUSH_FAILURE_PAUSE",
     "SCHEDULER_OVERDUE_AFTER",
     "MAX_RESULT_BYTES",
+    "ADMIN_STATEMENT_TIMEOUT_MS",
 )
 
 
