@@ -18,6 +18,7 @@ two runs from two retries, from two bulk actions and from two submissions of one
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -48,10 +49,9 @@ def barrier_before_insert() -> Iterator[threading.Barrier]:
 
     def wait(sender: Any, **kwargs: Any) -> None:
         if threading.current_thread().name.startswith(CONTENDER):
-            try:
+            # Broken when the other contender never comes (blocked in PostgreSQL, or refused).
+            with contextlib.suppress(threading.BrokenBarrierError):
                 barrier.wait(timeout=BARRIER_WAIT)
-            except threading.BrokenBarrierError:
-                pass
 
     pre_save.connect(wait, sender=JobRun, dispatch_uid="test-barrier-before-insert")
     yield barrier
