@@ -34,7 +34,10 @@ from ..core.text import text_problem
 MAX_QUERY_VALUE = 1000
 # Every search word is a condition on every row a search reads (and for an operator, one per
 # index that answers it): 2,000 one-letter words kept the database busy 90 s for one request.
-# Searches people type have two or three words, of a subject's value or an id.
+# Searches people type have two or three words, of a subject's value or an id. The cap, not the
+# statement timeout, is what bounds such a search: an operator's 2,000-word search spent over
+# ten minutes (and 2 GB) in PostgreSQL's planner, which neither statement_timeout nor
+# pg_terminate_backend interrupted.
 MAX_SEARCH_WORDS = 10
 MAX_SEARCH_WORD_CHARS = 100
 
