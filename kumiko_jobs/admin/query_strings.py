@@ -35,9 +35,9 @@ MAX_QUERY_VALUE = 1000
 # Every search word is a condition on every row a search reads (and for an operator, one per
 # index that answers it): 2,000 one-letter words kept the database busy 90 s for one request.
 # Searches people type have two or three words, of a subject's value or an id. The cap, not the
-# statement timeout, is what bounds such a search: an operator's 2,000-word search spent over
-# ten minutes (and 2 GB) in PostgreSQL's planner, which neither statement_timeout nor
-# pg_terminate_backend interrupted.
+# statement timeout, is what bounds such a search: an operator's 2,000-word search (before the
+# cap) ran over ten minutes and grew to 2 GB in one backend, and neither pg_cancel_backend (the
+# signal statement_timeout sends) nor pg_terminate_backend stopped it until it was done.
 MAX_SEARCH_WORDS = 10
 MAX_SEARCH_WORD_CHARS = 100
 
