@@ -362,11 +362,25 @@ class RejectedMessage(models.Model):
     queue = models.CharField(max_length=100, blank=True)
     reason = models.CharField(max_length=500)
     excerpt = models.TextField(blank=True, help_text="The first bytes of the message, as received.")
+    # So a deleted tenant's refused messages go with its history (history/retention.py).
+    schema_name = models.CharField(
+        max_length=63,
+        blank=True,
+        default="",
+        help_text="The tenant the message names (unverified when it did not decode).",
+    )
 
     class Meta:
-        """Newest first."""
+        """Newest first; found by tenant when the tenant is deleted."""
 
         ordering = ("-received_at",)
+        indexes = [
+            models.Index(
+                fields=["schema_name"],
+                name="kj_rejected_schema",
+                condition=~models.Q(schema_name=""),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.received_at:%Y-%m-%d %H:%M:%S} {self.reason}"

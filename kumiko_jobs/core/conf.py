@@ -133,6 +133,9 @@ class KumikoSettings:
     # check E014 says so. "kumiko_jobs.core.audience.django_tenant_users" reads
     # django-tenant-users' layout.
     TENANT_MEMBERSHIP: str | None = None
+    # Milliseconds PostgreSQL lets each statement of an admin list (and of a search, the
+    # autocomplete's too) run before it cancels it (admin/query_strings.py); 0: no timeout.
+    ADMIN_STATEMENT_TIMEOUT_MS: int = 5000
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -177,6 +180,7 @@ _NON_NEGATIVE_INTS = (
     "PUSH_FAILURE_PAUSE",
     "SCHEDULER_OVERDUE_AFTER",
     "MAX_RESULT_BYTES",
+    "ADMIN_STATEMENT_TIMEOUT_MS",
 )
 
 

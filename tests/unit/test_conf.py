@@ -111,8 +111,8 @@ def test_not_a_dict(raw):
 def test_unknown_key_suggests_the_known_one(key, meant):
     message = refused({key: 1}, f"unknown key '{key}'. Did you mean '{meant}'\\?")
     assert (
-        "Known keys: BOOT_GATE_TIMEOUT, BOOT_GATE_WARN_AFTER, CANCEL_GRACE, DB_GUARD, DB_POOLER,"
-        in message
+        "Known keys: ADMIN_STATEMENT_TIMEOUT_MS, BOOT_GATE_TIMEOUT, BOOT_GATE_WARN_AFTER, "
+        "CANCEL_GRACE, DB_GUARD, DB_POOLER," in message
     )
 
 

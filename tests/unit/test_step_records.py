@@ -58,6 +58,7 @@ class History:
         self.start_params: dict[str, Any] = {}
         self.took_over: tuple[str, int, datetime] | None = None
         self.rejected: list[tuple[object, str, str, str]] = []
+        self.rejected_schemas: list[str | None] = []
         self.attempt: dict[str, Any] = {}
         self.run_update: dict[str, Any] = {}
         self.also: Callable[[], None] | None = None
@@ -74,9 +75,12 @@ class History:
         self.writes.append("take_over")
         self.took_over = (run_id, attempt, started_at)
 
-    def record_rejection(self, message: object, reason: str, rq_job_id: str, queue: str) -> None:
+    def record_rejection(
+        self, message: object, reason: str, rq_job_id: str, queue: str, *, schema: str | None = None
+    ) -> None:
         self.writes.append("rejection")
         self.rejected.append((message, reason, rq_job_id, queue))
+        self.rejected_schemas.append(schema)
 
     def end_stray_transaction(self) -> bool:
         return self.stray
@@ -264,6 +268,7 @@ def test_a_message_without_a_run_row_is_refused_and_recorded(
     assert excerpt == f"run_id={env.run_id} job=unit.body schema=t1 attempt=3"
     assert reason.startswith(f"no run {env.run_id} of unit.body: its history row is gone")
     assert (rq_job_id, queue) == ("kj-gone", "default")
+    assert history.rejected_schemas == ["t1"]  # so the tenant's deletion finds the row
     assert state.ending.outcome is Outcome.DROPPED
     assert state.ending.drop_reason == reason
     assert sent.names() == ["job_dropped"]

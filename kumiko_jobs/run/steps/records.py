@@ -148,7 +148,9 @@ def _refuse_without_row(state: RunState) -> None:
     )
     logger.warning("refused message for run %s: %s", env.run_id, reason)
     excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
-    rejections.record_rejection(excerpt, reason, state.delivery.rq_job_id, state.delivery.queue)
+    rejections.record_rejection(
+        excerpt, reason, state.delivery.rq_job_id, state.delivery.queue, schema=env.schema or ""
+    )
     _drop(state, reason)
 
 
