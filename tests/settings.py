@@ -71,10 +71,12 @@ if os.environ.get("KUMIKO_TEST_PROJECT_USER") == "1" and "@" in os.environ["DATA
         os.environ["DATABASE_URL"] = _url._replace(netloc=_netloc).geturl()
 
 from example_project.settings import *  # noqa: E402,F403
-from example_project.settings import INSTALLED_APPS, TENANT_APPS  # noqa: E402
+from example_project.settings import INSTALLED_APPS, SHARED_APPS, TENANT_APPS  # noqa: E402
 
+# tests.guardapp.shared: a shared app (public only) with an upper-case db_table (issue 22).
+SHARED_APPS = [*SHARED_APPS, "tests.guardapp.shared"]
 TENANT_APPS = [*TENANT_APPS, "tests.testapp", "tests.guardapp"]
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.guardapp"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.guardapp", "tests.guardapp.shared"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # PUSH_FAILURE_PAUSE is per process: a test that stops Redis must not leave the next test's
 # enqueues to the relay. test_outages turns it on where it is the subject.

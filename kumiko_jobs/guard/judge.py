@@ -69,6 +69,9 @@ class Policy:
     # Shared tables no grant may write: the job system's own history and the tenant registry.
     # (A system job inside ctx.system_db() is not judged at all.)
     protected_tables: frozenset[str] = frozenset()
+    # Tables of apps in both SHARED_APPS and TENANT_APPS: the tenant's own copy is the
+    # unqualified name; public.<table> is the operators' (sessions, users), never a tenant's.
+    operator_tables: frozenset[str] = frozenset()
     # KUMIKO_JOBS["GUARD_EXTRA_FUNCTIONS"]: "name" (unqualified, or qualified with public or an
     # extra schema) or "schema.name", lower case.
     extra_functions: frozenset[str] = frozenset()
@@ -154,9 +157,21 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
             kind,
             None,
             "catalog",
-            f"reading the catalog relation(s) {names}: they hold values of every tenant or "
-            f"session (statistics, activity, sequences, locks, credentials), which no grant of a "
-            f"tenant run covers; read them from a system job",
+            f"reading {names} of the catalogs: they hold values of every tenant or "
+            f"session (statistics, row counts, sizes, the text of functions and views, "
+            f"activity, sequences, locks, credentials), which no grant of a tenant run covers; "
+            f"name only the columns that describe objects, or read them from a system job",
+        )
+    operators = _operator_tables(shape, policy)
+    if operators:
+        names = ", ".join(f"public.{name}" for name in operators)
+        return _denied(
+            kind,
+            None,
+            "operators",
+            f"{names}: the operators' own table(s) in public (the app is in SHARED_APPS and "
+            f"TENANT_APPS, so this tenant has its own copy: write the name unqualified); no "
+            f"grant of a tenant run reads or writes the public copy",
         )
 
     # Grant denials wait until every write was checked, so that a hard denial (which no grant
@@ -252,6 +267,15 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
             )
         used.append(Grant.UNSAFE_RAW)
     return _allowed_with(kind, tuple(used))
+
+
+def _operator_tables(shape: Shape, policy: Policy) -> list[str]:
+    """The operators' tables the statement names in public (reads and writes)."""
+    if not policy.operator_tables or policy.schema == "public":
+        return []  # a system run's own schema is public: the operators' code
+    named = policy.operator_tables.intersection(shape.public_relations)
+    named |= {w.table for w in shape.writes if w.schema == "public"} & policy.operator_tables
+    return sorted(named)
 
 
 def _judge_unsafe(shape: Shape, policy: Policy) -> Verdict:

@@ -30,7 +30,7 @@ from .role_names import (
     scram_verifier,
     writers_group_name,
 )
-from .tables import protected_tables, shared_tables
+from .tables import operator_tables, protected_tables, shared_tables
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 SEQUENCE_PRIVILEGES = ("USAGE", "SELECT", "UPDATE")
@@ -44,7 +44,7 @@ def readable_shared_tables() -> frozenset[str]:
     classifier alone allows). The tenant and domain tables stay readable: a job names another
     tenant through them (``ctx.cross_tenant_reads(Client.objects.get(...))``)."""
     kumiko = apps.get_app_config("kumiko_jobs").get_models(include_auto_created=True)
-    return shared_tables() - {model._meta.db_table.lower() for model in kumiko}
+    return shared_tables() - {model._meta.db_table for model in kumiko}
 
 
 def _ident(*names: str) -> sql.Identifier:
@@ -80,10 +80,17 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
     )
     existing = {row[0] for row in cursor.fetchall()}
     readable = readable_shared_tables()
+    holders = [r for r in (group, writers_group_name(alias)) if _exists(cursor, r)]
     for table in sorted(existing):
         target = _ident(public, table)
         if table in readable:
             _execute(cursor, sql.SQL("GRANT SELECT ON {} TO {}").format(target, _ident(group)))
+        elif table in operator_tables():
+            # The operators' own copy (sessions, users, admin log: the tenant has its own):
+            # repair whatever was granted by hand to the group, the writers or PUBLIC, which
+            # every tenant role is a member of (issue 22). Only these tables, the project's.
+            for holder in (*(_ident(r) for r in holders), sql.SQL("PUBLIC")):
+                _execute(cursor, sql.SQL("REVOKE ALL ON {} FROM {}").format(target, holder))
         if table in readable or table in protected_tables():
             # Repair: no write on shared tables, nothing at all on protected ones.
             revoked: tuple[str, ...] = (

@@ -23,11 +23,14 @@ from .allowlists import (
     ADVISORY_XACT_LOCKS,
     BUILTIN_FUNCTIONS,
     CATALOG_RELATIONS,
+    CATALOG_VALUE_FUNCTION_PREFIX,
+    CATALOG_VALUE_FUNCTIONS,
     READABLE_CATALOG_RELATIONS,
     REG_TYPES,
     SEQUENCE_FUNCTIONS,
 )
-from .shape import CATALOG, Call, Unverifiable, Write
+from .catalog_reads import RestrictedColumns
+from .shape import CATALOG, INFORMATION_SCHEMA, Call, Unverifiable, Write
 
 __all__ = ["Walker", "string_constant"]
 
@@ -131,6 +134,8 @@ class Walker:
         self.unverifiable = ""
         self.forbidden = ""
         self.forbidden_catalogs: list[str] = []
+        self.restricted = RestrictedColumns()  # catalog columns holding tenants' values
+        self.public_relations: set[str] = set()  # relations named public.<name>
         self.params: list[int] = []  # the number of every ParamRef met
         self.walked = False  # the whole statement was walked (a query statement)
 
@@ -175,7 +180,16 @@ class Walker:
             self.catalog_read(name)
         else:
             self.schemas.add(schema)
+            if schema == "public":
+                self.public_relations.add(name)
+            elif schema == INFORMATION_SCHEMA and name.startswith("_pg_"):
+                self.forbidden_catalogs.append(f"{schema}.{name}")  # internal, undocumented
+        self.restricted.relation(node)
         self.fields(node)
+
+    def finish(self) -> None:
+        """After the walk: what reads restricted catalog columns is a forbidden catalog read."""
+        self.forbidden_catalogs.extend(self.restricted.refusals())
 
     def catalog_read(self, name: str) -> None:
         """A catalog relation read: denied whatever the grants unless it only describes objects."""
@@ -201,6 +215,8 @@ class Walker:
                 self.sequence_call(name, args)
             elif name in ADVISORY_XACT_LOCKS:
                 self.advisory_lock(name, args)
+            elif name in CATALOG_VALUE_FUNCTIONS or name.startswith(CATALOG_VALUE_FUNCTION_PREFIX):
+                self.forbidden_catalogs.append(f"{name}()")  # definitions, sizes, counters
             elif name not in BUILTIN_FUNCTIONS:
                 self.calls.append(Call(schema, name))
         else:
@@ -290,6 +306,30 @@ class Walker:
         fields = _names(node.get("fields", []))
         if len(fields) >= 3 and "*" not in fields[:-1]:
             self.schema_ref(fields[-3])  # schema.table.column (or db.schema.table.column)
+        self.restricted.column_ref(fields)
+
+    def select(self, node: dict[str, Any]) -> None:
+        """A SELECT: a bare ``*`` over a restricted catalog relation expands its values."""
+        self.restricted.star_over(node.get("fromClause", []), node.get("targetList", []))
+        self.fields(node)
+
+    def indirection(self, node: dict[str, Any]) -> None:
+        """A field selection ``(x).name``: judged like a column reference to ``name``."""
+        self.restricted.field_selection(node.get("indirection", []))
+        self.fields(node)
+
+    def join(self, node: dict[str, Any]) -> None:
+        """A join (its alias, NATURAL, USING) around a restricted catalog relation."""
+        self.restricted.join(node)
+        self.fields(node)
+
+    def returning(self, node: dict[str, Any], *from_keys: str) -> None:
+        """``RETURNING *`` of a write expands the relations of its FROM/USING too."""
+        items: list[Any] = []
+        for key in from_keys:
+            value = node.get(key)
+            items.extend(value if isinstance(value, list) else [value] if value else [])
+        self.restricted.star_over(items, node.get("returningClause", {}).get("exprs", []))
 
     def operator(self, node: dict[str, Any]) -> None:
         """An expression's operator, which may be schema-qualified."""
@@ -339,11 +379,13 @@ class Walker:
         """UPDATE: its target and the columns it sets."""
         columns = frozenset(t["ResTarget"]["name"] for t in node.get("targetList", []))
         self.write_target("update", node["relation"], columns)
+        self.returning(node, "fromClause")
         self.fields(node, "relation")
 
     def delete(self, node: dict[str, Any]) -> None:
         """DELETE: its target (no columns written)."""
         self.write_target("delete", node["relation"], frozenset())
+        self.returning(node, "usingClause")
         self.fields(node, "relation")
 
     def merge(self, node: dict[str, Any]) -> None:
@@ -358,6 +400,7 @@ class Walker:
                 columns.update(t["ResTarget"]["name"] for t in targets)
         written = None if columns is None else frozenset(columns)
         self.write_target("merge", node["relation"], written)
+        self.returning(node, "sourceRelation")
         self.fields(node, "relation")
 
     def into(self, node: dict[str, Any]) -> None:
@@ -385,6 +428,9 @@ _HANDLERS: dict[str, Any] = {
     "operName": Walker.operator_names,
     "TypeCast": Walker.type_cast,
     "ColumnRef": Walker.column_ref,
+    "SelectStmt": Walker.select,
+    "A_Indirection": Walker.indirection,
+    "JoinExpr": Walker.join,
     "A_Expr": Walker.operator,
     "CollateClause": lambda walker, node: walker.qualified(node, "collname"),
     "RangeTableSample": lambda walker, node: walker.qualified(node, "method"),
