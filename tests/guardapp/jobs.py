@@ -542,11 +542,13 @@ def guard_installed(ctx: JobContext) -> None:
 # --- the calibrated attack suite (tests/guardapp/attacks_*.py) --------------------------------
 
 from .attacks_base import Strategy, run_statements  # noqa: E402
+from .attacks_public import PUBLIC_STRATEGIES  # noqa: E402
 from .attacks_routes import ROUTE_STRATEGIES  # noqa: E402
 from .attacks_sql import SQL_STRATEGIES  # noqa: E402
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (*SQL_STRATEGIES, *ROUTE_STRATEGIES)}
-assert len(STRATEGIES) == len(SQL_STRATEGIES) + len(ROUTE_STRATEGIES), "duplicate names"
+_ALL_STRATEGIES = (*SQL_STRATEGIES, *ROUTE_STRATEGIES, *PUBLIC_STRATEGIES)
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in _ALL_STRATEGIES}
+assert len(STRATEGIES) == len(_ALL_STRATEGIES), "duplicate names"
 
 
 @job

@@ -505,6 +505,38 @@ POSTGRESQL_CANNOT_STOP: dict[str, str] = {
     "notify_statement": "NOTIFY reaches every listener of the database, whatever its role",
     "pg_notify": "pg_notify() reaches every listener of the database, whatever its role",
     "pg_get_viewdef_by_oid": "the catalogs (view definitions included) are readable by all",
+    # Issue 22: the catalogs' values columns and functions are PUBLIC's, owned by the bootstrap
+    # superuser; a non-superuser project user cannot revoke them. Only the classifier refuses.
+    **dict.fromkeys(
+        [
+            "pg_class_column_aliases",
+            "pg_class_field_selection",
+            "pg_class_join_alias_star",
+            "pg_class_relallvisible",
+            "pg_class_relpages",
+            "pg_class_reltuples",
+            "pg_class_star",
+            "pg_class_whole_row",
+            "pg_relation_size",
+            "pg_total_relation_size",
+        ],
+        "pg_class's statistics and the size functions are readable by every role",
+    ),
+    **dict.fromkeys(
+        [
+            "pg_get_ruledef",
+            "pg_matviews_definition",
+            "pg_proc_prosrc",
+            "pg_proc_star",
+            "pg_proc_to_jsonb",
+            "pg_proc_whole_row",
+            "pg_rewrite_ev_qual",
+            "pg_rules_definition",
+            "pg_views_definition",
+            "pg_views_star",
+        ],
+        "function, view and rule text in the catalogs is readable by every role",
+    ),
 }
 
 
