@@ -36,7 +36,10 @@ def seed() -> None:
     audit._last_reported.clear()
     connection.set_schema_to_public()  # type: ignore[attr-defined]
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE kumiko_jobs_escapehatchuse, catalog_plan RESTART IDENTITY")
+        cursor.execute(
+            'TRUNCATE kumiko_jobs_escapehatchuse, catalog_plan, "GuardShared_Notice" '
+            "RESTART IDENTITY"
+        )
         for name, price in PLANS:
             cursor.execute(
                 "INSERT INTO catalog_plan (name, monthly_price) VALUES (%s, %s)", (name, price)
@@ -56,7 +59,10 @@ def clean() -> None:
     audit._last_reported.clear()
     connection.set_schema_to_public()  # type: ignore[attr-defined]
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE kumiko_jobs_escapehatchuse, catalog_plan RESTART IDENTITY")
+        cursor.execute(
+            'TRUNCATE kumiko_jobs_escapehatchuse, catalog_plan, "GuardShared_Notice" '
+            "RESTART IDENTITY"
+        )
         for schema in TENANTS:
             tables = ", ".join(f'"{schema}".{t}' for t in GUARD_TABLES)
             cursor.execute(f"TRUNCATE {tables} RESTART IDENTITY")

@@ -168,6 +168,19 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "dblink": ("call_function", RAW),
     "call_procedure": ("call", RAW),
     "notify": ("notify", RAW),
+    # issue 22: the operators' copies in public (apps in SHARED_APPS and TENANT_APPS) and the
+    # catalog columns with other tenants' row counts, sizes and code: no grant allows them
+    "operators_session_read": ("select", HARD),
+    "operators_user_read": ("select", HARD),
+    "operators_admin_log_join": ("select", HARD),
+    "catalog_reltuples": ("select", HARD),
+    "catalog_star": ("select", HARD),
+    "catalog_prosrc": ("select", HARD),
+    "catalog_view_definition": ("select", HARD),
+    "catalog_routine_definition": ("select", HARD),
+    "catalog_relation_size": ("select", HARD),
+    # a shared table whose db_table has upper-case letters
+    "orm_create_upper_case_shared": ("insert", GW),
 }
 
 
@@ -305,6 +318,10 @@ GRANTED_RAW = {
     "multi_statement": "statement 2: DELETE on 't2.guardapp_secret': a tenant run never writes",
     "cte_delete_other": "a tenant run never writes outside its own schema",
     "qualified_select": "needs the cross_tenant_reads grant",
+    # ... nor the operators' tables in public, nor the catalogs' values (issue 22)
+    "operators_session_read": "no grant of a tenant run reads or writes the public copy",
+    "catalog_reltuples": "reading reltuples of the catalogs",
+    "catalog_relation_size": "reading pg_relation_size() of the catalogs",
 }
 GRANTED = sorted(
     [
