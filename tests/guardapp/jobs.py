@@ -712,6 +712,7 @@ def everyday(ctx: JobContext, *, case: str) -> None:
 
 
 from . import (  # noqa: E402
+    public_jobs,  # noqa: F401  (jobs of the public-copies suite)
     role_jobs,  # noqa: F401  (jobs of the two-walls suite)
     route_jobs,  # noqa: F401  (jobs of the route and run-hygiene suites)
 )

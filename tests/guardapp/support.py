@@ -237,7 +237,7 @@ def plant(observer: Observer, marks: dict[str, Any]) -> None:
                 (STATS_ROWS,),
             )
             o.rows(f"VACUUM ANALYZE t2.{mark}_tab")  # pg_class now holds its true size
-    _plant_operators_copies(o)
+    plant_operators_copies(o)
     # A function of t2 that reads t2 (tenants share their migrations, so t1 has its own copy),
     # and an operator that calls it.
     o.rows(
@@ -268,7 +268,7 @@ def plant(observer: Observer, marks: dict[str, Any]) -> None:
 OPERATOR = "gx_operator"
 
 
-def _plant_operators_copies(o: Observer) -> None:
+def plant_operators_copies(o: Observer) -> None:
     from .attacks_base import CANARY
 
     o.rows(
@@ -289,13 +289,17 @@ def _plant_operators_copies(o: Observer) -> None:
     )
 
 
-def unplant(observer: Observer) -> None:
+def unplant_operators_copies(o: Observer) -> None:
     from .attacks_base import CANARY
 
-    o = observer
     o.rows("DELETE FROM public.django_admin_log WHERE object_repr LIKE %s", (f"{CANARY}%",))
     o.rows("DELETE FROM public.auth_user WHERE username = %s", (OPERATOR,))
     o.rows("DELETE FROM public.django_session WHERE session_key LIKE %s", (f"{CANARY}%",))
+
+
+def unplant(observer: Observer) -> None:
+    o = observer
+    unplant_operators_copies(o)
     o.rows("DROP MATERIALIZED VIEW IF EXISTS t2.gx_matview")
     # The tables and sequences planted for (or created by) strategies are named gx<n>_...
     for name, kind in o.rows(
