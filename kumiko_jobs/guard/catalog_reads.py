@@ -34,6 +34,7 @@ from .allowlists import (
     RESTRICTED_INFORMATION_SCHEMA_COLUMNS,
 )
 from .shape import CATALOG, INFORMATION_SCHEMA
+from .tree_names import name_list
 
 __all__ = ["RestrictedColumns", "restricted_columns"]
 
@@ -49,14 +50,6 @@ def restricted_columns(schema: str | None, name: str) -> frozenset[str] | None:
     if schema == INFORMATION_SCHEMA:
         return RESTRICTED_INFORMATION_SCHEMA_COLUMNS.get(name)
     return None
-
-
-def _strings(items: list[Any]) -> list[str]:
-    out: list[str] = []
-    for item in items:
-        string = item.get("String") if isinstance(item, dict) else None
-        out.append(string.get("sval", "") if string is not None else "*")
-    return out
 
 
 def _range_var_columns(node: dict[str, Any]) -> frozenset[str] | None:
@@ -93,7 +86,7 @@ class RestrictedColumns:
         self.refs.append(fields)
 
     def field_selection(self, indirection: list[Any]) -> None:
-        self.selected.extend(_strings(indirection))
+        self.selected.extend(name_list(indirection))
 
     def star_over(self, from_items: list[Any], targets: list[Any]) -> None:
         """An unqualified ``*`` among ``targets`` expands every relation of ``from_items``."""
@@ -114,7 +107,7 @@ class RestrictedColumns:
                 self.names.add(alias["aliasname"])
         if node.get("isNatural"):
             self.refused.append(f"NATURAL JOIN with {inside[0][0]}")
-        for column in _strings(node.get("usingClause", [])):
+        for column in name_list(node.get("usingClause", [])):
             if any(column in columns for _, columns in inside):
                 self.refused.append(f"JOIN ... USING ({column})")
 
@@ -139,7 +132,7 @@ class RestrictedColumns:
 def _is_bare_star(target: Any) -> bool:
     value = target.get("ResTarget", {}).get("val") if isinstance(target, dict) else None
     ref = value.get("ColumnRef") if isinstance(value, dict) else None
-    return ref is not None and _strings(ref.get("fields", [])) == ["*"]
+    return ref is not None and name_list(ref.get("fields", [])) == ["*"]
 
 
 def _direct_restricted(item: Any) -> list[tuple[str, frozenset[str]]]:

@@ -31,87 +31,14 @@ from .allowlists import (
 )
 from .catalog_reads import RestrictedColumns
 from .shape import CATALOG, INFORMATION_SCHEMA, Call, Unverifiable, Write
+from .tree_names import int_constant, name_list, resolve_literal_name, string_constant
 
-__all__ = ["Walker", "string_constant"]
+__all__ = ["Walker", "string_constant"]  # string_constant: re-exported for guard.parse
 
 # Non-decimal integers (0x1F, 0o17, 0b101) and digit separators (1_000) are PostgreSQL 16+.
 # PostgreSQL 15 lexes "0x1F" as "0" followed by the column alias "x1F": a statement whose
 # meaning depends on the server version is refused.
 _NUMBER_FORMS = re.compile(rb"[-+\s(]*\.?[0-9][0-9.]*(?:[eE][-+]?[0-9]+)?([_xXoObB])?")
-
-
-def _names(items: list[Any]) -> list[str]:
-    """The strings of a name list (``[{"String": {"sval": ...}}, ...]``); "*" for ``A_Star``."""
-    out: list[str] = []
-    for item in items:
-        string = item.get("String")
-        out.append(string.get("sval", "") if string is not None else "*")
-    return out
-
-
-def _resolve_literal_name(text: str) -> list[str]:
-    """Split a qualified name written in a string (``'t2.seq'``, ``'"T2"."x"'``) like PostgreSQL.
-
-    Unquoted parts are folded to lower case (ASCII only, as in a UTF-8 database), quoted parts
-    keep their case; whitespace around dots is ignored. Anything else is unverifiable.
-    """
-    parts: list[str] = []
-    i, n = 0, len(text)
-    while True:
-        while i < n and text[i].isspace():
-            i += 1
-        if i < n and text[i] == '"':
-            j = i + 1
-            name: list[str] = []
-            while True:
-                k = text.find('"', j)
-                if k < 0:
-                    raise Unverifiable("unterminated quoted name in a string")
-                name.append(text[j:k])
-                if text[k + 1 : k + 2] == '"':
-                    name.append('"')
-                    j = k + 2
-                    continue
-                i = k + 1
-                break
-            parts.append("".join(name))
-        else:
-            j = i
-            while j < n and text[j] not in '."' and not text[j].isspace():
-                j += 1
-            if j == i:
-                raise Unverifiable(f"cannot read the name in the string {text!r}")
-            parts.append(_fold(text[i:j]))
-            i = j
-        while i < n and text[i].isspace():
-            i += 1
-        if i == n:
-            return parts
-        if text[i] != ".":
-            raise Unverifiable(f"cannot read the name in the string {text!r}")
-        i += 1
-
-
-_ASCII_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-def _fold(name: str) -> str:
-    return name.translate(_ASCII_FOLD)
-
-
-def string_constant(node: Any) -> str | None:
-    """The text of a string constant node (``'t2.seq'``), or None for any other node."""
-    const = node.get("A_Const") if isinstance(node, dict) else None
-    if const is None or "sval" not in const:
-        return None
-    return str(const["sval"].get("sval", ""))
-
-
-def _int_constant(node: Any) -> int | None:
-    const = node.get("A_Const") if isinstance(node, dict) else None
-    if const is None or "ival" not in const:
-        return None
-    return int(const["ival"].get("ival", 0))
 
 
 _CONTAINERS = (dict, list)  # json.loads builds exactly these (type(), not isinstance: faster)
@@ -206,7 +133,7 @@ class Walker:
 
     def call(self, node: dict[str, Any]) -> None:
         """A call: sequences and advisory locks judged by their arguments, others by allowlist."""
-        parts = _names(node.get("funcname", []))
+        parts = name_list(node.get("funcname", []))
         name = parts[-1]
         schema = parts[-2] if len(parts) >= 2 else None
         args = node.get("args", [])
@@ -230,11 +157,11 @@ class Walker:
         literal = string_constant(first)
         if literal is None and isinstance(first, dict) and "TypeCast" in first:
             cast = first["TypeCast"]
-            if _names(cast["typeName"]["names"])[-1] == "regclass":
+            if name_list(cast["typeName"]["names"])[-1] == "regclass":
                 literal = string_constant(cast.get("arg"))
         if literal is None:
             raise Unverifiable(f"{name}() of a sequence not named by a constant")
-        parts = _resolve_literal_name(literal)
+        parts = resolve_literal_name(literal)
         if len(parts) > 3:
             raise Unverifiable(f"{name}() of an improper name {literal!r}")
         schema = parts[-2] if len(parts) >= 2 else None
@@ -249,7 +176,7 @@ class Walker:
         """A transaction advisory lock: never in kumiko's own admission lock class."""
         if len(args) == 2:
             # Two int4 keys: kumiko's admission lock lives here under ADMISSION_LOCK_CLASS.
-            key_class = _int_constant(args[0])
+            key_class = int_constant(args[0])
             if key_class is None:
                 raise Unverifiable(f"{name}() with two keys needs a constant first key")
             if key_class == ADMISSION_LOCK_CLASS:
@@ -262,14 +189,14 @@ class Walker:
 
     def type_name(self, node: dict[str, Any]) -> None:
         """A type name, which may be schema-qualified (``t2.mytype``)."""
-        names = _names(node.get("names", []))
+        names = name_list(node.get("names", []))
         if len(names) >= 2:
             self.schema_ref(names[-2])
         self.fields(node, "names")
 
     def type_cast(self, node: dict[str, Any]) -> None:
         """A cast; to a reg* type, the string cast names an object, read like a name."""
-        names = _names(node["typeName"].get("names", []))
+        names = name_list(node["typeName"].get("names", []))
         if names[-1] in REG_TYPES and (len(names) == 1 or names[-2] == CATALOG):
             literal = string_constant(node.get("arg"))
             if literal is None:
@@ -282,7 +209,7 @@ class Walker:
         if reg_type == "regrole":
             return
         if reg_type == "regnamespace":
-            self.schema_ref(_resolve_literal_name(literal)[0])
+            self.schema_ref(resolve_literal_name(literal)[0])
             return
         text = literal
         if reg_type in ("regprocedure", "regoperator") and "(" in text:
@@ -293,9 +220,9 @@ class Walker:
             return  # '+', '||': an unqualified operator
         if reg_type in ("regoper", "regoperator"):
             schema = text.split(".", 1)[0].strip()
-            self.schema_ref(_resolve_literal_name(schema)[0])
+            self.schema_ref(resolve_literal_name(schema)[0])
             return
-        parts = _resolve_literal_name(text)
+        parts = resolve_literal_name(text)
         if len(parts) >= 2:
             # Only the schema matters: the cast yields an object id, which reveals nothing by
             # itself, and only allowlisted functions can be applied to it.
@@ -303,7 +230,7 @@ class Walker:
 
     def column_ref(self, node: dict[str, Any]) -> None:
         """A column reference; three parts or more name a schema."""
-        fields = _names(node.get("fields", []))
+        fields = name_list(node.get("fields", []))
         if len(fields) >= 3 and "*" not in fields[:-1]:
             self.schema_ref(fields[-3])  # schema.table.column (or db.schema.table.column)
         self.restricted.column_ref(fields)
@@ -333,21 +260,21 @@ class Walker:
 
     def operator(self, node: dict[str, Any]) -> None:
         """An expression's operator, which may be schema-qualified."""
-        names = _names(node.get("name", []))
+        names = name_list(node.get("name", []))
         if len(names) >= 2:
             self.schema_ref(names[-2])  # OPERATOR(t2.+)
         self.fields(node, "name")
 
     def qualified(self, node: dict[str, Any], key: str) -> None:
         """A node whose ``key`` field is a possibly qualified name (collation, sampling method)."""
-        names = _names(node.get(key, []))
+        names = name_list(node.get(key, []))
         if len(names) >= 2:
             self.schema_ref(names[-2])  # COLLATE t2.c, TABLESAMPLE t2.method(...)
         self.fields(node, key)
 
     def operator_names(self, names: list[Any]) -> None:
         """An operator named in ``USING``/``ANY`` forms, possibly qualified."""
-        parts = _names(names)
+        parts = name_list(names)
         if len(parts) >= 2:
             self.schema_ref(parts[-2])  # ORDER BY x USING OPERATOR(t2.<), x OPERATOR(t2.=) ANY
 
