@@ -59,14 +59,18 @@ def _range_var_columns(node: dict[str, Any]) -> frozenset[str] | None:
 class RestrictedColumns:
     """What one statement does with column-restricted catalog relations."""
 
-    __slots__ = ("columns", "names", "refs", "refused", "selected")
+    __slots__ = ("columns", "joins", "names", "refs", "refused", "selected", "stars")
 
     def __init__(self) -> None:
         self.columns: set[str] = set()  # restricted columns of the relations read
         self.names: set[str] = set()  # their names and aliases, join aliases around them
         self.refs: list[list[str]] = []  # every column reference, as its list of names
-        self.selected: list[str] = []  # every field selection, (x).name
+        self.selected: list[Any] = []  # every field selection's names, (x).name
         self.refused: list[str] = []
+        # Kept, not judged, during the walk: most statements read no restricted relation, and
+        # then there is nothing to judge (the ORM's statements pay a list append each).
+        self.stars: list[tuple[list[Any], list[Any]]] = []
+        self.joins: list[dict[str, Any]] = []
 
     def relation(self, node: dict[str, Any]) -> None:
         """A relation read (a ``RangeVar``)."""
@@ -86,18 +90,25 @@ class RestrictedColumns:
         self.refs.append(fields)
 
     def field_selection(self, indirection: list[Any]) -> None:
-        self.selected.extend(name_list(indirection))
+        self.selected.append(indirection)
 
     def star_over(self, from_items: list[Any], targets: list[Any]) -> None:
         """An unqualified ``*`` among ``targets`` expands every relation of ``from_items``."""
+        if from_items and targets:
+            self.stars.append((from_items, targets))
+
+    def join(self, node: dict[str, Any]) -> None:
+        """A join: its alias hides the relations inside; NATURAL and USING compare columns."""
+        self.joins.append(node)
+
+    def _star_over(self, from_items: list[Any], targets: list[Any]) -> None:
         if not any(_is_bare_star(target) for target in targets):
             return
         for item in from_items:
             for name, _ in _direct_restricted(item):
                 self.refused.append(f"* over {name}")
 
-    def join(self, node: dict[str, Any]) -> None:
-        """A join: its alias hides the relations inside; NATURAL and USING compare columns."""
+    def _join(self, node: dict[str, Any]) -> None:
         inside = _direct_restricted(node)
         if not inside:
             return
@@ -114,7 +125,11 @@ class RestrictedColumns:
     def refusals(self) -> list[str]:
         """What in the statement could read a restricted column; empty if nothing."""
         if not self.columns:
-            return self.refused
+            return []  # no restricted relation read: nothing to judge
+        for node in self.joins:
+            self._join(node)  # first: a join's alias names what is inside it
+        for from_items, targets in self.stars:
+            self._star_over(from_items, targets)
         found = list(self.refused)
         for fields in self.refs:
             last = fields[-1]
@@ -125,14 +140,19 @@ class RestrictedColumns:
                 found.append(".".join(fields))
             elif last in self.names:
                 found.append(f"the whole row {'.'.join(fields)}")
-        found.extend(f"(...).{name}" for name in self.selected if name in self.columns)
+        for indirection in self.selected:
+            found.extend(f"(...).{n}" for n in name_list(indirection) if n in self.columns)
         return found
 
 
 def _is_bare_star(target: Any) -> bool:
+    # Called for every select-list entry of every statement: no list built on the way.
     value = target.get("ResTarget", {}).get("val") if isinstance(target, dict) else None
     ref = value.get("ColumnRef") if isinstance(value, dict) else None
-    return ref is not None and name_list(ref.get("fields", [])) == ["*"]
+    if ref is None:
+        return False
+    fields = ref.get("fields", ())
+    return len(fields) == 1 and "A_Star" in fields[0]
 
 
 def _direct_restricted(item: Any) -> list[tuple[str, frozenset[str]]]:
