@@ -80,17 +80,11 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
     )
     existing = {row[0] for row in cursor.fetchall()}
     readable = readable_shared_tables()
-    holders = [r for r in (group, writers_group_name(alias)) if _exists(cursor, r)]
+    _revoke_operator_tables(cursor, alias, public, sorted(existing & operator_tables()))
     for table in sorted(existing):
         target = _ident(public, table)
         if table in readable:
             _execute(cursor, sql.SQL("GRANT SELECT ON {} TO {}").format(target, _ident(group)))
-        elif table in operator_tables():
-            # The operators' own copy (sessions, users, admin log: the tenant has its own):
-            # repair whatever was granted by hand to the group, the writers or PUBLIC, which
-            # every tenant role is a member of (issue 22). Only these tables, the project's.
-            for holder in (*(_ident(r) for r in holders), sql.SQL("PUBLIC")):
-                _execute(cursor, sql.SQL("REVOKE ALL ON {} FROM {}").format(target, holder))
         if table in readable or table in protected_tables():
             # Repair: no write on shared tables, nothing at all on protected ones.
             revoked: tuple[str, ...] = (
@@ -114,6 +108,27 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
     protected = existing & protected_tables()
     _ensure_writers(cursor, alias, public, (existing & readable) - protected, protected)
     return group
+
+
+def _revoke_operator_tables(cursor: Any, alias: str, public: str, tables: list[str]) -> None:
+    """The operators' own copies in public (apps in SHARED_APPS and TENANT_APPS: sessions,
+    users, admin log; every tenant has its own): repair whatever was granted on them by hand to
+    the group, the shared writers or PUBLIC, of which every tenant role is a member (issue 22).
+    One statement for all of them: this runs on every tenant's creation and migration."""
+    if not tables:
+        return
+    holders = [
+        _ident(role)
+        for role in (group_name(alias), writers_group_name(alias))
+        if _exists(cursor, role)
+    ]
+    _execute(
+        cursor,
+        sql.SQL("REVOKE ALL ON {} FROM {}").format(
+            sql.SQL(", ").join(_ident(public, table) for table in tables),
+            sql.SQL(", ").join([*holders, sql.SQL("PUBLIC")]),
+        ),
+    )
 
 
 def _grant_atomic_success(cursor: Any, public: str, group: str) -> None:
