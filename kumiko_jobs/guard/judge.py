@@ -138,6 +138,17 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
     reading = policy.readable_schema
     if shape.search_path is not None and _search_path_ok(shape.search_path, policy):
         return _allowed(kind)
+    if reading == "public" and policy.schema != "public":
+        # cross_tenant_reads of the public tenant: unqualified names would mean the
+        # operators' copies (sessions, users); shared tables need no grant to be read.
+        return _denied(
+            kind,
+            None,
+            "operators",
+            "cross_tenant_reads of the public schema: it is no tenant; its unqualified names are "
+            "the operators' own tables (sessions, users), and its shared tables need no grant "
+            "to be read",
+        )
     if shape.unverifiable:
         if reading is not None:
             return _read_only(kind, reading, shape.unverifiable)

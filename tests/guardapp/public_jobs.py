@@ -66,3 +66,14 @@ def notice_without_grant(ctx: JobContext) -> None:
 def notice_with_grant(ctx: JobContext, *, text: str) -> None:
     with ctx.global_writes():
         Notice.objects.create(text=text)
+
+
+@job(escape_hatch=EscapeHatch(reason="reads a sister tenant", grants=["cross_tenant_reads"]))
+def read_public_as_a_tenant(ctx: JobContext) -> None:
+    """``cross_tenant_reads`` of the public tenant: unqualified names would be the operators'."""
+    from example_project.customers.models import Client
+
+    public = Client.objects.get(schema_name="public")
+    with ctx.cross_tenant_reads(public):
+        keys = list(Session.objects.values_list("session_key", flat=True))
+    Finding.objects.create(key="operators_sessions", value=json.dumps(keys))

@@ -147,3 +147,19 @@ def test_a_hand_grant_on_the_operators_tables_is_flagged_and_revoked(
     finally:
         operators.rows(f'REVOKE ALL ON public.django_session FROM "{group}"')
         operators.rows("REVOKE ALL ON public.auth_user FROM PUBLIC")
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_cross_tenant_reads_of_the_public_tenant_reads_nothing(
+    tenants, guard_data, operators, mode
+):
+    """The public schema is no tenant: inside ``cross_tenant_reads(<public tenant>)`` the
+    unqualified ``django_session`` would be the operators'. The classifier refuses it (roles
+    off); with roles the public tenant has no reader login either. Nothing is read."""
+    run = support.run_for(tenants["t1"], public_jobs.read_public_as_a_tenant, MODES[mode])
+    assert run.status == RunStatus.FAILED, (run.status, run.error_type, run.error_message)
+    assert run.attempts == 1
+    assert CANARY not in run.error_message
+    if mode == "roles_off":
+        _denied(run, "cross_tenant_reads of the public schema")
+    assert _finding(operators, "operators_sessions") is None

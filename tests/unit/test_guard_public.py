@@ -108,6 +108,25 @@ def test_the_operators_copies_are_refused_inside_cross_tenant_reads() -> None:
 
 @pytest.mark.parametrize(
     "statement",
+    ["SELECT session_key FROM django_session", "SELECT name FROM catalog_plan", "SELECT 1"],
+)
+def test_cross_tenant_reads_of_the_public_schema_is_refused(statement: str) -> None:
+    """Inside ``cross_tenant_reads(<the public tenant>)`` unqualified names are public's: the
+    operators' sessions. The public schema is no tenant; its shared tables need no grant."""
+    reading = Policy(
+        schema="t1",
+        shared_tables=shared_tables(),
+        active_grants=frozenset({Grant.CROSS_TENANT_READS}),
+        readable_schema="public",
+        operator_tables=operator_tables(),
+    )
+    verdict = classify(statement, reading, parameters=False)
+    assert not verdict.allowed and verdict.rule == "operators", verdict
+    assert classify('SET search_path = "public"', reading, parameters=False).allowed
+
+
+@pytest.mark.parametrize(
+    "statement",
     [
         "SELECT session_key FROM django_session",  # the tenant's own copy
         'SELECT "django_session"."session_key" FROM "django_session"',
