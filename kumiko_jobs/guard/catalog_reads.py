@@ -160,6 +160,8 @@ def _direct_restricted(item: Any) -> list[tuple[str, frozenset[str]]]:
     their restricted columns."""
     if not isinstance(item, dict):
         return []
+    if "RangeTableSample" in item:  # FROM pg_class TABLESAMPLE ...: still the relation's rows
+        item = item["RangeTableSample"].get("relation", {})
     if "RangeVar" in item:
         item = item["RangeVar"]
     if "relname" in item and "larg" not in item:

@@ -164,6 +164,12 @@ _ROWS: list[tuple[str, Class, Effect, str]] = [
         f"SELECT '{{mark}}=', * FROM pg_class WHERE relname = {TAB}",
     ),
     (
+        "pg_class_tablesample_star",
+        Class.CATALOG,
+        S,
+        f"SELECT '{{mark}}=', * FROM pg_class TABLESAMPLE SYSTEM (100) WHERE relname = {TAB}",
+    ),
+    (
         "pg_class_join_alias_star",
         Class.CATALOG,
         S,

@@ -533,6 +533,7 @@ POSTGRESQL_CANNOT_STOP: dict[str, str] = {
             "pg_class_relpages",
             "pg_class_reltuples",
             "pg_class_star",
+            "pg_class_tablesample_star",
             "pg_class_whole_row",
             "pg_relation_size",
             "pg_total_relation_size",
