@@ -400,7 +400,7 @@ class Row:
     subject: str
     status: str
     tries: str
-    run: str
+    duration: str
     wall: str
     note: str
 
@@ -434,15 +434,9 @@ def usernames(schemas: Iterable[str], user_ids: set[str]) -> dict[tuple[str, str
 
 
 def build_report(request_correlation: str) -> Report:
-    from django.db.models import Sum
-
     from kumiko_jobs.models import JobAttempt, JobFailure, JobRun, RunStatus
 
     runs = list(JobRun.objects.order_by("schema_name", "queued_at"))
-    busy_ms = {
-        row["run"]: row["total"]
-        for row in JobAttempt.objects.values("run").annotate(total=Sum("duration_ms"))
-    }
     first_error: dict[Any, str] = {}
     for attempt in JobAttempt.objects.exclude(error_type="").order_by("started_at"):
         first_error.setdefault(attempt.run_id, attempt.error_type)
@@ -482,7 +476,6 @@ def build_report(request_correlation: str) -> Report:
         wall = None
         if run.finished_at is not None:
             wall = (run.finished_at - run.queued_at).total_seconds()
-        total_ms = busy_ms.get(run.run_id)
         report.rows.append(
             Row(
                 tenant=run.schema_name or "(system)",
@@ -490,7 +483,10 @@ def build_report(request_correlation: str) -> Report:
                 subject=run.subject or "-",
                 status=run.status,
                 tries=f"{run.attempts}/{run.max_attempts}",
-                run=fmt_seconds(total_ms / 1000 if total_ms is not None else None),
+                # The admin's "duration": the run's, i.e. its last attempt's time in the job.
+                duration=fmt_seconds(
+                    run.duration_ms / 1000 if run.duration_ms is not None else None
+                ),
                 wall=fmt_seconds(wall),
                 note="; ".join(notes),
             )
@@ -498,9 +494,9 @@ def build_report(request_correlation: str) -> Report:
     return report
 
 
-HEADERS = Row("TENANT", "JOB", "SUBJECT", "STATUS", "TRIES", "RUN", "WALL", "NOTE")
+HEADERS = Row("TENANT", "JOB", "SUBJECT", "STATUS", "TRIES", "DURATION", "WALL", "NOTE")
 FIELDS = tuple(f.name for f in fields(Row))
-RIGHT_ALIGNED = {"tries", "run", "wall"}
+RIGHT_ALIGNED = {"tries", "duration", "wall"}
 
 
 def render_table(rows: Sequence[Row]) -> list[str]:
@@ -556,9 +552,12 @@ DEMO_PASSWORD = "kumiko-demo"  # a demo database's logins only; printed at the e
 def demo_logins(tenants: Sequence[Client]) -> list[tuple[str, str, str]]:
     """Admin logins for the demo (idempotent; the password is reset on every run).
 
-    An operator (a superuser of the public schema, which sees every tenant's runs) and a
-    staff user of the first tenant who may view that tenant's runs and failures. Users live
-    in each schema's own auth tables (auth is a tenant app too). Returns (who, url, username).
+    An operator (a superuser of the public schema, also granted ``view_all_tenants`` by name:
+    the permission the operators' view of every tenant's runs takes) and a staff user who may
+    view a tenant's runs and failures: of the first tenant with a failed run, so that its login
+    has a failure to look at (the first tenant when none failed). Users live in each schema's
+    own auth tables (auth is a tenant app too, so a tenant's users are its members). Returns
+    (who, url, username).
     """
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Permission
@@ -574,18 +573,19 @@ def demo_logins(tenants: Sequence[Client]) -> list[tuple[str, str, str]]:
             user.is_superuser = superuser
             user.set_password(DEMO_PASSWORD)
             user.save()
-            if not superuser:
-                user.user_permissions.set(
-                    Permission.objects.filter(
-                        content_type__app_label="kumiko_jobs",
-                        codename__in=("view_jobrun", "view_jobfailure"),
-                    )
+            # The operator holds view_all_tenants by name as well, so that it stays an operator
+            # if its superuser flag is taken away; a tenant's staff may only view.
+            codenames = ("view_all_tenants",) if superuser else ("view_jobrun", "view_jobfailure")
+            user.user_permissions.set(
+                Permission.objects.filter(
+                    content_type__app_label="kumiko_jobs", codename__in=codenames
                 )
+            )
 
     ensure("public", "operator", superuser=True)
     logins = [("operators", "http://localhost:8000/admin/", "operator")]
     if tenants:
-        schema = tenants[0].schema_name
+        schema = _with_a_failed_run(tenants).schema_name
         ensure(schema, f"{schema}-staff", superuser=False)
         logins.append(
             (f"tenant {schema}", f"http://{schema}.localhost:8000/admin/", f"{schema}-staff")
@@ -593,16 +593,28 @@ def demo_logins(tenants: Sequence[Client]) -> list[tuple[str, str, str]]:
     return logins
 
 
-def how_to_run_for_real(queues: Sequence[str], embedded: bool) -> str:
-    """One copy-pasteable line that starts the real worker and scheduler on the demo's data."""
-    commands = (
-        f"python manage.py rqworker {' '.join(queues)} & python manage.py rqscheduler --interval 1"
+def _with_a_failed_run(tenants: Sequence[Client]) -> Client:
+    from kumiko_jobs.models import JobRun, RunStatus
+
+    failed = set(
+        JobRun.objects.filter(status=RunStatus.FAILED).values_list("schema_name", flat=True)
     )
+    return next((t for t in tenants if t.schema_name in failed), tenants[0])
+
+
+def manage_py() -> str:
+    """``manage.py`` with the demo's own Python (its venv's, where Django is installed), as
+    typed from the repository root, where scripts/demo runs."""
+    relative = os.path.relpath(sys.executable)
+    return f"{sys.executable if relative.startswith('..') else relative} manage.py"
+
+
+def exports(embedded: bool) -> str:
+    """``export ...`` of the URLs the demo used, where they differ from the settings' defaults
+    (which manage.py would use otherwise); nothing with embedded servers, which stop with it."""
     if embedded:
-        # The embedded servers stop when the demo exits: their URLs would lead nowhere.
-        return f"Real processes (with PostgreSQL and Redis running): {commands}"
-    # Only what differs from the settings' defaults, which manage.py would use otherwise.
-    env = [
+        return ""
+    changed = [
         f"{name}={os.environ[name]}"
         for name, default in (
             ("DATABASE_URL", DEFAULT_DATABASE_URL),
@@ -610,8 +622,17 @@ def how_to_run_for_real(queues: Sequence[str], embedded: bool) -> str:
         )
         if os.environ[name] != default
     ]
-    prefix = f"export {' '.join(env)}; " if env else ""
-    return f"Real processes: {prefix}{commands}"
+    return f"export {' '.join(changed)}" if changed else ""
+
+
+def how_to_run_for_real(queues: Sequence[str], embedded: bool) -> str:
+    """One copy-pasteable line that starts the real worker and scheduler on the demo's data."""
+    manage = manage_py()
+    commands = f"{manage} rqworker {' '.join(queues)} & {manage} rqscheduler --interval 1"
+    if embedded:
+        # The embedded servers stop when the demo exits: their URLs would lead nowhere.
+        return f"Real processes (with PostgreSQL and Redis running): {commands}"
+    return f"Real processes: {commands}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -676,8 +697,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say()
     say(
         out.dim(
-            "  TRIES attempts used/allowed   RUN time in the run, all attempts   "
-            "WALL queued to finished, back-off included"
+            "  TRIES attempts used/allowed   DURATION the admin's duration: the last attempt's "
+            "time in the job   WALL queued to finished, back-off included"
         )
     )
     say()
@@ -691,10 +712,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logins = demo_logins(tenants)
     say()
-    say(out.bold("Next"))
+    say(out.bold("Next") + " (from the repository's root)")
+    environment = exports(embedded)
+    if environment:  # the lines below use the demo's database and Redis
+        say(f"  Environment: {environment}")
     say(f"  {how_to_run_for_real(queues, embedded)}")
     # --insecure: serve the admin's CSS with DEBUG off (the example's default).
-    say("  Admin: python manage.py runserver --insecure, then log in with")
+    say(f"  Admin: {manage_py()} runserver --insecure, then log in with")
     width = max(len(who) for who, _, _ in logins)
     url_width = max(len(url) for _, url, _ in logins)
     user_width = max(len(username) for _, _, username in logins)
@@ -707,7 +731,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if embedded:
         note = "    (with PostgreSQL and Redis running; the embedded ones stop with the demo)"
         say(out.dim(note))
+    roles = demo_roles()
+    if roles:
+        # Roles are server-wide: dropping the demo's database leaves them behind.
+        say(
+            f"  Roles: DB_ROLES made {roles} PostgreSQL roles for this database, server-wide "
+            f"(dropdb leaves them); remove them with: {manage_py()} kumiko_jobs drop-roles --yes"
+        )
     return 0
+
+
+def demo_roles() -> int:
+    """How many roles kumiko holds on the server for the demo's database (DB_ROLES)."""
+    from django.db import connection
+
+    from kumiko_jobs.guard import role_names
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_roles WHERE rolname LIKE %s", [role_names.prefix() + r"\_%"]
+        )
+        return int(cursor.fetchone()[0])
 
 
 if __name__ == "__main__":

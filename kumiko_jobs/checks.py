@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 from django.utils.module_loading import import_string
 
 from . import transport
@@ -357,7 +358,19 @@ def check_db_roles_in_step(
     except ImproperlyConfigured:
         return []
 
-    stale = role_sync.out_of_date()
+    try:
+        # In a savepoint, so that a failed statement leaves no caller's transaction aborted.
+        with transaction.atomic(using=DEFAULT_DB_ALIAS):
+            stale = role_sync.out_of_date()  # no tenant table yet (not migrated): []
+    except DatabaseError as exc:
+        # Say what can be said and let the command go on: `migrate` runs this check first.
+        return [
+            checks.Warning(
+                f"Could not read the tenants' database roles: {exc}".strip(),
+                hint="Run `manage.py migrate_schemas --shared` and `manage.py kumiko_jobs roles`.",
+                id="kumiko_jobs.W008",
+            )
+        ]
     if not stale:
         return []
     shown = ", ".join(stale[:10]) + (f" and {len(stale) - 10} more" if len(stale) > 10 else "")
@@ -397,3 +410,46 @@ def check_redis_sentinel(app_configs: Any = None, **kwargs: Any) -> list[checks.
             )
         )
     return found
+
+
+@checks.register(checks.Tags.security, checks.Tags.database)
+def check_project_user_not_superuser(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """``DB_ROLES`` with a superuser as the project user (``--database``, as E012).
+
+    docs/guard.md ("Two walls", set-up) forbids it: a superuser passes every privilege check,
+    so a job body that reaches the project's connection (``ctx.system_db()``, a connection
+    opened by hand) holds every tenant's data and the server's files, and the tenant roles it
+    creates are all the wall there is.
+    """
+    if not databases or "default" not in databases:
+        return []
+    try:
+        if not conf.get().DB_ROLES:
+            return []
+    except ImproperlyConfigured:
+        return []  # E001 says why
+    from django.db import DatabaseError, connections
+
+    try:
+        with connections["default"].cursor() as cursor:
+            # current_user: the identity that holds the privileges (after "assume_role")
+            cursor.execute(
+                "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
+            )
+            row = cursor.fetchone()
+    except DatabaseError:
+        return []  # no database to ask: Django's own checks and E012 report it
+    if row is None or not row[1]:
+        return []
+    return [
+        checks.Warning(
+            f"KUMIKO_JOBS['DB_ROLES'] is on and the project's database user {row[0]!r} is a "
+            "superuser: it passes every privilege check, so whatever a job reaches with the "
+            "project's credentials is outside the second wall.",
+            hint="Connect as a user with LOGIN and CREATEROLE that owns the database, not a "
+            "superuser (docs/guard.md, 'Two walls', set-up).",
+            id="kumiko_jobs.W007",
+        )
+    ]

@@ -115,10 +115,19 @@ class JobRun(models.Model):
     # ``cancelled`` unless its body had already completed (docs/reliability.md, Cancellation).
     cancel_requested_at = models.DateTimeField(_("cancel requested"), null=True, blank=True)
     cancel_requested_by = models.CharField(_("cancel requested by"), max_length=150, blank=True)
+    # Unique jobs (@job(unique=...), enqueueing/unique.py): a digest of the job, the tenant and
+    # the unique arguments' values; NULL for every other job, so the two partial indexes below
+    # hold only unique jobs' rows. PostgreSQL's unique index is what settles two concurrent
+    # enqueues of the same key: the second INSERT waits for the first transaction, then fails.
+    # NULL, not "": a process of the previous release inserts rows without the column.
+    unique_key = models.CharField(  # noqa: DJ001
+        _("unique key"), max_length=64, null=True, blank=True
+    )
 
     class Meta:
         """Newest first, with the indexes that keep the admin's lists an index range read at
-        millions of rows, and the permission for django-rq's queue pages.
+        millions of rows, and the operators' permissions (django-rq's queue pages, every tenant's
+        runs).
         """
 
         ordering = ("-queued_at",)
@@ -127,7 +136,25 @@ class JobRun(models.Model):
         # Not about runs: the operators' right to django-rq's queue pages (kumiko_jobs.urls),
         # which show and delete every tenant's raw messages. Declared here because a
         # permission needs a model; is_staff alone is not enough for those pages.
-        permissions = (("manage_queues", _("Can use django-rq's queue pages")),)
+        # view_all_tenants: the operators' view of every tenant's runs on the public schema's
+        # domain (admin/audiences.py); view_jobrun alone is no longer enough there, since with
+        # shared users a tenant's staff user holds view_jobrun too.
+        permissions = (
+            ("manage_queues", _("Can use django-rq's queue pages")),
+            ("view_all_tenants", _("Can view every tenant's runs (the operators' admin)")),
+        )
+        # Migration 0015 builds both CONCURRENTLY (AddIndexConcurrently cannot build a unique
+        # partial index, so it is SQL there and a constraint here).
+        constraints = (
+            models.UniqueConstraint(
+                fields=("unique_key",),
+                condition=models.Q(
+                    unique_key__isnull=False,
+                    status__in=("queued", "running", "deferred"),
+                ),
+                name="kj_run_unique_active",
+            ),
+        )
         indexes = (
             models.Index(fields=("schema_name", "-queued_at"), name="kj_run_tenant_recent"),
             models.Index(fields=("status", "started_at"), name="kj_run_status_started"),
@@ -148,6 +175,12 @@ class JobRun(models.Model):
             ),
             # The operators' search finds a request's runs by its correlation id (exactly).
             models.Index(fields=("correlation_id",), name="kj_run_correlation"),
+            # unique_for: the latest finished run of a key.
+            models.Index(
+                fields=("unique_key", "finished_at"),
+                condition=models.Q(unique_key__isnull=False),
+                name="kj_run_unique_recent",
+            ),
             # Not declared here: kj_run_subject_trgm, the trigram index for substring search
             # on subjects, made by SQL in 0010 (a GinIndex here would make every project add
             # django.contrib.postgres to INSTALLED_APPS, and it needs pg_trgm, which 0010

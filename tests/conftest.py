@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-# The testing API's fixtures (kumiko_jobs), as a project using kumiko_jobs would load them.
+# The testing plugin, as a project using kumiko_jobs loads it: the kumiko_jobs fixture, and the
+# session's clean-up (tenant logins closed, the test database's roles dropped at the end).
 pytest_plugins = ["kumiko_jobs.testing"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,13 +51,9 @@ def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> It
                 domain=domain, defaults={"tenant": tenant, "is_primary": True}
             )
     yield
+    # The plugin (kumiko_jobs.testing) closes the tenants' logins before this teardown and
+    # drops the database's roles after it, as it does for any project's django_db_setup.
     with django_db_blocker.unblock():
-        from kumiko_jobs.guard import connections as tenant_connections
-        from kumiko_jobs.guard import role_sync
-
-        # Roles are cluster-wide: this database's (its prefix, never another suite's) go with it.
-        tenant_connections.close_all()
-        role_sync.drop_all()
         teardown_databases(db_cfg, verbosity=0)
 
 
@@ -66,7 +63,7 @@ def _truncate_all() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE kumiko_jobs_jobattempt, kumiko_jobs_jobrun, kumiko_jobs_jobfailure, "
-            "kumiko_jobs_rejectedmessage"
+            "kumiko_jobs_rejectedmessage, kumiko_jobs_escapehatchuse"
         )
         for schema in TENANTS:
             cursor.execute(

@@ -1,8 +1,9 @@
-"""Settings for the test suite: the example project plus a test-only tenant app.
+"""Settings for the test suite: the example project plus the test-only tenant apps.
 
 Services are made sure of here, before Django reads DATABASE_URL/REDIS_URL, so that the suite
 (and the worker processes it starts, which import this module too) runs against the machine's
-PostgreSQL and Redis, or embedded ones where none answer.
+PostgreSQL and Redis, or embedded ones where none answer. The settings themselves are
+``tests/settings_unit.py``'s, which ``tests/unit`` uses alone (no service needed).
 """
 
 from __future__ import annotations
@@ -70,20 +71,5 @@ if os.environ.get("KUMIKO_TEST_PROJECT_USER") == "1" and "@" in os.environ["DATA
         os.environ["KUMIKO_TEST_ADMIN_DATABASE_URL"] = os.environ["DATABASE_URL"]
         os.environ["DATABASE_URL"] = _url._replace(netloc=_netloc).geturl()
 
-from example_project.settings import *  # noqa: E402,F403
-from example_project.settings import INSTALLED_APPS, SHARED_APPS, TENANT_APPS  # noqa: E402
-
-# tests.guardapp.shared: a shared app (public only) with an upper-case db_table (issue 22).
-SHARED_APPS = [*SHARED_APPS, "tests.guardapp.shared"]
-TENANT_APPS = [*TENANT_APPS, "tests.testapp", "tests.guardapp"]
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.guardapp", "tests.guardapp.shared"]
-PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-# PUSH_FAILURE_PAUSE is per process: a test that stops Redis must not leave the next test's
-# enqueues to the relay. test_outages turns it on where it is the subject.
-# DB_ROLES: tenant job bodies log in as their tenant's role (docs/guard.md, "Two walls").
-KUMIKO_JOBS = {
-    "DB_GUARD": "enforce",
-    "DEFAULT_RETRIES": 0,
-    "PUSH_FAILURE_PAUSE": 0,
-    "DB_ROLES": os.environ.get("KUMIKO_TEST_DB_ROLES", "1") == "1",
-}
+# Everything else is the unit tests' settings (tests/settings_unit.py), one definition for both.
+from tests.settings_unit import *  # noqa: E402,F403

@@ -6,15 +6,19 @@ job". On a tenant's domain the same admin site shows the **tenant** view: only t
 runs and failures, and only the fields a tenant may read (job, subject, status, times, and
 failure messages rendered from their message keys through Django's i18n).
 
-The audience is decided per request from ``connection.schema_name`` (set by django-tenants'
-middleware), never from the user: a tenant superuser is still a tenant. Django's model
-permissions govern access in both places; tenants' users and permissions live in their schema.
+The view is decided per request from ``connection.schema_name`` (set by django-tenants'
+middleware): a tenant superuser on its domain is still a tenant. The user must belong to the
+view's audience (``audiences``, core/audience.py): the operators' view takes
+``kumiko_jobs.view_all_tenants``, a tenant's view membership of that tenant (implied when users
+live in the tenants' schemas, else ``KUMIKO_JOBS["TENANT_MEMBERSHIP"]``). Django's model
+permissions govern each page on top of that.
 
 Django's autodiscover imports this package; importing ``runs`` and ``other_models`` below
 registers the admins (``@admin.register``). One concern per module: ``render`` (how values
 look), ``filters``, ``pagination`` and ``search`` (lists of millions of rows),
 ``query_strings``, ``audiences`` (who sees what), ``display``, ``actions``, ``run_job``,
-``runs`` (JobRunAdmin, composed of those) and ``other_models``.
+``runs`` (JobRunAdmin, composed of those), ``other_models`` and ``checks`` (the audiences'
+system checks).
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from .runs import JobRunAdmin
 # isort: split
 from .display import JobAttemptInline
 from .other_models import EscapeHatchUseAdmin, JobFailureAdmin, RejectedMessageAdmin
+
+# isort: split
+# Registers the audience checks (E014, E015) with the admin that they are about.
+from . import checks as checks
 
 # The admin classes keep their old dotted paths (kumiko_jobs.admin.JobRunAdmin, ...): users'
 # code may subclass or unregister them. Tunables such as MAX_PAGES are deliberately not

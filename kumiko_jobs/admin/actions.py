@@ -23,7 +23,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import operations
-from ..core.audience import is_operator_request
+from ..core.audience import sees_all_tenants
 from ..core.exceptions import KumikoJobsError, OperationRefused
 from ..models import JobRun
 from .pagination import selectable_rows, too_many_selected
@@ -69,8 +69,9 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
         return super().response_action(request, queryset, *args, **kwargs)
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
-        """Retry and cancel: operators holding the (otherwise unused) change permission."""
-        return is_operator_request() and request.user.has_perm("kumiko_jobs.change_jobrun")
+        """Retry and cancel: operators (``view_all_tenants``) holding the (otherwise unused)
+        change permission."""
+        return sees_all_tenants(request) and request.user.has_perm("kumiko_jobs.change_jobrun")
 
     @admin.action(description=_("Retry selected failed runs"), permissions=["operate"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:

@@ -1,9 +1,12 @@
 """Who sees what: read-only history, operator-only tables, and the two-audience base admin.
 
-The audience is the request's schema (``audience.is_operator_request``), never the user: a
-tenant superuser is still a tenant. ``TenantScopedAdmin`` picks per request between the
-operator's and the tenant's columns, filters, search fields, fieldsets and lookups, and
-limits a tenant to its own rows; its lists are counted by ``BoundedPaginator``.
+The request's domain picks the view (``audience.is_operator_request``: a tenant superuser on
+its own domain is still a tenant) and the user must belong to it (core/audience.py): the
+operators' view needs ``kumiko_jobs.view_all_tenants``, a tenant's view membership of that
+tenant. Anyone else gets no kumiko page and no row, whatever model permissions they hold.
+``TenantScopedAdmin`` picks per request between the operator's and the tenant's columns,
+filters, search fields, fieldsets and lookups, and limits a tenant to its own rows; its lists
+are counted by ``BoundedPaginator``.
 """
 
 from __future__ import annotations
@@ -17,7 +20,12 @@ from django.contrib.admin.views.main import PAGE_VAR
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from ..core.audience import is_operator_request, tenant_schema
+from ..core.audience import (
+    is_operator_request,
+    is_tenant_member,
+    sees_all_tenants,
+    tenant_schema,
+)
 from .pagination import BoundedPaginator
 from .query_strings import CleanQueryStrings
 
@@ -40,20 +48,33 @@ class ReadOnly:
         return False
 
 
+def admitted(request: HttpRequest) -> bool:
+    """The request's user belongs to the audience its domain serves: an operator holding
+    ``view_all_tenants`` on the public schema's domain, a member of the tenant on a tenant's.
+    Model permissions come on top of this, never instead of it."""
+    return sees_all_tenants(request) if is_operator_request() else is_tenant_member(request)
+
+
 class OperatorsOnly:
-    """Shown on the public (operator) domain only, never on a tenant's."""
+    """Shown to operators (``view_all_tenants``) on the public domain only, never on a tenant's."""
 
     def has_module_permission(self, request: HttpRequest) -> bool:
-        """Hide the app's section from the index on a tenant's domain, whatever the user's
-        permissions.
+        """Hide the app's section from the index on a tenant's domain and from users without
+        ``view_all_tenants``, whatever their other permissions.
         """
-        return is_operator_request() and super().has_module_permission(request)  # type: ignore[misc]
+        return sees_all_tenants(request) and super().has_module_permission(request)  # type: ignore[misc]
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Refuse the pages on a tenant's domain, even to a tenant superuser with the model
-        permission.
+        permission, and on the operators' domain to users without ``view_all_tenants``.
         """
-        return is_operator_request() and super().has_view_permission(request, obj)  # type: ignore[misc]
+        return sees_all_tenants(request) and super().has_view_permission(request, obj)  # type: ignore[misc]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        """No rows for anyone but an operator, should a view reach the queryset without asking
+        for the permission first."""
+        queryset: QuerySet[Any] = super().get_queryset(request)  # type: ignore[misc]
+        return queryset if sees_all_tenants(request) else queryset.none()
 
 
 class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
@@ -104,12 +125,24 @@ class TenantScopedAdmin(CleanQueryStrings, ReadOnly, admin.ModelAdmin):  # type:
         except ValueError:
             return 1
 
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        """The app's section on the index only for the domain's own audience (``admitted``)."""
+        return admitted(request) and super().has_module_permission(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """The model's view permission, and only for the domain's own audience: an operator
+        holding ``view_all_tenants``, or a member of the domain's tenant."""
+        return admitted(request) and super().has_view_permission(request, obj)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        """All rows for operators; for a tenant only its own schema's rows, loading only the
-        ``tenant_only`` fields its pages render (payloads can be large and are not the tenant's to
-        read).
+        """All rows for operators; for a tenant's member only its own schema's rows, loading only
+        the ``tenant_only`` fields its pages render (payloads can be large and are not the
+        tenant's to read); none for anyone else.
         """
         queryset = super().get_queryset(request)
+        if not admitted(request):
+            # Every page asks for the permission first; this holds should one not.
+            return queryset.none()
         if is_operator_request():
             return queryset
         queryset = queryset.filter(schema_name=tenant_schema())

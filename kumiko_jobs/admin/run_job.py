@@ -1,8 +1,9 @@
 """The "Run a job…" page: operators enqueue a manual job (``@job(manual=True)``) by hand.
 
 For a tenant or, for a system job, for none; the arguments are a JSON object checked against
-the job's signature before anything is written. Operators holding the (otherwise unused) add
-permission only; the page's URL is added to the run admin's own (``get_urls``).
+the job's signature before anything is written. Operators (``view_all_tenants``) holding the
+(otherwise unused) add permission only; the page's URL is added to the run admin's own
+(``get_urls``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from django_tenants.utils import get_tenant_model
 
 from .. import operations
 from ..core import project_settings
-from ..core.audience import is_operator_request
+from ..core.audience import sees_all_tenants
 from ..core.exceptions import KumikoJobsError
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
@@ -49,8 +50,9 @@ class RunJobView(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
         ]
 
     def has_run_job_permission(self, request: HttpRequest) -> bool:
-        """Run a manual job: operators holding the (otherwise unused) add permission."""
-        return is_operator_request() and request.user.has_perm("kumiko_jobs.add_jobrun")
+        """Run a manual job: operators (``view_all_tenants``) holding the (otherwise unused) add
+        permission."""
+        return sees_all_tenants(request) and request.user.has_perm("kumiko_jobs.add_jobrun")
 
     def run_job_view(self, request: HttpRequest) -> HttpResponse:
         """Show the form and, once it is valid, enqueue the job in one transaction and go to the new

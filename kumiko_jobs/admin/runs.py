@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from ..core.audience import is_operator_request
+from ..core.audience import is_operator_request, sees_all_tenants
 from ..models import JobFailure, JobRun, RunStatus
 from ..transport.scheduler_liveness import overdue_problem
 from .actions import RunActions
@@ -195,7 +195,7 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
         """The attempts (errors, tracebacks, logs) under an operator's run page; none for a tenant,
         who must not read them.
         """
-        return [JobAttemptInline] if is_operator_request() else []
+        return [JobAttemptInline] if sees_all_tenants(request) else []
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[JobRun], search_term: str
@@ -251,7 +251,9 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
             extra_context["kumiko_run_job_url"] = reverse(
                 f"{self.admin_site.name}:kumiko_jobs_jobrun_run_job"
             )
-        if is_operator_request() and request.method == "GET":
+        # Operators only: this runs before Django's permission check, and the banner (a
+        # count of overdue messages, kept in the session) is theirs to read.
+        if sees_all_tenants(request) and request.method == "GET":
             self._warn_if_scheduler_missing(request)
         return super().changelist_view(request, extra_context)
 

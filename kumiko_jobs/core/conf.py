@@ -123,6 +123,12 @@ class KumikoSettings:
     # "transaction" (PgBouncer's pool modes). Transaction pooling shares server sessions
     # between clients; checks.py refuses it where that crosses tenants.
     DB_POOLER: str | None = None
+    # Who belongs to a tenant, for the admin on that tenant's domain (core/audience.py): the
+    # dotted path of a callable ``(user, tenant) -> bool``. Needed when users are shared (the
+    # user model's app is not in TENANT_APPS); without it a tenant's domain shows no runs and
+    # check E014 says so. "kumiko_jobs.core.audience.django_tenant_users" reads
+    # django-tenant-users' layout.
+    TENANT_MEMBERSHIP: str | None = None
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -231,6 +237,15 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
             "settings.KUMIKO_JOBS['TENANT_QUERYSET'] must be the dotted path of a callable "
             "returning a tenant queryset, or None."
         )
+    membership = values.get("TENANT_MEMBERSHIP")
+    if membership is not None and (
+        not isinstance(membership, str) or not _DOTTED_PATH.fullmatch(membership)
+    ):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_MEMBERSHIP'] must be the dotted path of a callable "
+            "(user, tenant) -> bool, such as 'kumiko_jobs.core.audience.django_tenant_users' "
+            f"for django-tenant-users, or None; got {membership!r}."
+        )
     active_field = values.get("TENANT_ACTIVE_FIELD")
     if active_field is not None and not isinstance(active_field, str):
         raise ImproperlyConfigured(
@@ -255,6 +270,9 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
             values[key] = tuple(v.lower() for v in seq)
     return KumikoSettings(**values)
 
+
+# module.attribute, each part a Python identifier: what import_string can load.
+_DOTTED_PATH = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 
 _FUNCTION_NAME = re.compile(r"(?:[a-z_][a-z0-9_$]*\.)?[a-z_][a-z0-9_$]*")
 

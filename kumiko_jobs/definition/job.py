@@ -114,6 +114,11 @@ class JobDefinition:
     # The body's writes and the run's success commit in one transaction (docs/reliability.md,
     # "Exactly once for database-only jobs").
     atomic: bool = False
+    # Unique jobs (enqueueing/unique.py): the arguments whose values make two enqueues "the
+    # same run" (all of them for ``unique=True``); None when the job is not unique.
+    unique: tuple[str, ...] | None = None
+    # How long after a run of the same key finished a new enqueue still returns it (seconds).
+    unique_for: float = 0.0
     # A Django task's priority above 0 puts its messages at the front of the queue (set by
     # task_jobs.register_task_jobs: @job has no such option).
     front_by_priority: bool = False

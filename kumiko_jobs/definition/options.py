@@ -11,6 +11,7 @@ import difflib
 import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 from django.apps import apps
@@ -53,6 +54,8 @@ _OPTION_TYPES: dict[str, str] = {
     "boot_gate": "bool",
     "tenant_may_start": "bool (system jobs only)",
     "atomic": "bool (tenant jobs whose whole effect is in the default database)",
+    "unique": "True or list of argument names",
+    "unique_for": "seconds > 0 or timedelta (with unique=)",
 }
 
 
@@ -187,6 +190,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
     atomic = bool(options.get("atomic", False))
     if atomic:
         _check_atomic(where, func, system, escape_hatch, triggers)
+    unique, unique_for = _unique_options(where, options, params, triggers)
     return JobDefinition(
         name=name,
         func=func,
@@ -205,6 +209,8 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
             where, "max_defers", options.get("max_defers"), 0, maximum=MAX_DEFERS_LIMIT
         ),
         description=str(description).split("\n\n")[0],
+        unique=unique,
+        unique_for=unique_for,
         **triggers,
     )
 
@@ -250,6 +256,45 @@ def _check_atomic(
             "cross_tenant_reads: the other tenant's reader), outside the run's transaction. "
             "Move that work to a separate job.",
         )
+
+
+def _unique_options(
+    where: str, options: Mapping[str, Any], params: Sequence[str], triggers: Mapping[str, Any]
+) -> tuple[tuple[str, ...] | None, float]:
+    """``unique=`` and ``unique_for=`` (enqueueing/unique.py), checked against the job's
+    arguments and the concurrency modes that would contradict them."""
+    value, window = options.get("unique"), options.get("unique_for")
+    if value is None or value is False:
+        if window is not None:
+            raise _fail(where, "unique_for= needs unique= (the arguments that make a run unique).")
+        return None, 0.0
+    if value is True:
+        names: tuple[str, ...] = tuple(params)
+    else:
+        names = _names(where, "unique", value, params)
+        if not names:
+            raise _fail(
+                where,
+                "unique=[] names no argument; use unique=True (all arguments) or "
+                "concurrency='skip' (one active run of the job per tenant, whatever its "
+                "arguments).",
+            )
+    mode = triggers.get("concurrency", "parallel")
+    if mode in ("replace", "debounce"):
+        raise _fail(
+            where,
+            f"unique= returns the waiting run of the same arguments; concurrency={mode!r} "
+            "cancels it for the newer enqueue. Choose one of the two.",
+        )
+    if triggers.get("boot_gate"):
+        raise _fail(where, "boot_gate=True runs inline at worker start: unique= has no runs.")
+    seconds = 0.0
+    if window is not None:
+        raw = window.total_seconds() if isinstance(window, timedelta) else window
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not raw > 0:
+            raise _fail(where, f"unique_for must be seconds > 0 or a timedelta, got {window!r}.")
+        seconds = float(raw)
+    return names, seconds
 
 
 def _trigger_options(where: str, options: Mapping[str, Any], system: bool) -> dict[str, Any]:

@@ -14,6 +14,7 @@ enqueue: checked like any other (``validate``), kept in the run's tenant, and ad
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -53,6 +54,11 @@ class FollowupBatch:
         message without a row is refused: the run would be lost.
         """
         self.closed = True
+
+    def keep(self, inserted: set[uuid.UUID]) -> None:
+        """Only the follow-ups whose rows were written (``inserted``) are pushed: a row the
+        database skipped (it existed, or a unique job's key was taken) has no message."""
+        self.entries = [(m, row) for m, row in self.entries if row.run_id in inserted]
 
     def messages(self) -> list[Message]:
         """What the runner pushes once the attempt's success is recorded."""

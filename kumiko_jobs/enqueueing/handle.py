@@ -15,6 +15,7 @@ from asgiref.sync import sync_to_async
 from ..core.exceptions import InvalidJob
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
+from ..history import run_reads
 from ..models import REFUSED_STATUSES, JobRun, RunStatus
 
 
@@ -34,6 +35,9 @@ class RunHandle:
     # What the job returned, once the run succeeded (see kumiko_jobs.results for the marker
     # stored instead of a result that could not be kept). None before that.
     result: Any = None
+    # A unique job's enqueue that matched an existing run (@job(unique=...)): this handle is
+    # that run's, and no new run was made.
+    deduplicated: bool = False
 
     @property
     def skipped(self) -> bool:
@@ -57,10 +61,16 @@ class RunHandle:
 
     def refresh(self) -> JobRun:
         """Read the run's history row: updates ``status``, ``scheduled_for`` and ``result``,
-        and returns the row (``JobRun``) for everything else."""
+        and returns the row (``JobRun``) for everything else.
+
+        From a tenant's context (its request, ``tenant_context()``, one of its runs) only that
+        tenant's runs are read: another tenant's run raises ``JobRun.DoesNotExist``, as an id no
+        run has does (``history.run_reads``). Operators and system runs read any run."""
         if not self.run_id:
             raise InvalidJob("This enqueue was skipped (concurrency/max_per_tenant): no run.")
-        row = JobRun.objects.get(pk=self.run_id)
+        row = run_reads.load_run(self.run_id)
+        if row is None:
+            raise JobRun.DoesNotExist(f"No run {self.run_id} in this tenant.")
         # A frozen dataclass, so handles stay hashable; the refresh is its one mutation.
         object.__setattr__(self, "status", row.status)
         object.__setattr__(self, "scheduled_for", row.scheduled_for)

@@ -22,6 +22,7 @@ from ..core import conf, project_settings
 from ..core.envelope import Envelope, encode, new_run_id
 from ..definition.job import JobDefinition
 from ..models import DeferralKind, JobRun, RunStatus
+from . import unique
 from .admission import concurrency_owner
 
 
@@ -73,6 +74,7 @@ def row_for(definition: JobDefinition, env: Envelope, subject: str, delay: float
         payload=env.kwargs,
         origin=env.origin,
         rq_job_id=env.rq_job_id,
+        unique_key=unique.key_of(definition, env.schema, env.kwargs),
     )
 
 

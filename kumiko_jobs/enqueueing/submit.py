@@ -10,10 +10,11 @@ a message. Inside a run, enqueues become the run's follow-ups (``followups``) in
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from .. import signals, telemetry
@@ -21,8 +22,8 @@ from ..core import project_settings
 from ..core.exceptions import InvalidJob
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
-from ..models import RunStatus
-from . import followups, outbox
+from ..models import JobRun, RunStatus
+from . import followups, outbox, unique
 from .admission import admission
 from .handle import RunHandle, resolve
 from .messages import message_for, new_envelope, row_for
@@ -75,6 +76,11 @@ def submit(
     schema = resolve_schema(definition, tenant)
     if definition.concurrency == "debounce":
         delay = max(delay, definition.debounce)
+    key = unique.key_of(definition, schema, kwargs)
+    if key is not None:
+        covering = unique.covering_run(definition, key)
+        if covering is not None:
+            return _handle_of(covering)
     with admission(definition, schema) as refused:
         if refused is not None:
             return record_refusal(
@@ -141,7 +147,12 @@ def _submit_admitted(
         message = message_for(definition, env, delay)
         check_size(definition, env, message)
         row = row_for(definition, env, subject, delay)
-        outbox.save(row, lambda: outbox.push_committed(message, row))
+        if row.unique_key is not None:
+            covering = _save_unique(definition, row, lambda: outbox.push_committed(message, row))
+            if covering is not None:
+                return _handle_of(covering)
+        else:
+            outbox.save(row, lambda: outbox.push_committed(message, row))
     return RunHandle(
         run_id=env.run_id,
         job_name=definition.name,
@@ -205,3 +216,41 @@ def _event_tenant(tenant: Any) -> Any:
         return None
     current = getattr(connection, "tenant", None)
     return current if getattr(current, "schema_name", None) == schema else str(schema)
+
+
+def _save_unique(
+    definition: JobDefinition, row: JobRun, on_commit: Callable[[], None]
+) -> JobRun | None:
+    """Insert a unique job's row, or the run that covers its key when a concurrent enqueue got
+    there first (None: inserted). The INSERT is in a savepoint so that the caller's transaction
+    goes on after the index refused it; its ``on_commit`` is dropped with the savepoint."""
+    assert row.unique_key is not None
+    for _ in range(3):
+        try:
+            with transaction.atomic():
+                outbox.save(row, on_commit)
+            return None
+        except IntegrityError as exc:
+            if not unique.is_duplicate(exc):
+                raise
+        # The other transaction has committed (the INSERT waited for it): its run is active
+        # now, unless it finished in between, and then this enqueue tries once more.
+        covering = unique.covering_run(definition, row.unique_key)
+        if covering is not None:
+            return covering
+    raise InvalidJob(
+        f"Job {definition.name!r}: the run of this unique key kept finishing and starting "
+        "again while this enqueue waited; enqueue again."
+    )
+
+
+def _handle_of(run: JobRun) -> RunHandle:
+    """The handle of an existing run that a unique job's enqueue returns instead of a new one."""
+    return RunHandle(
+        run_id=run.run_id.hex,
+        job_name=run.job_name,
+        schema_name=run.schema_name or None,
+        status=run.status,
+        scheduled_for=run.scheduled_for,
+        deduplicated=True,
+    )

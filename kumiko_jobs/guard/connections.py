@@ -82,6 +82,18 @@ inline_in_callers_transaction: ContextVar[bool] = ContextVar(
 )
 
 
+# Set by kumiko_jobs.testing alongside the flag above when DB_ROLES is on: the inline body runs
+# as its tenant's role on the caller's connection (SET ROLE, the one identity switch that still
+# sees the caller's rows), and the escape hatches below switch that connection's role as a
+# worker switches logins: ``switch(kind, watch, tenant)`` for "writer", "reader", "project".
+inline_roles: ContextVar[Any] = ContextVar("kumiko_jobs_inline_roles", default=None)
+
+
+def _inline_switch(kind: str, watch: Watch, tenant: Any = None) -> Any:
+    roles = inline_roles.get()
+    return contextlib.nullcontext() if roles is None else roles.switch(kind, watch, tenant)
+
+
 def enabled_for(watch: Watch) -> bool:
     """Whether the body of this run logs in as its tenant's role: a tenant run, with ``DB_ROLES``
     on, not run inline in a test's transaction (whose uncommitted rows no other login could see).
@@ -217,7 +229,8 @@ def writer_identity(watch: Watch) -> Iterator[None]:
     schema, guarded like the body's, for the block; reset when the block ends."""
     identity: Identity | None = watch.db_identity
     if identity is None:
-        yield
+        with _inline_switch("writer", watch):
+            yield
         return
     wrappers = {
         a: wrapper_for(a, watch.tenant.pk, role_names.WRITER_SUFFIX) for a in identity.aliases
@@ -232,7 +245,8 @@ def project_identity(watch: Watch) -> Iterator[None]:
     connections, in the run's schema, for the block."""
     identity: Identity | None = watch.db_identity
     if identity is None:
-        yield
+        with _inline_switch("project", watch):
+            yield
         return
     wrappers = {a: identity.project_wrapper(a) for a in identity.aliases}
     identity.project_used = True  # reset by the tenancy step after the run
@@ -270,7 +284,8 @@ def read_identity(watch: Watch, tenant: Any) -> Iterator[None]:
 
     identity: Identity | None = watch.db_identity
     if identity is None or tenant.pk == watch.tenant.pk:
-        yield
+        with _inline_switch("reader", watch, tenant):
+            yield
         return
     wrappers = {a: wrapper_for(a, tenant.pk, role_names.READER_SUFFIX) for a in identity.aliases}
     previous = identity.swap_to(wrappers)
@@ -350,6 +365,12 @@ def _recording(base: type) -> type:
 
     Recording.__name__ = Recording.__qualname__ = f"Recording{base.__name__}"
     return Recording
+
+
+def recording_denials(base: type) -> type:
+    """``base`` turning PostgreSQL's ``permission denied`` into the run's denial: for
+    kumiko_jobs.testing's inline body (``inline_roles``), whose connection is the caller's."""
+    return _recording(base)
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:

@@ -45,13 +45,25 @@ class SyncResult:
     skipped: list[str] = field(default_factory=list)  # tenants whose schema does not exist
 
 
-def _tenants() -> list[tuple[Any, str]]:
+def _tenants(alias: str = DEFAULT_DB_ALIAS) -> list[tuple[Any, str]] | None:
+    """(pk, schema) of every tenant, or None while the tenant table does not exist: a new
+    database before ``migrate_schemas --shared``, whose checks (E012) and ``kumiko_jobs roles``
+    must not crash on it."""
     from django_tenants.utils import get_tenant_model  # a model: importable once apps loaded
 
     public = project_settings.public_schema_name()
+    model = get_tenant_model()
+    with connections[alias].cursor() as cursor:
+        # Qualified with the public schema: the tenant table is a shared app's.
+        cursor.execute(
+            "SELECT to_regclass(format('%%I.%%I', %s, %s))", [public, model._meta.db_table]
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] is None:
+        return None
     return [
         (pk, schema)
-        for pk, schema in get_tenant_model().objects.values_list("pk", "schema_name")
+        for pk, schema in model.objects.using(alias).values_list("pk", "schema_name")
         if schema != public
     ]
 
@@ -71,7 +83,12 @@ def sync_all(alias: str = DEFAULT_DB_ALIAS, *, drop_orphans: bool = True) -> Syn
             ensure_group(cursor, alias)
         schemas = _schemas(cursor)
         expected = set()
-        tenants = _tenants()
+        tenants = _tenants(alias)
+        if tenants is None:
+            # Not migrated yet: no tenants to give roles, and no telling which of this
+            # database's roles are orphans; nothing is dropped.
+            logger.info("kumiko_jobs roles: no tenant table yet (run migrate_schemas --shared)")
+            return result
         for start in range(0, len(tenants), SYNC_CHUNK):
             # One transaction per chunk of tenants, not one per statement: about 30 statements
             # a tenant, each its own commit (and WAL flush) in autocommit, made provisioning
@@ -128,7 +145,9 @@ def drop_all(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
 def out_of_date(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Schemas of tenants whose role is missing or lacks a privilege it should hold, and roles
     of deleted tenants. One query over the catalogs: cheap enough for a system check."""
-    tenants = _tenants()
+    tenants = _tenants(alias)
+    if tenants is None:
+        return []  # not migrated yet: no tenant needs a role
     roles = [role_name(pk, alias) for pk, _ in tenants]
     schemas = [schema for _, schema in tenants]
     with connections[alias].cursor() as cursor:

@@ -7,8 +7,10 @@ public schema, outside the guard. The history's finish statement then writes the
 value it gets from here.
 
 A value that cannot be kept (not JSON, over ``MAX_RESULT_BYTES``, text PostgreSQL's ``jsonb``
-refuses) does not fail the run: the job's effects are committed, and a retry would repeat
-them. The run stays succeeded, its result is a marker saying why, and the log says so.
+refuses) does not fail a job's run: the job's effects are committed, and a retry would repeat
+them. The run stays succeeded, its result is a marker saying why, and the log says so. A
+Django task is held to Django's contract instead: a return value that is not JSON fails its
+run (``not_json``, used by ``task_jobs``); one over the size cap is kept as the marker.
 """
 
 from __future__ import annotations
@@ -48,29 +50,51 @@ def storable(value: Any, limit: int) -> tuple[Any, str]:
     """
     if value is None or limit == 0:  # nothing returned, or results switched off
         return None, ""
+    kept, why = _examined(value, limit)
+    if why:
+        why = f"the result {why}"
+        return marker(why), why
+    return kept, ""
+
+
+def not_json(value: Any) -> str:
+    """Why ``value`` is not JSON that PostgreSQL's ``jsonb`` can store (a phrase: "is not JSON:
+    ...", "contains a NUL character, ..."), or "" when it is. Its size does not count: a task's
+    return value must be JSON (``task_jobs``), how much of it is kept is ``storable``'s business.
+    Encoding stops after ``MAX_RESULT_BYTES``, as ``storable``'s does."""
+    if value is None:
+        return ""
+    limit = conf.get().MAX_RESULT_BYTES
+    _kept, why = _examined(value, limit if limit > 0 else None)
+    return "" if why == _too_large(limit) else why
+
+
+def _too_large(limit: int) -> str:
+    return f"is larger than MAX_RESULT_BYTES={limit}"
+
+
+def _examined(value: Any, limit: int | None) -> tuple[Any, str]:
+    """``(the JSON value, "")`` or ``(None, why)``, why completing "the result ..."."""
     encoder = json.JSONEncoder(allow_nan=False, ensure_ascii=True, separators=(",", ":"))
     chunks: list[str] = []
     size = 0
     try:
         for chunk in encoder.iterencode(value):
             size += len(chunk)
-            if size > limit:
+            if limit is not None and size > limit:
                 raise _TooLarge
             chunks.append(chunk)
     except _TooLarge:
-        why = f"the result is larger than MAX_RESULT_BYTES={limit}"
-        return marker(why), why
+        assert limit is not None
+        return None, _too_large(limit)
     except (TypeError, ValueError) as exc:  # not JSON, NaN or Infinity, a circular reference
-        why = f"the result is not JSON: {str(exc)[:200]}"
-        return marker(why), why
+        return None, f"is not JSON: {str(exc)[:200]}"
     except RecursionError:
-        why = "the result is nested too deeply for JSON"
-        return marker(why), why
+        return None, "is nested too deeply for JSON"
     kept = json.loads("".join(chunks))
     problem = _jsonb_problem(kept)
     if problem:
-        why = f"the result {problem}, which PostgreSQL's jsonb cannot store"
-        return marker(why), why
+        return None, f"{problem}, which PostgreSQL's jsonb cannot store"
     return kept, ""
 
 

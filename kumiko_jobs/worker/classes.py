@@ -47,6 +47,14 @@ class BootsFirst:
         """Run the boot gates and boot jobs for this worker's queues, then RQ's loop; a failing gate
         raises here, so the worker never takes a message.
         """
+        if kwargs.get("with_scheduler"):
+            # RQ's own scheduler moves RQ's scheduled jobs; kumiko's wait in rq-scheduler's.
+            logger.warning(
+                "rqworker --with-scheduler starts RQ's own scheduler, which does not serve "
+                "kumiko: retries with a delay, deferrals, enqueue_in/enqueue_at and cron ticks "
+                "wait for `python manage.py rqscheduler --interval 1`; run that beside the "
+                "workers and drop --with-scheduler"
+            )
         boot.on_worker_start(
             set(self.queue_names()),  # type: ignore[attr-defined]
             self._boot_gate_bound,

@@ -156,21 +156,27 @@ def test_demo_prints_admin_logins_that_work(demo_env: dict[str, str], first_outp
     assert re.search(
         r"operators\s+http://localhost:8000/admin/\s+user operator\s+password kumiko-demo", output
     ), output
+    # The tenant login is the first tenant with a failed run: something to look at.
     assert re.search(
-        r"tenant acme\s+http://acme.localhost:8000/admin/\s+user acme-staff\s+"
+        r"tenant globex\s+http://globex.localhost:8000/admin/\s+user globex-staff\s+"
         r"password kumiko-demo",
         output,
     ), output
     script = (
         "from django.contrib.auth import authenticate\n"
         "from django_tenants.utils import schema_context\n"
-        "for schema, user in (('public', 'operator'), ('acme', 'acme-staff')):\n"
+        "from kumiko_jobs.models import JobRun\n"
+        "for schema, user in (('public', 'operator'), ('globex', 'globex-staff')):\n"
         "    with schema_context(schema):\n"
         "        u = authenticate(username=user, password='kumiko-demo')\n"
         "        print(schema, user, bool(u and u.is_staff), bool(u and u.is_superuser),\n"
-        "              bool(u and u.has_perm('kumiko_jobs.view_jobrun')))\n"
-        "with schema_context('acme'):\n"
-        "    print('wrong', authenticate(username='acme-staff', password='nope') is None)\n"
+        "              bool(u and u.has_perm('kumiko_jobs.view_jobrun')),\n"
+        "              bool(u and u.has_perm('kumiko_jobs.view_all_tenants')),\n"
+        "              sorted(p.codename for p in u.user_permissions.all()))\n"
+        "with schema_context('globex'):\n"
+        "    print('wrong', authenticate(username='globex-staff', password='nope') is None)\n"
+        "print('globex failed', JobRun.objects.filter(schema_name='globex', status='failed')"
+        ".count())\n"
     )
     result = subprocess.run(
         [sys.executable, "manage.py", "shell", "-c", script],
@@ -183,10 +189,57 @@ def test_demo_prints_admin_logins_that_work(demo_env: dict[str, str], first_outp
     assert result.returncode == 0, result.stderr
     # (Django 6's shell first says what it imported: skip that line)
     said = [
-        line for line in result.stdout.splitlines() if line.startswith(("public", "acme", "wrong"))
+        line
+        for line in result.stdout.splitlines()
+        if line.startswith(("public", "globex", "wrong"))
     ]
     assert said == [
-        "public operator True True True",
-        "acme acme-staff True False True",
+        "public operator True True True True ['view_all_tenants']",
+        "globex globex-staff True False True False ['view_jobfailure', 'view_jobrun']",
         "wrong True",
+        "globex failed 1",
     ], result.stdout + result.stderr
+
+
+def _next_line(output: str, label: str) -> str:
+    (line,) = [x.strip() for x in output.splitlines() if x.strip().startswith(f"{label}: ")]
+    return line.split(": ", 1)[1]
+
+
+def test_the_next_lines_work_as_printed(demo_env: dict[str, str], first_output: str) -> None:
+    """The environment line, then the roles line as printed, in a shell from the repository's
+    root: it drops the demo database's roles (then ``kumiko_jobs roles`` gives them back, for
+    the module's other demo runs). The worker line names the same Python and exists."""
+    exports = _next_line(first_output, "Environment")
+    assert exports.startswith("export DATABASE_URL=") and DEMO_DATABASE in exports
+    roles_line = _next_line(first_output, "Roles")
+    made = int(re.search(r"DB_ROLES made (\d+) PostgreSQL roles", roles_line)[1])  # type: ignore[index]
+    assert made == 3 * 3 + 2  # three tenants' three logins, and the two groups
+    command = roles_line.rsplit("remove them with: ", 1)[1]
+    python = command.split()[0]
+    assert (ROOT / python).exists() or Path(python).exists(), python
+    assert _next_line(first_output, "Real processes").startswith(f"{python} manage.py rqworker")
+    env = {k: v for k, v in demo_env.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    try:
+        done = subprocess.run(
+            ["bash", "-c", f"{exports}; {command}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        # (another test of the module may have run the demo with a fourth tenant meanwhile)
+        dropped = re.search(rf"dropped (\d+) role\(s\) of database '{DEMO_DATABASE}'", done.stdout)
+        assert dropped and int(dropped[1]) >= made, done.stdout
+    finally:
+        back = subprocess.run(
+            ["bash", "-c", f"{exports}; {python} manage.py kumiko_jobs roles"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert back.returncode == 0, back.stdout + back.stderr

@@ -62,8 +62,13 @@ def test_a_task_runs_in_the_tenant_it_was_enqueued_in(tenants: Any) -> None:
 
 
 def test_a_task_enqueued_from_public_without_a_tenant_is_refused(tenants: Any) -> None:
-    with pytest.raises(InvalidTask, match="public schema without tenant="):
+    """The error names the way in a Django task has (the tenant's context around the call), not
+    ``tenant=``, which Django's ``enqueue()`` cannot take (it was "Pass tenant=" before)."""
+    with pytest.raises(InvalidTask, match="from the public schema") as refused:
         tasks.add.enqueue(1, 1)
+    message = str(refused.value)
+    assert "tenant_context(tenant)" in message and "schema_context(" in message
+    assert "Pass tenant=" not in message and "takes no tenant=" in message
     assert JobRun.objects.count() == 0 and transport.queue_length("default") == 0
 
 

@@ -433,3 +433,22 @@ def plain_write(ctx, *, tag: str, how: str = "") -> str:
 @job(atomic=True)
 def atomic_followup(ctx, *, tag: str) -> None:
     ctx.enqueue(probe, tag=tag)
+
+
+@job(unique=["invoice_id"])
+def unique_sync(ctx, *, invoice_id: int, note: str = "", force: bool = False) -> None:
+    """A unique job: one active run per (tenant, invoice_id), whatever the note."""
+    _probe(ctx, f"unique-{invoice_id}", note=note)
+
+
+@job(unique=True, unique_for=3600)
+def unique_hourly(ctx, *, account: str, full: bool = False) -> None:
+    """Unique by every argument, and for an hour after a run of the same key finished."""
+    _probe(ctx, f"hourly-{account}", note=str(full))
+
+
+@job
+def enqueue_unique_followups(ctx, *, invoice_id: int) -> None:
+    """Enqueues the same unique follow-up twice in one attempt."""
+    unique_sync.enqueue(invoice_id=invoice_id, note="followup-1")
+    unique_sync.enqueue(invoice_id=invoice_id, note="followup-2")

@@ -77,6 +77,7 @@ def test_every_known_key_can_be_set():
         "HOUSEKEEPING": False,
         "HISTORY_SYNCHRONOUS_COMMIT": False,
         "PUSH_FAILURE_PAUSE": 0,
+        "TENANT_MEMBERSHIP": "kumiko_jobs.core.audience.django_tenant_users",
     }
     assert set(raw) <= {f.name for f in dataclasses.fields(KumikoSettings)}
     settings = _validate(raw)
@@ -254,3 +255,18 @@ def test_guard_extra_functions_are_folded_and_kept():
 def test_guard_extra_functions_refuse_what_is_not_a_function_name(value):
     message = refused({"GUARD_EXTRA_FUNCTIONS": value}, "GUARD_EXTRA_FUNCTIONS")
     assert "unaccent" in message  # names an example of what to write
+
+
+@pytest.mark.parametrize(
+    "value", ["", "is_member", 5, True, ["a.b"], "a..b", "a.b()", "a.b c", ".a.b", "a.b."]
+)
+def test_tenant_membership_must_be_a_dotted_path_or_none(value):
+    """Only the shape is checked here (settings are read before apps load); whether the path
+    imports and is callable is check E015's."""
+    message = refused({"TENANT_MEMBERSHIP": value}, "TENANT_MEMBERSHIP")
+    assert "kumiko_jobs.core.audience.django_tenant_users" in message  # the fix, named
+
+
+def test_tenant_membership_none_is_the_default():
+    assert _validate({}).TENANT_MEMBERSHIP is None
+    assert _validate({"TENANT_MEMBERSHIP": None}).TENANT_MEMBERSHIP is None

@@ -35,6 +35,10 @@ PUBLIC_PATHS = [
     ("kumiko_jobs.operations.retry_run", "operators' code (docs/reference.md)"),
     ("kumiko_jobs.operations.cancel_run", "operators' code (docs/reference.md)"),
     ("kumiko_jobs.urls.django_rq_urls", "project urlconfs"),
+    (
+        "kumiko_jobs.core.audience.django_tenant_users",
+        "KUMIKO_JOBS['TENANT_MEMBERSHIP'] (docs/settings.md)",
+    ),
     ("kumiko_jobs.conf.public_schema_name", "migration 0011 (a landed migration never changes)"),
     ("kumiko_jobs.models.JobRun", "users' queries"),
     ("kumiko_jobs.models.RunStatus", "users' queries"),

@@ -538,9 +538,14 @@ def test_the_project_registry_is_frozen_after_start_up():
 
 
 def test_the_project_registry_holds_the_test_jobs_by_app_label():
+    from kumiko_jobs import task_jobs
+
     names = {d.name for d in registry_module.registry}
     assert {"testapp.probe", "testapp.flaky", "testapp.system_tick"} <= names
-    assert not any(re.match(r"tests\.", name) for name in names)
+    # Django tasks are the exception: their jobs are named by the task's module path.
+    jobs = {name for name in names if task_jobs.task_job(name) is None}
+    assert not any(re.match(r"tests\.", name) for name in jobs)
+    assert "tests.testapp.tasks.add" in names - jobs
 
 
 # --- atomic=True ------------------------------------------------------------------------------
@@ -600,3 +605,19 @@ def test_override_declares_for_a_block_even_once_frozen_and_restores_the_registr
     # Outside override, the freeze still refuses a late job.
     with pytest.raises(InvalidJob, match="declared after start-up"):
         reg.register(extra)
+
+
+def test_unique_options_are_checked_at_registration():
+    def body(ctx, *, invoice_id: int) -> None: ...
+
+    cases = {
+        "names ['nope'], which are not keyword arguments": {"unique": ["nope"]},
+        "unique=[] names no argument": {"unique": []},
+        "unique_for= needs unique=": {"unique_for": 60},
+        "unique_for must be seconds > 0": {"unique": True, "unique_for": 0},
+        "Choose one of the two": {"unique": True, "concurrency": "replace"},
+    }
+    for expected, options in cases.items():
+        with pytest.raises(InvalidJob, match=re.escape(expected)):
+            build_definition(body, options)
+    assert build_definition(body, {"unique": True}).unique == ("invoice_id",)

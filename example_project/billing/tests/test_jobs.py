@@ -3,8 +3,12 @@
 These are ordinary pytest-django tests in the ``db`` fixture: each runs in a transaction that
 is rolled back at the end, and nothing needs a worker or Redis. ``kumiko_jobs`` is the fixture
 of the ``kumiko_jobs.testing`` plugin (``pytest_plugins = ["kumiko_jobs.testing"]`` in the
-project's top-level ``conftest.py``). Tenants: this project's test session creates ``t1`` to
-``t3`` once (tests/conftest.py); a tenant's schema is DDL, too slow to create per test.
+project's top-level ``conftest.py``, example_project/conftest.py), which also runs each body as
+its tenant's database role (``DB_ROLES``) and drops the roles at the end of the session.
+Tenants: example_project/conftest.py creates ``t1`` once per session; a tenant's schema is DDL,
+too slow to create per test. Run: ``python -m pytest example_project --ds
+example_project.settings`` (this repository's suite runs it so:
+tests/integration/test_example_project_tests.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``manage.py kumiko_jobs list | enqueue | runs | retry | cancel | schedule | sweep | relay |
-roles``.
+roles | drop-roles``.
 
 Every subcommand is documented in docs/reference.md (Management commands).
 """
@@ -21,7 +21,7 @@ from ...core.exceptions import KumikoJobsError
 from ...definition.registry import registry
 from ...enqueueing.schedules import sync_schedules
 from ...enqueueing.submit import enqueue
-from ...guard import role_sync
+from ...guard import role_grants, role_names, role_sync
 from ...models import JobRun, RunStatus
 from ...operations import CANCELLED, cancel_run, retry_run
 from ...worker.relay import relay_pending
@@ -97,6 +97,7 @@ class Command(BaseCommand):
         roles.add_argument(
             "--check", action="store_true", help="only list tenants whose role is out of date"
         )
+        _add_drop_roles(sub)
         run = sub.add_parser("enqueue", help="enqueue a job by name")
         run.add_argument("job")
         run.add_argument("--tenant", help="schema name (omit for system jobs)")
@@ -126,6 +127,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"{label}: {', '.join(ids) or '-'}")
         elif action == "roles":
             self._roles(options["check"])
+        elif action == "drop-roles":
+            _drop_roles(self, options["yes"], options["of_dropped_database"])
         elif action == "relay":
             self._relay(options["loop"], options["interval"], options["grace"])
         elif action == "sweep":
@@ -282,3 +285,69 @@ class Command(BaseCommand):
                 )
             )
         self._table(rows)
+
+
+# --- drop-roles: the roles DB_ROLES created for this database, removed ---------------------------
+
+
+def _add_drop_roles(sub: Any) -> None:
+    drop = sub.add_parser(
+        "drop-roles",
+        help="drop the database roles kumiko created for this database (DB_ROLES), or for one "
+        "that was dropped; lists them unless --yes",
+    )
+    drop.add_argument("--yes", action="store_true", help="drop them (without it: only list)")
+    drop.add_argument(
+        "--of-dropped-database",
+        metavar="NAME",
+        help="the roles of a database that no longer exists (dropdb leaves its roles behind)",
+    )
+
+
+def _drop_roles(command: BaseCommand, yes: bool, dropped_database: str | None) -> None:
+    """Roles are cluster-wide: ``dropdb`` leaves them behind. Only the roles of one database's
+    prefix (``guard.role_names``) are touched, never another database's or anyone else's."""
+    from django.db import connections  # as _relay: the module's callers need none
+
+    if dropped_database is None:
+        with connections["default"].cursor() as cursor:
+            roles = role_grants.our_roles(cursor)
+            groups = [role_names.group_name(), role_names.writers_group_name()]
+            roles += [g for g in groups if _role_exists(cursor, g)]
+        where = f"database {connections['default'].settings_dict['NAME']!r}"
+    else:
+        with connections["default"]._nodb_cursor() as cursor:  # the server's maintenance db
+            cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [dropped_database])
+            if cursor.fetchone():
+                raise CommandError(
+                    f"database {dropped_database!r} exists: its roles hold grants there. Run "
+                    "`manage.py kumiko_jobs drop-roles` with DATABASES pointing at it instead."
+                )
+            cursor.execute(
+                "SELECT rolname FROM pg_roles WHERE rolname LIKE %s ORDER BY rolname",
+                [role_names.prefix_of(dropped_database) + r"\_%"],
+            )
+            roles = [row[0] for row in cursor.fetchall()]
+        where = f"dropped database {dropped_database!r}"
+    if not roles:
+        command.stdout.write(f"no kumiko roles of {where}")
+        return
+    if not yes:
+        for role in roles:
+            command.stdout.write(f"would drop: {role}")
+        raise CommandError(
+            f"{len(roles)} role(s) of {where} listed, none dropped: pass --yes to drop them "
+            "(tenant runs under DB_ROLES then fail to log in until `kumiko_jobs roles`)."
+        )
+    if dropped_database is None:
+        dropped = role_sync.drop_all()
+        gone = [*dropped, *(r for r in roles if r not in dropped)]
+    else:
+        with connections["default"]._nodb_cursor() as cursor:
+            gone = role_names.drop_roles_of_dropped_database(cursor, dropped_database)
+    command.stdout.write(f"dropped {len(gone)} role(s) of {where}: {', '.join(sorted(gone))}")
+
+
+def _role_exists(cursor: Any, role: str) -> bool:
+    cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
+    return cursor.fetchone() is not None

@@ -26,8 +26,9 @@ from ... import signals
 from ...core import conf
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
+from ...enqueueing.fanout import insert_new
 from ...history import audit, rejections, run_sql
-from ...models import JobFailure, JobRun, RunStatus
+from ...models import JobFailure, RunStatus
 from .. import report
 from ..pipeline import Next
 from ..state import Found, Missing, RunState, Timing
@@ -285,4 +286,6 @@ def _other_writes(state: RunState, now: Any) -> None:
         ).delete()
     audit.save_uses(state)
     if outcome is Outcome.SUCCEEDED and state.followups.entries:
-        JobRun.objects.bulk_create(state.followups.rows(), ignore_conflicts=True)
+        # A follow-up of a unique job whose key an active run already holds is not written
+        # (kj_run_unique_active), and its message is then not pushed either.
+        state.followups.keep(insert_new(state.followups.rows()))

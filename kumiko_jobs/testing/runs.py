@@ -1,4 +1,4 @@
-"""Test your own jobs: run what is enqueued, in-process, through the real pipeline.
+"""``run_jobs()``: run what is enqueued, in-process, through the real pipeline.
 
 ``run_jobs()`` reads the runs that wait in the history (``JobRun`` rows in ``queued`` or
 ``deferred``) and runs each one as a worker would, through the same steps: the run's tenant,
@@ -7,43 +7,37 @@ reads rows, not queue messages, so it needs neither Redis nor a worker: an enque
 run's row in the caller's transaction at once, and that row is all ``run_jobs()`` needs, even
 inside pytest-django's ``db`` fixture, whose transaction never commits (the on-commit push to
 Redis never happens there, and nothing needs it to). A retry, a deferral and a follow-up are
-rows too, so they run in the same call once they are due.
-
-Use it as a pytest plugin (``pytest_plugins = ["kumiko_jobs.testing"]`` in your
-``conftest.py``) for the ``kumiko_jobs`` fixture, or call ``run_jobs()`` directly. The
-``kumiko_jobs`` fixture also keeps every push away from Redis (``captured_pushes``), so a
-``transaction=True`` test, whose enqueues really commit, needs no Redis either.
-docs/testing.md has the details and a worked example.
+rows too, so they run in the same call once they are due. Inside a caller's transaction under
+``DB_ROLES`` the body runs as its tenant's role (``inline_roles``), as on a worker.
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import pytest
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from . import transport
-from .core.exceptions import JobNotRegistered
-from .core.outcome import Outcome
-from .definition.job import JobDefinition
-from .definition.registry import registry
-from .enqueueing.handle import RunHandle
-from .enqueueing.messages import waiting_envelope
-from .guard import connections as tenant_connections
-from .models import JobRun, RunStatus
-from .run.pipeline import Next, compose
-from .run.state import Delivery, RunState, running
-from .transport import pushing as transport_pushing
+from ..core import conf
+from ..core.exceptions import JobNotRegistered
+from ..core.outcome import Outcome
+from ..definition.job import JobDefinition
+from ..definition.registry import registry
+from ..enqueueing.messages import waiting_envelope
+from ..guard import connections as tenant_connections
+from ..guard import role_names
+from ..guard.watch import watching
+from ..models import JobRun, RunStatus
+from ..run.pipeline import Next, compose
+from ..run.state import Delivery, RunState, running
+from .inline_roles import InlineRoles, role_of
 
 WORKER_NAME = "kumiko_jobs.testing"
-_WAITING = (RunStatus.QUEUED, RunStatus.DEFERRED)
+WAITING = (RunStatus.QUEUED, RunStatus.DEFERRED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +79,7 @@ def run_jobs(
     keep those before the failing statement), so that the test's transaction stays usable.
     """
     horizon = _horizon(include_scheduled, until)
-    names = None if jobs is None else {_name(j) for j in jobs}
+    names = None if jobs is None else {name_of(j) for j in jobs}
     ran: list[Ran] = []
     while True:
         row = _next_due(horizon, names)
@@ -100,7 +94,7 @@ def run_jobs(
         ran.append(_run(row))
 
 
-def _name(job: JobDefinition | str) -> str:
+def name_of(job: JobDefinition | str) -> str:
     return job.name if isinstance(job, JobDefinition) else str(job)
 
 
@@ -113,7 +107,7 @@ def _horizon(include_scheduled: bool, until: datetime | timedelta | None) -> dat
 
 
 def _next_due(horizon: datetime | None, names: set[str] | None) -> JobRun | None:
-    runs = JobRun.objects.filter(status__in=_WAITING)
+    runs = JobRun.objects.filter(status__in=WAITING)
     if names is not None:
         runs = runs.filter(job_name__in=names)
     if horizon is not None:
@@ -140,6 +134,8 @@ def _run(row: JobRun) -> Ran:
     state = RunState(delivery)
     wrapper: Any = connections[DEFAULT_DB_ALIAS]
     tenant_before = getattr(wrapper, "tenant", None)
+    if wrapper.in_atomic_block and env.schema and conf.get().DB_ROLES:
+        _check_role(env.schema)  # a set-up mistake is the test's to see, not a failed run
     inline = tenant_connections.inline_in_callers_transaction.set(wrapper.in_atomic_block)
     try:
         # What runner.run_state does, minus the push of the next message (the next attempt
@@ -164,13 +160,23 @@ def _run(row: JobRun) -> Ran:
     )
 
 
+def _check_role(schema: str) -> None:
+    from django_tenants.utils import get_tenant_model  # a model: importable once apps loaded
+
+    tenant = get_tenant_model().objects.filter(schema_name=schema).first()
+    if tenant is not None:  # a tenant that is gone: the gates fail the run, as on a worker
+        role_of(tenant)
+
+
 def _savepoint_for_the_body(state: RunState, call_next: Next) -> None:
-    """Inside a caller's transaction, the body runs in a savepoint (see ``run_jobs``).
+    """Inside a caller's transaction, the body runs in a savepoint (see ``run_jobs``), and
+    under ``DB_ROLES`` as its tenant's role (``inline_roles``).
 
     A worker's job runs in autocommit: what it wrote before it raised stays written. The same
     here: the savepoint is released when the body raised a Python exception with the
     transaction still healthy, and rolled back only when an SQL statement failed (PostgreSQL
-    then refuses every further statement in the transaction, the test's included).
+    then refuses every further statement in the transaction, the test's included); the role
+    switch and any membership granted for it are undone either way.
     """
     conn: Any = connections[DEFAULT_DB_ALIAS]
     if not conn.in_atomic_block:
@@ -179,15 +185,30 @@ def _savepoint_for_the_body(state: RunState, call_next: Next) -> None:
     # Django 6.1 renamed savepoint() (5.2 has only the old name).
     create = getattr(transaction, "savepoint_create", None) or transaction.savepoint
     savepoint = create()
+    roles = None
+    if state.tenant is not None and conf.get().DB_ROLES:
+        roles = InlineRoles(conn, state.tenant)
+    token = tenant_connections.inline_roles.set(roles)
     try:
-        call_next(state)
+        with watching(state.watch):  # PostgreSQL's refusals are recorded on this run
+            if roles is not None:
+                roles.enter(role_names.role_name(state.tenant.pk))
+            call_next(state)
     except BaseException:
         if conn.needs_rollback or _aborted(conn):
             conn.needs_rollback = False
             transaction.savepoint_rollback(savepoint)
+            if roles is not None:
+                roles.leave()  # the rollback undid the switch; the cursors go back
         else:
+            if roles is not None:
+                roles.leave()
             transaction.savepoint_commit(savepoint)
         raise
+    finally:
+        tenant_connections.inline_roles.reset(token)
+    if roles is not None:
+        roles.leave()
     transaction.savepoint_commit(savepoint)
 
 
@@ -206,142 +227,10 @@ def _pipeline() -> Next:
     if _built is None:
         # Imported at the first run: pytest loads this plugin before Django is set up, and the
         # run side imports the models.
-        from .run.entry import call_job
-        from .run.steps import DEFAULT_STEPS
+        from ..run.entry import call_job
+        from ..run.steps import DEFAULT_STEPS
 
         _built = compose((*DEFAULT_STEPS, _savepoint_for_the_body), call_job)
     return _built
 
 
-# --- pushes ------------------------------------------------------------------------------
-
-
-@dataclass
-class Pushes:
-    """Messages that would have gone to Redis: (job name, schema, run id, delay)."""
-
-    messages: list[transport.Message] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.messages)
-
-
-@contextlib.contextmanager
-def captured_pushes() -> Iterator[Pushes]:
-    """Keep every push to Redis (an enqueue's on-commit push, a follow-up's, the relay's)
-    in a list instead: the history rows are what ``run_jobs()`` runs."""
-    pushes = Pushes()
-
-    def push(message: transport.Message) -> None:
-        pushes.messages.append(message)
-
-    def push_many(messages: Iterable[transport.Message]) -> None:
-        pushes.messages.extend(messages)
-
-    # The face (what the enqueue side, the run side and the relay call) and the module that
-    # defines them (what the scheduler's cron firing calls).
-    saved = (transport.push, transport.push_many)
-    saved_here = (transport_pushing.push, transport_pushing.push_many)
-    transport.push, transport.push_many = push, push_many
-    transport_pushing.push, transport_pushing.push_many = push, push_many
-    try:
-        yield pushes
-    finally:
-        transport.push, transport.push_many = saved
-        transport_pushing.push, transport_pushing.push_many = saved_here
-
-
-# --- assertions --------------------------------------------------------------------------
-
-
-class KumikoJobs:
-    """The ``kumiko_jobs`` fixture: run what is enqueued, and assert on runs."""
-
-    def __init__(self, pushes: Pushes) -> None:
-        self.pushes = pushes
-
-    def run(self, **options: Any) -> list[Ran]:
-        """``run_jobs(**options)``."""
-        return run_jobs(**options)
-
-    def runs(
-        self,
-        job: JobDefinition | str | None = None,
-        *,
-        tenant: Any = None,
-        status: str | None = None,
-    ) -> list[JobRun]:
-        """Runs in the history (oldest first), by job, tenant (a tenant or schema name) and
-        status."""
-        runs = JobRun.objects.order_by("queued_at")
-        if job is not None:
-            runs = runs.filter(job_name=_name(job))
-        if tenant is not None:
-            runs = runs.filter(schema_name=getattr(tenant, "schema_name", tenant))
-        if status is not None:
-            runs = runs.filter(status=status)
-        return list(runs)
-
-    def assert_enqueued(
-        self,
-        job: JobDefinition | str,
-        *,
-        tenant: Any = None,
-        count: int | None = None,
-        **kwargs: Any,
-    ) -> list[JobRun]:
-        """Runs of ``job`` waiting to run whose arguments include ``kwargs``; at least one
-        (or exactly ``count``)."""
-        waiting = [
-            run
-            for run in self.runs(job, tenant=tenant)
-            if run.status in _WAITING
-            and all(run.payload.get(key) == value for key, value in kwargs.items())
-        ]
-        described = f"{_name(job)}" + (f" with {kwargs}" if kwargs else "")
-        if count is None:
-            assert waiting, f"no waiting run of {described}; runs: {self._summary()}"
-        else:
-            assert len(waiting) == count, (
-                f"{len(waiting)} waiting runs of {described}, expected {count}; "
-                f"runs: {self._summary()}"
-            )
-        return waiting
-
-    def assert_nothing_enqueued(self) -> None:
-        """Assert that no run is waiting (queued or deferred), naming the ones that are when it
-        fails.
-        """
-        waiting = [run for run in self.runs() if run.status in _WAITING]
-        assert not waiting, f"runs are waiting: {self._summary(waiting)}"
-
-    def assert_succeeded(self, handle: RunHandle) -> Any:
-        """The run succeeded; returns its result."""
-        run = handle.refresh()
-        assert run.status == RunStatus.SUCCEEDED, (
-            f"run {handle.run_id} of {handle.job_name} is {run.status}: "
-            f"{run.error_type}: {run.error_message}"
-        )
-        return handle.result
-
-    def assert_failed(self, handle: RunHandle, error_type: str | None = None) -> JobRun:
-        """Assert that the run failed (with ``error_type``, when given), and return its row for
-        further checks.
-        """
-        run = handle.refresh()
-        assert run.status == RunStatus.FAILED, f"run {handle.run_id} is {run.status}"
-        if error_type is not None:
-            assert run.error_type == error_type, f"{run.error_type}: {run.error_message}"
-        return run
-
-    def _summary(self, runs: list[JobRun] | None = None) -> str:
-        rows = self.runs() if runs is None else runs
-        return ", ".join(f"{r.job_name}[{r.schema_name or 'system'}]={r.status}" for r in rows)
-
-
-@pytest.fixture
-def kumiko_jobs() -> Iterator[KumikoJobs]:
-    """Run and inspect jobs in a test with a database (``db`` or ``transactional_db``):
-    pushes are captured, never sent to Redis."""
-    with captured_pushes() as pushes:
-        yield KumikoJobs(pushes)
