@@ -139,16 +139,7 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
     if shape.search_path is not None and _search_path_ok(shape.search_path, policy):
         return _allowed(kind)
     if reading == "public" and policy.schema != "public":
-        # cross_tenant_reads of the public tenant: unqualified names would mean the
-        # operators' copies (sessions, users); shared tables need no grant to be read.
-        return _denied(
-            kind,
-            None,
-            "operators",
-            "cross_tenant_reads of the public schema: it is no tenant; its unqualified names are "
-            "the operators' own tables (sessions, users), and its shared tables need no grant "
-            "to be read",
-        )
+        return _reading_public(kind)
     if shape.unverifiable:
         if reading is not None:
             return _read_only(kind, reading, shape.unverifiable)
@@ -160,30 +151,9 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
                 f"{shape.unverifiable}; needs the unsafe_raw grant",
             )
         return _judge_unsafe(shape, policy)
-    if shape.forbidden:
-        return _denied(kind, None, "protected", shape.forbidden + "; no grant allows it")
-    if shape.forbidden_catalogs:
-        names = ", ".join(shape.forbidden_catalogs)
-        return _denied(
-            kind,
-            None,
-            "catalog",
-            f"reading {names} of the catalogs: they hold values of every tenant or "
-            f"session (statistics, row counts, sizes, the text of functions and views, "
-            f"activity, sequences, locks, credentials), which no grant of a tenant run covers; "
-            f"name only the columns that describe objects, or read them from a system job",
-        )
-    operators = _operator_tables(shape, policy)
-    if operators:
-        names = ", ".join(f"public.{name}" for name in operators)
-        return _denied(
-            kind,
-            None,
-            "operators",
-            f"{names}: the operators' own table(s) in public (the app is in SHARED_APPS and "
-            f"TENANT_APPS, so this tenant has its own copy: write the name unqualified); no "
-            f"grant of a tenant run reads or writes the public copy",
-        )
+    hard = _no_grant_allows(shape, policy)
+    if hard is not None:
+        return hard
 
     # Grant denials wait until every write was checked, so that a hard denial (which no grant
     # can fix) wins over asking for a grant that would not suffice anyway.
@@ -278,6 +248,50 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
             )
         used.append(Grant.UNSAFE_RAW)
     return _allowed_with(kind, tuple(used))
+
+
+def _no_grant_allows(shape: Shape, policy: Policy) -> Verdict | None:
+    """What no grant of a tenant run allows, whatever else the statement does: kumiko's lock
+    keys, catalog values, the operators' copies in public."""
+    kind = shape.kind
+    if shape.forbidden:
+        return _denied(kind, None, "protected", shape.forbidden + "; no grant allows it")
+    if shape.forbidden_catalogs:
+        names = ", ".join(shape.forbidden_catalogs)
+        return _denied(
+            kind,
+            None,
+            "catalog",
+            f"reading {names} of the catalogs: they hold values of every tenant or "
+            f"session (statistics, row counts, sizes, the text of functions and views, "
+            f"activity, sequences, locks, credentials), which no grant of a tenant run covers; "
+            f"name only the columns that describe objects, or read them from a system job",
+        )
+    operators = _operator_tables(shape, policy)
+    if operators:
+        names = ", ".join(f"public.{name}" for name in operators)
+        return _denied(
+            kind,
+            None,
+            "operators",
+            f"{names}: the operators' own table(s) in public (the app is in SHARED_APPS and "
+            f"TENANT_APPS, so this tenant has its own copy: write the name unqualified); no "
+            f"grant of a tenant run reads or writes the public copy",
+        )
+    return None
+
+
+def _reading_public(kind: str) -> Verdict:
+    """cross_tenant_reads of the public tenant: its unqualified names would be the operators'
+    copies (sessions, users); its shared tables need no grant to be read."""
+    return _denied(
+        kind,
+        None,
+        "operators",
+        "cross_tenant_reads of the public schema: it is no tenant; its unqualified names are "
+        "the operators' own tables (sessions, users), and its shared tables need no grant "
+        "to be read",
+    )
 
 
 def _operator_tables(shape: Shape, policy: Policy) -> list[str]:
