@@ -18,6 +18,11 @@ Decisions (see ARCHITECTURE.md, "DB guard model"):
   catalog relations holding other tenants' or sessions' values (``pg_stats``,
   ``pg_stat_activity``, ``pg_sequences``, ...) and writes to any catalog are denied whatever the
   grants (rules ``catalog`` and ``cross_schema``).
+* Catalog columns and functions that hand out other tenants' values (``pg_class.reltuples``,
+  ``pg_proc.prosrc``, ``pg_get_viewdef``, size functions: ``guard.catalog_reads``) are denied
+  whatever the grants (rule ``catalog``), and so is ``public.<table>`` of an app in both
+  SHARED_APPS and TENANT_APPS, read or written: the operators' own copy (rule ``operators``;
+  the tenant's own copy is the unqualified name).
 * A write into another tenant's schema has no grant that allows it: the way to change another
   tenant's data is a job running in that tenant. The same holds for a statement that writes (or
   locks rows with ``FOR UPDATE``/``FOR SHARE``) and at the same time reads another schema.
