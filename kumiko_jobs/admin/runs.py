@@ -252,6 +252,7 @@ class JobRunAdmin(DashboardViews, RunActions, RunJobView, RunDisplay, TenantScop
             extra_context["kumiko_run_job_url"] = reverse(
                 f"{self.admin_site.name}:kumiko_jobs_jobrun_run_job"
             )
+        extra_context.update(self.dashboard_link(request))
         if is_operator_request() and request.method == "GET":
             self._warn_if_scheduler_missing(request)
         return super().changelist_view(request, extra_context)

@@ -321,3 +321,15 @@ def test_static_files_ship_with_the_app() -> None:
 
     for name in ("charts.js", "dashboard.js", "dashboard.css"):
         assert finders.find(f"kumiko_jobs/{name}"), name
+
+
+def test_run_list_links_to_what_its_user_may_open(operator: Client, clerk: Client) -> None:
+    """The run list's tools: the dashboard for an operator, the console for a tenant's user,
+    neither for public staff without view_all_tenants."""
+    assert DASHBOARD.encode() in operator.get(BASE).content
+    tenant_list = clerk.get(BASE)
+    assert CONSOLE.encode() in tenant_list.content and DASHBOARD.encode() not in tenant_list.content
+    helpdesk = client_for("localhost", "public", make_user("public", "desk", ("view_jobrun",)))
+    page = helpdesk.get(BASE)
+    assert page.status_code == 200
+    assert DASHBOARD.encode() not in page.content and CONSOLE.encode() not in page.content

@@ -19,7 +19,8 @@ from ...core import project_settings
 from ...history import stats
 from ...transport import RedisError, depths, scheduler_liveness
 
-CACHE_SECONDS = {"hour": 0, "day": 60, "week": 300}
+# Seconds the history part is kept per window (and for the console); 0: computed every time.
+CACHE_SECONDS = {"hour": 0, "day": 60, "week": 300, "console": 60}
 MAX_FILTER = 200
 
 
@@ -170,5 +171,5 @@ def console_data(schema: str, params: Any) -> dict[str, Any]:
     return {
         "generated_at": now.isoformat(),
         "filters": {"days": days, "job": job},
-        **_cached(key, 60, build),
+        **_cached(key, CACHE_SECONDS["console"], build),
     }

@@ -61,6 +61,21 @@ class DashboardViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's ad
         }
         return TemplateResponse(request, template, context)
 
+    def dashboard_link(self, request: HttpRequest) -> dict[str, str]:
+        """For the run list's tools: the dashboard (operators) or the console (a tenant's
+        audience), whichever this request may open; nothing for anyone else."""
+        if is_operator(request):
+            return {
+                "kumiko_dashboard_url": self._url("dashboard"),
+                "kumiko_dashboard_title": gettext("Dashboard"),
+            }
+        if console_schema(request, self) is not None:
+            return {
+                "kumiko_dashboard_url": self._url("console"),
+                "kumiko_dashboard_title": gettext("Health"),
+            }
+        return {}
+
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         """The operators' page; its numbers come from ``dashboard_data``."""
         if not is_operator(request):
