@@ -54,7 +54,7 @@ def pages() -> list[Page]:
         Page("metrics", "operator", "", f"{BASE}dashboard/metrics/"),
         Page("ops page (HTML)", "operator", "", f"{BASE}dashboard/"),
         Page("tenant console, 14 days", "tenant", "", console),
-        Page("tenant console, 90 days", "tenant", "days=90", console),
+        Page("tenant console, 30 days", "tenant", "days=30", console),
     ]
 
 

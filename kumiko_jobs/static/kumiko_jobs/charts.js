@@ -76,7 +76,9 @@
       if (DASHES[k % DASHES.length]) path.setAttribute("stroke-dasharray", DASHES[k % DASHES.length]);
       svg.appendChild(path);
       s.values.forEach(function (v, i) {
-        if (v != null && (i % every === 0 || i === n - 1)) svg.appendChild(marker(MARKERS[k % MARKERS.length], x(i), y(v), cls));
+        // A point with no neighbour draws no line: its marker is all that shows it.
+        var alone = (i === 0 || s.values[i - 1] == null) && (i === n - 1 || s.values[i + 1] == null);
+        if (v != null && (i % every === 0 || i === n - 1 || alone)) svg.appendChild(marker(MARKERS[k % MARKERS.length], x(i), y(v), cls));
       });
     });
     var legend = document.createElement("ul");

@@ -45,6 +45,8 @@
     return step >= 86400 || kind === "console" ? iso.slice(0, 10) : d.toISOString().slice(step >= 3600 ? 5 : 11, 16).replace("T", " ");
   }
 
+  function when(iso) { return iso.slice(0, 19).replace("T", " ") + " UTC"; }
+
   function percentiles(points, field) {
     return ["p50", "p95", "p99"].map(function (name, i) {
       return {name: name, values: points.map(function (p) { return p[field] ? p[field][i] : null; })};
@@ -71,15 +73,15 @@
     q('[data-text="running"]').textContent = "running runs: " + data.running;
     q('[data-text="scheduler"]').textContent = data.scheduler || data.redis_error || "";
     table(q('[data-table="backlog"]'), ["tenant", "waiting", "oldest queued"],
-      data.backlog.tenants.map(function (x) { return [x.tenant || "system", x.waiting, x.oldest]; }));
-    table(q('[data-table="worker_time"]'), ["tenant", "worker time (s)", "share"],
-      data.worker_time.map(function (x) { return [x.tenant || "system", (x.ms / 1000).toFixed(1), (100 * x.share).toFixed(1) + " %"]; }));
+      data.backlog.tenants.map(function (x) { return [x.tenant || "system", x.waiting, when(x.oldest)]; }));
+    table(q('[data-table="worker_time"]'), ["tenant", "worker time (ms)", "share"],
+      data.worker_time.map(function (x) { return [x.tenant || "system", Math.round(x.ms), (100 * x.share).toFixed(1) + " %"]; }));
     table(q('[data-table="workers"]'), ["worker", "queues", "state", "run", "busy for (s)", "last heartbeat (s ago)"],
       data.workers.listed.map(function (w) {
         return [w.name + (w.kumiko ? "" : " (no kumiko beat)"), w.queues.join(", "), w.state, w.run_id || w.rq_job_id, w.busy_for_s, w.heartbeat_ago_s];
       }));
     table(q('[data-table="failures"]'), ["job", "error", "runs", "last"],
-      data.failures.map(function (f) { return [{href: f.link, text: f.job}, f.error_type, f.count, f.last]; }));
+      data.failures.map(function (f) { return [{href: f.link, text: f.job}, f.error_type || "—", f.count, when(f.last)]; }));
   }
 
   function console_(data) {
