@@ -333,3 +333,24 @@ def test_run_list_links_to_what_its_user_may_open(operator: Client, clerk: Clien
     page = helpdesk.get(BASE)
     assert page.status_code == 200
     assert DASHBOARD.encode() not in page.content and CONSOLE.encode() not in page.content
+
+
+def test_redis_unreachable_the_history_still_shows_and_metrics_say_503(operator: Client) -> None:
+    """Every queue pointed at a port where no Redis listens: the dashboard's JSON keeps the
+    history's numbers and says why queues and workers are missing; the metrics page answers 503
+    (a scraper must not read an outage as empty queues)."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    plant("t1", T1_JOB, [RunStatus.SUCCEEDED] * 2)
+    nowhere = {
+        name: {**config, "URL": "redis://127.0.0.1:1/0"}
+        for name, config in settings.RQ_QUEUES.items()
+    }
+    with override_settings(RQ_QUEUES=nowhere):
+        data = payload(operator.get(DATA))
+        metrics = operator.get(METRICS)
+    assert total(data["series"]["points"], "succeeded") == 2
+    assert data["redis_error"] and data["queues"] == [] and data["workers"]["listed"] == []
+    assert metrics.status_code == 503
+    assert b"Redis unavailable" in metrics.content
