@@ -34,6 +34,10 @@ from ..core import project_settings
 from ..models import JobRun, RunStatus
 
 PERCENTILES = (0.5, 0.95, 0.99)
+# A point keeps the worker time of its busiest tenants only: one entry per tenant and point
+# would keep as many as there are runs. The window's ranking sums these (a tenant below this
+# rank in some points is undercounted there; the shares' total is exact).
+TENANTS_PER_POINT = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +111,14 @@ _FIRST_START = "attempts = 1 AND defer_count = 0 AND gate_defer_count = 0"
 _RAN = f"status IN ('{RunStatus.SUCCEEDED.value}', '{RunStatus.FAILED.value}')"
 
 
-def series(window: Window, scope: Scope, now: datetime) -> dict[str, Any]:
-    """Per point of ``window`` ending at ``now``: runs started, retried, deferred, succeeded,
-    failed and cancelled; wait and duration p50/p95/p99 (ms, None for a point without runs).
-    Two statements, one per time index."""
-    origin = bucket_start(window, now)
-    until = origin + window.span
+def points(window: Window, scope: Scope, since: datetime, until: datetime) -> dict[str, Any]:
+    """Every point of ``window``'s step from ``since`` (a point's start, see ``bucket_start``)
+    to ``until``, by its start (ISO): runs started, retried, deferred, succeeded, failed and
+    cancelled; wait and duration p50/p95/p99 (ms, None without runs); its failures by job and
+    error type (``failures``: [count, last]) and worker time of its ``TENANTS_PER_POINT``
+    busiest tenants (``worker_ms``) and of all (``worker_total``). Each
+    point is complete in itself, so a point that has ended can be kept and summed with others
+    (admin/dashboard/data.py). Four statements, each a range of one time index."""
     where, params = scope.where()
     step = f"{int(window.step.total_seconds())} seconds"
     started = _rows(
@@ -122,7 +128,7 @@ def series(window: Window, scope: Scope, now: datetime) -> dict[str, Any]:
         f"{_percentiles(_WAIT_MS, _FIRST_START)} "
         f"FROM {_table()} WHERE status = ANY(%s) AND started_at >= %s AND started_at < %s"
         f"{where} GROUP BY point",
-        [step, origin, [s.value for s in RunStatus], origin, until, *params],
+        [step, since, [s.value for s in RunStatus], since, until, *params],
     )
     finished = _rows(
         f"SELECT date_bin(%s::interval, finished_at, %s) AS point, "
@@ -131,69 +137,62 @@ def series(window: Window, scope: Scope, now: datetime) -> dict[str, Any]:
         f"count(*) FILTER (WHERE status = '{RunStatus.CANCELLED.value}'), "
         f"{_percentiles('duration_ms', _RAN + ' AND duration_ms IS NOT NULL')} "
         f"FROM {_table()} WHERE finished_at >= %s AND finished_at < %s{where} GROUP BY point",
-        [step, origin, origin, until, *params],
+        [step, since, since, until, *params],
     )
-    by_start = {row[0]: row for row in started}
-    by_finish = {row[0]: row for row in finished}
-    points = []
-    count = int(window.span / window.step)
-    for index in range(count):
-        at = origin + index * window.step
-        s, f = by_start.get(at), by_finish.get(at)
-        points.append(
-            {
-                "t": at.isoformat(),
-                "started": s[1] if s else 0,
-                "retried": s[2] if s else 0,
-                "deferred": s[3] if s else 0,
-                "succeeded": f[1] if f else 0,
-                "failed": f[2] if f else 0,
-                "cancelled": f[3] if f else 0,
-                "wait_ms": _three(s[4] if s else None),
-                "duration_ms": _three(f[4] if f else None),
-            }
+    out: dict[str, Any] = {}
+    at = since
+    while at < until:
+        out[at.isoformat()] = _empty_point()
+        at += window.step
+    for point, n, retried, deferred, wait in started:
+        out[point.isoformat()].update(
+            started=n, retried=retried, deferred=deferred, wait_ms=_three(wait)
         )
-    return {"window": window.name, "step_seconds": window.step.total_seconds(), "points": points}
+    for point, succeeded, failed, cancelled, duration in finished:
+        out[point.isoformat()].update(
+            succeeded=succeeded, failed=failed, cancelled=cancelled, duration_ms=_three(duration)
+        )
+    for point, job, error, n, last in _rows(
+        f"SELECT date_bin(%s::interval, finished_at, %s) AS point, job_name, error_type, "
+        f"count(*), max(finished_at) FROM {_table()} "
+        f"WHERE finished_at >= %s AND finished_at < %s AND status = %s{where} "
+        f"GROUP BY point, job_name, error_type",
+        [step, since, since, until, RunStatus.FAILED.value, *params],
+    ):
+        out[point.isoformat()]["failures"].append([job, error, n, last.isoformat()])
+    for point, tenant, ms, whole in _rows(
+        f"SELECT point, schema_name, ms, whole FROM (SELECT date_bin(%s::interval, finished_at, "
+        f"%s) AS point, schema_name, sum(duration_ms) AS ms, "
+        f"sum(sum(duration_ms)) OVER (PARTITION BY date_bin(%s::interval, finished_at, %s)) "
+        f"AS whole, row_number() OVER (PARTITION BY date_bin(%s::interval, finished_at, %s) "
+        f"ORDER BY sum(duration_ms) DESC, schema_name) AS rank "
+        f"FROM {_table()} WHERE finished_at >= %s AND finished_at < %s "
+        f"AND duration_ms IS NOT NULL{where} GROUP BY 1, 2) AS tenants WHERE rank <= %s",
+        [step, since, step, since, step, since, since, until, *params, TENANTS_PER_POINT],
+    ):
+        out[point.isoformat()]["worker_ms"][tenant] = float(ms)
+        out[point.isoformat()]["worker_total"] = float(whole)
+    return out
+
+
+def _empty_point() -> dict[str, Any]:
+    return {
+        "started": 0,
+        "retried": 0,
+        "deferred": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
+        "wait_ms": None,
+        "duration_ms": None,
+        "failures": [],
+        "worker_ms": {},
+        "worker_total": 0.0,
+    }
 
 
 def _three(values: list[float] | None) -> list[float] | None:
     return None if values is None else [round(float(v), 1) for v in values]
-
-
-def failures(window: Window, scope: Scope, now: datetime, limit: int = 20) -> list[dict[str, Any]]:
-    """Failed runs of the window grouped by job and error type, the most frequent first (by
-    ``kj_run_finished``: a range of the window, failures only)."""
-    origin = bucket_start(window, now)
-    where, params = scope.where()
-    rows = _rows(
-        f"SELECT job_name, error_type, count(*), max(finished_at) FROM {_table()} "
-        f"WHERE finished_at >= %s AND status = %s{where} "
-        f"GROUP BY job_name, error_type ORDER BY count(*) DESC, job_name LIMIT %s",
-        [origin, RunStatus.FAILED.value, *params, limit],
-    )
-    return [
-        {"job": job, "error_type": error, "count": n, "last": last.isoformat()}
-        for job, error, n, last in rows
-    ]
-
-
-def worker_time(
-    window: Window, scope: Scope, now: datetime, limit: int = 10
-) -> list[dict[str, Any]]:
-    """The tenants whose runs finished in the window took the most worker time, with their share
-    of it (``kj_run_finished``'s range again)."""
-    origin = bucket_start(window, now)
-    where, params = scope.where()
-    rows = _rows(
-        f"SELECT schema_name, sum(duration_ms), sum(sum(duration_ms)) OVER () FROM {_table()} "
-        f"WHERE finished_at >= %s AND duration_ms IS NOT NULL{where} "
-        f"GROUP BY schema_name ORDER BY 2 DESC LIMIT %s",
-        [origin, *params, limit],
-    )
-    return [
-        {"tenant": tenant, "ms": round(ms, 1), "share": round(ms / total, 4) if total else 0.0}
-        for tenant, ms, total in rows
-    ]
 
 
 # Reading more waiting runs than this to rank tenants' backlogs would cost the page seconds

@@ -1,14 +1,14 @@
 """What the dashboard pages show, as JSON-ready dicts: the request's filters, the history's
 aggregates (history/stats.py) and the load Redis reports (transport/depths.py).
 
-The charts of a day or a week read up to a week of the history; they change slowly, so they
-are kept in Django's cache for ``CACHE_SECONDS`` of their window while the live parts (queues,
-workers, scheduler, running runs) are read on every refresh.
+A chart's points that have ended are kept in Django's cache (``history_points``), so a refresh
+reads the history of the current point only, and the live parts (queues, workers, scheduler,
+running runs) from Redis; the console's numbers are kept for ``CACHE_SECONDS``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -19,8 +19,13 @@ from ...core import project_settings
 from ...history import stats
 from ...transport import RedisError, depths, scheduler_liveness
 
-# Seconds the history part is kept per window (and for the console); 0: computed every time.
-CACHE_SECONDS = {"hour": 0, "day": 60, "week": 300, "console": 60}
+# The console's numbers are kept this long (seconds; 0: computed on every request).
+CACHE_SECONDS = {"console": 60}
+# A chart's point is kept once it ended this long ago: runs stamp their start and finish just
+# before they commit, so a point this old gets no more rows.
+SETTLED = timedelta(seconds=60)
+# Off: every point is computed on every request (bench/dashboard_scale.py's cold figures).
+POINT_CACHE = True
 MAX_FILTER = 200
 # A tenant's user decides what its console reads: 90 days of a busy tenant (3 % of 10 million
 # runs) took 2.4 s (bench/dashboard_scale.py), 14 days 0.3 s, so a month at most.
@@ -71,25 +76,71 @@ def _cached(key: str, seconds: int, build: Any) -> Any:
     return found
 
 
-def _scope_key(prefix: str, window: stats.Window, scope: stats.Scope) -> str:
-    return f"kumiko_jobs.dashboard:{prefix}:{window.name}:{scope.queue}|{scope.job}|{scope.tenant}"
+def _point_key(window: stats.Window, scope: stats.Scope, start: datetime) -> str:
+    step = int(window.step.total_seconds())
+    who = f"{scope.queue}|{scope.job}|{scope.tenant}"
+    return f"kumiko_jobs.dashboard:{step}:{who}:{start.isoformat()}"
+
+
+def history_points(window: stats.Window, scope: stats.Scope, now: datetime) -> list[dict[str, Any]]:
+    """The window's points, oldest first. A point that ended more than ``SETTLED`` ago is read
+    from the cache when it is there (and kept there once computed): only the points since the
+    oldest one missing are queried, so a refresh reads the current point's runs, not the
+    window's."""
+    origin = stats.bucket_start(window, now)
+    starts = [origin + n * window.step for n in range(int(window.span / window.step))]
+    settled = [s for s in starts if s + window.step <= now - SETTLED] if POINT_CACHE else []
+    keys = {s: _point_key(window, scope, s) for s in settled}
+    found = cache.get_many(list(keys.values())) if keys else {}
+    missing = [s for s in starts if keys.get(s) not in found]
+    computed = stats.points(window, scope, missing[0], origin + window.span) if missing else {}
+    keep = {keys[s]: computed[s.isoformat()] for s in missing if s in keys}
+    if keep:
+        cache.set_many(keep, int((window.span + window.step).total_seconds()))
+    return [
+        {
+            "t": s.isoformat(),
+            **(found[keys[s]] if keys.get(s) in found else computed[s.isoformat()]),
+        }
+        for s in starts
+    ]
+
+
+def summed(points: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The window's failures by job and error type (the 20 most frequent) and its tenants'
+    worker time (the 10 largest, with their share of all), summed over its points."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    worker_ms: dict[str, float] = {}
+    total = 0.0
+    for point in points:
+        for job, error, n, last in point["failures"]:
+            group = groups.setdefault((job, error), [0, last])
+            group[0] += n
+            group[1] = max(group[1], last)
+        for tenant, ms in point["worker_ms"].items():
+            worker_ms[tenant] = worker_ms.get(tenant, 0.0) + ms
+        total += point["worker_total"]
+    failures = [
+        {"job": job, "error_type": error, "count": n, "last": last}
+        for (job, error), (n, last) in sorted(groups.items(), key=lambda g: (-g[1][0], g[0]))
+    ][:20]
+    shares = [
+        {"tenant": tenant, "ms": round(ms, 1), "share": round(ms / total, 4) if total else 0.0}
+        for tenant, ms in sorted(worker_ms.items(), key=lambda t: (-t[1], t[0]))
+    ][:10]
+    return failures, shares
 
 
 def operator_data(params: Any, runs_url: str) -> dict[str, Any]:
     """Everything the operators' dashboard shows, for its filters (``params``)."""
     window, scope = window_of(params), operator_scope(params)
     now = timezone.now()
-
-    def history() -> dict[str, Any]:
-        return {
-            "series": stats.series(window, scope, now),
-            "failures": stats.failures(window, scope, now),
-            "worker_time": stats.worker_time(window, scope, now),
-        }
-
-    found = _cached(_scope_key("ops", window, scope), CACHE_SECONDS[window.name], history)
-    for group in found["failures"]:
+    points = history_points(window, scope, now)
+    failures, shares = summed(points)
+    for group in failures:
         group["link"] = failure_link(runs_url, group, scope)
+    kept = ("failures", "worker_ms", "worker_total")
+    series = [{k: v for k, v in p.items() if k not in kept} for p in points]
     return {
         "generated_at": now.isoformat(),
         "filters": {
@@ -98,7 +149,13 @@ def operator_data(params: Any, runs_url: str) -> dict[str, Any]:
             "job": scope.job,
             "tenant": params.get("tenant") or "",
         },
-        **found,
+        "series": {
+            "window": window.name,
+            "step_seconds": window.step.total_seconds(),
+            "points": series,
+        },
+        "failures": failures,
+        "worker_time": shares,
         "backlog": stats.tenant_backlog(scope),
         "running": stats.running_runs(),
         **live(now),
