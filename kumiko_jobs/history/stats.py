@@ -34,10 +34,6 @@ from ..core import project_settings
 from ..models import JobRun, RunStatus
 
 PERCENTILES = (0.5, 0.95, 0.99)
-# A point keeps the worker time of its busiest tenants only: one entry per tenant and point
-# would keep as many as there are runs. The window's ranking sums these (a tenant below this
-# rank in some points is undercounted there; the shares' total is exact).
-TENANTS_PER_POINT = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +111,9 @@ def points(window: Window, scope: Scope, since: datetime, until: datetime) -> di
     """Every point of ``window``'s step from ``since`` (a point's start, see ``bucket_start``)
     to ``until``, by its start (ISO): runs started, retried, deferred, succeeded, failed and
     cancelled; wait and duration p50/p95/p99 (ms, None without runs); its failures by job and
-    error type (``failures``: [count, last]) and worker time of its ``TENANTS_PER_POINT``
-    busiest tenants (``worker_ms``) and of all (``worker_total``). Each
+    error type (``failures``: [count, last]). Each
     point is complete in itself, so a point that has ended can be kept and summed with others
-    (admin/dashboard/data.py). Four statements, each a range of one time index."""
+    (admin/dashboard/data.py). Three statements, each a range of one time index."""
     where, params = scope.where()
     step = f"{int(window.step.total_seconds())} seconds"
     started = _rows(
@@ -160,18 +155,6 @@ def points(window: Window, scope: Scope, since: datetime, until: datetime) -> di
         [step, since, since, until, RunStatus.FAILED.value, *params],
     ):
         out[point.isoformat()]["failures"].append([job, error, n, last.isoformat()])
-    for point, tenant, ms, whole in _rows(
-        f"SELECT point, schema_name, ms, whole FROM (SELECT date_bin(%s::interval, finished_at, "
-        f"%s) AS point, schema_name, sum(duration_ms) AS ms, "
-        f"sum(sum(duration_ms)) OVER (PARTITION BY date_bin(%s::interval, finished_at, %s)) "
-        f"AS whole, row_number() OVER (PARTITION BY date_bin(%s::interval, finished_at, %s) "
-        f"ORDER BY sum(duration_ms) DESC, schema_name) AS rank "
-        f"FROM {_table()} WHERE finished_at >= %s AND finished_at < %s "
-        f"AND duration_ms IS NOT NULL{where} GROUP BY 1, 2) AS tenants WHERE rank <= %s",
-        [step, since, step, since, step, since, since, until, *params, TENANTS_PER_POINT],
-    ):
-        out[point.isoformat()]["worker_ms"][tenant] = float(ms)
-        out[point.isoformat()]["worker_total"] = float(whole)
     return out
 
 
@@ -186,13 +169,30 @@ def _empty_point() -> dict[str, Any]:
         "wait_ms": None,
         "duration_ms": None,
         "failures": [],
-        "worker_ms": {},
-        "worker_total": 0.0,
     }
 
 
 def _three(values: list[float] | None) -> list[float] | None:
     return None if values is None else [round(float(v), 1) for v in values]
+
+
+def worker_time(
+    window: Window, scope: Scope, now: datetime, limit: int = 10
+) -> list[dict[str, Any]]:
+    """The tenants whose runs finished in the window took the most worker time, with their share
+    of it (``kj_run_finished``'s range). Not per point: a tenant per point would keep as many
+    entries as there are runs."""
+    where, params = scope.where()
+    rows = _rows(
+        f"SELECT schema_name, sum(duration_ms), sum(sum(duration_ms)) OVER () FROM {_table()} "
+        f"WHERE finished_at >= %s AND duration_ms IS NOT NULL{where} "
+        f"GROUP BY schema_name ORDER BY 2 DESC, 1 LIMIT %s",
+        [bucket_start(window, now), *params, limit],
+    )
+    return [
+        {"tenant": tenant, "ms": round(ms, 1), "share": round(ms / total, 4) if total else 0.0}
+        for tenant, ms, total in rows
+    ]
 
 
 # Reading more waiting runs than this to rank tenants' backlogs would cost the page seconds

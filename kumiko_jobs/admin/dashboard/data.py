@@ -8,6 +8,7 @@ running runs) from Redis; the console's numbers are kept for ``CACHE_SECONDS``.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
@@ -19,8 +20,9 @@ from ...core import project_settings
 from ...history import stats
 from ...transport import RedisError, depths, scheduler_liveness
 
-# The console's numbers are kept this long (seconds; 0: computed on every request).
-CACHE_SECONDS = {"console": 60}
+# Kept this long (seconds; 0: computed on every request): the console's numbers, and the
+# tenants' share of worker time, a sum over the whole window (not per point).
+CACHE_SECONDS = {"console": 60, "worker_time": 60}
 # A chart's point is kept once it ended this long ago: runs stamp their start and finish just
 # before they commit, so a point this old gets no more rows.
 SETTLED = timedelta(seconds=60)
@@ -77,9 +79,8 @@ def _cached(key: str, seconds: int, build: Any) -> Any:
 
 
 def _point_key(window: stats.Window, scope: stats.Scope, start: datetime) -> str:
-    step = int(window.step.total_seconds())
-    who = f"{scope.queue}|{scope.job}|{scope.tenant}"
-    return f"kumiko_jobs.dashboard:{step}:{who}:{start.isoformat()}"
+    who = _digest(scope.queue, scope.job, scope.tenant)
+    return f"kumiko_jobs.dashboard:{int(window.step.total_seconds())}:{who}:{start.timestamp()}"
 
 
 def history_points(window: stats.Window, scope: stats.Scope, now: datetime) -> list[dict[str, Any]]:
@@ -106,29 +107,24 @@ def history_points(window: stats.Window, scope: stats.Scope, now: datetime) -> l
     ]
 
 
-def summed(points: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The window's failures by job and error type (the 20 most frequent) and its tenants'
-    worker time (the 10 largest, with their share of all), summed over its points."""
+def failure_groups(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The window's failures by job and error type, the 20 most frequent, summed over its
+    points."""
     groups: dict[tuple[str, str], list[Any]] = {}
-    worker_ms: dict[str, float] = {}
-    total = 0.0
     for point in points:
         for job, error, n, last in point["failures"]:
             group = groups.setdefault((job, error), [0, last])
             group[0] += n
             group[1] = max(group[1], last)
-        for tenant, ms in point["worker_ms"].items():
-            worker_ms[tenant] = worker_ms.get(tenant, 0.0) + ms
-        total += point["worker_total"]
-    failures = [
+    return [
         {"job": job, "error_type": error, "count": n, "last": last}
         for (job, error), (n, last) in sorted(groups.items(), key=lambda g: (-g[1][0], g[0]))
     ][:20]
-    shares = [
-        {"tenant": tenant, "ms": round(ms, 1), "share": round(ms / total, 4) if total else 0.0}
-        for tenant, ms in sorted(worker_ms.items(), key=lambda t: (-t[1], t[0]))
-    ][:10]
-    return failures, shares
+
+
+def _digest(*parts: Any) -> str:
+    # Filters are the operator's text, and memcached refuses spaces and long keys.
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
 def operator_data(params: Any, runs_url: str) -> dict[str, Any]:
@@ -136,11 +132,15 @@ def operator_data(params: Any, runs_url: str) -> dict[str, Any]:
     window, scope = window_of(params), operator_scope(params)
     now = timezone.now()
     points = history_points(window, scope, now)
-    failures, shares = summed(points)
+    failures = failure_groups(points)
+    shares = _cached(
+        f"kumiko_jobs.worker_time:{window.name}:{_digest(scope.queue, scope.job, scope.tenant)}",
+        CACHE_SECONDS["worker_time"],
+        lambda: stats.worker_time(window, scope, now),
+    )
     for group in failures:
         group["link"] = failure_link(runs_url, group, scope)
-    kept = ("failures", "worker_ms", "worker_total")
-    series = [{k: v for k, v in p.items() if k not in kept} for p in points]
+    series = [{k: v for k, v in p.items() if k != "failures"} for p in points]
     return {
         "generated_at": now.isoformat(),
         "filters": {
@@ -228,7 +228,7 @@ def console_data(schema: str, params: Any) -> dict[str, Any]:
             "jobs": stats.tenant_failure_rates(schema, days, now),
         }
 
-    key = f"kumiko_jobs.console:{schema}:{days}:{job}"
+    key = f"kumiko_jobs.console:{_digest(schema, days, job)}"
     return {
         "generated_at": now.isoformat(),
         "filters": {"days": days, "job": job},
