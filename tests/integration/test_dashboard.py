@@ -371,3 +371,13 @@ def test_settled_points_are_kept_and_summed_with_fresh_ones(operator: Client) ->
     assert total(second["series"]["points"], "failed") == 3
     cache.clear()
     assert total(payload(operator.get(DATA))["series"]["points"], "failed") == 4
+
+
+def test_a_tenants_session_opens_no_other_tenants_console(clerk: Client) -> None:
+    """t1's logged-in client asking t2's domain: t2 does not know the session (auth lives in
+    each schema), so the console and its JSON send it to t2's login, and show nothing of t2."""
+    plant("t2", T2_JOB, [RunStatus.FAILED] * 2)
+    for url in CONSOLE_URLS:
+        response = clerk.get(url, HTTP_HOST="t2.localhost")
+        assert response.status_code == 302 and "/login/" in response["Location"], url
+        assert T2_JOB.encode() not in response.content
