@@ -18,6 +18,7 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 - ``rq_worker``: RQ's worker bases and the batched per-message bookkeeping.
 - ``live_workers``: which kumiko worker executes which RQ job (the beats that say so).
 - ``rate_limits`` and ``registries``: what the relay reads and frees of RQ's bookkeeping.
+- ``depths``: queue depths and the registered workers, for the dashboard and its metrics.
 
 Tests and ``kumiko_jobs.testing`` replace ``push``/``push_many`` here; ``testing`` replaces
 them in ``pushing`` too, which the scheduler's cron firing calls.
