@@ -325,3 +325,41 @@ def test_statements_of_a_plain_run_and_of_a_workflow_step(tenants: Any) -> None:
         WorkflowStep.objects.get(workflow_id=handle.workflow_id, key="b").state
         == StepState.SUCCEEDED
     )
+
+
+# --------------------------------------------------------------------------- admin
+
+
+def _admin_clients() -> tuple[Any, Any]:
+    from tests.integration.test_admin import client_for, make_user
+
+    operator = client_for("localhost", "public", make_user("public", "operator", superuser=True))
+    tenant_admin = client_for("t1.localhost", "t1", make_user("t1", "boss", superuser=True))
+    return operator, tenant_admin
+
+
+def test_the_admin_lists_and_cancels_workflows_for_operators_only(tenants: Any) -> None:
+    handle = kumiko_jobs.workflow(
+        kumiko_jobs.chain(wf.record.step(tag="a", key="a"), wf.record.step(tag="b", key="b")),
+        name="admin-visible",
+    ).enqueue(tenant="t1")
+    operator, tenant_admin = _admin_clients()
+    url = "/admin/kumiko_jobs/workflow/"
+    page = operator.get(url)
+    assert page.status_code == 200 and "admin-visible" in page.content.decode()
+    detail = operator.get(f"{url}{handle.workflow_id}/change/")
+    assert detail.status_code == 200 and "record" in detail.content.decode()
+    # A tenant's superuser, on its own domain, sees no workflow page and cannot cancel.
+    assert tenant_admin.get(url).status_code in (403, 404)
+    refused = tenant_admin.post(
+        url, {"action": "cancel_selected", "_selected_action": [handle.workflow_id]}
+    )
+    assert refused.status_code in (302, 403, 404)
+    assert handle.status == RunStatus.RUNNING
+    done = operator.post(
+        url, {"action": "cancel_selected", "_selected_action": [handle.workflow_id]}
+    )
+    assert done.status_code == 302
+    assert handle.status == RunStatus.CANCELLED
+    work()
+    assert tags("t1") == []
