@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import itertools
 import logging
 import uuid
@@ -52,6 +53,12 @@ class Step:
         key: str | None = None,
         after: Iterable[Step] = (),
     ) -> None:
+        declared = inspect.signature(definition.func).parameters
+        if "after" in declared or "key" in declared:
+            raise InvalidJob(
+                f"{definition.name}.step(): the job has a parameter named 'after' or 'key', the "
+                "step's own keywords; rename it, or enqueue the job with kumiko_jobs.enqueue."
+            )
         for name in _INJECTED:
             if name in kwargs:
                 raise InvalidJob(
