@@ -356,7 +356,8 @@ class Workflow(models.Model):
     """Steps enqueued as one unit in one tenant (docs/workflows.md), with the counters that
     tell when it is done without reading its steps.
 
-    ``status`` uses the runs' vocabulary: ``running`` until every step has reached a final
+    ``status`` uses the runs' vocabulary: ``queued`` while a sequential workflow waits for the
+    previous one of its name and tenant, ``running`` until every step has reached a final
     state, then ``succeeded`` (every step succeeded), ``failed`` (some failed or were skipped)
     or ``cancelled`` (cancelled from the API or the admin, or by ``stop_on_failure``).
     """
@@ -370,6 +371,9 @@ class Workflow(models.Model):
         _("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING
     )
     stop_on_failure = models.BooleanField(default=False)
+    # One active workflow of this name per tenant: a later one waits ``queued`` (its first
+    # steps without runs) until the previous one has finished (docs/workflows.md).
+    sequential = models.BooleanField(default=False)
     created_at = models.DateTimeField(_("created"))
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
     correlation_id = models.CharField(max_length=64, blank=True)
@@ -389,6 +393,11 @@ class Workflow(models.Model):
         indexes = (
             models.Index(fields=("schema_name", "-created_at"), name="kj_wf_tenant_recent"),
             models.Index(fields=("status", "created_at"), name="kj_wf_status"),
+            models.Index(
+                fields=("name", "schema_name", "created_at"),
+                condition=models.Q(sequential=True, status__in=("queued", "running")),
+                name="kj_wf_sequential_active",
+            ),
         )
 
     def __str__(self) -> str:

@@ -127,11 +127,14 @@ def group(parts: Any, *, then: Any = None) -> Any:
     return make(parts, then=then)
 
 
-def workflow(part: Any, *, name: str, stop_on_failure: bool = False) -> Any:
-    """A workflow of steps, to ``.enqueue(tenant=...)`` as one unit (docs/workflows.md)."""
+def workflow(
+    part: Any, *, name: str, stop_on_failure: bool = False, sequential: bool = False
+) -> Any:
+    """A workflow of steps, to ``.enqueue(tenant=...)`` as one unit (docs/workflows.md);
+    ``sequential``: one of this name per tenant at a time, the next waits its turn."""
     from .workflows import workflow as make  # imports models: see the module docstring
 
-    return make(part, name=name, stop_on_failure=stop_on_failure)
+    return make(part, name=name, stop_on_failure=stop_on_failure, sequential=sequential)
 
 
 def cancel_workflow(workflow_id: Any, *, by: Any = None) -> bool:

@@ -29,13 +29,14 @@ from ..core.envelope import Envelope, new_run_id
 from ..core.exceptions import KumikoJobsError
 from ..definition.registry import registry
 from ..history import workflows as sql
-from ..models import JobRun, RunStatus, StepState, Workflow
+from ..models import JobRun, RunStatus, StepState, Workflow, WorkflowStep
 from .fanout import insert_new
-from .messages import message_for, row_for
+from .messages import message_for, row_for, waiting_envelope
 from .validate import check_size, validated
 
 logger = logging.getLogger("kumiko_jobs.workflows")
 
+CHUNK = 500
 # Keywords a job receives, when its function declares them, from the steps it waited for.
 RESULTS_ARGUMENT = "workflow_results"
 OUTCOMES_ARGUMENT = "workflow_outcomes"
@@ -88,13 +89,38 @@ def _settle(wf: Workflow, closed: list[sql.Closed]) -> list[transport.Message]:
 
 
 def _end_if_done(wf: Workflow, pending: int, failed: int) -> None:
-    """The last step is final: the workflow ends (cancelled, failed, or succeeded)."""
+    """The last step is final: the workflow ends (cancelled, failed, or succeeded), and a
+    sequential one hands the turn to the next of its name and tenant."""
     if pending > 0:
         return
     if wf.status == RunStatus.CANCELLED:
         sql.end(wf, RunStatus.CANCELLED)
     else:
         sql.end(wf, RunStatus.FAILED if failed else RunStatus.SUCCEEDED)
+    if wf.sequential:
+        _start_next(wf)
+
+
+def _start_next(ended: Workflow) -> None:
+    """Start the oldest workflow waiting for this turn, if no other holds it: its first steps'
+    runs are written here, chunk by chunk, and pushed from their rows after the commit."""
+    sql.turn_lock(ended.name, ended.schema_name)
+    if sql.has_turn_taken(ended.name, ended.schema_name, besides=ended.workflow_id):
+        return
+    nxt = sql.next_in_turn(ended.name, ended.schema_name)
+    if nxt is None:
+        return
+    sql.end(nxt, RunStatus.RUNNING)
+    last = 0
+    while chunk := sql.roots(nxt.workflow_id, last, CHUNK):
+        last = chunk[-1].id
+        _, skipped = _release(nxt, chunk)
+        for step, reason in skipped:
+            sql.mark_skipped([step.id], reason)
+        if skipped:
+            _settle(nxt, [sql.Closed(s.key, s.dependents, StepState.CANCELLED) for s, _ in skipped])
+    workflow_id = nxt.workflow_id
+    transaction.on_commit(lambda: push_released(workflow_id), robust=True)
 
 
 def _release(
@@ -211,7 +237,7 @@ def cancel(workflow_id: uuid.UUID, *, by: Any = None) -> bool:
     who = getattr(by, "get_username", lambda: str(by or ""))()
     with transaction.atomic():
         wf = sql.lock(workflow_id)
-        if wf is None or wf.status != RunStatus.RUNNING:
+        if wf is None or wf.status not in (RunStatus.RUNNING, RunStatus.QUEUED):
             return False
         stopped = _stop(wf, f"cancelled by {who}" if who else "cancelled")
         _end_if_done(wf, *sql.count_final(workflow_id, stopped, stopped))
@@ -241,3 +267,42 @@ def _push(messages: list[transport.Message]) -> None:
         transport.push_many(messages)
     except Exception as exc:
         logger.warning("released workflow steps not pushed (%r); the relay will push them", exc)
+
+
+def push_released(workflow_id: uuid.UUID) -> None:
+    """Push the messages of the workflow's queued runs, chunk by chunk, from their rows (an
+    ``on_commit`` callback); what cannot be pushed waits in its row for the relay."""
+    last = 0
+    while True:
+        chunk = list(
+            WorkflowStep.objects.filter(
+                workflow_id=workflow_id, state=StepState.RELEASED, id__gt=last
+            )
+            .order_by("id")
+            .values_list("id", "run_id")[:CHUNK]
+        )
+        if not chunk:
+            return
+        last = chunk[-1][0]
+        runs = {
+            run.run_id: run
+            for run in JobRun.objects.filter(
+                run_id__in=[run for _, run in chunk], status=RunStatus.QUEUED, attempts=0
+            )
+        }
+        # In the steps' order: the queue runs them first come, first served.
+        messages = [
+            message_for(registry.get(run.job_name), waiting_envelope(run), 0.0)
+            for run in (runs.get(run_id) for _, run_id in chunk if run_id is not None)
+            if run is not None
+        ]
+        try:
+            transport.push_many(messages)
+        except Exception as exc:
+            logger.warning(
+                "workflow %s: %d runs committed but not pushed (%r); the relay will push them",
+                workflow_id,
+                len(messages),
+                exc,
+            )
+            return

@@ -23,19 +23,19 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from .. import origin, transport
+from .. import origin
 from ..core.exceptions import InvalidJob
 from ..definition.job import JobDefinition
-from ..definition.registry import registry
+from ..history import workflows as history
 from ..models import JobRun, RunStatus, StepState, Workflow, WorkflowStep
 from . import followups
-from .messages import message_for, new_envelope, row_for, waiting_envelope
+from .messages import message_for, new_envelope, row_for
 from .validate import check_size, resolve_schema, validated
-from .workflow_release import OUTCOMES_ARGUMENT, RESULTS_ARGUMENT, cancel
+from .workflow_release import CHUNK, OUTCOMES_ARGUMENT, RESULTS_ARGUMENT, cancel, push_released
 
 logger = logging.getLogger("kumiko_jobs.workflows")
 
-CHUNK = 500
+
 _INJECTED = (RESULTS_ARGUMENT, OUTCOMES_ARGUMENT)
 _REFUSED_CONCURRENCY = ("skip", "replace", "debounce")
 
@@ -162,17 +162,21 @@ class WorkflowSpec:
     flow: Flow
     name: str
     stop_on_failure: bool = False
+    sequential: bool = False
 
     def enqueue(self, *, tenant: Any = None) -> WorkflowHandle:
         """Enqueue the workflow as one unit, on commit, in ``tenant`` (or the current one)."""
         return enqueue(self, tenant=tenant)
 
 
-def workflow(part: Step | Flow, *, name: str, stop_on_failure: bool = False) -> WorkflowSpec:
-    """``workflow(chain(a.step(), b.step()), name="import")``: see the module docstring."""
+def workflow(
+    part: Step | Flow, *, name: str, stop_on_failure: bool = False, sequential: bool = False
+) -> WorkflowSpec:
+    """``workflow(chain(a.step(), b.step()), name="import")``: see the module docstring.
+    ``sequential``: one workflow of this name per tenant at a time; a later one waits."""
     if not isinstance(name, str) or not name or len(name) > 200:
         raise InvalidJob(f"workflow() needs a name of 1 to 200 characters, got {name!r}.")
-    return WorkflowSpec(_flow(part), name, stop_on_failure)
+    return WorkflowSpec(_flow(part), name, stop_on_failure, sequential)
 
 
 def _ordered(flow: Flow) -> list[Step]:
@@ -258,15 +262,20 @@ def enqueue(spec: WorkflowSpec, *, tenant: Any = None) -> WorkflowHandle:
         schema_name=schema or "",
         status=RunStatus.RUNNING,
         stop_on_failure=spec.stop_on_failure,
+        sequential=spec.sequential,
         created_at=now,
         correlation_id=origin.correlation_id(),
         steps_total=len(steps),
         steps_pending=len(steps),
     )
     with transaction.atomic():
+        if spec.sequential:
+            history.turn_lock(wf.name, wf.schema_name)
+            if history.has_turn_taken(wf.name, wf.schema_name):
+                wf.status = RunStatus.QUEUED  # its first steps get runs when its turn comes
         wf.save(force_insert=True)
         for chunk in _chunks(steps):
-            _write_chunk(wf, chunk, schema)
+            _write_chunk(wf, chunk, schema, start=wf.status == RunStatus.RUNNING)
         transaction.on_commit(functools.partial(push_released, wf.workflow_id), robust=True)
     for step in steps:
         step.enqueued = True
@@ -278,7 +287,7 @@ def _chunks(steps: list[Step]) -> Iterator[list[Step]]:
         yield steps[start : start + CHUNK]
 
 
-def _write_chunk(wf: Workflow, chunk: list[Step], schema: str | None) -> None:
+def _write_chunk(wf: Workflow, chunk: list[Step], schema: str | None, *, start: bool) -> None:
     """One chunk's step rows, and the run rows of its steps that wait for nothing."""
     step_rows, run_rows = [], []
     for step in chunk:
@@ -292,9 +301,9 @@ def _write_chunk(wf: Workflow, chunk: list[Step], schema: str | None) -> None:
             always=step.always,
             waiting_on=len(after),
             preds_total=len(after),
-            state=StepState.WAITING if after else StepState.RELEASED,
+            state=StepState.RELEASED if start and not after else StepState.WAITING,
         )
-        if not after:
+        if start and not after:
             run = _root_run(wf, step, schema)
             row.run_id = run.run_id
             run_rows.append(run)
@@ -335,42 +344,3 @@ def _root_run(wf: Workflow, step: Step, schema: str | None) -> JobRun:
     row = row_for(definition, env, validated(definition, step.kwargs), 0.0)
     row.workflow_id = wf.workflow_id
     return row
-
-
-def push_released(workflow_id: uuid.UUID) -> None:
-    """Push the messages of the workflow's queued runs, chunk by chunk, from their rows (an
-    ``on_commit`` callback); what cannot be pushed waits in its row for the relay."""
-    last = 0
-    while True:
-        chunk = list(
-            WorkflowStep.objects.filter(
-                workflow_id=workflow_id, state=StepState.RELEASED, id__gt=last
-            )
-            .order_by("id")
-            .values_list("id", "run_id")[:CHUNK]
-        )
-        if not chunk:
-            return
-        last = chunk[-1][0]
-        runs = {
-            run.run_id: run
-            for run in JobRun.objects.filter(
-                run_id__in=[run for _, run in chunk], status=RunStatus.QUEUED, attempts=0
-            )
-        }
-        # In the steps' order: the queue runs them first come, first served.
-        messages = [
-            message_for(registry.get(run.job_name), waiting_envelope(run), 0.0)
-            for run in (runs.get(run_id) for _, run_id in chunk if run_id is not None)
-            if run is not None
-        ]
-        try:
-            transport.push_many(messages)
-        except Exception as exc:
-            logger.warning(
-                "workflow %s: %d runs committed but not pushed (%r); the relay will push them",
-                workflow_id,
-                len(messages),
-                exc,
-            )
-            return

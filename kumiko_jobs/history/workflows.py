@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from ..models import FINISHED_STATUSES, JobRun, RunStatus, StepState, Workflow, WorkflowStep
@@ -240,3 +241,64 @@ def stranded(limit: int) -> list[tuple[uuid.UUID, uuid.UUID, str]]:
             [StepState.RELEASED, *[str(s) for s in FINISHED_STATUSES], limit],
         )
         return [(w, r, st) for w, r, st in cursor.fetchall()]
+
+
+def turn_lock(name: str, schema: str) -> None:
+    """Serialize the turns of a sequential workflow's name in a tenant (until the transaction
+    ends): an enqueue deciding to wait and a finish looking for the next one never miss each
+    other."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [f"kumiko_jobs.workflow:{schema}:{name}"],
+        )
+
+
+def _sequential(name: str, schema: str) -> QuerySet[Workflow]:
+    return Workflow.objects.filter(name=name, schema_name=schema, sequential=True)
+
+
+def has_turn_taken(name: str, schema: str, *, besides: uuid.UUID | None = None) -> bool:
+    """A sequential workflow of this name and tenant is running, still winding down (cancelled
+    with steps running) or, for an enqueue, waiting its turn."""
+    active = Q(status=RunStatus.RUNNING) | Q(status=RunStatus.CANCELLED, steps_pending__gt=0)
+    if besides is None:
+        active |= Q(status=RunStatus.QUEUED)
+    found = _sequential(name, schema).filter(active)
+    if besides is not None:
+        found = found.exclude(pk=besides)
+    return found.exists()
+
+
+def next_in_turn(name: str, schema: str) -> Workflow | None:
+    """The oldest sequential workflow of this name and tenant waiting its turn, locked."""
+    return (
+        _sequential(name, schema)
+        .filter(status=RunStatus.QUEUED)
+        .select_for_update()
+        .order_by("created_at")
+        .first()
+    )
+
+
+def roots(workflow_id: uuid.UUID, after: int, limit: int) -> list[Ready]:
+    """Steps waiting for nothing that have no run yet (a queued workflow's first steps)."""
+    rows = (
+        WorkflowStep.objects.filter(
+            workflow_id=workflow_id, state=StepState.WAITING, waiting_on=0, id__gt=after
+        )
+        .order_by("id")
+        .values_list(
+            "id",
+            "key",
+            "job_name",
+            "kwargs",
+            "dependents",
+            "always",
+            "preds_total",
+            "preds_succeeded",
+            "preds_failed",
+            "preds_cancelled",
+        )[:limit]
+    )
+    return [Ready(*row) for row in rows]

@@ -4,9 +4,9 @@ instant ALTER, and rows of a previous release's process insert NULL, a plain run
 
 from __future__ import annotations
 
+import uuid
 
 import django.db.models.deletion
-import uuid
 from django.db import migrations, models
 
 
@@ -59,6 +59,7 @@ class Migration(migrations.Migration):
                     ),
                 ),
                 ("stop_on_failure", models.BooleanField(default=False)),
+                ("sequential", models.BooleanField(default=False)),
                 ("created_at", models.DateTimeField(verbose_name="created")),
                 (
                     "finished_at",
@@ -77,6 +78,13 @@ class Migration(migrations.Migration):
                 "indexes": [
                     models.Index(fields=["schema_name", "-created_at"], name="kj_wf_tenant_recent"),
                     models.Index(fields=["status", "created_at"], name="kj_wf_status"),
+                    models.Index(
+                        condition=models.Q(
+                            ("sequential", True), ("status__in", ("queued", "running"))
+                        ),
+                        fields=["name", "schema_name", "created_at"],
+                        name="kj_wf_sequential_active",
+                    ),
                 ],
             },
         ),

@@ -363,3 +363,44 @@ def test_the_admin_lists_and_cancels_workflows_for_operators_only(tenants: Any) 
     assert handle.status == RunStatus.CANCELLED
     work()
     assert tags("t1") == []
+
+
+# --------------------------------------------------------------------------- sequencing
+
+
+def test_a_sequential_workflow_waits_for_the_previous_one_of_its_tenant(tenants: Any) -> None:
+    def make(schema: str, n: int) -> Any:
+        flow = kumiko_jobs.chain(
+            wf.record.step(tag=f"w{n}-a", key="a"), wf.record.step(tag=f"w{n}-b", key="b")
+        )
+        return kumiko_jobs.workflow(flow, name="nightly", sequential=True).enqueue(tenant=schema)
+
+    first, second, third = make("t1", 1), make("t1", 2), make("t1", 3)
+    other = make("t2", 9)  # another tenant's turn is its own
+    assert [h.status for h in (first, second, third, other)] == [
+        RunStatus.RUNNING,
+        RunStatus.QUEUED,
+        RunStatus.QUEUED,
+        RunStatus.RUNNING,
+    ]
+    assert not JobRun.objects.filter(workflow_id=second.workflow_id).exists()
+    work()
+    assert tags("t1") == ["w1-a", "w1-b", "w2-a", "w2-b", "w3-a", "w3-b"]
+    assert tags("t2") == ["w9-a", "w9-b"]
+    assert {h.status for h in (first, second, third, other)} == {RunStatus.SUCCEEDED}
+
+
+def test_a_cancelled_queued_sequential_workflow_leaves_the_turn_to_the_next(
+    tenants: Any,
+) -> None:
+    def make(n: int) -> Any:
+        return kumiko_jobs.workflow(
+            wf.record.step(tag=f"w{n}"), name="nightly", sequential=True
+        ).enqueue(tenant="t1")
+
+    first, second, third = make(1), make(2), make(3)
+    assert second.cancel() is True
+    assert second.status == RunStatus.CANCELLED and third.status == RunStatus.QUEUED
+    work()
+    assert tags("t1") == ["w1", "w3"]
+    assert first.status == third.status == RunStatus.SUCCEEDED
