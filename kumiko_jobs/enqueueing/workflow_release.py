@@ -213,14 +213,17 @@ def _stop(wf: Workflow, reason: str) -> int:
     )
     running = [r.hex for r in sql.running_runs(wf.workflow_id)]
     if running:
-        JobRun.objects.filter(run_id__in=running, cancel_requested_at__isnull=True).update(
-            cancel_requested_at=timezone.now(), cancel_requested_by="workflow"
-        )
         transaction.on_commit(lambda: _ask_to_stop(running), robust=True)
     return stopped
 
 
 def _ask_to_stop(run_hexes: list[str]) -> None:
+    """Ask running steps to stop, after the commit: their rows are written outside the
+    workflow's lock, since a finishing step holds its run's row while it waits for that lock
+    (the other order would deadlock with it)."""
+    JobRun.objects.filter(
+        run_id__in=run_hexes, status=RunStatus.RUNNING, cancel_requested_at__isnull=True
+    ).update(cancel_requested_at=timezone.now(), cancel_requested_by="workflow")
     settings = conf.get()
     ttl = settings.DEFAULT_TIMEOUT + settings.TIMEOUT_KILL_AFTER + 2 * settings.WORKER_DEAD_AFTER
     redis = transport.connection_for(settings.DEFAULT_QUEUE)

@@ -404,3 +404,26 @@ def test_a_cancelled_queued_sequential_workflow_leaves_the_turn_to_the_next(
     work()
     assert tags("t1") == ["w1", "w3"]
     assert first.status == third.status == RunStatus.SUCCEEDED
+
+
+@override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "WORKER_HEARTBEAT": 1})
+def test_cancelling_a_workflow_asks_its_running_step_to_stop(tenants: Any) -> None:
+    """The running step ends cancelled (it checks ``ctx.cancel_requested``); its dependent and
+    the other waiting steps never run."""
+    from tests.integration.test_cancel_running import _when_running
+
+    flow = kumiko_jobs.chain(
+        jobs.cancellable.step(tag="long", key="long"), wf.record.step(tag="after", key="after")
+    )
+    handle = kumiko_jobs.workflow(flow, name="stoppable").enqueue(tenant="t1")
+    run = run_of(handle, "long")
+    thread, results = _when_running(str(run.run_id), lambda: handle.cancel(by="ops"))
+    work()
+    thread.join()
+    assert results == [True]
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED and run.cancel_requested_by == "workflow"
+    assert steps_of(handle) == {"long": "cancelled", "after": "cancelled"}
+    assert tags("t1") == ["long"]
+    workflow = handle.refresh()
+    assert workflow.status == RunStatus.CANCELLED and workflow.steps_pending == 0
