@@ -427,3 +427,30 @@ def test_cancelling_a_workflow_asks_its_running_step_to_stop(tenants: Any) -> No
     assert tags("t1") == ["long"]
     workflow = handle.refresh()
     assert workflow.status == RunStatus.CANCELLED and workflow.steps_pending == 0
+
+
+def test_a_step_closed_by_the_reconciler_is_not_advanced_again_by_its_late_finish(
+    tenants: Any,
+) -> None:
+    """An atomic step's success commits with its body, its finish a moment later; a reconciler
+    round in between closes the step first. The late finish must change nothing (the step is
+    closed once). Proved able to fail: without ``state = 'released'`` in ``close``, the late
+    finish counts the step a second time (steps_pending -1)."""
+    member = wf.record.step(tag="m", key="m")
+    handle = kumiko_jobs.workflow(
+        kumiko_jobs.group([member], then=wf.summary.step(tag="cb", key="cb")), name="late"
+    ).enqueue(tenant="t1")
+    run = run_of(handle, "m")
+    JobRun.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)  # the body's commit
+    assert workflow_release.reconcile() == 1
+    link = workflow_release.WorkflowLink(workflow_id=run.workflow_id)
+    with transaction.atomic():  # the finish, late
+        workflow_release.advance(link, run.run_id.hex, RunStatus.SUCCEEDED)
+    assert link.released == []
+    assert JobRun.objects.filter(workflow_id=handle.workflow_id, job_name="wf.summary").count() == 1
+    assert handle.refresh().steps_pending == 1  # the callback, still to run
+    transport.get_queue("default").empty()
+    relay_pending(grace=0)
+    work()
+    assert tags("t1") == ["cb"]
+    assert handle.refresh().steps_pending == 0 and handle.status == RunStatus.SUCCEEDED
