@@ -454,3 +454,17 @@ def test_a_step_closed_by_the_reconciler_is_not_advanced_again_by_its_late_finis
     work()
     assert tags("t1") == ["cb"]
     assert handle.refresh().steps_pending == 0 and handle.status == RunStatus.SUCCEEDED
+
+
+def test_run_jobs_runs_a_workflow_without_a_worker(tenants: Any) -> None:
+    """kumiko_jobs.testing.run_jobs (users' tests): released steps are queued runs like any."""
+    from kumiko_jobs.testing import run_jobs
+
+    flow = kumiko_jobs.group(
+        [wf.record.step(tag="a"), wf.unrecoverable.step(tag="b")], then=wf.summary.step(tag="cb")
+    )
+    handle = kumiko_jobs.workflow(flow, name="in a test").enqueue(tenant="t1")
+    ran = run_jobs()
+    assert len(ran) == 3
+    assert sorted(tags("t1")) == ["a", "b", "cb"]
+    assert handle.status == RunStatus.FAILED
