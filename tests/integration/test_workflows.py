@@ -468,3 +468,19 @@ def test_run_jobs_runs_a_workflow_without_a_worker(tenants: Any) -> None:
     assert len(ran) == 3
     assert sorted(tags("t1")) == ["a", "b", "cb"]
     assert handle.status == RunStatus.FAILED
+
+
+def test_the_workflow_tables_are_kumikos_history_to_the_guard(tenants: Any) -> None:
+    """kumiko's workflow tables hold every tenant's step arguments: to a job body (a step's
+    too) they are the run history (docs/guard.md, "Two walls"): with DB_ROLES not even
+    readable, without it readable and never written, like ``kumiko_jobs_jobrun``. The suite
+    runs this in both modes (KUMIKO_TEST_DB_ROLES)."""
+    kumiko_jobs.workflow(wf.record.step(tag="other's"), name="theirs").enqueue(tenant="t2")
+    handle = kumiko_jobs.workflow(wf.peek.step(tag="p", key="p"), name="nosy").enqueue(tenant="t1")
+    work()
+    run = run_of(handle, "p")
+    if settings.KUMIKO_JOBS["DB_ROLES"]:
+        assert run.status == RunStatus.FAILED and run.error_type == "DatabaseAccessDenied"
+        assert run.result is None
+    else:
+        assert run.status == RunStatus.SUCCEEDED  # the documented limit of the first wall

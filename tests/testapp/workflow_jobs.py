@@ -65,3 +65,11 @@ def unrecoverable(ctx: Any, *, tag: str) -> None:
 @job(name="wf.system", system=True)
 def system_step(ctx: Any, *, tag: str) -> None:
     """A system job, refused as a step of a tenant's workflow."""
+
+
+@job(name="wf.peek")
+def peek(ctx: Any, *, tag: str) -> int:
+    """Tries to read every workflow's steps (other tenants' arguments): the guard refuses."""
+    from kumiko_jobs.models import WorkflowStep
+
+    return WorkflowStep.objects.count()
