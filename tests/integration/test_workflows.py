@@ -484,3 +484,16 @@ def test_the_workflow_tables_are_kumikos_history_to_the_guard(tenants: Any) -> N
         assert run.result is None
     else:
         assert run.status == RunStatus.SUCCEEDED  # the documented limit of the first wall
+
+
+def test_a_step_cannot_write_the_workflow_tables(tenants: Any) -> None:
+    """Refused in both modes: a step cannot release or close another tenant's steps."""
+    theirs = kumiko_jobs.workflow(
+        kumiko_jobs.chain(wf.record.step(tag="x", key="x"), wf.record.step(tag="y", key="y")),
+        name="theirs",
+    ).enqueue(tenant="t2")
+    handle = kumiko_jobs.workflow(wf.tamper.step(tag="t", key="t"), name="bad").enqueue(tenant="t1")
+    work()
+    run = run_of(handle, "t")
+    assert run.status == RunStatus.FAILED and run.error_type == "DatabaseAccessDenied"
+    assert theirs.status == RunStatus.SUCCEEDED and tags("t2") == ["x", "y"]
