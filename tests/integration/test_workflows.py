@@ -339,6 +339,8 @@ def _admin_clients() -> tuple[Any, Any]:
 
 
 def test_the_admin_lists_and_cancels_workflows_for_operators_only(tenants: Any) -> None:
+    """Proved able to fail: without ``OperatorsOnly`` on WorkflowAdmin, t1's superuser gets
+    the list of every tenant's workflows (200) on its own domain."""
     handle = kumiko_jobs.workflow(
         kumiko_jobs.chain(wf.record.step(tag="a", key="a"), wf.record.step(tag="b", key="b")),
         name="admin-visible",
