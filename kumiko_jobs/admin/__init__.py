@@ -30,6 +30,7 @@ from .runs import JobRunAdmin
 # isort: split
 from .display import JobAttemptInline
 from .other_models import EscapeHatchUseAdmin, JobFailureAdmin, RejectedMessageAdmin
+from .workflows import WorkflowAdmin
 
 # isort: split
 # Registers the audience checks (E014, E015) with the admin that they are about.
@@ -44,4 +45,5 @@ __all__ = [
     "JobFailureAdmin",
     "JobRunAdmin",
     "RejectedMessageAdmin",
+    "WorkflowAdmin",
 ]

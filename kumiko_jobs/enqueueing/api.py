@@ -19,6 +19,7 @@ from ..definition.registry import registry
 
 if TYPE_CHECKING:
     from .handle import RunHandle
+    from .workflows import Step
 
 
 class Job(JobDefinition):
@@ -37,6 +38,13 @@ class Job(JobDefinition):
     def enqueue_at(self, when: datetime, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
         """Run the job at ``when`` (timezone-aware), pushed when the transaction commits."""
         return enqueue_at(self, when, tenant=tenant, **kwargs)
+
+    def step(self, *, key: str | None = None, after: Any = (), **kwargs: Any) -> Step:
+        """This job call as a workflow step (docs/workflows.md); ``after``: the steps it waits
+        for; ``key``: its name in the workflow (and in ``workflow_results``)."""
+        from .workflows import Step  # imports models: see the module docstring
+
+        return Step(self, kwargs, key=key, after=after)
 
 
 def define(func: Callable[..., Any], options: Mapping[str, Any]) -> Job:
@@ -103,3 +111,36 @@ def emit(event: str, /, *, tenant: Any = None, **payload: Any) -> list[RunHandle
     from .submit import emit as submit_event  # imports models: see the module docstring
 
     return submit_event(event, tenant=tenant, **payload)
+
+
+def chain(*parts: Any) -> Any:
+    """Each part waits for the one before it (docs/workflows.md)."""
+    from .workflows import chain as make  # imports models: see the module docstring
+
+    return make(*parts)
+
+
+def group(parts: Any, *, then: Any = None) -> Any:
+    """Parts side by side; ``then``: a callback that runs once when all have finished."""
+    from .workflows import group as make  # imports models: see the module docstring
+
+    return make(parts, then=then)
+
+
+def workflow(
+    part: Any, *, name: str, stop_on_failure: bool = False, sequential: bool = False
+) -> Any:
+    """A workflow of steps, to ``.enqueue(tenant=...)`` as one unit (docs/workflows.md);
+    ``sequential``: one of this name per tenant at a time, the next waits its turn."""
+    from .workflows import workflow as make  # imports models: see the module docstring
+
+    return make(part, name=name, stop_on_failure=stop_on_failure, sequential=sequential)
+
+
+def cancel_workflow(workflow_id: Any, *, by: Any = None) -> bool:
+    """Cancel every step of the workflow that has not finished; False if it had finished."""
+    import uuid
+
+    from .workflow_release import cancel  # imports models: see the module docstring
+
+    return cancel(uuid.UUID(str(workflow_id)), by=by)

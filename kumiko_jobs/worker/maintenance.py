@@ -16,6 +16,7 @@ from django.db import connections
 
 from .. import transport
 from ..core import conf
+from ..enqueueing import workflow_release
 from .relay import relay_pending
 from .sweep import sweep_abandoned
 
@@ -25,6 +26,8 @@ logger = logging.getLogger("kumiko_jobs.worker")
 def run_maintenance() -> None:
     """One round of what workers do in the background: sweep, then relay."""
     sweep_abandoned()
+    # Workflow steps whose runs ended outside a finish (the sweep's, a cancellation's).
+    workflow_release.reconcile()
     relay_pending()
 
 
