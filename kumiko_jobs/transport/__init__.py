@@ -16,6 +16,7 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 - ``scheduler_liveness``: is delayed work overdue because no scheduler runs?
 - ``rq_worker``: RQ's worker bases and the batched per-message bookkeeping.
 - ``live_workers``: which kumiko worker executes which RQ job (the beats that say so).
+- ``fair`` and ``fair_policy``: the fair dequeue's script and its policy as pure code.
 - ``rate_limits`` and ``registries``: what the relay reads and frees of RQ's bookkeeping.
 
 Tests and ``kumiko_jobs.testing`` replace ``push``/``push_many`` here; ``testing`` replaces
@@ -25,6 +26,7 @@ them in ``pushing`` too, which the scheduler's cron firing calls.
 from __future__ import annotations
 
 from .errors import RedisConnectionError, RedisError, RedisTimeoutError
+from .fair_policy import bucket_of, valid_priority, valid_weight
 from .keys import (
     BOOT_DATASET_KEY,
     CANCEL_KEY,
@@ -134,6 +136,7 @@ __all__ = [
     "WorkerJob",
     "acquire_scheduler_lock",
     "beat",
+    "bucket_of",
     "cancel_scheduled",
     "connection_for",
     "cron_entries",
@@ -168,4 +171,6 @@ __all__ = [
     "taken_for",
     "timeout_of_job",
     "utcnow",
+    "valid_priority",
+    "valid_weight",
 ]

@@ -38,9 +38,22 @@ class Message:
     # RQ RateLimit: at most ``rate_limit`` messages with this key queued-or-running at once.
     rate_limit_key: str = ""
     rate_limit: int = 0
-    # Put it at the front of its queue (a Django task with a priority above 0); a delayed one
-    # joins the back when rq-scheduler moves it to the queue.
+    # Put it at the front of its queue (RQ's at_front; kumiko's own messages use ``priority``
+    # instead); a delayed one joins the back when rq-scheduler moves it to the queue.
     at_front: bool = False
+    # Where the fair dequeue files it (transport/fair.py): its tenant's bucket ("" : no fair
+    # field, the bucket of foreign messages), the tenant's weight, the priority level, the job.
+    bucket: str = ""
+    weight: float = 1.0
+    priority: int = 0
+    job: str = ""
+
+    @property
+    def meta(self) -> dict[str, Any] | None:
+        """The RQ job's ``meta``: the fair field the dequeue script reads from the job hash."""
+        if not self.bucket:
+            return None
+        return {"kumiko_fair": [self.bucket, self.weight, self.priority, self.job]}
 
 
 _queues: dict[tuple[str, int], Queue] = {}

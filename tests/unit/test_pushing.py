@@ -141,6 +141,7 @@ def test_a_delayed_message_goes_to_the_scheduler_not_the_queue(redis: Handles) -
         "timeout": 90,
         "job_result_ttl": 111,
         "queue_name": "mail",
+        "meta": None,  # the message() here has no fair field
     }
     assert redis.delayed["mail"].jobs[0].saved == 0  # nothing more to write
 
