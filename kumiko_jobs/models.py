@@ -115,6 +115,10 @@ class JobRun(models.Model):
     # ``cancelled`` unless its body had already completed (docs/reliability.md, Cancellation).
     cancel_requested_at = models.DateTimeField(_("cancel requested"), null=True, blank=True)
     cancel_requested_by = models.CharField(_("cancel requested by"), max_length=150, blank=True)
+    # The run's priority level in its queue (-100..100, higher first: docs/design.md, "Flow
+    # control"), for the messages the relay and the sweep rebuild from this row. db_default:
+    # a process of the previous release inserts rows without this column.
+    priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
 
     class Meta:
         """Newest first, with the indexes that keep the admin's lists an index range read at
@@ -313,3 +317,40 @@ class RejectedMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.received_at:%Y-%m-%d %H:%M:%S} {self.reason}"
+
+
+class FlowPause(models.Model):
+    """A pause an operator set: a queue, a job, a tenant, or a job in one tenant (the fields
+    left empty match everything). The truth the workers' maintenance re-asserts into Redis,
+    where the dequeue reads it (transport/fair.py); deleting the row is the resume."""
+
+    queue = models.CharField(_("queue"), max_length=100, blank=True, default="")
+    job_name = models.CharField(_("job"), max_length=200, blank=True, default="")
+    schema_name = models.CharField(_("tenant"), max_length=63, blank=True, default="")
+    paused_at = models.DateTimeField(_("paused"), auto_now_add=True)
+    paused_by = models.CharField(_("paused by"), max_length=150, blank=True, default="")
+
+    class Meta:
+        """One row per paused thing."""
+
+        verbose_name = _("pause")
+        verbose_name_plural = _("pauses")
+        constraints = (
+            models.UniqueConstraint(
+                fields=("queue", "job_name", "schema_name"), name="kj_pause_unique"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    (~models.Q(queue="") & models.Q(job_name="", schema_name=""))
+                    | (models.Q(queue="") & (~models.Q(job_name="") | ~models.Q(schema_name="")))
+                ),
+                name="kj_pause_one_kind",
+            ),
+        )
+
+    def __str__(self) -> str:
+        if self.queue:
+            return f"queue {self.queue}"
+        if self.job_name and self.schema_name:
+            return f"{self.job_name} in {self.schema_name}"
+        return f"job {self.job_name}" if self.job_name else f"tenant {self.schema_name}"

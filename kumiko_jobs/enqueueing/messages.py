@@ -76,6 +76,7 @@ def row_for(definition: JobDefinition, env: Envelope, subject: str, delay: float
         payload=env.kwargs,
         origin=env.origin,
         rq_job_id=env.rq_job_id,
+        priority=priority_of(definition, env),
     )
 
 
@@ -127,14 +128,20 @@ def message_for(
 
 
 def priority_of(definition: JobDefinition, envelope: Envelope) -> int:
-    """The priority level of a run's messages, the same for every push of the run (first,
-    retries, relayed): a Django task's own ``priority`` (kumiko_jobs.tasks), else the job's."""
+    """The priority level of a run's messages, the same for every push of the run: inside a
+    run, the level of the message executing (a retry or deferral keeps what the first message
+    had, ``using(priority=...)`` included); else a Django task's own ``priority``
+    (kumiko_jobs.tasks); else the job's (``@job(priority=...)`` or its ``using`` copy). The
+    relay and the sweep pass the run row's instead."""
+    inherited = transport.current_priority(envelope.run_id)
+    if inherited is not None:
+        return inherited
     if definition.front_by_priority:
         priority = envelope.kwargs.get("priority", 0)
         valid = transport.valid_priority(priority)
         if valid is not None:
             return valid
-    return 0
+    return definition.priority
 
 
 _weight_callables: dict[str, Callable[[str], Any]] = {}

@@ -138,6 +138,18 @@ def current_job_id() -> str:
     return job.id if job is not None else ""
 
 
+def current_priority(run_id: str) -> int | None:
+    """The priority level of the message executing now when it belongs to run ``run_id``
+    (hex), read from the job RQ already loaded (no round trip); None otherwise."""
+    job = get_current_job()
+    if job is None or not job.id.startswith(f"kj-{run_id}-"):
+        return None
+    fair = (job.meta or {}).get("kumiko_fair")
+    if isinstance(fair, list) and len(fair) > 2 and isinstance(fair[2], int):
+        return int(fair[2])
+    return None
+
+
 def current_job_origin() -> str:
     """The queue the message executing now came from (``""`` outside a worker)."""
     job = get_current_job()

@@ -255,7 +255,7 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
                 failed += 1
                 continue
             # Due already (that is why it is relayed): straight to the queue, not the scheduler.
-            message = message_for(definition, waiting_envelope(run), 0.0)
+            message = message_for(definition, waiting_envelope(run), 0.0, priority=run.priority)
             limit = conf.get().MAX_ENVELOPE_BYTES
             if len(message.body) > limit:
                 # Every worker would refuse it, and each round would push it again, forever

@@ -210,3 +210,53 @@ def test_all_workers_serve_a_lone_tenant(tenants):
     assert JobRun.objects.filter(status=RunStatus.SUCCEEDED).count() == 14
     work()
     assert JobRun.objects.filter(status=RunStatus.SUCCEEDED).count() == 20
+
+
+# --- priorities ---------------------------------------------------------------------------
+
+
+def test_higher_priority_first_fifo_within_a_level_fair_across_tenants(tenants):
+    for i in range(6):
+        jobs.probe.enqueue(tenant="t1", tag=f"low{i}")
+    urgent = jobs.probe.using(priority=5)
+    for i in range(4):
+        urgent.enqueue(tenant="t1", tag=f"hi-t1-{i}")
+    urgent.enqueue(tenant="t2", tag="hi-t2-0")
+    jobs.probe.using(priority=-3).enqueue(tenant="t2", tag="lowest")
+    work()
+    order = starts()
+    assert [tag for _, tag in order[:5]] == ["hi-t1-0", "hi-t2-0", "hi-t1-1", "hi-t1-2", "hi-t1-3"]
+    assert [tag for _, tag in order[5:11]] == [f"low{i}" for i in range(6)]
+    assert order[-1] == ("t2", "lowest")
+    assert JobRun.objects.get(payload__tag="hi-t2-0").priority == 5
+
+
+def test_a_retry_and_a_relayed_message_keep_the_runs_priority(tenants, redis_conn):
+    handle = jobs.flaky.using(priority=7).enqueue(tenant="t1", tag="p", fail_times=1)
+    work_some(1)  # the first attempt fails; its retry is pushed by the worker
+    retry = transport.JsonJob.fetch(f"kj-{handle.run_id}-a2-d0-g0", connection=redis_conn)
+    assert retry.meta["kumiko_fair"][2] == 7
+    retry.delete()  # lost: the relay pushes it again from the row
+    from kumiko_jobs.worker.relay import relay_pending
+
+    assert relay_pending(grace=0).pushed == 1
+    again = transport.JsonJob.fetch(f"kj-{handle.run_id}-a2-d0-g0", connection=redis_conn)
+    assert again.meta["kumiko_fair"][2] == 7
+    work()
+    assert status(handle.run_id) == RunStatus.SUCCEEDED
+
+
+def test_priorities_are_checked_where_they_are_given():
+    from kumiko_jobs.core.exceptions import InvalidJob
+    from kumiko_jobs.definition.options import build_definition
+
+    def body(ctx: Any) -> None: ...
+
+    for bad in (101, -101, "5", True, 1.5):
+        with pytest.raises(InvalidJob, match="a priority is an integer from -100 to 100"):
+            jobs.probe.using(priority=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidJob, match="a priority is an integer from -100 to 100"):
+            build_definition(body, {"priority": bad})
+    assert build_definition(body, {"priority": -100}).priority == -100
+    assert jobs.probe.using(priority=100).priority == 100
+    assert jobs.probe.priority == 0  # the registered job is unchanged
