@@ -42,6 +42,7 @@ from .keys import (
     WORKERS_SINCE_KEY,
 )
 from .live_workers import Liveness, beat, goodbye, liveness, request_cancel
+from .pausing import assert_pauses
 from .pushing import push, push_many
 from .queues import (
     DelayedSet,
@@ -136,6 +137,7 @@ __all__ = [
     "SlotHolder",
     "WorkerJob",
     "acquire_scheduler_lock",
+    "assert_pauses",
     "beat",
     "bucket_of",
     "cancel_scheduled",

@@ -7,7 +7,8 @@ under ``kumiko:fair:<queue>:``): ``levels`` (zset of priority levels with ready 
 -level), ``seq`` (arrival numbers), and per lane ``<level>:``: ``ready`` and ``parked``
 (zsets of buckets), ``b:<bucket>`` (the bucket's messages, ``<arrival>:<job id>``), ``vt``
 (virtual time), ``fin``, ``mean``, ``w`` (hashes per bucket), ``held:<job>\t<bucket>``
-(messages of a paused job), ``mode`` (the ``FAIRNESS`` the scores mean).
+(messages of a paused job), ``mode`` (the ``FAIRNESS`` the scores mean); and two sets across
+queues: ``kumiko:fair:lanes`` and ``kumiko:fair:holds`` (``pausing.py`` releases from them).
 
 The script names keys it was not passed: like RQ's own, it needs one Redis, not a cluster.
 """
@@ -23,9 +24,10 @@ from .fair_policy import DEFAULT_ESTIMATE, MEAN_ALPHA, OTHER_BUCKET
 from .keys import FAIR_PREFIX, FAIR_TOKEN, PAUSE_PREFIX
 
 # The pieces both scripts share: how a message's fair field reads, how a bucket enters a lane.
-_COMMON = f"""
+COMMON = f"""
 local TOKEN = '{FAIR_TOKEN}'
 local OTHER = '{OTHER_BUCKET}'
+local HOLDS = '{FAIR_PREFIX}holds'
 local function fair_of(meta)
   if not meta then return OTHER, 1, 0, '' end
   local ok, decoded = pcall(cjson.decode, meta)
@@ -68,7 +70,7 @@ end
 """
 
 _DEQUEUE = (
-    _COMMON
+    COMMON
     + """
 local inbox, taken = KEYS[1], KEYS[2]
 local job_prefix, prefix, mode, pause, qname = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -181,7 +183,7 @@ local function pick()
             or redis.call('SISMEMBER', pause .. 'jobtenants', job .. '\\t' .. bucket) == 1 then
           local held = L .. 'held:' .. job .. '\\t' .. bucket
           redis.call('RPUSH', held, entry)
-          redis.call('SADD', prefix .. 'holds', held)
+          redis.call('SADD', HOLDS, held)
           requeue(L, bucket, score)
         else
           local estimate = 0

@@ -53,6 +53,7 @@ from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
 from ..enqueueing.messages import message_for, pending_counters, waiting_envelope
 from ..models import FINISHED_STATUSES, WAITING_STATUSES, JobRun, RunStatus
+from . import pauses
 
 logger = logging.getLogger("kumiko_jobs.relay")
 
@@ -95,6 +96,8 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
     settings = conf.get()
     grace = settings.RELAY_GRACE if grace is None else grace
     cutoff = timezone.now() - timedelta(seconds=grace)
+    # Redis says what PostgreSQL says about pauses (a failover or a flush may have lost them).
+    pauses.assert_pauses()
     release_lost_slots(cutoff)
     waiting = (
         JobRun.objects.filter(status__in=WAITING_STATUSES)

@@ -21,8 +21,8 @@ from kumiko_jobs.transport import fair
 from kumiko_jobs.transport.fair_policy import Lane
 from kumiko_jobs.worker import Worker
 from tests.conftest import work
-from tests.integration.test_reliability import Workers, status
-from tests.integration.test_reliability import workers as workers  # noqa: F401 (fixture)
+from tests.integration.test_reliability import status
+from tests.integration.test_reliability import workers as workers
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
