@@ -26,12 +26,14 @@ from .runs import JobRunAdmin
 # isort: split
 from .display import JobAttemptInline
 from .other_models import EscapeHatchUseAdmin, JobFailureAdmin, RejectedMessageAdmin
+from .pauses import FlowPauseAdmin
 
 # The admin classes keep their old dotted paths (kumiko_jobs.admin.JobRunAdmin, ...): users'
 # code may subclass or unregister them. Tunables such as MAX_PAGES are deliberately not
 # re-exported: a patch of kumiko_jobs.admin.MAX_PAGES would change nothing that reads it.
 __all__ = [
     "EscapeHatchUseAdmin",
+    "FlowPauseAdmin",
     "JobAttemptInline",
     "JobFailureAdmin",
     "JobRunAdmin",
