@@ -60,6 +60,7 @@ from .queues import (
     queue_length,
     redis_identity,
     utcnow,
+    waiting_job_ids,
 )
 from .rate_limits import SlotHolder, rate_limit_slot_holders, release_rate_limit_slot
 from .registries import HeldMessage, forget_messages, held_messages, taken_for
@@ -177,4 +178,5 @@ __all__ = [
     "utcnow",
     "valid_priority",
     "valid_weight",
+    "waiting_job_ids",
 ]

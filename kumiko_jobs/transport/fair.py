@@ -15,10 +15,12 @@ The script names keys it was not passed: like RQ's own, it needs one Redis, not 
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
+from redis.commands.core import Script
 
 from .fair_policy import DEFAULT_ESTIMATE, MEAN_ALPHA, OTHER_BUCKET
 from .keys import FAIR_PREFIX, FAIR_TOKEN, PAUSE_PREFIX
@@ -78,38 +80,43 @@ local job_prefix, prefix, mode, pause, qname = ARGV[1], ARGV[2], ARGV[3], ARGV[4
 local function sort_one(id, at_front)
   local bucket, weight, level = fair_of(redis.call('HGET', job_prefix .. id, 'meta'))
   local L = prefix .. level .. ':'
-  local entry = redis.call('INCR', prefix .. 'seq') .. ':' .. id
+  local entry
   if at_front then
+    -- Arrival number 0: first in its bucket, and first in FIFO order as well.
+    entry = '0:' .. id
     redis.call('LPUSH', L .. 'b:' .. bucket, entry)
   else
+    entry = redis.call('INCR', prefix .. 'seq') .. ':' .. id
     redis.call('RPUSH', L .. 'b:' .. bucket, entry)
   end
   redis.call('HSET', L .. 'w', bucket, weight)
   activate(prefix, pause, level, bucket, mode)
 end
 
--- Every job id after the inbox's last token arrived since the last dequeue: sort them,
--- oldest first, and leave a token each. One pushed to the front (RQ's at_front) is sorted
--- to the front of its bucket.
+-- The inbox is [job ids pushed to the front][tokens][job ids pushed since]: sort the ones at
+-- the front (to the front of their buckets), then the oldest SORT_BATCH of the rest, oldest
+-- first; each becomes a token where it stands (LSET), so the list keeps its length and its
+-- shape, and one call never holds Redis for a whole burst (the next calls sort the rest).
+local SORT_BATCH = 200
+local unsorted = false  -- arrivals left for the next call: never answer "nothing" then
 local function sort_inbox()
   local n = redis.call('LLEN', inbox)
   if n == 0 then return end
+  local first = redis.call('LPOS', inbox, TOKEN)
+  if first and first > 0 then
+    local front = redis.call('LRANGE', inbox, 0, first - 1)
+    for i = #front, 1, -1 do sort_one(front[i], true) end
+    for i = 0, first - 1 do redis.call('LSET', inbox, i, TOKEN) end
+  end
   local last = redis.call('LPOS', inbox, TOKEN, 'RANK', -1)
-  local fresh = n - ((last or -1) + 1)
-  if fresh > 0 then
-    local ids = redis.call('RPOP', inbox, fresh)
-    for i = #ids, 1, -1 do
-      sort_one(ids[i], false)
-      redis.call('RPUSH', inbox, TOKEN)
-    end
+  local start = (last or -1) + 1
+  if start >= n then return end
+  local fresh = redis.call('LRANGE', inbox, start, start + SORT_BATCH - 1)
+  for i = 1, #fresh do
+    sort_one(fresh[i], false)
+    redis.call('LSET', inbox, start + i - 1, TOKEN)
   end
-  for _ = 1, 1000 do
-    local head = redis.call('LINDEX', inbox, 0)
-    if not head or head == TOKEN then return end
-    redis.call('LPOP', inbox)
-    sort_one(head, true)
-    redis.call('RPUSH', inbox, TOKEN)
-  end
+  unsorted = start + #fresh < n
 end
 
 -- The lane's scores were written by workers of the other FAIRNESS: recompute them.
@@ -145,6 +152,7 @@ local function pick()
   for _ = 1, 1000 do
     local top = redis.call('ZRANGE', prefix .. 'levels', 0, 0)
     if #top == 0 then
+      if unsorted then return {'', 'busy'} end
       if redis.call('LLEN', inbox) > 0 then return {'', 'paused'} end
       return {'', 'empty'}
     end
@@ -258,12 +266,19 @@ def dequeue(
     """Run the dequeue script: ``[job id, fields, lane, bucket, estimate, weight]`` for a
     pick, ``[job id, 0]`` for a key that is not a hash, ``["", why]`` for none ("empty",
     "paused": nothing eligible, "busy": more than 1000 ineligible heads met at once)."""
-    script = connection.register_script(_DEQUEUE)
+    script = _scripts.get(connection)
+    if script is None:
+        script = _scripts[connection] = connection.register_script(_DEQUEUE)
     reply = script(
         keys=[inbox, taken],
         args=[job_prefix, prefix_of(queue), mode, PAUSE_PREFIX, queue, DEFAULT_ESTIMATE],
     )
     return list(reply)
+
+
+# The dequeue script per client, so that its SHA1 (of some 6 KB) is computed once, not at
+# every dequeue; an unknown script is loaded on the first NOSCRIPT, as redis-py does.
+_scripts: weakref.WeakKeyDictionary[Redis, Script] = weakref.WeakKeyDictionary()
 
 
 def charge_on(pipeline: Any, charge: Charge, actual: float) -> None:
@@ -283,3 +298,17 @@ def charge_on(pipeline: Any, charge: Charge, actual: float) -> None:
         charge.weight,
         charge.mode,
     )
+
+
+def waiting_job_ids(connection: Redis, queue: str, inbox: str) -> list[str]:
+    """Every job id waiting on ``queue``: the inbox's unsorted ones, then each bucket's, held
+    ones included (SCAN: for tests and operators' tools, never on a worker's path)."""
+    ids = [i for i in (_text(v) for v in connection.lrange(inbox, 0, -1)) if i != FAIR_TOKEN]
+    for pattern in (f"{prefix_of(queue)}*:b:*", f"{prefix_of(queue)}*:held:*"):
+        for key in connection.scan_iter(match=pattern, count=1000):
+            ids += [_text(e).split(":", 1)[1] for e in connection.lrange(key, 0, -1)]
+    return ids
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -24,8 +24,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 # The bucket of system runs (no tenant) and of job ids pushed without kumiko's fair field.
-# Schema names match [a-z_][a-z0-9_-]*, so "~" never collides with a tenant.
-SYSTEM_BUCKET = "~system"
+# Schema names match [a-z_][a-z0-9_-]*, so neither collides with a tenant. Equal scores go to
+# the smaller name (Redis's order): the system's bucket first, foreign messages last.
+SYSTEM_BUCKET = "!system"
 OTHER_BUCKET = "~other"
 # Worker seconds a message is assumed to take before its bucket (or lane) has a mean.
 DEFAULT_ESTIMATE = 0.05

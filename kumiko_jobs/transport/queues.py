@@ -23,6 +23,7 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from ..core import conf
+from . import fair
 from .rq_job import JsonJob
 
 
@@ -154,6 +155,13 @@ def current_job_origin() -> str:
     """The queue the message executing now came from (``""`` outside a worker)."""
     job = get_current_job()
     return job.origin if job is not None else ""
+
+
+def waiting_job_ids(queue: str) -> list[str]:
+    """The RQ job ids waiting on ``queue``, wherever the fair dequeue keeps them (RQ's own
+    list holds tokens for sorted ones)."""
+    rq_queue = get_queue(queue)
+    return fair.waiting_job_ids(rq_queue.connection, queue, rq_queue.key)
 
 
 def queue_length(queue: str) -> int:
