@@ -260,3 +260,23 @@ def test_priorities_are_checked_where_they_are_given():
     assert build_definition(body, {"priority": -100}).priority == -100
     assert jobs.probe.using(priority=100).priority == 100
     assert jobs.probe.priority == 0  # the registered job is unchanged
+
+
+def zero_weight(schema: str) -> float:
+    return 0
+
+
+def test_a_bad_tenant_weight_fails_the_enqueue_with_the_fix_and_writes_nothing(tenants):
+    from django.core.exceptions import ImproperlyConfigured
+
+    for path, message in (
+        (f"{__name__}.zero_weight", "returned 0 for tenant 't1'; it must return a finite number"),
+        (f"{__name__}.no_such_callable", "cannot be imported"),
+    ):
+        with (
+            override_settings(KUMIKO_JOBS=kumiko(TENANT_WEIGHT=path)),
+            pytest.raises(ImproperlyConfigured, match=message),
+        ):
+            jobs.probe.enqueue(tenant="t1", tag="never")
+    assert JobRun.objects.count() == 0
+    assert transport.get_queue("default").count == 0

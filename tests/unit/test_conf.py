@@ -254,3 +254,12 @@ def test_guard_extra_functions_are_folded_and_kept():
 def test_guard_extra_functions_refuse_what_is_not_a_function_name(value):
     message = refused({"GUARD_EXTRA_FUNCTIONS": value}, "GUARD_EXTRA_FUNCTIONS")
     assert "unaccent" in message  # names an example of what to write
+
+
+def test_fairness_and_tenant_weight():
+    assert _validate({}).FAIRNESS == "tenant" and _validate({}).TENANT_WEIGHT is None
+    assert _validate({"FAIRNESS": "fifo"}).FAIRNESS == "fifo"
+    refused({"FAIRNESS": "round-robin"}, "FAIRNESS")
+    assert _validate({"TENANT_WEIGHT": "plans.weight"}).TENANT_WEIGHT == "plans.weight"
+    for bad in ("weight", 2, ["plans.weight"]):
+        refused({"TENANT_WEIGHT": bad}, "must be the dotted path of a callable")
