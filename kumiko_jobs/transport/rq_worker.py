@@ -13,6 +13,7 @@ import time
 from typing import Any, cast
 
 from redis import Redis
+from redis.exceptions import RedisError
 from rq import Queue
 from rq.exceptions import DequeueTimeout
 from rq.executions import Execution
@@ -345,9 +346,27 @@ class BookkeepingSimpleWorker(RQSimpleWorker):
 
 
 class ForkingWorkerBase(RQForkingWorker):
-    """RQ's forking worker with the fair dequeue (its start and finish stay RQ's own, in the
-    work horse, so its runs are charged their estimate only: docs/design.md, "Limits")."""
+    """RQ's forking worker with the fair dequeue. Its start and finish stay RQ's own, in the
+    work horse; the parent charges the run's worker time (the horse's life) once the horse
+    is gone, one round trip more per message (RQ's own finish sends many)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue_class = _one_trip_dequeue(self.queue_class)
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """RQ's fork, wait and reap; then the fair dequeue's charge for the time it took."""
+        started = time.monotonic()
+        try:
+            super().execute_job(job, queue)
+        finally:
+            charge = getattr(job, "kumiko_charge", None)
+            if charge is not None:
+                try:
+                    with self.connection.pipeline() as pipeline:
+                        fair.charge_on(pipeline, charge, time.monotonic() - started)
+                        pipeline.execute()
+                except RedisError:
+                    # Redis away: the pick's estimate stands (the next finish corrects the
+                    # mean); the run itself is the worker's to recover, as ever.
+                    pass

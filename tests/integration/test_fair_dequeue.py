@@ -280,3 +280,23 @@ def test_a_bad_tenant_weight_fails_the_enqueue_with_the_fix_and_writes_nothing(t
             jobs.probe.enqueue(tenant="t1", tag="never")
     assert JobRun.objects.count() == 0
     assert transport.get_queue("default").count == 0
+
+
+def test_the_forking_worker_dequeues_fairly_and_charges_its_runs(tenants, redis_conn):
+    """``manage.py rqworker --worker-class kumiko_jobs.worker.ForkingWorker --burst``: the
+    same fair order as the default worker, and its parent charges each run's worker time."""
+    from tests.conftest import start_rqworker
+
+    for i in range(10):
+        jobs.probe.enqueue(tenant="t1", tag=f"f{i}")
+    for i in range(3):
+        jobs.probe.enqueue(tenant="t2", tag=f"g{i}")
+    proc = start_rqworker(
+        "default", "--burst", "--worker-class", "kumiko_jobs.worker.ForkingWorker"
+    )
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    places = [i for i, (schema, _) in enumerate(starts()) if schema == "t2"]
+    assert len(places) == 3 and places[-1] < 7, places  # FIFO would start them 10th to 12th
+    means = redis_conn.hgetall(f"{fair.prefix_of('default')}0:mean")
+    assert {b"t1", b"t2", b"~lane"} <= set(means)  # every run was charged
