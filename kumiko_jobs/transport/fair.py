@@ -78,7 +78,11 @@ local inbox, taken = KEYS[1], KEYS[2]
 local job_prefix, prefix, mode, pause, qname = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 local function sort_one(id, at_front)
-  local bucket, weight, level = fair_of(redis.call('HGET', job_prefix .. id, 'meta'))
+  -- pcall: a key of another type is sorted too; the pick hands it to the worker, which
+  -- records and removes it as RQ's read fails on it.
+  local meta = redis.pcall('HGET', job_prefix .. id, 'meta')
+  if type(meta) == 'table' then meta = nil end
+  local bucket, weight, level = fair_of(meta)
   local L = prefix .. level .. ':'
   local entry
   if at_front then
