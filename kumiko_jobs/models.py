@@ -134,6 +134,10 @@ class JobRun(models.Model):
     # start statement returns it, so the finish of a run outside a workflow decides from this
     # flag alone and costs no statement more (docs/workflows.md).
     workflow_id = models.UUIDField(_("workflow"), null=True, blank=True)
+    # The run's priority level in its queue (-100..100, higher first: docs/design.md, "Flow
+    # control"), for the messages the relay and the sweep rebuild from this row. db_default:
+    # a process of the previous release inserts rows without this column.
+    priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
 
     class Meta:
         """Newest first, with the indexes that keep the admin's lists an index range read at
@@ -526,3 +530,40 @@ class WorkflowStep(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.job_name}): {self.get_state_display()}"
+
+
+class FlowPause(models.Model):
+    """A pause an operator set: a queue, a job, a tenant, or a job in one tenant (the fields
+    left empty match everything). The truth the workers' maintenance re-asserts into Redis,
+    where the dequeue reads it (transport/fair.py); deleting the row is the resume."""
+
+    queue = models.CharField(_("queue"), max_length=100, blank=True, default="")
+    job_name = models.CharField(_("job"), max_length=200, blank=True, default="")
+    schema_name = models.CharField(_("tenant"), max_length=63, blank=True, default="")
+    paused_at = models.DateTimeField(_("paused"), auto_now_add=True)
+    paused_by = models.CharField(_("paused by"), max_length=150, blank=True, default="")
+
+    class Meta:
+        """One row per paused thing."""
+
+        verbose_name = _("pause")
+        verbose_name_plural = _("pauses")
+        constraints = (
+            models.UniqueConstraint(
+                fields=("queue", "job_name", "schema_name"), name="kj_pause_unique"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    (~models.Q(queue="") & models.Q(job_name="", schema_name=""))
+                    | (models.Q(queue="") & (~models.Q(job_name="") | ~models.Q(schema_name="")))
+                ),
+                name="kj_pause_one_kind",
+            ),
+        )
+
+    def __str__(self) -> str:
+        if self.queue:
+            return f"queue {self.queue}"
+        if self.job_name and self.schema_name:
+            return f"{self.job_name} in {self.schema_name}"
+        return f"job {self.job_name}" if self.job_name else f"tenant {self.schema_name}"

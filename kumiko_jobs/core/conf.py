@@ -29,6 +29,7 @@ from django.dispatch import receiver
 GuardMode = Literal["enforce", "log", "off"]
 InactiveTenantPolicy = Literal["skip", "defer"]
 TenantDeletionPolicy = Literal["purge", "anonymise"]
+FairnessMode = Literal["tenant", "fifo"]
 
 DEFAULT_SENSITIVE_KEYS = (
     "password",
@@ -136,6 +137,12 @@ class KumikoSettings:
     # Milliseconds PostgreSQL lets each statement of an admin list (and of a search, the
     # autocomplete's too) run before it cancels it (admin/query_strings.py); 0: no timeout.
     ADMIN_STATEMENT_TIMEOUT_MS: int = 5000
+    # Which message a worker takes next (docs/design.md, "Flow control: the fair dequeue"):
+    # "tenant" shares the workers' time fairly between tenants; "fifo" is arrival order.
+    FAIRNESS: FairnessMode = "tenant"
+    # Dotted path of a callable (schema name -> weight > 0) giving tenants their share of
+    # worker time; None: every tenant weighs 1.
+    TENANT_WEIGHT: str | None = None
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -143,6 +150,7 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "INACTIVE_TENANT": ("skip", "defer"),
     "TENANT_DELETION": ("purge", "anonymise"),
     "DB_POOLER": (None, "session", "transaction"),
+    "FAIRNESS": ("tenant", "fifo"),
 }
 _POSITIVE_INTS = (
     "DEFAULT_TIMEOUT",
@@ -267,6 +275,12 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     if active_field is not None and not isinstance(active_field, str):
         raise ImproperlyConfigured(
             "settings.KUMIKO_JOBS['TENANT_ACTIVE_FIELD'] must be a field name or None."
+        )
+    weight_path = values.get("TENANT_WEIGHT")
+    if weight_path is not None and (not isinstance(weight_path, str) or "." not in weight_path):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_WEIGHT'] must be the dotted path of a callable that "
+            "takes a tenant's schema name and returns its weight (a number > 0), or None."
         )
     tc = values.get("TENANT_CONCURRENCY")
     if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or tc < 1):
