@@ -129,6 +129,10 @@ class KumikoSettings:
     # check E014 says so. "kumiko_jobs.core.audience.django_tenant_users" reads
     # django-tenant-users' layout.
     TENANT_MEMBERSHIP: str | None = None
+    # Runs one in-process worker (``kumiko_jobs.worker.Worker``) executes at once, each in a
+    # slot of its own (worker/slots.py; docs/design.md, "Slots"). 1: one at a time, as RQ.
+    # ``KUMIKO_JOBS_WORKER_CONCURRENCY`` in the environment overrides it (worker_concurrency).
+    WORKER_CONCURRENCY: int = 1
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -155,6 +159,7 @@ _POSITIVE_INTS = (
     "BOOT_GATE_WARN_AFTER",
     "MESSAGE_MAX_AGE",
     "DB_ROLE_POOL_SIZE",
+    "WORKER_CONCURRENCY",
 )
 _NON_NEGATIVE_INTS = (
     "DEFAULT_RETRIES",
@@ -315,6 +320,24 @@ def get_or_none() -> KumikoSettings | None:
         return get()
     except ImproperlyConfigured:
         return None
+
+
+CONCURRENCY_ENV = "KUMIKO_JOBS_WORKER_CONCURRENCY"
+
+
+def worker_concurrency() -> int:
+    """The slots of an in-process worker: ``KUMIKO_JOBS_WORKER_CONCURRENCY`` from the worker's
+    environment when set (``KUMIKO_JOBS_WORKER_CONCURRENCY=8 manage.py rqworker``: django-rq's
+    command takes no options of ours), else ``WORKER_CONCURRENCY``."""
+    raw = os.environ.get(CONCURRENCY_ENV, "").strip()
+    if not raw:
+        return get().WORKER_CONCURRENCY
+    if not raw.isdigit() or int(raw) < 1:
+        raise ImproperlyConfigured(
+            f"{CONCURRENCY_ENV}={raw!r}: expected an integer >= 1 (the runs one worker process "
+            "executes at once); unset it to use KUMIKO_JOBS['WORKER_CONCURRENCY']."
+        )
+    return int(raw)
 
 
 @receiver(setting_changed)
