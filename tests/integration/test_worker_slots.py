@@ -155,3 +155,27 @@ def test_one_slot_is_todays_worker(tenants, redis_conn):
     work()
     assert transport.get_queue("default").count == 0
     assert RQWorker.all(connection=redis_conn) == []  # the burst worker left, alone
+
+
+def test_mixed_tenants_in_four_slots_each_run_sees_only_its_own(tenants, monkeypatch):
+    """Thirty runs over three tenants, four at once: each run writes in its own tenant and reads
+    only its own tenant's rows, whichever slot (thread, connections, tenant login) ran it and
+    whatever ran beside it. Calibrated: with the siblings handed the main thread's Django
+    connections (one connection shared by the slots), runs fail or see the wrong schema."""
+    from tests.conftest import probes
+
+    monkeypatch.setenv(conf.CONCURRENCY_ENV, "4")
+    schemas = ["t1", "t2", "t3"]
+    handles = [
+        jobs.list_tags.enqueue(tenant=schemas[n % 3], tag=f"{schemas[n % 3]}-{n}")
+        for n in range(30)
+    ]
+    work()
+    assert {JobRun.objects.get(pk=h.run_id).status for h in handles} == {RunStatus.SUCCEEDED}
+    for schema in schemas:
+        rows = probes(schema)
+        assert len(rows) == 10
+        for row in rows:
+            assert row.schema_seen == schema
+            seen = [tag for tag in row.note.split(",") if tag]
+            assert all(tag.startswith(f"{schema}-") for tag in seen), (schema, seen)
