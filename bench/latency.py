@@ -7,8 +7,10 @@
    ``transaction.atomic()`` (the block, the commit and the push on commit: what a view under
    ``ATOMIC_REQUESTS`` pays); plain ``django_rq`` ``Queue.enqueue`` for comparison.
 2. **pickup**: one ``manage.py rqworker default`` process (``--slots`` slots) idles; runs are
-   enqueued one at a time, 30 ms apart (idle), then at 70 % of the worker's measured capacity
-   (a drain of ``--capacity-jobs`` first). Pickup = the run's ``started_at`` (written by the
+   enqueued one at a time, 30 ms apart (idle), then at 70 % of the measured capacity (runs
+   enqueued one by one as fast as this process can while the worker drains them: the
+   capacity with the enqueuer on the same machine), at random (exponential) intervals.
+   Pickup = the run's ``started_at`` (written by the
    worker as it starts the run) minus the moment ``enqueue()`` returned (its row committed and
    its message pushed). p50/p99.
 3. **bulk**: ``job.enqueue_many()`` of ``--bulk`` runs in chunks of ``--chunk`` (each one
@@ -102,13 +104,14 @@ def _wait(check: Any, what: str, deadline: float = 300.0) -> None:
 
 
 def _capacity(tenants: Sequence[Any], jobs: int) -> float:
-    """Jobs/s the running worker drains (a burst pushed at once, one INSERT per tenant)."""
+    """Jobs/s the running worker drains while this process enqueues them one by one as fast as
+    it can: the capacity with the enqueuer on the same machine, as during the 70 % run."""
     from example_project.billing.jobs import bench_write
     from kumiko_jobs.models import JobRun, RunStatus
 
     started = time.perf_counter()
-    for i, tenant in enumerate(tenants):
-        bench_write.enqueue_many([{"n": n} for n in range(i, jobs, len(tenants))], tenant=tenant)
+    for n in range(jobs):
+        bench_write.enqueue(tenant=tenants[n % len(tenants)], n=n)
     done = JobRun.objects.filter(status=RunStatus.SUCCEEDED)
     _wait(lambda: done.count() >= jobs, "the capacity drain")
     return jobs / (time.perf_counter() - started)

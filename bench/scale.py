@@ -46,6 +46,7 @@ from bench.throughput import (
 BENCH_DATABASE = "kumiko_bench_scale"
 BENCH_REDIS_DB = 3
 IO_SECONDS = 0.05
+JSON = "rq.serializers.JSONSerializer"
 _TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -80,7 +81,9 @@ def _cpu(pids: Sequence[int]) -> float:
 def _start(kumiko: bool, procs: int, slots: int) -> list[subprocess.Popen[bytes]]:
     env = dict(os.environ)
     env["KUMIKO_JOBS_WORKER_CONCURRENCY"] = str(slots if kumiko else 1)
-    extra = [] if kumiko else ["--worker-class", "rq.worker.SimpleWorker"]
+    # Plain RQ reads with the queue's JSON serializer (as kumiko's worker forces it).
+    plain = ["--worker-class", "rq.worker.SimpleWorker", "--serializer", JSON]
+    extra = [] if kumiko else plain
     return [
         subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "rqworker", "default", *extra],
