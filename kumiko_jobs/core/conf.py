@@ -143,6 +143,10 @@ class KumikoSettings:
     # Dotted path of a callable (schema name -> weight > 0) giving tenants their share of
     # worker time; None: every tenant weighs 1.
     TENANT_WEIGHT: str | None = None
+    # Runs one in-process worker (``kumiko_jobs.worker.Worker``) executes at once, each in a
+    # slot of its own (worker/slots.py; docs/design.md, "Slots"). 1: one at a time, as RQ.
+    # ``KUMIKO_JOBS_WORKER_CONCURRENCY`` in the environment overrides it (worker_concurrency).
+    WORKER_CONCURRENCY: int = 1
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -170,6 +174,7 @@ _POSITIVE_INTS = (
     "BOOT_GATE_WARN_AFTER",
     "MESSAGE_MAX_AGE",
     "DB_ROLE_POOL_SIZE",
+    "WORKER_CONCURRENCY",
 )
 _NON_NEGATIVE_INTS = (
     "DEFAULT_RETRIES",
@@ -346,6 +351,24 @@ def get_or_none() -> KumikoSettings | None:
         return get()
     except ImproperlyConfigured:
         return None
+
+
+CONCURRENCY_ENV = "KUMIKO_JOBS_WORKER_CONCURRENCY"
+
+
+def worker_concurrency() -> int:
+    """The slots of an in-process worker: ``KUMIKO_JOBS_WORKER_CONCURRENCY`` from the worker's
+    environment when set (``KUMIKO_JOBS_WORKER_CONCURRENCY=8 manage.py rqworker``: django-rq's
+    command takes no options of ours), else ``WORKER_CONCURRENCY``."""
+    raw = os.environ.get(CONCURRENCY_ENV, "").strip()
+    if not raw:
+        return get().WORKER_CONCURRENCY
+    if not raw.isdigit() or int(raw) < 1:
+        raise ImproperlyConfigured(
+            f"{CONCURRENCY_ENV}={raw!r}: expected an integer >= 1 (the runs one worker process "
+            "executes at once); unset it to use KUMIKO_JOBS['WORKER_CONCURRENCY']."
+        )
+    return int(raw)
 
 
 @receiver(setting_changed)

@@ -9,7 +9,7 @@ top; the enqueueing itself, which writes run rows, is imported inside each call.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
@@ -28,6 +28,15 @@ class Job(JobDefinition):
     def enqueue(self, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
         """Run the job as soon as the current transaction commits (at once outside one)."""
         return enqueue(self, tenant=tenant, **kwargs)
+
+    def enqueue_many(
+        self, items: Sequence[Mapping[str, Any]], *, tenant: Any = None
+    ) -> list[RunHandle]:
+        """One run per item (a dict of keyword arguments), all checked first, written in one
+        INSERT and pushed in one pipeline on commit; all or nothing on bad input."""
+        from .bulk import enqueue_many  # imports models: see the module docstring
+
+        return enqueue_many(self, items, tenant=tenant)
 
     def enqueue_in(
         self, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any
