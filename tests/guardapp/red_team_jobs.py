@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import connection
 from django_tenants.utils import schema_context
+from psycopg.types.string import TextLoader
 
 from kumiko_jobs import EscapeHatch, job
 from kumiko_jobs.core import current
@@ -179,3 +180,54 @@ def use_kept_context(ctx: JobContext, *, mark: str) -> None:
     with kept.global_writes():
         Plan.objects.filter(name=mark).update(monthly_price=99)
     _note("wrote", "yes")
+
+
+# --- Python state on the connection that the next run inherits -------------------------------
+
+
+class _SpyLoader(TextLoader):
+    """A text loader of the job's own, registered on the psycopg connection: it sees every
+    text value later statements on that connection read."""
+
+    def load(self, data: Any) -> str:
+        value = super().load(data)
+        SEEN.append(f"guardapp_finding-loaded {value}")
+        return value
+
+
+@job
+def plant_psycopg_loader(ctx: JobContext) -> None:
+    connection.ensure_connection()
+    raw: Any = connection.connection
+    for name in ("text", "varchar"):
+        raw.adapters.register_loader(name, _SpyLoader)
+
+
+@job
+def victim_read(ctx: JobContext) -> None:
+    from .models import Secret
+
+    _note("read", list(Secret.objects.values_list("value", flat=True)))
+
+
+@job
+def plant_tenant_attributes(ctx: JobContext, *, schema: str) -> None:
+    """Points django-tenants' wrapper at another schema in Python only (no statement is
+    sent, so the guard sees nothing), for whatever runs next on the connection."""
+    from example_project.customers.models import Client
+
+    tenant = Client.objects.get(schema_name=schema)
+    connection.set_tenant(tenant)
+
+
+SYSTEM_SAW: dict[str, Any] = {}
+
+
+@job(system=True)
+def system_writes_unqualified(ctx: JobContext) -> None:
+    """A system job whose raw SQL names a tenant table unqualified (in public it does not
+    exist, so the run fails; in a tenant's schema it would land there)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_schema()")
+        SYSTEM_SAW["schema"] = cursor.fetchone()[0]
+        cursor.execute("INSERT INTO guardapp_finding (key, value) VALUES ('system', 'wrote')")
