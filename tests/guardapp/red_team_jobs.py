@@ -231,3 +231,15 @@ def system_writes_unqualified(ctx: JobContext) -> None:
         cursor.execute("SELECT current_schema()")
         SYSTEM_SAW["schema"] = cursor.fetchone()[0]
         cursor.execute("INSERT INTO guardapp_finding (key, value) VALUES ('system', 'wrote')")
+
+
+@job(system=True)
+def system_reads_run_by_id(ctx: JobContext, *, run_id: str, schema: str) -> None:
+    """A system run loads a run by id from the public schema, then inside a tenant's context."""
+    from django_tenants.utils import tenant_context
+
+    from example_project.customers.models import Client
+
+    SYSTEM_SAW["public"] = _refresh(run_id)
+    with ctx.system_db(), tenant_context(Client.objects.get(schema_name=schema)):
+        SYSTEM_SAW["tenant"] = _refresh(run_id)

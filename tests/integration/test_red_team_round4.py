@@ -569,3 +569,25 @@ def test_tenant_attributes_left_by_a_run_never_steer_the_next_system_run(
     assert planted.status == RunStatus.SUCCEEDED
     assert observer.rows("SELECT value FROM t2.guardapp_finding WHERE key = 'system'") == []
     assert rt.SYSTEM_SAW.get("schema") in (None, "public"), rt.SYSTEM_SAW
+
+
+def test_a_tenants_context_outside_a_run_cannot_read_a_system_run(tenants, guard_data):
+    victim = _system_run_with_a_secret()
+    with tenant_context(tenants["t1"]), pytest.raises(JobRun.DoesNotExist):
+        rt.RunHandle(run_id=str(victim.pk), job_name="", schema_name=None).refresh()
+    connection.set_schema_to_public()
+    assert rt.RunHandle(run_id=str(victim.pk), job_name="", schema_name=None).refresh().result
+
+
+@MODES
+def test_a_system_run_reads_any_run_from_public_and_the_tenants_only_inside_its_context(
+    tenants, guard_data, mode
+):
+    victim = _t2_run_with_a_secret(tenants)
+    rt.SYSTEM_SAW.clear()
+    (run,) = _runs(
+        (None, rt.system_reads_run_by_id, {"run_id": str(victim.pk), "schema": "t1"}), mode=mode
+    )
+    assert run.status == RunStatus.SUCCEEDED, (run.error_type, run.error_message)
+    assert SECRET in rt.SYSTEM_SAW["public"]
+    assert rt.SYSTEM_SAW["tenant"] == "DoesNotExist"
