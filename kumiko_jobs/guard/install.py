@@ -137,24 +137,39 @@ class _ConnectionObjects:
         self.wrappers = conn.execute_wrappers
         self.wrappers_before = list(self.wrappers)
         self.settings = conn.settings_dict
-        self.settings_before = copy.deepcopy(self.settings)
+        self.settings_before = _comparable(self.settings)
 
     def restore(self) -> None:
         conn = self.conn
         conn.execute_wrappers = self.wrappers
         if self.wrappers != self.wrappers_before:
             self.wrappers[:] = self.wrappers_before
-        if conn.settings_dict is self.settings and self.settings == self.settings_before:
+        if (
+            conn.settings_dict is self.settings
+            and _comparable(self.settings) == self.settings_before
+        ):
             return
         conn.settings_dict = self.settings
+        schema = self.settings.get(_TENANTS_OWN_KEY)
         self.settings.clear()
-        self.settings.update(self.settings_before)
+        self.settings.update(copy.deepcopy(self.settings_before))
+        if schema is not None:
+            self.settings[_TENANTS_OWN_KEY] = schema
         logger.warning(
             "the run changed the settings of database alias %r: restored, and the connection "
             "closed",
             conn.alias,
         )
         _close(conn)
+
+
+# django-tenants keeps the schema it last set in the settings (``set_tenant``, ``set_schema``):
+# its bookkeeping, which changes with every switch, not a setting of the session.
+_TENANTS_OWN_KEY = "SCHEMA"
+
+
+def _comparable(settings: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy({k: v for k, v in settings.items() if k != _TENANTS_OWN_KEY})
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
