@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
+from io import StringIO
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
@@ -48,6 +50,19 @@ SECRET = "gx-t2-private-value"
 @pytest.fixture(autouse=True)
 def _only_on_a_test_database(django_db_setup: None) -> None:
     support.refuse_unless_test_database()
+
+
+@pytest.fixture(autouse=True)
+def _roles_for_the_roles_mode(request: pytest.FixtureRequest) -> None:
+    """With roles on, the tenants' roles exist also when the suite runs without them
+    (KUMIKO_TEST_DB_ROLES=0), as in test_task_results_by_id.py."""
+    callspec = getattr(request.node, "callspec", None)
+    chosen = callspec.params.get("mode") if callspec is not None else None
+    if not chosen or not chosen.get("DB_ROLES") or settings.KUMIKO_JOBS["DB_ROLES"]:
+        return
+    request.getfixturevalue("tenants")
+    with override_settings(KUMIKO_JOBS=chosen):
+        call_command("kumiko_jobs", "roles", stdout=StringIO())
 
 
 def _runs(*jobs: tuple[Any, ...], mode: dict[str, Any]) -> list[JobRun]:
