@@ -29,6 +29,7 @@ from .keys import (
     BOOT_DATASET_KEY,
     CANCEL_KEY,
     CRON_PREFIX,
+    DEAD_SWEEP_LOCK,
     LIVE_WORKERS,
     MAINTENANCE_LOCK,
     RELAY_TAKEN,
@@ -39,7 +40,7 @@ from .keys import (
     WORKER_KEY,
     WORKERS_SINCE_KEY,
 )
-from .live_workers import Liveness, beat, goodbye, liveness, request_cancel
+from .live_workers import Liveness, beat, goodbye, liveness, request_cancel, vanished_workers
 from .pushing import push, push_many
 from .queues import (
     DelayedSet,
@@ -99,6 +100,7 @@ __all__ = [
     "BOOT_DATASET_KEY",
     "CANCEL_KEY",
     "CRON_PREFIX",
+    "DEAD_SWEEP_LOCK",
     "HOOK_FIELDS",
     "JSON_SERIALIZER_PATH",
     "LIVE_WORKERS",
@@ -168,4 +170,5 @@ __all__ = [
     "taken_for",
     "timeout_of_job",
     "utcnow",
+    "vanished_workers",
 ]
