@@ -79,3 +79,19 @@ class Processes:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+
+    def wait_ready(self, workers: int, *, scheduler: bool = False) -> None:
+        """Until ``workers`` kumiko workers beat (and an rqscheduler is registered): a process
+        still starting up is not what a chaos test means to disturb."""
+        from kumiko_jobs import transport
+
+        redis = transport.connection_for("default")
+
+        def ready() -> bool:
+            names = list(redis.smembers(transport.LIVE_WORKERS))
+            keys = [transport.WORKER_KEY + (transport.decoded(n) or "") for n in names]
+            beating = sum(1 for v in (redis.mget(keys) if keys else []) if v is not None)
+            beating_enough = beating >= workers
+            return beating_enough and (not scheduler or bool(redis.keys("rq:scheduler_instance:*")))
+
+        self.wait_for(f"{workers} worker(s) beating", ready)

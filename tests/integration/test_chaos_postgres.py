@@ -13,6 +13,8 @@ Full server restarts are tests/integration/test_outages.py's (a cluster of the t
 
 from __future__ import annotations
 
+import io
+import os
 import random
 import threading
 import time
@@ -23,12 +25,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.core.management import call_command
 from django.db import connection, connections
 
 from bench import soak
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.chaos.workers import Processes
+from tests.integration.test_outages import OwnPostgres, clone_test_database, default_connection_on
 from tests.integration.test_reliability import effects
+from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
@@ -91,6 +96,7 @@ def _unfinished(run_ids: list[str]) -> int:
 def test_every_session_terminated_over_and_over_under_load(tenants, procs: Processes):
     workers = [procs.start() for _ in range(2)]
     scheduler = procs.start("rqscheduler", "--interval", "1")
+    procs.wait_ready(2, scheduler=True)
     connection.ensure_connection()
     terminator = Terminator(spare={connection.connection.info.backend_pid})
     terminator.start()
@@ -112,13 +118,17 @@ def test_every_session_terminated_over_and_over_under_load(tenants, procs: Proce
     runs = plain + atomic
     procs.wait_for("every run to succeed", lambda: _unfinished(runs) == 0, deadline=180)
 
+    _check_effects(plain, atomic)
+    assert all(w.poll() is None for w in workers), procs.logs()
+    assert scheduler.poll() is None, procs.logs()
+
+
+def _check_effects(plain: list[str], atomic: list[str]) -> None:
     rows = [row for schema in SCHEMAS for row in _effects(schema)]
     counted = Counter(run_id for run_id, _schema, _where in rows)
     assert {r.replace("-", "") for r in plain} <= set(counted), "a plain run lost its effect"
     assert all(counted[r.replace("-", "")] == 1 for r in atomic), "an atomic run ran twice"
     assert all(schema == where for _run, schema, where in rows), "an effect in another schema"
-    assert all(w.poll() is None for w in workers), procs.logs()
-    assert scheduler.poll() is None, procs.logs()
 
 
 def _effects(schema: str) -> list[tuple[str, str, str]]:
@@ -128,3 +138,63 @@ def _effects(schema: str) -> list[tuple[str, str, str]]:
         run_id, _attempt, where = message.split()
         out.append((run_id.replace("-", ""), schema, where))
     return out
+
+
+# --------------------------------------------------------------------------- full restarts
+
+
+@pytest.fixture
+def own_server(tmp_path: Path, tenants: dict[str, Any]) -> Iterator[tuple[OwnPostgres, str]]:
+    server = OwnPostgres(tmp_path)
+    try:
+        clone_test_database(server, "kumiko_chaos")
+        yield server, "kumiko_chaos"
+    finally:
+        connections["default"].close()
+        server.close()
+
+
+def _restart(server: OwnPostgres, mode: str) -> None:
+    """``pg_ctl restart -m MODE``, as stop then start (the same port and options)."""
+    connections["default"].close()
+    server._pg_ctl("-m", mode, "-w", "stop")
+    server.start()
+
+
+@pytest.mark.skipif(
+    os.environ.get("KUMIKO_CHAOS_RESTARTS") != "1" and os.environ.get("CI") != "true",
+    reason="full PostgreSQL restarts (about a minute): KUMIKO_CHAOS_RESTARTS=1; CI runs it",
+)
+def test_fast_and_immediate_restarts_under_load(own_server, procs: Processes):
+    """``pg_ctl`` fast and immediate restarts while two workers and rqscheduler drain plain and
+    atomic runs; then one more (immediate) while they idle with pooled tenant logins: the next
+    run of every tenant succeeds on its first attempt (the logins reconnect, none fails once)."""
+    server, name = own_server
+    env = {"DATABASE_URL": server.url(name)}
+    with default_connection_on(server, name):
+        call_command("kumiko_jobs", "roles", stdout=io.StringIO())  # roles are cluster-wide
+        workers = [procs.start(env=env) for _ in range(2)]
+        scheduler = procs.start("rqscheduler", "--interval", "1", env=env)
+        procs.wait_ready(2, scheduler=True)
+        plain: list[str] = []
+        atomic: list[str] = []
+        for batch, mode in enumerate(("fast", "immediate", None)):
+            plain += _enqueue("soak.work", batch * 10)
+            atomic += _enqueue(soak.ATOMIC_JOB, batch * 10)
+            time.sleep(1.0)  # bodies, retries and the relay are busy when it goes down
+            if mode:
+                _restart(server, mode)
+        runs = plain + atomic
+        procs.wait_for("every run to succeed", lambda: _unfinished(runs) == 0, deadline=180)
+        _check_effects(plain, atomic)
+
+        _restart(server, "immediate")  # the workers idle, their tenant logins pooled
+        after = [jobs.probe.enqueue(tenant=schema, tag="after").run_id for schema in SCHEMAS]
+        procs.wait_for("the runs after", lambda: _unfinished(after) == 0, deadline=120)
+        assert list(JobRun.objects.filter(pk__in=after).values_list("attempts", flat=True)) == [
+            1,
+            1,
+            1,
+        ], procs.logs()
+        assert all(w.poll() is None for w in workers), procs.logs()
+        assert scheduler.poll() is None, procs.logs()
