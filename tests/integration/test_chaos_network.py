@@ -92,8 +92,8 @@ def test_a_black_holed_redis_is_detected_by_socket_timeout(tenants, procs: Proce
     """Redis stops answering and never closes: with socket_timeout the worker's beat fails
     within it (the log says so), and once the network is back the worker carries on.
 
-    Proved able to fail: without socket_timeout the beat blocks for ever on the swallowed
-    command, nothing is logged, and the wait below gives up.
+    Proved able to fail: with socket_timeout=600 (an old redis-py's "none"; redis-py 8 defaults
+    to 5 s) the beat blocks on the swallowed command, nothing is logged, and the wait gives up.
     """
     pg, rd = proxies
     worker = procs.start(env=_through(pg, rd, socket_timeout=2, socket_connect_timeout=2))
