@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -54,9 +54,33 @@ def retry_run(run: JobRun, *, by: Any = None) -> RunHandle:
     """Start a new run of ``run``'s job for the same tenant with the same arguments.
 
     Only failed or cancelled runs can be retried; the old run stays as it was (history is
-    never rewritten). Raises ``OperationRefused`` when the run does not qualify, and the
-    enqueue errors (``InvalidJob``) when the tenant is gone or the job's signature changed.
+    never rewritten). Raises ``OperationRefused`` when the run does not qualify (or is already
+    being retried), and the enqueue errors (``InvalidJob``) when the tenant is gone or the
+    job's signature changed.
+
+    Two retries at once (two operators, a double POST, two bulk actions) start one run: the
+    source run's row is locked (``SELECT ... FOR UPDATE``) before the check for a pending retry
+    and held until the new run's row commits, so the second retry waits, then sees the first
+    one's run (PostgreSQL settles it, not the order of two SELECTs and two INSERTs).
     """
+    with transaction.atomic():
+        locked = (
+            JobRun.objects.select_for_update()
+            .filter(pk=run.pk)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if locked is None:
+            raise OperationRefused(
+                f"Run {run.run_id} no longer exists (deleted by retention or by hand).",
+                reason=_("run no longer exists"),
+            )
+        run.status = locked
+        return _retry_locked(run, by)
+
+
+def _retry_locked(run: JobRun, by: Any) -> RunHandle:
+    """``retry_run`` once the source run's row is locked: the checks, then the new run."""
     if run.status not in RETRYABLE_STATUSES:
         raise OperationRefused(
             f"Run {run.run_id} is {run.status}; only failed or cancelled runs can be retried.",
@@ -69,8 +93,9 @@ def retry_run(run: JobRun, *, by: Any = None) -> RunHandle:
             reason=_("job no longer registered"),
         )
     base = f"retry:{run.run_id}"
-    # A second click on "retry" (or two operators at once) would start the same work twice.
-    # Filtering on job and tenant first keeps this on the kj_run_job_tenant index.
+    # A second click on "retry" (or two operators at once, serialised by the lock above)
+    # would start the same work twice. Filtering on job and tenant first keeps this on the
+    # kj_run_job_tenant index.
     pending = (
         JobRun.objects.filter(
             job_name=run.job_name,
@@ -181,12 +206,18 @@ def enqueue_manual(
     kwargs: Mapping[str, Any],
     *,
     by: Any = None,
+    request_id: str | None = None,
 ) -> RunHandle:
     """Enqueue a job declared ``manual=True`` for a tenant (None for a system job).
 
     Arguments are validated exactly as for any enqueue; nothing is written when they do not
     fit. Jobs without ``manual=True`` are refused: running arbitrary jobs by hand could
     repeat side effects their authors never meant to be triggered from outside.
+
+    ``request_id`` (a UUID, e.g. the "Run a job" form's, one per form shown) makes the request
+    idempotent: the run's id is derived from it, so a second submission of the same request,
+    however simultaneous, fails on the run's primary key in PostgreSQL and is refused as
+    already queued, instead of starting the job twice.
     """
     definition = resolve(definition)
     if not definition.manual:
@@ -194,10 +225,34 @@ def enqueue_manual(
             f"Job {definition.name!r} is not declared @job(manual=True); it cannot be run by hand.",
             reason=_("not a manual job"),
         )
-    return submit(
-        definition,
-        tenant_schema or None,
-        dict(kwargs),
-        delay=0.0,
-        trigger=_trigger("manual", by),
-    )
+    run_id = manual_run_id(request_id) if request_id is not None else None
+    try:
+        # A savepoint: a duplicate's failed INSERT must not abort the caller's transaction.
+        with transaction.atomic():
+            return submit(
+                definition,
+                tenant_schema or None,
+                dict(kwargs),
+                delay=0.0,
+                trigger=_trigger("manual", by),
+                run_id=run_id,
+            )
+    except IntegrityError:
+        if run_id is None or not JobRun.objects.filter(pk=run_id).exists():
+            raise
+        raise OperationRefused(
+            f"This request was already submitted: it queued run {uuid.UUID(run_id)}.",
+            reason=_("already submitted"),
+        ) from None
+
+
+def manual_run_id(request_id: str) -> str:
+    """The run id a "run by hand" request makes (``enqueue_manual``): derived, so that the same
+    request always names the same run; ``OperationRefused`` for text that is not a UUID."""
+    try:
+        request = uuid.UUID(str(request_id))
+    except ValueError:
+        raise OperationRefused(
+            f"request_id {request_id!r} is not a UUID.", reason=_("not a request id")
+        ) from None
+    return uuid.uuid5(request, "kumiko_jobs.enqueue_manual").hex

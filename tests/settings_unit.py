@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 
 from example_project.settings import *  # noqa: F403
-from example_project.settings import INSTALLED_APPS, TENANT_APPS
+from example_project.settings import INSTALLED_APPS, SHARED_APPS, TENANT_APPS
 
+# tests.guardapp.shared: a shared app (public only) with an upper-case db_table (issue 22).
+SHARED_APPS = [*SHARED_APPS, "tests.guardapp.shared"]
 TENANT_APPS = [*TENANT_APPS, "tests.testapp", "tests.guardapp"]
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.guardapp"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.testapp", "tests.guardapp", "tests.guardapp.shared"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 # PUSH_FAILURE_PAUSE is per process: a test that stops Redis must not leave the next test's
 # enqueues to the relay. test_outages turns it on where it is the subject.

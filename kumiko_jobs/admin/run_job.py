@@ -30,8 +30,10 @@ from .. import operations
 from ..core import project_settings
 from ..core.audience import sees_all_tenants
 from ..core.exceptions import KumikoJobsError
+from ..core.text import text_problem
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
+from ..enqueueing.validate import MAX_INTEGER_DIGITS, check_json
 
 
 class RunJobView(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
@@ -71,6 +73,7 @@ class RunJobView(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
                         form.cleaned_data["tenant"] or None,
                         form.cleaned_data["arguments"],
                         by=request.user,
+                        request_id=form.request_id(),
                     )
             except KumikoJobsError as exc:
                 form.add_error(None, str(exc))
@@ -153,6 +156,9 @@ class RunJobForm(forms.Form):
     MAX_TENANT_CHOICES = 100
 
     job = forms.ChoiceField(label=_("Job"))
+    # One per form shown: the run's id is derived from it (operations.enqueue_manual), so the
+    # same form submitted twice (a double click, a resent POST) queues the job once.
+    request = forms.UUIDField(required=False, widget=forms.HiddenInput)
     tenant = forms.ChoiceField(
         label=_("Tenant"), required=False, help_text=_("Leave empty for a system job.")
     )
@@ -166,6 +172,8 @@ class RunJobForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        if not self.is_bound:
+            self.fields["request"].initial = uuid.uuid4()
         job_field = self.fields["job"]
         assert isinstance(job_field, forms.ChoiceField)
         job_field.choices = [
@@ -193,12 +201,22 @@ class RunJobForm(forms.Form):
             *((t.schema_name, f"{t} ({t.schema_name})") for t in tenants),
         ]
 
+    def request_id(self) -> str:
+        """The form's request id, or a fresh one for a POST that carried none (a script's)."""
+        value = self.cleaned_data.get("request")
+        return str(value or uuid.uuid4())
+
     def clean_tenant(self) -> str:
         """The tenant's schema name, or "" for none. A typed name must be a tenant's (one query
         on the tenant model's unique schema name) and never the public schema, which is no
         tenant; the select offers only tenants, so Django's choice check covered it.
         """
         schema = str(self.cleaned_data.get("tenant") or "").strip()
+        problem = text_problem(schema)
+        if problem:
+            raise forms.ValidationError(
+                gettext("The schema name %(problem)s.") % {"problem": problem}
+            )
         if not schema or not self.tenant_as_input:
             return schema
         if schema == project_settings.public_schema_name():
@@ -228,6 +246,15 @@ class RunJobForm(forms.Form):
             raise forms.ValidationError(
                 gettext("The arguments are nested too deeply; pass ids, not deep structures.")
             ) from None
+        except ValueError:
+            # Not a JSONDecodeError: Python refuses to read an integer of more digits than
+            # sys.get_int_max_str_digits() (4,300), which json.loads turns into a ValueError.
+            raise forms.ValidationError(
+                gettext(
+                    "A number in the arguments has more than %(max)d digits; pass it as a string."
+                )
+                % {"max": MAX_INTEGER_DIGITS}
+            ) from None
         if not isinstance(value, dict):
             raise forms.ValidationError(
                 gettext('Arguments must be a JSON object, e.g. {"invoice_id": 7}.')
@@ -252,6 +279,9 @@ class RunJobForm(forms.Form):
         if isinstance(arguments, dict):
             try:
                 definition.bind_arguments(arguments)
+                # The enqueue's own checks (NUL, lone surrogates from \ud800 escapes, integers
+                # no JSON reader takes), shown on the field rather than after a failed enqueue.
+                check_json(arguments, definition.name)
             except KumikoJobsError as exc:
                 self.add_error("arguments", str(exc))
         return data

@@ -23,9 +23,11 @@ from ..models import JobFailure, JobRun, RunStatus
 from ..transport.scheduler_liveness import overdue_problem
 from .actions import RunActions
 from .audiences import TenantScopedAdmin
+from .dashboard import DashboardViews
 from .display import JobAttemptInline, RunDisplay
 from .filters import JobFilter, TenantFilter
 from .pagination import rows_read
+from .query_strings import bounded_search, checked_search
 from .render import job_title
 from .run_job import RunJobView
 from .search import operator_search, tenant_search
@@ -78,7 +80,7 @@ def list_ordering(request: HttpRequest) -> tuple[str, ...] | None:
 
 
 @admin.register(JobRun)
-class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
+class JobRunAdmin(DashboardViews, RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
     """The run history for both audiences: operators see every tenant's runs with their attempts,
     actions and "Run a job…"; a tenant sees its own runs, by job title, status and problem sentence.
     """
@@ -202,18 +204,32 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
     ) -> tuple[QuerySet[JobRun], bool]:
         """Search that an index can answer (admin/search.py) instead of Django's ``UPPER(...) LIKE``
         over every field: subjects for a tenant; subjects, job names, correlation and run ids for
-        operators.
+        operators. Bounded for every caller (admin/query_strings.py): the change list, an action's
+        POST and ``/admin/autocomplete/`` alike.
         """
+        # Every caller, the autocomplete included, passes the changelist's checks (text, words).
+        checked_search(request, search_term)
+        if not search_term.strip():
+            return queryset, False
         # A search reads only the rows the list can show, in the list's order (admin/search.py,
         # newest_matches): as many as this page's count reads and, for an action's POST, as
-        # many as "select all" may act on. The order is the one RunChangeList hands over.
-        ordering = list_ordering(request)
+        # many as "select all" may act on. The order is the one RunChangeList hands over; a
+        # caller that is no change list (the autocomplete) gets the admin's own order, so its
+        # search is as narrow as a list's first pages, never the whole history.
+        ordering = list_ordering(request) or self.search_ordering(request)
         rows = rows_read(
             self.page_asked(request), self.list_per_page, acting=request.method == "POST"
         )
-        if not is_operator_request():
-            return tenant_search(queryset, search_term, ordering, rows), False
-        return operator_search(queryset, search_term, ordering, rows), False
+        search = operator_search if is_operator_request() else tenant_search
+        return bounded_search(request, lambda: search(queryset, search_term, ordering, rows)), False
+
+    def search_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        """The admin's order with the primary key as tie-break, as Django's change list makes it:
+        the order a search outside a change list narrows in."""
+        ordering = [o for o in self.get_ordering(request) if isinstance(o, str)]
+        if not {"pk", "-pk", "run_id", "-run_id"} & set(ordering):
+            ordering.append("-pk")
+        return tuple(ordering)
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         """``RunChangeList``: Django's, handing its order to the search."""
@@ -251,6 +267,7 @@ class JobRunAdmin(RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
             extra_context["kumiko_run_job_url"] = reverse(
                 f"{self.admin_site.name}:kumiko_jobs_jobrun_run_job"
             )
+        extra_context.update(self.dashboard_link(request))
         # Operators only: this runs before Django's permission check, and the banner (a
         # count of overdue messages, kept in the session) is theirs to read.
         if sees_all_tenants(request) and request.method == "GET":

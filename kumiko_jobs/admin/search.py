@@ -5,9 +5,12 @@ job name or a correlation id, and asks the subject's trigram index for whole ``f
 words that are in millions of rows. A tenant searches subjects only; an operator also job
 names, correlation ids and run ids (docs/observability.md, "History at scale").
 
-In a change list, a search reads the first rows, in the list's order, of one branch per index
-and merges them (``newest_matches``): the list never reads more rows than its pages count, so
-no branch needs more than those.
+A search reads the first rows, in the list's order, of one branch per index and merges them
+(``newest_matches``): the list never reads more rows than its pages count, so no branch needs
+more than those. The admin narrows every search this way, wherever it is called (the change
+list, an action's POST, the autocomplete), and no search has more than ``MAX_SEARCH_WORDS``
+words (``checked_words``): a request costs a page's worth of rows, each tested against a few
+words.
 """
 
 from __future__ import annotations
@@ -17,23 +20,24 @@ from collections.abc import Sequence
 from functools import reduce
 from operator import and_, or_
 
+from django.core.exceptions import BadRequest
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Lower
-from django.utils.text import smart_split, unescape_string_literal
 
 from ..models import JobRun
 from .filters import run_job_names
+from .query_strings import bad_search, search_words
 
 
-def search_words(search_term: str) -> list[str]:
-    """The words of a search, as Django's admin splits them (quotes keep spaces)."""
-    words = []
-    for word in smart_split(search_term):
-        if word.startswith(('"', "'")) and word[0] == word[-1]:
-            word = unescape_string_literal(word)
-        if word:
-            words.append(word)
-    return words
+def checked_words(search_term: str) -> list[str]:
+    """The words of a search, or ``BadRequest`` (400) when it has more than
+    ``MAX_SEARCH_WORDS`` or a word over ``MAX_SEARCH_WORD_CHARS`` (admin/query_strings.py):
+    each word is a condition on every row a branch reads, so their number bounds a request's
+    work as much as the rows do. Here, so that no caller of the search can skip it."""
+    problem = bad_search(search_term)
+    if problem:
+        raise BadRequest(problem)
+    return search_words(search_term)
 
 
 def subject_contains(word: str) -> Q:
@@ -119,7 +123,7 @@ def tenant_search(
     ``subject_contains`` reads it; narrowed to the first ``rows`` runs in ``ordering`` when
     given (``newest_matches``)."""
     queryset = queryset.alias(kj_subject_lower=Lower("subject"))
-    words = search_words(search_term)
+    words = checked_words(search_term)
     if not words:
         return queryset
     condition = reduce(and_, (subject_contains(word) for word in words))
@@ -140,6 +144,7 @@ def operator_search(
     # Run ids are pasted from logs with or without dashes: match them exactly (the
     # primary key index) rather than as text; a generated correlation id has the same
     # shape (32 hex digits), so it is looked up too (its own index).
+    words = checked_words(search_term)
     term = search_term.strip()
     try:
         run_id = uuid.UUID(term)
@@ -152,7 +157,6 @@ def operator_search(
     # correlation id (exactly: its index). Django's own search would put the job name and
     # the correlation id under UPPER(...) LIKE, which no index answers.
     queryset = queryset.alias(kj_subject_lower=Lower("subject"))
-    words = search_words(search_term)
     if not words:
         return queryset
     names = run_job_names()

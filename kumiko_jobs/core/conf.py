@@ -29,6 +29,7 @@ from django.dispatch import receiver
 GuardMode = Literal["enforce", "log", "off"]
 InactiveTenantPolicy = Literal["skip", "defer"]
 TenantDeletionPolicy = Literal["purge", "anonymise"]
+FairnessMode = Literal["tenant", "fifo"]
 
 DEFAULT_SENSITIVE_KEYS = (
     "password",
@@ -109,6 +110,10 @@ class KumikoSettings:
     # may wait before the worker log, the admin and check W003 say that no scheduler moves it
     # (rqscheduler moves due messages every --interval seconds, 60 by default). 0: never say.
     SCHEDULER_OVERDUE_AFTER: int = 120
+    # Seconds between two looks of ``rqscheduler`` (transport.Scheduler) at the earliest due
+    # time between its --interval rounds, so that delays are honoured to the millisecond
+    # instead of to the next round (docs/settings.md, "How precise delays are"). 0: rounds only.
+    SCHEDULER_POLL: float = 0.1
     # Seconds after its due time a signed message is refused (core/envelope.py). Seven days: a
     # weekend-plus outage's backlog still runs, while a copy of an old message is useless well
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
@@ -131,6 +136,19 @@ class KumikoSettings:
     # check E014 says so. "kumiko_jobs.core.audience.django_tenant_users" reads
     # django-tenant-users' layout.
     TENANT_MEMBERSHIP: str | None = None
+    # Milliseconds PostgreSQL lets each statement of an admin list (and of a search, the
+    # autocomplete's too) run before it cancels it (admin/query_strings.py); 0: no timeout.
+    ADMIN_STATEMENT_TIMEOUT_MS: int = 5000
+    # Which message a worker takes next (docs/design.md, "Flow control: the fair dequeue"):
+    # "tenant" shares the workers' time fairly between tenants; "fifo" is arrival order.
+    FAIRNESS: FairnessMode = "tenant"
+    # Dotted path of a callable (schema name -> weight > 0) giving tenants their share of
+    # worker time; None: every tenant weighs 1.
+    TENANT_WEIGHT: str | None = None
+    # Runs one in-process worker (``kumiko_jobs.worker.Worker``) executes at once, each in a
+    # slot of its own (worker/slots.py; docs/design.md, "Slots"). 1: one at a time, as RQ.
+    # ``KUMIKO_JOBS_WORKER_CONCURRENCY`` in the environment overrides it (worker_concurrency).
+    WORKER_CONCURRENCY: int = 1
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -138,6 +156,7 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "INACTIVE_TENANT": ("skip", "defer"),
     "TENANT_DELETION": ("purge", "anonymise"),
     "DB_POOLER": (None, "session", "transaction"),
+    "FAIRNESS": ("tenant", "fifo"),
 }
 _POSITIVE_INTS = (
     "DEFAULT_TIMEOUT",
@@ -157,6 +176,7 @@ _POSITIVE_INTS = (
     "BOOT_GATE_WARN_AFTER",
     "MESSAGE_MAX_AGE",
     "DB_ROLE_POOL_SIZE",
+    "WORKER_CONCURRENCY",
 )
 _NON_NEGATIVE_INTS = (
     "DEFAULT_RETRIES",
@@ -175,6 +195,7 @@ _NON_NEGATIVE_INTS = (
     "PUSH_FAILURE_PAUSE",
     "SCHEDULER_OVERDUE_AFTER",
     "MAX_RESULT_BYTES",
+    "ADMIN_STATEMENT_TIMEOUT_MS",
 )
 
 
@@ -212,6 +233,15 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT", "DB_ROLES"):
         if not isinstance(values.get(key, True), bool):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be True or False.")
+    poll = values.get("SCHEDULER_POLL", 0.0)
+    if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 <= poll <= 60:
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['SCHEDULER_POLL'] must be a number of seconds from 0 to 60 "
+            f"(0.1 by default; 0 moves delayed messages only every rqscheduler --interval), "
+            f"got {poll!r}."
+        )
+    if "SCHEDULER_POLL" in values:
+        values["SCHEDULER_POLL"] = float(poll)
     defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
     beat = values.get("WORKER_HEARTBEAT", defaults["WORKER_HEARTBEAT"])
     if values.get("WORKER_DEAD_AFTER", defaults["WORKER_DEAD_AFTER"]) < 2 * beat:
@@ -252,6 +282,12 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     if active_field is not None and not isinstance(active_field, str):
         raise ImproperlyConfigured(
             "settings.KUMIKO_JOBS['TENANT_ACTIVE_FIELD'] must be a field name or None."
+        )
+    weight_path = values.get("TENANT_WEIGHT")
+    if weight_path is not None and (not isinstance(weight_path, str) or "." not in weight_path):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_WEIGHT'] must be the dotted path of a callable that "
+            "takes a tenant's schema name and returns its weight (a number > 0), or None."
         )
     tc = values.get("TENANT_CONCURRENCY")
     if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or tc < 1):
@@ -317,6 +353,24 @@ def get_or_none() -> KumikoSettings | None:
         return get()
     except ImproperlyConfigured:
         return None
+
+
+CONCURRENCY_ENV = "KUMIKO_JOBS_WORKER_CONCURRENCY"
+
+
+def worker_concurrency() -> int:
+    """The slots of an in-process worker: ``KUMIKO_JOBS_WORKER_CONCURRENCY`` from the worker's
+    environment when set (``KUMIKO_JOBS_WORKER_CONCURRENCY=8 manage.py rqworker``: django-rq's
+    command takes no options of ours), else ``WORKER_CONCURRENCY``."""
+    raw = os.environ.get(CONCURRENCY_ENV, "").strip()
+    if not raw:
+        return get().WORKER_CONCURRENCY
+    if not raw.isdigit() or int(raw) < 1:
+        raise ImproperlyConfigured(
+            f"{CONCURRENCY_ENV}={raw!r}: expected an integer >= 1 (the runs one worker process "
+            "executes at once); unset it to use KUMIKO_JOBS['WORKER_CONCURRENCY']."
+        )
+    return int(raw)
 
 
 @receiver(setting_changed)

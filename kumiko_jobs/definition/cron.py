@@ -15,12 +15,14 @@ from crontab import CronTab
 
 from ..core.exceptions import InvalidJob
 
-# rq-scheduler stores whole-second scores and may ring an alarm up to a second early; a crontab
-# time this close ahead of the clock is the tick being rung.
-_EARLY = 3.0
+# The tick being rung is the latest one at or before the clock: kumiko's scheduler scores an
+# alarm with its tick's exact second and rings it only once the clock has passed that, so a
+# tick never starts early. CronTab.previous looks strictly before its argument: a microsecond
+# past the clock makes a ring at the very tick take that tick.
+_AT_OR_BEFORE = timedelta(microseconds=1)
 
-# The shortest interval between two ticks of a cron job: rq-scheduler's resolution with
-# ``rqscheduler --interval 1`` (a finer crontab could not be honoured, only skipped).
+# The shortest interval between two ticks of a cron job: a tick is identified by its
+# second (a finer crontab could not be honoured, only skipped).
 MIN_CRON_INTERVAL = 1.0
 # A per-tenant cron tick fans out to every tenant; below this interval it would flood the
 # queues with one run per tenant per tick.
@@ -98,18 +100,9 @@ def seconds_until_next(cron: str, timezone: str, now: datetime | None = None) ->
     return max(float(delay or 0.0), 0.0)
 
 
-def _early(cron: str) -> float:
-    # A tick this close ahead of the clock is the one being rung. For a crontab with seconds
-    # (ticks at least MIN_CRON_INTERVAL apart), half a second: the alarm's scores are whole
-    # seconds computed from the tick itself, so it rings on time or later, except the first
-    # ring after registration (score truncated, up to a second early), which then takes the
-    # tick before, a real one. The probe can never reach the tick after the due one.
-    return _EARLY if not has_seconds(cron) else MIN_CRON_INTERVAL / 2
-
-
 def latest_tick(cron: str, timezone: str, now: datetime) -> datetime:
-    """The latest time ``cron`` (read in ``timezone``) fired at or just before ``now``, in UTC."""
-    probe = (now + timedelta(seconds=_early(cron))).astimezone(ZoneInfo(timezone))
+    """The latest time ``cron`` (read in ``timezone``) fired at or before ``now``, in UTC."""
+    probe = (now + _AT_OR_BEFORE).astimezone(ZoneInfo(timezone))
     back = CronTab(cron).previous(now=probe, default_utc=False)  # negative seconds, strictly before
     tick = probe + timedelta(seconds=float(back or 0.0))
     return tick.astimezone(UTC).replace(microsecond=0)

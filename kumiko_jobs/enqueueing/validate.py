@@ -20,8 +20,26 @@ from .. import transport
 from ..core import conf, project_settings
 from ..core.envelope import WIDEST_SIGNING_TIME, Envelope, encode
 from ..core.exceptions import InvalidJob
+from ..core.text import text_problem
 from ..definition.job import JobDefinition
 from ..definition.subject import build_subject
+
+# Python's int <-> str conversion refuses more digits than this by default (the worker's
+# json.loads among them): a bigger integer would be accepted here and fail every attempt.
+MAX_INTEGER_DIGITS = 4300
+
+
+def too_many_digits(value: int) -> bool:
+    """Whether ``value`` has more than ``MAX_INTEGER_DIGITS`` decimal digits, told from its bit
+    length, without the conversion that would raise."""
+    # 3.33 bits a digit: a bound a little under the true count, so nothing JSON can carry is
+    # refused; the few values just above it are checked exactly (str() of ~4,300 digits).
+    if value.bit_length() < 3.32 * MAX_INTEGER_DIGITS:
+        return False
+    try:
+        return len(str(abs(value))) > MAX_INTEGER_DIGITS
+    except ValueError:  # over the interpreter's own limit
+        return True
 
 
 def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
@@ -42,9 +60,17 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
                 f"MAX_ARGUMENT_DEPTH={max_depth} levels deep. Flatten it, or pass an id and "
                 "load the data in the job."
             )
-        if isinstance(value, str) and "\x00" in value:
-            raise InvalidJob(f"Job {job_name!r}: argument {path} contains a NUL character.")
-        if value is None or isinstance(value, bool | int | str):
+        if isinstance(value, str):
+            problem = text_problem(value)
+            if problem:
+                raise InvalidJob(f"Job {job_name!r}: argument {path} {problem}.")
+            return
+        if isinstance(value, int) and not isinstance(value, bool) and too_many_digits(value):
+            raise InvalidJob(
+                f"Job {job_name!r}: argument {path} is an integer of more than "
+                f"{MAX_INTEGER_DIGITS} digits, which JSON readers refuse. Pass it as a string."
+            )
+        if value is None or isinstance(value, bool | int):
             return
         if isinstance(value, float):
             if not math.isfinite(value):
@@ -62,6 +88,9 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
                     raise InvalidJob(
                         f"Job {job_name!r}: argument {path} has a non-string key {key!r}."
                     )
+                problem = text_problem(key)
+                if problem:
+                    raise InvalidJob(f"Job {job_name!r}: a key of argument {path} {problem}.")
                 walk(item, f"{path}[{key!r}]", depth + 1)
             return
         hint = ""
@@ -77,6 +106,9 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
         )
 
     for name, value in kwargs.items():
+        problem = text_problem(name) if isinstance(name, str) else ""
+        if problem:
+            raise InvalidJob(f"Job {job_name!r}: the name of argument {name!r} {problem}.")
         walk(value, repr(name))
 
 
@@ -101,6 +133,9 @@ def resolve_schema(definition: JobDefinition, tenant: Any) -> str | None:
     schema = tenant if isinstance(tenant, str) else getattr(tenant, "schema_name", None)
     if not isinstance(schema, str) or not schema:
         raise InvalidJob(f"tenant= must be a tenant or a schema name, got {tenant!r}.")
+    problem = text_problem(schema)
+    if problem:
+        raise InvalidJob(f"tenant= {schema!r} {problem}; give a tenant's schema name.")
     if schema == public:
         raise InvalidJob(f"Job {definition.name!r} cannot run for the public schema.")
     if (

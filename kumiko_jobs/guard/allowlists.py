@@ -195,3 +195,44 @@ pg_transform pg_trigger pg_ts_config pg_ts_config_map pg_ts_dict pg_ts_parser pg
 pg_type pg_views pg_roles pg_database
 """
 )
+
+# Columns of the readable catalog relations above that hold another tenant's VALUES rather than
+# definitions every tenant shares (issue 22): planner statistics (row counts and sizes of every
+# tenant's tables: the reason pg_stat_* is refused), and the text of functions, views, rules,
+# triggers and policies, which may embed literals. A statement reading one of these relations
+# may not name such a column (in any clause: a WHERE or ORDER BY on reltuples is an oracle),
+# expand it (``*``, ``c.*``, a whole-row ``c``, ``NATURAL JOIN``, ``USING``, column aliases).
+# Django's introspection reads none of them; it reads column defaults, constraints and indexes
+# (adbin, conbin, indexprs, which migrations create alike in every tenant).
+RESTRICTED_CATALOG_COLUMNS: dict[str, frozenset[str]] = {
+    "pg_class": _words("reltuples relpages relallvisible relallfrozen"),
+    "pg_proc": _words("prosrc probin prosqlbody proargdefaults"),
+    "pg_rewrite": _words("ev_action ev_qual"),
+    "pg_trigger": _words("tgargs tgqual"),
+    "pg_policy": _words("polqual polwithcheck"),
+    "pg_policies": _words("qual with_check"),
+    "pg_aggregate": _words("agginitval aggminitval"),
+    "pg_views": _words("definition"),
+    "pg_matviews": _words("definition"),
+    "pg_rules": _words("definition"),
+}
+RESTRICTED_INFORMATION_SCHEMA_COLUMNS: dict[str, frozenset[str]] = {
+    "routines": _words("routine_definition"),
+    "views": _words("view_definition"),
+    "triggers": _words("action_statement action_condition"),
+}
+
+# Functions that hand out the same values (definitions, sizes, statistics counters): refused
+# whatever the grants, like the catalog relations above (rule ``catalog``), and so are all
+# ``pg_stat_get_*`` (walker). pg_get_indexdef and pg_get_expr stay allowed: Django's
+# introspection calls them, on definitions the migrations create alike in every tenant.
+CATALOG_VALUE_FUNCTIONS = _words(
+    """
+pg_get_viewdef pg_get_functiondef pg_get_function_arguments pg_get_function_sqlbody
+pg_get_ruledef pg_get_triggerdef pg_get_constraintdef pg_get_partkeydef
+pg_get_partition_constraintdef pg_get_statisticsobjdef pg_get_statisticsobjdef_columns
+pg_get_statisticsobjdef_expressions pg_relation_size pg_total_relation_size pg_table_size
+pg_indexes_size pg_database_size pg_tablespace_size pg_stat_have_stats
+"""
+)
+CATALOG_VALUE_FUNCTION_PREFIX = "pg_stat_get_"

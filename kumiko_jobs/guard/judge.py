@@ -18,6 +18,11 @@ Decisions (see ARCHITECTURE.md, "DB guard model"):
   catalog relations holding other tenants' or sessions' values (``pg_stats``,
   ``pg_stat_activity``, ``pg_sequences``, ...) and writes to any catalog are denied whatever the
   grants (rules ``catalog`` and ``cross_schema``).
+* Catalog columns and functions that hand out other tenants' values (``pg_class.reltuples``,
+  ``pg_proc.prosrc``, ``pg_get_viewdef``, size functions: ``guard.catalog_reads``) are denied
+  whatever the grants (rule ``catalog``), and so is ``public.<table>`` of an app in both
+  SHARED_APPS and TENANT_APPS, read or written: the operators' own copy (rule ``operators``;
+  the tenant's own copy is the unqualified name).
 * A write into another tenant's schema has no grant that allows it: the way to change another
   tenant's data is a job running in that tenant. The same holds for a statement that writes (or
   locks rows with ``FOR UPDATE``/``FOR SHARE``) and at the same time reads another schema.
@@ -69,6 +74,9 @@ class Policy:
     # Shared tables no grant may write: the job system's own history and the tenant registry.
     # (A system job inside ctx.system_db() is not judged at all.)
     protected_tables: frozenset[str] = frozenset()
+    # Tables of apps in both SHARED_APPS and TENANT_APPS: the tenant's own copy is the
+    # unqualified name; public.<table> is the operators' (sessions, users), never a tenant's.
+    operator_tables: frozenset[str] = frozenset()
     # KUMIKO_JOBS["GUARD_EXTRA_FUNCTIONS"]: "name" (unqualified, or qualified with public or an
     # extra schema) or "schema.name", lower case.
     extra_functions: frozenset[str] = frozenset()
@@ -135,6 +143,8 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
     reading = policy.readable_schema
     if shape.search_path is not None and _search_path_ok(shape.search_path, policy):
         return _allowed(kind)
+    if reading == "public" and policy.schema != "public":
+        return _reading_public(kind)
     if shape.unverifiable:
         if reading is not None:
             return _read_only(kind, reading, shape.unverifiable)
@@ -146,18 +156,9 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
                 f"{shape.unverifiable}; needs the unsafe_raw grant",
             )
         return _judge_unsafe(shape, policy)
-    if shape.forbidden:
-        return _denied(kind, None, "protected", shape.forbidden + "; no grant allows it")
-    if shape.forbidden_catalogs:
-        names = ", ".join(shape.forbidden_catalogs)
-        return _denied(
-            kind,
-            None,
-            "catalog",
-            f"reading the catalog relation(s) {names}: they hold values of every tenant or "
-            f"session (statistics, activity, sequences, locks, credentials), which no grant of a "
-            f"tenant run covers; read them from a system job",
-        )
+    hard = _no_grant_allows(shape, policy)
+    if hard is not None:
+        return hard
 
     # Grant denials wait until every write was checked, so that a hard denial (which no grant
     # can fix) wins over asking for a grant that would not suffice anyway.
@@ -252,6 +253,59 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
             )
         used.append(Grant.UNSAFE_RAW)
     return _allowed_with(kind, tuple(used))
+
+
+def _no_grant_allows(shape: Shape, policy: Policy) -> Verdict | None:
+    """What no grant of a tenant run allows, whatever else the statement does: kumiko's lock
+    keys, catalog values, the operators' copies in public."""
+    kind = shape.kind
+    if shape.forbidden:
+        return _denied(kind, None, "protected", shape.forbidden + "; no grant allows it")
+    if shape.forbidden_catalogs:
+        names = ", ".join(shape.forbidden_catalogs)
+        return _denied(
+            kind,
+            None,
+            "catalog",
+            f"reading {names} of the catalogs: they hold values of every tenant or "
+            f"session (statistics, row counts, sizes, the text of functions and views, "
+            f"activity, sequences, locks, credentials), which no grant of a tenant run covers; "
+            f"name only the columns that describe objects, or read them from a system job",
+        )
+    operators = _operator_tables(shape, policy)
+    if operators:
+        names = ", ".join(f"public.{name}" for name in operators)
+        return _denied(
+            kind,
+            None,
+            "operators",
+            f"{names}: the operators' own table(s) in public (the app is in SHARED_APPS and "
+            f"TENANT_APPS, so this tenant has its own copy: write the name unqualified); no "
+            f"grant of a tenant run reads or writes the public copy",
+        )
+    return None
+
+
+def _reading_public(kind: str) -> Verdict:
+    """cross_tenant_reads of the public tenant: its unqualified names would be the operators'
+    copies (sessions, users); its shared tables need no grant to be read."""
+    return _denied(
+        kind,
+        None,
+        "operators",
+        "cross_tenant_reads of the public schema: it is no tenant; its unqualified names are "
+        "the operators' own tables (sessions, users), and its shared tables need no grant "
+        "to be read",
+    )
+
+
+def _operator_tables(shape: Shape, policy: Policy) -> list[str]:
+    """The operators' tables the statement names in public (reads and writes)."""
+    if not policy.operator_tables or policy.schema == "public":
+        return []  # a system run's own schema is public: the operators' code
+    named = policy.operator_tables.intersection(shape.public_relations)
+    named |= {w.table for w in shape.writes if w.schema == "public"} & policy.operator_tables
+    return sorted(named)
 
 
 def _judge_unsafe(shape: Shape, policy: Policy) -> Verdict:

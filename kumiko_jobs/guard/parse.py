@@ -123,6 +123,7 @@ def _query_shape(node_type: str, node: dict[str, Any], walker: Walker) -> Shape:
     except Unverifiable as exc:
         return _unverifiable(kind, str(exc))  # walker.walked stays False: params counted anew
     walker.walked = True
+    walker.finish()
     verbs = [w.verb for w in walker.writes if w.verb in ("insert", "update", "delete", "merge")]
     if kind in ("select", "values") and verbs:
         kind = verbs[0]  # a data-modifying CTE makes the statement a write
@@ -139,6 +140,7 @@ def _query_shape(node_type: str, node: dict[str, Any], walker: Walker) -> Shape:
         locks=walker.locks,
         forbidden_catalogs=tuple(dict.fromkeys(walker.forbidden_catalogs)),
         forbidden=walker.forbidden,
+        public_relations=frozenset(walker.public_relations),
     )
 
 

@@ -30,7 +30,7 @@ from .role_names import (
     scram_verifier,
     writers_group_name,
 )
-from .tables import protected_tables, shared_tables
+from .tables import operator_tables, protected_tables, shared_tables
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 SEQUENCE_PRIVILEGES = ("USAGE", "SELECT", "UPDATE")
@@ -44,7 +44,7 @@ def readable_shared_tables() -> frozenset[str]:
     classifier alone allows). The tenant and domain tables stay readable: a job names another
     tenant through them (``ctx.cross_tenant_reads(Client.objects.get(...))``)."""
     kumiko = apps.get_app_config("kumiko_jobs").get_models(include_auto_created=True)
-    return shared_tables() - {model._meta.db_table.lower() for model in kumiko}
+    return shared_tables() - {model._meta.db_table for model in kumiko}
 
 
 def _ident(*names: str) -> sql.Identifier:
@@ -80,6 +80,7 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
     )
     existing = {row[0] for row in cursor.fetchall()}
     readable = readable_shared_tables()
+    _revoke_operator_tables(cursor, alias, public, sorted(existing & operator_tables()))
     for table in sorted(existing):
         target = _ident(public, table)
         if table in readable:
@@ -107,6 +108,27 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
     protected = existing & protected_tables()
     _ensure_writers(cursor, alias, public, (existing & readable) - protected, protected)
     return group
+
+
+def _revoke_operator_tables(cursor: Any, alias: str, public: str, tables: list[str]) -> None:
+    """The operators' own copies in public (apps in SHARED_APPS and TENANT_APPS: sessions,
+    users, admin log; every tenant has its own): repair whatever was granted on them by hand to
+    the group, the shared writers or PUBLIC, of which every tenant role is a member (issue 22).
+    One statement for all of them: this runs on every tenant's creation and migration."""
+    if not tables:
+        return
+    holders = [
+        _ident(role)
+        for role in (group_name(alias), writers_group_name(alias))
+        if _exists(cursor, role)
+    ]
+    _execute(
+        cursor,
+        sql.SQL("REVOKE ALL ON {} FROM {}").format(
+            sql.SQL(", ").join(_ident(public, table) for table in tables),
+            sql.SQL(", ").join([*holders, sql.SQL("PUBLIC")]),
+        ),
+    )
 
 
 def _grant_atomic_success(cursor: Any, public: str, group: str) -> None:

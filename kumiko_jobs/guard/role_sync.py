@@ -28,6 +28,7 @@ from .role_names import (
     role_name,
     writers_group_name,
 )
+from .tables import operator_tables
 
 logger = logging.getLogger("kumiko_jobs.db_roles")
 
@@ -182,7 +183,23 @@ def out_of_date(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
         expected = {login for role in roles for login in logins_of(role)}
         orphans = sorted(set(our_roles(cursor, alias)) - expected)
         door = _atomic_success_ungranted(cursor, alias)
-    return [*stale, *door, *(f"role {role} (no such tenant)" for role in orphans)]
+        exposed = _operator_tables_readable(cursor, alias)
+    return [*stale, *door, *exposed, *(f"role {role} (no such tenant)" for role in orphans)]
+
+
+def _operator_tables_readable(cursor: Any, alias: str) -> list[str]:
+    """The operators' own tables in public (apps in SHARED_APPS and TENANT_APPS: sessions,
+    users, admin log) that the tenants' group may read, by a grant to it or to PUBLIC: every
+    tenant role could read the operators' sessions (issue 22). The command revokes it."""
+    cursor.execute(
+        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,"
+        " (SELECT to_regrole(quote_ident(%s)) AS oid) g"
+        " WHERE n.nspname = %s AND c.relname = ANY(%s) AND g.oid IS NOT NULL"
+        " AND has_table_privilege(g.oid, c.oid, 'SELECT, INSERT, UPDATE, DELETE')"
+        " ORDER BY 1",
+        [group_name(alias), project_settings.public_schema_name(), sorted(operator_tables())],
+    )
+    return [f"table public.{name} (tenant roles may read it)" for (name,) in cursor.fetchall()]
 
 
 def _atomic_success_ungranted(cursor: Any, alias: str) -> list[str]:

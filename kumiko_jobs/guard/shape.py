@@ -59,8 +59,11 @@ class Shape:
     # Tables written through unqualified names; None if some write target is schema-qualified.
     # Lets classify() settle the common tenant-table write with one set operation.
     local_write_tables: frozenset[str] | None = frozenset()
-    # Catalog relations read that are not on the readable list: denied whatever the grants.
+    # Catalog relations read that are not on the readable list, and readable ones' columns
+    # holding tenants' values (reltuples, prosrc, ...): denied whatever the grants.
     forbidden_catalogs: tuple[str, ...] = ()
+    # Relations read as public.<name>: the judge refuses the operators' own tables there.
+    public_relations: frozenset[str] = frozenset()
     # Why a detail makes the statement unsafe whatever the grants (kumiko's lock keys).
     forbidden: str = ""
     # BEGIN, COMMIT, ROLLBACK (not TO SAVEPOINT), two-phase commit, or a part that is: the

@@ -1,8 +1,14 @@
-"""Which tables the guard treats specially: shared, protected, holding personal data.
+"""Which tables the guard treats specially: shared, the operators', protected, personal data.
 
 Read from the installed apps' models (and ``EXTRA_SHARED_TABLES``), once per process. The
 guard's policy (``guard.wrapper``) and the tenant roles' grants (``role_grants``) both use these
 answers, so the classifier and PostgreSQL's privileges draw the same lines.
+
+Names are kept exactly as PostgreSQL stores them: Django always quotes ``db_table``, so a model
+with ``db_table = "Catalog_Notice"`` is the relation ``Catalog_Notice``, and the parse tree the
+guard reads spells it that way too (``"Catalog_Notice"`` quoted; an unquoted ``Catalog_Notice``
+folds to ``catalog_notice``, another relation). Lower-casing one side made honest ORM writes to
+such a table look like writes to some other table (issue 22).
 """
 
 from __future__ import annotations
@@ -19,16 +25,29 @@ from ..core import conf, project_settings
 PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
 
 
+def _tables_of_apps(*, also_tenant: bool) -> frozenset[str]:
+    shared, tenant = project_settings.shared_apps()
+    return frozenset(
+        model._meta.db_table
+        for config in apps.get_app_configs()
+        if config.name in shared and (config.name in tenant) is also_tenant
+        for model in config.get_models(include_auto_created=True)
+    )
+
+
 @cache
 def shared_tables() -> frozenset[str]:
     """Tables that exist only in public: models of SHARED_APPS that are not also TENANT_APPS."""
-    shared, tenant = project_settings.shared_apps()
-    tables = set(conf.get().EXTRA_SHARED_TABLES)
-    for config in apps.get_app_configs():
-        if config.name in shared and config.name not in tenant:
-            for model in config.get_models(include_auto_created=True):
-                tables.add(model._meta.db_table.lower())
-    return frozenset(tables)
+    return _tables_of_apps(also_tenant=False) | frozenset(conf.get().EXTRA_SHARED_TABLES)
+
+
+@cache
+def operator_tables() -> frozenset[str]:
+    """Tables of apps in both SHARED_APPS and TENANT_APPS: every tenant has its own copy (the
+    unqualified name), and the copy in public is the operators' own (their sessions, users,
+    admin log). No tenant run reads or writes ``public.<table>``, whatever its grants; the
+    tenant roles hold no privilege on them."""
+    return _tables_of_apps(also_tenant=True) - shared_tables()
 
 
 @cache
@@ -39,7 +58,7 @@ def protected_tables() -> frozenset[str]:
         get_tenant_model(),
         get_tenant_domain_model(),
     ]
-    return frozenset(model._meta.db_table.lower() for model in models)
+    return frozenset(model._meta.db_table for model in models)
 
 
 @cache
@@ -49,8 +68,6 @@ def personal_data_columns() -> Mapping[str, frozenset[str]]:
     for model in apps.get_models():
         names = getattr(model, PERSONAL_DATA_ATTRIBUTE, None)
         if names:
-            columns = {
-                str(getattr(model._meta.get_field(name), "column", name)).lower() for name in names
-            }
-            found[model._meta.db_table.lower()] = frozenset(columns)
+            columns = {str(getattr(model._meta.get_field(name), "column", name)) for name in names}
+            found[model._meta.db_table] = frozenset(columns)
     return found

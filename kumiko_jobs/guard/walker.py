@@ -23,92 +23,22 @@ from .allowlists import (
     ADVISORY_XACT_LOCKS,
     BUILTIN_FUNCTIONS,
     CATALOG_RELATIONS,
+    CATALOG_VALUE_FUNCTION_PREFIX,
+    CATALOG_VALUE_FUNCTIONS,
     READABLE_CATALOG_RELATIONS,
     REG_TYPES,
     SEQUENCE_FUNCTIONS,
 )
-from .shape import CATALOG, Call, Unverifiable, Write
+from .catalog_reads import RestrictedColumns
+from .shape import CATALOG, INFORMATION_SCHEMA, Call, Unverifiable, Write
+from .tree_names import int_constant, name_list, resolve_literal_name, string_constant
 
-__all__ = ["Walker", "string_constant"]
+__all__ = ["Walker", "string_constant"]  # string_constant: re-exported for guard.parse
 
 # Non-decimal integers (0x1F, 0o17, 0b101) and digit separators (1_000) are PostgreSQL 16+.
 # PostgreSQL 15 lexes "0x1F" as "0" followed by the column alias "x1F": a statement whose
 # meaning depends on the server version is refused.
 _NUMBER_FORMS = re.compile(rb"[-+\s(]*\.?[0-9][0-9.]*(?:[eE][-+]?[0-9]+)?([_xXoObB])?")
-
-
-def _names(items: list[Any]) -> list[str]:
-    """The strings of a name list (``[{"String": {"sval": ...}}, ...]``); "*" for ``A_Star``."""
-    out: list[str] = []
-    for item in items:
-        string = item.get("String")
-        out.append(string.get("sval", "") if string is not None else "*")
-    return out
-
-
-def _resolve_literal_name(text: str) -> list[str]:
-    """Split a qualified name written in a string (``'t2.seq'``, ``'"T2"."x"'``) like PostgreSQL.
-
-    Unquoted parts are folded to lower case (ASCII only, as in a UTF-8 database), quoted parts
-    keep their case; whitespace around dots is ignored. Anything else is unverifiable.
-    """
-    parts: list[str] = []
-    i, n = 0, len(text)
-    while True:
-        while i < n and text[i].isspace():
-            i += 1
-        if i < n and text[i] == '"':
-            j = i + 1
-            name: list[str] = []
-            while True:
-                k = text.find('"', j)
-                if k < 0:
-                    raise Unverifiable("unterminated quoted name in a string")
-                name.append(text[j:k])
-                if text[k + 1 : k + 2] == '"':
-                    name.append('"')
-                    j = k + 2
-                    continue
-                i = k + 1
-                break
-            parts.append("".join(name))
-        else:
-            j = i
-            while j < n and text[j] not in '."' and not text[j].isspace():
-                j += 1
-            if j == i:
-                raise Unverifiable(f"cannot read the name in the string {text!r}")
-            parts.append(_fold(text[i:j]))
-            i = j
-        while i < n and text[i].isspace():
-            i += 1
-        if i == n:
-            return parts
-        if text[i] != ".":
-            raise Unverifiable(f"cannot read the name in the string {text!r}")
-        i += 1
-
-
-_ASCII_FOLD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
-
-
-def _fold(name: str) -> str:
-    return name.translate(_ASCII_FOLD)
-
-
-def string_constant(node: Any) -> str | None:
-    """The text of a string constant node (``'t2.seq'``), or None for any other node."""
-    const = node.get("A_Const") if isinstance(node, dict) else None
-    if const is None or "sval" not in const:
-        return None
-    return str(const["sval"].get("sval", ""))
-
-
-def _int_constant(node: Any) -> int | None:
-    const = node.get("A_Const") if isinstance(node, dict) else None
-    if const is None or "ival" not in const:
-        return None
-    return int(const["ival"].get("ival", 0))
 
 
 _CONTAINERS = (dict, list)  # json.loads builds exactly these (type(), not isinstance: faster)
@@ -131,6 +61,8 @@ class Walker:
         self.unverifiable = ""
         self.forbidden = ""
         self.forbidden_catalogs: list[str] = []
+        self.restricted = RestrictedColumns()  # catalog columns holding tenants' values
+        self.public_relations: set[str] = set()  # relations named public.<name>
         self.params: list[int] = []  # the number of every ParamRef met
         self.walked = False  # the whole statement was walked (a query statement)
 
@@ -175,10 +107,19 @@ class Walker:
             self.catalog_read(name)
         else:
             self.schemas.add(schema)
+            if schema == "public":
+                self.public_relations.add(name)
+            elif schema == INFORMATION_SCHEMA and name.startswith("_pg_"):
+                self.forbidden_catalogs.append(f"{schema}.{name}")  # internal, undocumented
         if name == ADMISSION_LOCK_TABLE:
             # A row lock on it (FOR UPDATE) would hold kumiko's admission lock of any tenant.
             self.forbidden = f"{name} is kumiko's admission lock table"
+        self.restricted.relation(node)
         self.fields(node)
+
+    def finish(self) -> None:
+        """After the walk: what reads restricted catalog columns is a forbidden catalog read."""
+        self.forbidden_catalogs.extend(self.restricted.refusals())
 
     def catalog_read(self, name: str) -> None:
         """A catalog relation read: denied whatever the grants unless it only describes objects."""
@@ -195,7 +136,7 @@ class Walker:
 
     def call(self, node: dict[str, Any]) -> None:
         """A call: sequences and advisory locks judged by their arguments, others by allowlist."""
-        parts = _names(node.get("funcname", []))
+        parts = name_list(node.get("funcname", []))
         name = parts[-1]
         schema = parts[-2] if len(parts) >= 2 else None
         args = node.get("args", [])
@@ -204,6 +145,8 @@ class Walker:
                 self.sequence_call(name, args)
             elif name in ADVISORY_XACT_LOCKS:
                 self.advisory_lock(name, args)
+            elif name in CATALOG_VALUE_FUNCTIONS or name.startswith(CATALOG_VALUE_FUNCTION_PREFIX):
+                self.forbidden_catalogs.append(f"{name}()")  # definitions, sizes, counters
             elif name not in BUILTIN_FUNCTIONS:
                 self.calls.append(Call(schema, name))
         else:
@@ -217,11 +160,11 @@ class Walker:
         literal = string_constant(first)
         if literal is None and isinstance(first, dict) and "TypeCast" in first:
             cast = first["TypeCast"]
-            if _names(cast["typeName"]["names"])[-1] == "regclass":
+            if name_list(cast["typeName"]["names"])[-1] == "regclass":
                 literal = string_constant(cast.get("arg"))
         if literal is None:
             raise Unverifiable(f"{name}() of a sequence not named by a constant")
-        parts = _resolve_literal_name(literal)
+        parts = resolve_literal_name(literal)
         if len(parts) > 3:
             raise Unverifiable(f"{name}() of an improper name {literal!r}")
         schema = parts[-2] if len(parts) >= 2 else None
@@ -236,7 +179,7 @@ class Walker:
         """A transaction advisory lock: never in kumiko's own admission lock class."""
         if len(args) == 2:
             # Two int4 keys: kumiko's admission lock lives here under ADMISSION_LOCK_CLASS.
-            key_class = _int_constant(args[0])
+            key_class = int_constant(args[0])
             if key_class is None:
                 raise Unverifiable(f"{name}() with two keys needs a constant first key")
             if key_class == ADMISSION_LOCK_CLASS:
@@ -249,14 +192,14 @@ class Walker:
 
     def type_name(self, node: dict[str, Any]) -> None:
         """A type name, which may be schema-qualified (``t2.mytype``)."""
-        names = _names(node.get("names", []))
+        names = name_list(node.get("names", []))
         if len(names) >= 2:
             self.schema_ref(names[-2])
         self.fields(node, "names")
 
     def type_cast(self, node: dict[str, Any]) -> None:
         """A cast; to a reg* type, the string cast names an object, read like a name."""
-        names = _names(node["typeName"].get("names", []))
+        names = name_list(node["typeName"].get("names", []))
         if names[-1] in REG_TYPES and (len(names) == 1 or names[-2] == CATALOG):
             literal = string_constant(node.get("arg"))
             if literal is None:
@@ -269,7 +212,7 @@ class Walker:
         if reg_type == "regrole":
             return
         if reg_type == "regnamespace":
-            self.schema_ref(_resolve_literal_name(literal)[0])
+            self.schema_ref(resolve_literal_name(literal)[0])
             return
         text = literal
         if reg_type in ("regprocedure", "regoperator") and "(" in text:
@@ -280,9 +223,9 @@ class Walker:
             return  # '+', '||': an unqualified operator
         if reg_type in ("regoper", "regoperator"):
             schema = text.split(".", 1)[0].strip()
-            self.schema_ref(_resolve_literal_name(schema)[0])
+            self.schema_ref(resolve_literal_name(schema)[0])
             return
-        parts = _resolve_literal_name(text)
+        parts = resolve_literal_name(text)
         if len(parts) >= 2:
             # Only the schema matters: the cast yields an object id, which reveals nothing by
             # itself, and only allowlisted functions can be applied to it.
@@ -290,27 +233,51 @@ class Walker:
 
     def column_ref(self, node: dict[str, Any]) -> None:
         """A column reference; three parts or more name a schema."""
-        fields = _names(node.get("fields", []))
+        fields = name_list(node.get("fields", []))
         if len(fields) >= 3 and "*" not in fields[:-1]:
             self.schema_ref(fields[-3])  # schema.table.column (or db.schema.table.column)
+        self.restricted.column_ref(fields)
+
+    def select(self, node: dict[str, Any]) -> None:
+        """A SELECT: a bare ``*`` over a restricted catalog relation expands its values."""
+        self.restricted.star_over(node.get("fromClause", []), node.get("targetList", []))
+        self.fields(node)
+
+    def indirection(self, node: dict[str, Any]) -> None:
+        """A field selection ``(x).name``: judged like a column reference to ``name``."""
+        self.restricted.field_selection(node.get("indirection", []))
+        self.fields(node)
+
+    def join(self, node: dict[str, Any]) -> None:
+        """A join (its alias, NATURAL, USING) around a restricted catalog relation."""
+        self.restricted.join(node)
+        self.fields(node)
+
+    def returning(self, node: dict[str, Any], *from_keys: str) -> None:
+        """``RETURNING *`` of a write expands the relations of its FROM/USING too."""
+        items: list[Any] = []
+        for key in from_keys:
+            value = node.get(key)
+            items.extend(value if isinstance(value, list) else [value] if value else [])
+        self.restricted.star_over(items, node.get("returningClause", {}).get("exprs", []))
 
     def operator(self, node: dict[str, Any]) -> None:
         """An expression's operator, which may be schema-qualified."""
-        names = _names(node.get("name", []))
+        names = name_list(node.get("name", []))
         if len(names) >= 2:
             self.schema_ref(names[-2])  # OPERATOR(t2.+)
         self.fields(node, "name")
 
     def qualified(self, node: dict[str, Any], key: str) -> None:
         """A node whose ``key`` field is a possibly qualified name (collation, sampling method)."""
-        names = _names(node.get(key, []))
+        names = name_list(node.get(key, []))
         if len(names) >= 2:
             self.schema_ref(names[-2])  # COLLATE t2.c, TABLESAMPLE t2.method(...)
         self.fields(node, key)
 
     def operator_names(self, names: list[Any]) -> None:
         """An operator named in ``USING``/``ANY`` forms, possibly qualified."""
-        parts = _names(names)
+        parts = name_list(names)
         if len(parts) >= 2:
             self.schema_ref(parts[-2])  # ORDER BY x USING OPERATOR(t2.<), x OPERATOR(t2.=) ANY
 
@@ -342,11 +309,13 @@ class Walker:
         """UPDATE: its target and the columns it sets."""
         columns = frozenset(t["ResTarget"]["name"] for t in node.get("targetList", []))
         self.write_target("update", node["relation"], columns)
+        self.returning(node, "fromClause")
         self.fields(node, "relation")
 
     def delete(self, node: dict[str, Any]) -> None:
         """DELETE: its target (no columns written)."""
         self.write_target("delete", node["relation"], frozenset())
+        self.returning(node, "usingClause")
         self.fields(node, "relation")
 
     def merge(self, node: dict[str, Any]) -> None:
@@ -361,6 +330,7 @@ class Walker:
                 columns.update(t["ResTarget"]["name"] for t in targets)
         written = None if columns is None else frozenset(columns)
         self.write_target("merge", node["relation"], written)
+        self.returning(node, "sourceRelation")
         self.fields(node, "relation")
 
     def into(self, node: dict[str, Any]) -> None:
@@ -388,6 +358,9 @@ _HANDLERS: dict[str, Any] = {
     "operName": Walker.operator_names,
     "TypeCast": Walker.type_cast,
     "ColumnRef": Walker.column_ref,
+    "SelectStmt": Walker.select,
+    "A_Indirection": Walker.indirection,
+    "JoinExpr": Walker.join,
     "A_Expr": Walker.operator,
     "CollateClause": lambda walker, node: walker.qualified(node, "collname"),
     "RangeTableSample": lambda walker, node: walker.qualified(node, "method"),

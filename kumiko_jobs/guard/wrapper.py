@@ -24,7 +24,7 @@ from ..core import conf, project_settings
 from ..core.exceptions import DatabaseAccessDenied
 from .judge import Grant, Policy, Verdict, classify
 from .parse import statement_shape
-from .tables import personal_data_columns, protected_tables, shared_tables
+from .tables import operator_tables, personal_data_columns, protected_tables, shared_tables
 from .watch import Watch
 
 __all__ = [
@@ -166,6 +166,7 @@ class GuardWrapper:
                 personal_data_columns=personal_data_columns(),
                 deny_personal_data_writes=self.deny_personal,
                 protected_tables=protected_tables(),
+                operator_tables=operator_tables(),
                 extra_functions=frozenset(conf.get().GUARD_EXTRA_FUNCTIONS),
                 extra_schemas=project_settings.extra_search_paths(),
             )
@@ -252,6 +253,7 @@ class GuardWrapper:
                     shared_tables=shared_tables(),
                     active_grants=frozenset({Grant.CROSS_TENANT_READS}),
                     readable_schema=schema,
+                    operator_tables=policy.operator_tables,
                     extra_functions=policy.extra_functions,
                     extra_schemas=policy.extra_schemas,
                 )
@@ -307,4 +309,6 @@ def denial_message(watch: Watch, verdict: Verdict) -> str:
             " No grant allows this: runs and tenants are changed through the admin, "
             "manage.py, or a system job inside ctx.system_db()."
         )
+    if verdict.rule in ("operators", "catalog"):
+        return text + " No grant allows this in a tenant run."
     return text + " No grant allows this; run a job in that tenant instead."

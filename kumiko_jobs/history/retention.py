@@ -12,8 +12,10 @@
 * A deleted tenant (``TENANT_DELETION``): history rows outlive the schema, and they hold the
   tenant's data (arguments, log lines, error texts, subjects). ``"purge"`` (default) deletes
   its runs and failures; ``"anonymise"`` keeps the runs' shape (job, status, times, attempts)
-  for the operators' statistics and blanks everything the tenant's data could be in. The
-  escape-hatch audit is the operators' record and stays (under its own retention).
+  for the operators' statistics and blanks everything the tenant's data could be in. Its
+  refused queue messages (``RejectedMessage``, whose excerpts can hold its arguments) are
+  deleted, or kept with their excerpts blanked. The escape-hatch audit is the operators'
+  record and stays (under its own retention).
 
 Every deletion here runs in batches of ``BATCH_SIZE`` rows, each batch one ``DELETE`` statement
 (the batch's attempts with it) in a transaction of its own: the history can hold millions of
@@ -24,6 +26,7 @@ attempts. No ``pre_delete``/``post_delete`` signals are sent for history rows.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection, models, transaction
-from django.db.models import Exists, OuterRef, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from ..core import conf, project_settings
@@ -169,7 +172,9 @@ def delete_resolved_failures(*, batch_size: int = BATCH_SIZE) -> int:
 
 def forget_tenant(schema: str) -> int:
     """Purge or anonymise the history of the deleted tenant ``schema``; returns the runs
-    touched. Failures (tenant-facing texts) go in both modes."""
+    touched. Failures (tenant-facing texts) go in both modes; so do the excerpts of its refused
+    queue messages (``tenant_rejections``), which can hold its arguments: purged with the
+    rows, or blanked while the rows (time, queue, reason) stay for the operators."""
     if not schema:
         return 0  # system runs are nobody's tenant
     mode = conf.get().TENANT_DELETION
@@ -177,10 +182,12 @@ def forget_tenant(schema: str) -> int:
     if mode == "purge":
         # In batches (a tenant may have millions of runs); fan-out children are among them.
         delete_in_batches(JobFailure.objects.filter(schema_name=schema))
+        delete_in_batches(tenant_rejections(schema))
         touched = delete_in_batches(runs)
     else:
         with transaction.atomic():
             JobFailure.objects.filter(schema_name=schema).delete()
+            tenant_rejections(schema).update(excerpt="", schema_name=schema)
             JobAttempt.objects.filter(run__schema_name=schema).update(
                 error_message="", traceback="", log=[]
             )
@@ -195,6 +202,17 @@ def forget_tenant(schema: str) -> int:
             )
     logger.info("tenant %s deleted: its run history was %sd (%d rows)", schema, mode, touched)
     return touched
+
+
+def tenant_rejections(schema: str) -> QuerySet[RejectedMessage]:
+    """The refused messages that name ``schema``: by their ``schema_name`` (an index), and rows
+    recorded before it existed (empty) by the schema field in their excerpt, as an envelope's
+    JSON writes it (with or without a space: ``json.dumps``'s two separator styles)."""
+    legacy = Q(schema_name="") & (
+        Q(excerpt__contains=f'"schema":{json.dumps(schema)}')
+        | Q(excerpt__contains=f'"schema": {json.dumps(schema)}')
+    )
+    return RejectedMessage.objects.filter(Q(schema_name=schema) | legacy)
 
 
 def on_tenant_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:

@@ -39,7 +39,7 @@ from django_tenants.utils import get_tenant_model
 
 from ..core import conf, project_settings, session
 from ..core.db import ATOMIC_FUNCTION
-from ..models import JobAttempt, JobRun, RunStatus
+from ..models import JobAttempt, JobFailure, JobRun, RunStatus
 
 
 @contextmanager
@@ -144,8 +144,11 @@ def _start_sql(commit_mode: str) -> str:
         f"({col('status')} = %s AND GREATEST({col('attempts')}, 1) = %s AND ("
         f"({col('defer_count')} + 1 = %s AND {col('gate_defer_count')} = %s) OR "
         f"({col('defer_count')} = %s AND {col('gate_defer_count')} + 1 = %s)))"
-        f") RETURNING 1) "
-        f"SELECT (SELECT count(*) FROM started), {_tenant_columns().sql} "
+        f") RETURNING {col('workflow_id')} AS workflow_id) "
+        # The run's workflow (NULL for a plain run) rides along: its finish decides from it
+        # whether a workflow moves on, without a statement for runs outside one.
+        f"SELECT (SELECT count(*) FROM started), (SELECT workflow_id FROM started), "
+        f"{_tenant_columns().sql} "
         f"FROM {commit_mode} AS one LEFT JOIN {_qualified(tenant_model._meta.db_table)} AS tenant "
         f"ON tenant.{_schema_column()} = %s"
     )
@@ -159,6 +162,7 @@ class Started:
 
     updated: bool  # False: the run does not wait for this message (or its row is gone)
     tenant: Any  # the tenant whose schema_name the message names, or None
+    workflow_id: uuid.UUID | None = None  # the workflow the run is a step of (docs/workflows.md)
 
 
 def start(
@@ -205,7 +209,7 @@ def start(
     with public_cursor() as cursor:
         cursor.execute(_start_sql(_commit_mode()), params)
         row = cursor.fetchone()
-    return Started(updated=bool(row[0]), tenant=_tenant_from(row[1:]))
+    return Started(updated=bool(row[0]), tenant=_tenant_from(row[2:]), workflow_id=row[1])
 
 
 def run_row(run_id: str) -> tuple[str, int] | None:
@@ -258,19 +262,38 @@ class _FinishStatement:
     run_fields: tuple[Any, ...]
 
 
+# What identifies a tenant-visible failure: one row per (tenant, job, subject).
+_FAILURE_SUBJECT = ("schema_name", "job_name", "subject")
+
+
+def _column(meta: Any, name: str) -> str:
+    return str(meta.get_field(name).column)
+
+
 @functools.cache
 def _finish_statement(
-    attempt_names: tuple[str, ...], run_names: tuple[str, ...], commit_mode: str
+    attempt_names: tuple[str, ...],
+    run_names: tuple[str, ...],
+    commit_mode: str,
+    clears_failure: bool = False,
 ) -> _FinishStatement:
     """The finish for these columns, built once per combination (a handful: the outcomes)."""
     qn = connection.ops.quote_name
-    a_meta, r_meta = JobAttempt._meta, JobRun._meta
+    a_meta, r_meta, f_meta = JobAttempt._meta, JobRun._meta, JobFailure._meta
     a_fields: tuple[Any, ...] = tuple(a_meta.get_field(name) for name in attempt_names)
     r_fields: tuple[Any, ...] = tuple(r_meta.get_field(name) for name in run_names)
+    # A tenant's success clears that subject's failure (the unique index finds it, or not).
+    cleared = (
+        f", cleared AS (DELETE FROM {_qualified(f_meta.db_table)} WHERE "
+        + " AND ".join(f"{qn(_column(f_meta, n))} = %s" for n in _FAILURE_SUBJECT)
+        + ")"
+        if clears_failure
+        else ""
+    )
     sql = (
         f"WITH attempt AS (INSERT INTO {_qualified(a_meta.db_table)} "
         f"({', '.join(qn(f.column) for f in a_fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(a_fields))})) "
+        f"VALUES ({', '.join(['%s'] * len(a_fields))})){cleared} "
         f"UPDATE {_qualified(r_meta.db_table)} SET "
         f"{', '.join(f'{qn(f.column)} = %s' for f in r_fields)} "
         f"FROM {commit_mode} AS commit_mode "
@@ -279,12 +302,26 @@ def _finish_statement(
     return _FinishStatement(sql, a_fields, r_fields)
 
 
-def finish(attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> None:
-    """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement."""
-    statement = _finish_statement(tuple(attempt), tuple(run_update), _commit_mode())
+def finish(
+    attempt: dict[str, Any],
+    run_update: dict[str, Any],
+    run_id: str,
+    *,
+    clear_failure: tuple[str, str, str] | None = None,
+) -> None:
+    """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement.
+
+    ``clear_failure`` (schema, job, subject): a success also deletes that subject's
+    tenant-visible failure, in the same statement (no round trip more), whichever way the
+    failure was recorded (declared ``tenant_visible_failure`` or a ``TenantVisibleError``).
+    """
+    statement = _finish_statement(
+        tuple(attempt), tuple(run_update), _commit_mode(), clear_failure is not None
+    )
     params: list[Any] = [
         f.get_db_prep_save(attempt[f.name], connection) for f in statement.attempt_fields
     ]
+    params += list(clear_failure or ())
     params += [f.get_db_prep_save(run_update[f.name], connection) for f in statement.run_fields]
     params.append(uuid.UUID(run_id))
     with public_cursor() as cursor:

@@ -25,6 +25,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from .. import transport
 from ..core import project_settings
+from .guarded import GuardedTracer
 
 if TYPE_CHECKING:
     from ..core.envelope import Envelope
@@ -71,7 +72,8 @@ def _version() -> str:
 # Only W3C trace context crosses the queue, whatever the global propagator is: the envelope
 # is signed and size-limited, and JobRun.trace_id is read from ``traceparent``.
 _propagator = TraceContextTextMapPropagator()
-_tracer = trace.get_tracer(SCOPE, _version())
+# Guarded: a span processor that raises must not fail an enqueue or a run (guarded.py).
+_tracer = GuardedTracer(trace.get_tracer(SCOPE, _version()))
 _meter = metrics.get_meter(SCOPE, _version())
 
 
@@ -140,7 +142,7 @@ def extract(envelope: Envelope) -> otel_context.Context:
     return _propagator.extract(carrier=envelope.trace, context=otel_context.Context())
 
 
-def tracer() -> trace.Tracer:
+def tracer() -> GuardedTracer:
     """The tracer kumiko's spans are made with (this package's instrumentation scope)."""
     return _tracer
 

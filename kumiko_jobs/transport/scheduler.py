@@ -25,8 +25,9 @@ from rq.job import Job
 from ..core import conf, project_settings
 from . import pushing
 from .keys import CRON_PREFIX, TZ_META
-from .queues import DelayedSet, Message, get_queue, redis_identity
+from .queues import Message, get_queue, redis_identity
 from .rq_job import RUNNER
+from .scheduler_loop import SchedulerLoop
 
 
 class CronFiring(Protocol):
@@ -79,24 +80,27 @@ def cron_hooks() -> CronHooks:
     return _cron_hooks
 
 
-class Scheduler(DelayedSet):
+class Scheduler(SchedulerLoop):
     """rq-scheduler that reads kumiko's JSON jobs. Set ``RQ["SCHEDULER_CLASS"]`` to this.
 
     It also syncs kumiko's cron schedules when it starts, and computes the next tick of a cron
     job in the job's own time zone (rq-scheduler itself knows only UTC or the machine's zone).
+    Its loop (``SchedulerLoop``) moves a message once its due time has passed, to the
+    millisecond, never before.
     """
 
     def run(self, burst: bool = False) -> None:
         """rq-scheduler's loop, restarted when Redis goes away instead of ending the process.
 
         rq-scheduler's own loop ends on the first Redis error (its heartbeat, then the
-        ``register_death`` in its ``finally``), even for a one-second restart.
+        ``register_death`` in its ``finally``), even for a one-second restart; so does
+        ``serve``, and this loop starts it again.
         """
         hooks = cron_hooks()
         while True:
             try:
                 hooks.sync_schedules()
-                super().run(burst=burst)
+                self.serve(burst=burst)
                 return
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 self.log.warning("Redis is unavailable (%s); retrying in %s s", exc, _PAUSE)
@@ -173,7 +177,8 @@ class Scheduler(DelayedSet):
         if firing.message is not None:
             # Through the module, so that testing.captured_pushes keeps it out of Redis.
             pushing.push(firing.message)
-        self.connection.zadd(self.scheduled_jobs_key, {job.id: int(firing.next_at)})
+        # Scored to the microsecond: rung at the tick, never before it (int() rounded down).
+        self.connection.zadd(self.scheduled_jobs_key, {job.id: float(firing.next_at)})
 
 
 _PAUSE = 1.0  # seconds between attempts to reach Redis again
@@ -232,8 +237,10 @@ def register_cron(spec: CronSpec, first_delay: float) -> None:
         result_ttl=-1,
         meta={TZ_META: spec.timezone},
     )
+    # Ticks fall on whole seconds: rounded, the first ring is the tick itself (truncated, it
+    # could be a second early when the clock's reading fell just short of it).
     scheduler.connection.zadd(
-        scheduler.scheduled_jobs_key, {spec.schedule_id: int(time.time() + first_delay)}
+        scheduler.scheduled_jobs_key, {spec.schedule_id: float(round(time.time() + first_delay))}
     )
 
 

@@ -10,10 +10,13 @@
   worker waits ``delay`` and runs the gate again, within its ``max_defers``; a gate's retries
   run inline too. Nothing of a gate is ever pushed to a queue.
 * ``run_on_boot=True``: enqueued once per Redis dataset. The dataset is identified by a token
-  set once (``SET NX``) in Redis; the boot run's id is derived from (job, token), and its row,
-  written first, is the outbox: ten workers starting together write it once, a worker that
-  dies between the row and the push leaves the push to the relay, and a flushed or new Redis
-  (a new token) enqueues it again.
+  set once (``SET NX``) in Redis; the boot run's id is derived from (job, token). A
+  ``BootMarker`` with that id is written in the transaction that writes the run's row, the
+  outbox: ten workers starting together write it once (the marker's primary key makes the
+  others wait, then skip), a worker that dies between the commit and the push leaves the push
+  to the relay, and a flushed or new Redis (a new token) enqueues it again. The marker, not
+  the run row, says "enqueued": retention deletes old runs and never markers, so a boot job
+  does not run again once its run has expired.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from .. import transport
 from ..core import conf
@@ -36,6 +40,7 @@ from ..definition.job import JobDefinition
 from ..definition.registry import registry
 from ..enqueueing.messages import row_for
 from ..enqueueing.submit import submit
+from ..models import BootMarker
 from ..run.entry import run_state
 from ..run.state import Delivery, RunState
 
@@ -144,11 +149,32 @@ def enqueue_boot_jobs() -> list[str]:
     started = []
     for definition in boot_jobs:
         run_id = boot_run_id(definition.name, dataset)
-        try:
-            with transaction.atomic():
-                handle = submit(definition, None, {}, delay=0.0, trigger="boot", run_id=run_id)
-        except IntegrityError:
-            continue  # another worker (or this one, before a crash) wrote it: it is pushed
+        with transaction.atomic():
+            if not _mark(run_id, definition.name, dataset):
+                continue  # another worker (or this one, before a crash) enqueued it
+            try:
+                with transaction.atomic():
+                    handle = submit(definition, None, {}, delay=0.0, trigger="boot", run_id=run_id)
+            except IntegrityError:
+                # Its run row without a marker: enqueued by a release before the markers
+                # (0018). The marker is written now, so retention cannot make it run again.
+                continue
         logger.info("enqueued boot job %s (run %s)", definition.name, handle.run_id)
         started.append(handle.run_id)
     return started
+
+
+def _mark(run_id: str, job_name: str, dataset: str) -> bool:
+    """Write the boot job's marker in the caller's transaction; False when it has one.
+
+    A concurrent worker's uncommitted marker makes this wait on the primary key: it then
+    skips (that worker committed) or writes its own (that worker rolled back or died).
+    """
+    try:
+        with transaction.atomic():
+            BootMarker.objects.create(
+                run_id=run_id, job_name=job_name, dataset=dataset, enqueued_at=timezone.now()
+            )
+    except IntegrityError:
+        return False
+    return True

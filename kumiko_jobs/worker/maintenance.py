@@ -19,6 +19,7 @@ from django.db import connections
 
 from .. import transport
 from ..core import conf
+from ..enqueueing import workflow_release
 from .relay import relay_pending
 from .sweep import sweep_abandoned
 
@@ -28,6 +29,8 @@ logger = logging.getLogger("kumiko_jobs.worker")
 def run_maintenance() -> None:
     """One round of what workers do in the background: sweep, then relay."""
     sweep_abandoned()
+    # Workflow steps whose runs ended outside a finish (the sweep's, a cancellation's).
+    workflow_release.reconcile()
     relay_pending()
 
 
@@ -80,4 +83,5 @@ def sweep_if_dead(redis: Any, name: str, every: int) -> bool:
         return False
     logger.info("worker %s: worker(s) %s stopped beating; sweeping", name, ", ".join(dead))
     sweep_abandoned()
+    workflow_release.reconcile()  # a step the sweep failed on its last attempt moves on now
     return True

@@ -206,7 +206,10 @@ def _hand_back(
             claimed.save(update_fields=["status", "scheduled_for", "error_type", "error_message"])
             if push:
                 message = message_for(
-                    definition, envelope_of(claimed, attempt=claimed.attempts + 1), delay
+                    definition,
+                    envelope_of(claimed, attempt=claimed.attempts + 1),
+                    delay,
+                    priority=claimed.priority,
                 )
                 # Redis down: the run is queued in PostgreSQL, and the relay pushes it later.
                 transaction.on_commit(functools.partial(transport.push, message), robust=True)

@@ -27,6 +27,8 @@ ACTIVITY_CANARY = "kanari7q4zactivity"
 NOTIFY_CHANNEL = "gx_channel"
 VICTIM_APP = "gx_victim"  # application_name of the connection the terminate strategies hunt
 INTACT = "intact"
+# Rows of t2's planted table for a STATS strategy (a number no run's output has by chance).
+STATS_ROWS = 7919
 
 
 class Effect(StrEnum):
@@ -41,6 +43,9 @@ class Effect(StrEnum):
     LOCK = "lock"  # kumiko's admission lock for t2 is still held after the run
     TERMINATED = "terminated"  # another session (the victim connection) was killed
     VICTIM = "victim"  # the next run, in t2, on the same worker, lost its write
+    # t2's planted table's row count or size (pg_class, size functions) after "{mark}=" in
+    # the run's log, error text or t1's rows
+    STATS = "stats"
 
 
 # Effects that need a run of t2 after the attack on the same worker connection: such a
@@ -61,6 +66,7 @@ class Class(StrEnum):
     WRITES = "0 writes"
     UNVERIFIABLE = "0 unverifiable statements"
     SWITCHING = "0 schema switching"
+    PUBLIC = "8 the operators' copies in public"
 
 
 NO_PARAMS: Any = object()

@@ -27,6 +27,7 @@ from kumiko_jobs.models import JobRun
 from kumiko_jobs.run.context import JobContext
 
 from .models import Finding, Person, Secret
+from .shared.models import Notice
 
 OTHER = "t2"
 EXTRA_ALIAS = "guard_other"  # added by the attack suite for the QuerySet.using() cases
@@ -210,6 +211,11 @@ def _schema_editor_drop(ctx: JobContext) -> None:
         editor.delete_model(Secret)  # DROP TABLE through Django's migration machinery
 
 
+def _orm_create_upper_case_shared(ctx: JobContext) -> None:
+    # Honest ORM code; the shared table is "GuardShared_Notice" (issue 22).
+    Notice.objects.create(text="from a tenant run")
+
+
 def _swallowed(ctx: JobContext) -> None:
     # "Best effort" code that swallows the denial: the run must fail all the same.
     with contextlib.suppress(DatabaseAccessDenied):
@@ -310,6 +316,18 @@ SQL_ATTACKS: dict[str, str] = {
     "dblink": "SELECT dblink_exec('dbname=x', 'DELETE FROM t2.guardapp_secret')",
     "call_procedure": "CALL t2.guardapp_proc()",
     "notify": "NOTIFY guardapp_channel, 'hello from t1'",
+    # issue 22: the operators' copies in public, catalog columns with tenants' values
+    "operators_session_read": "SELECT session_key FROM public.django_session",
+    "operators_user_read": 'SELECT username, password FROM "public"."auth_user"',
+    "operators_admin_log_join": (
+        "SELECT l.object_repr FROM guardapp_secret s JOIN public.django_admin_log l ON true"
+    ),
+    "catalog_reltuples": "SELECT relname, reltuples FROM pg_class",
+    "catalog_star": "SELECT * FROM pg_catalog.pg_class",
+    "catalog_prosrc": "SELECT proname, prosrc FROM pg_proc",
+    "catalog_view_definition": "SELECT viewname, definition FROM pg_views",
+    "catalog_routine_definition": "SELECT routine_definition FROM information_schema.routines",
+    "catalog_relation_size": "SELECT pg_relation_size(oid) FROM pg_class",
 }
 
 ATTACKS: dict[str, Callable[[JobContext], None]] = {
@@ -344,6 +362,7 @@ ATTACKS: dict[str, Callable[[JobContext], None]] = {
     "using_alias_shared_write": _using_alias_shared_write,
     "schema_editor_drop": _schema_editor_drop,
     "swallowed_denial": _swallowed,
+    "orm_create_upper_case_shared": _orm_create_upper_case_shared,
 }
 
 
@@ -542,11 +561,13 @@ def guard_installed(ctx: JobContext) -> None:
 # --- the calibrated attack suite (tests/guardapp/attacks_*.py) --------------------------------
 
 from .attacks_base import Strategy, run_statements  # noqa: E402
+from .attacks_public import PUBLIC_STRATEGIES  # noqa: E402
 from .attacks_routes import ROUTE_STRATEGIES  # noqa: E402
 from .attacks_sql import SQL_STRATEGIES  # noqa: E402
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (*SQL_STRATEGIES, *ROUTE_STRATEGIES)}
-assert len(STRATEGIES) == len(SQL_STRATEGIES) + len(ROUTE_STRATEGIES), "duplicate names"
+_ALL_STRATEGIES = (*SQL_STRATEGIES, *ROUTE_STRATEGIES, *PUBLIC_STRATEGIES)
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in _ALL_STRATEGIES}
+assert len(STRATEGIES) == len(_ALL_STRATEGIES), "duplicate names"
 
 
 @job
@@ -692,6 +713,7 @@ def everyday(ctx: JobContext, *, case: str) -> None:
 
 from . import (  # noqa: E402
     outlive_jobs,  # noqa: F401  (jobs of the "nothing outlives a run" suite)
+    public_jobs,  # noqa: F401  (jobs of the public-copies suite)
     role_jobs,  # noqa: F401  (jobs of the two-walls suite)
     route_jobs,  # noqa: F401  (jobs of the route and run-hygiene suites)
 )

@@ -35,3 +35,19 @@ class Finding(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}={self.value}"
+
+
+class Contact(models.Model):
+    """A tenant table and a personal-data column whose names have upper-case letters (Django
+    quotes both): the personal-data rule must match them as PostgreSQL spells them."""
+
+    name = models.CharField(max_length=100)
+    email = models.CharField(max_length=200, blank=True, db_column="Email")
+
+    kumiko_personal_data = ["email"]
+
+    class Meta:
+        db_table = "GuardApp_Contact"
+
+    def __str__(self) -> str:
+        return self.name

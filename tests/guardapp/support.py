@@ -36,7 +36,10 @@ def seed() -> None:
     audit._last_reported.clear()
     connection.set_schema_to_public()  # type: ignore[attr-defined]
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE kumiko_jobs_escapehatchuse, catalog_plan RESTART IDENTITY")
+        cursor.execute(
+            'TRUNCATE kumiko_jobs_escapehatchuse, catalog_plan, "GuardShared_Notice" '
+            "RESTART IDENTITY"
+        )
         for name, price in PLANS:
             cursor.execute(
                 "INSERT INTO catalog_plan (name, monthly_price) VALUES (%s, %s)", (name, price)
@@ -56,7 +59,10 @@ def clean() -> None:
     audit._last_reported.clear()
     connection.set_schema_to_public()  # type: ignore[attr-defined]
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE kumiko_jobs_escapehatchuse, catalog_plan RESTART IDENTITY")
+        cursor.execute(
+            'TRUNCATE kumiko_jobs_escapehatchuse, catalog_plan, "GuardShared_Notice" '
+            "RESTART IDENTITY"
+        )
         for schema in TENANTS:
             tables = ", ".join(f'"{schema}".{t}' for t in GUARD_TABLES)
             cursor.execute(f"TRUNCATE {tables} RESTART IDENTITY")
@@ -200,7 +206,15 @@ def plant(observer: Observer, marks: dict[str, Any]) -> None:
     """What the strategies aim at: the canary and one victim object per strategy and effect.
 
     ``marks`` maps each mark to its strategy's effect."""
-    from .attacks_base import ACTIVITY_CANARY, CANARY, INTACT, NOTIFY_CHANNEL, VICTIM_APP, Effect
+    from .attacks_base import (
+        ACTIVITY_CANARY,
+        CANARY,
+        INTACT,
+        NOTIFY_CHANNEL,
+        STATS_ROWS,
+        VICTIM_APP,
+        Effect,
+    )
 
     o = observer
     o.rows("INSERT INTO t2.guardapp_secret (label, value) VALUES ('canary', %s)", (CANARY,))
@@ -216,6 +230,14 @@ def plant(observer: Observer, marks: dict[str, Any]) -> None:
             o.rows(f"CREATE SEQUENCE t2.{mark}_seq")
         elif effect is Effect.TERMINATED:
             o.sessions.append(o.connect(application_name=f"{VICTIM_APP}_{mark}"))
+        elif effect is Effect.STATS:
+            o.rows(f"CREATE TABLE t2.{mark}_tab (v text)")
+            o.rows(
+                f"INSERT INTO t2.{mark}_tab SELECT 'r' || n FROM generate_series(1, %s) n",
+                (STATS_ROWS,),
+            )
+            o.rows(f"VACUUM ANALYZE t2.{mark}_tab")  # pg_class now holds its true size
+    plant_operators_copies(o)
     # A function of t2 that reads t2 (tenants share their migrations, so t1 has its own copy),
     # and an operator that calls it.
     o.rows(
@@ -226,6 +248,12 @@ def plant(observer: Observer, marks: dict[str, Any]) -> None:
     # A view of t2 whose definition holds a value of t2 (the catalogs show definitions).
     o.rows(f"CREATE VIEW t2.gx_view AS SELECT '{CANARY}'::text AS v")
     o.rows(f"CREATE FUNCTION t2.gx_const() RETURNS text LANGUAGE sql AS $$ SELECT '{CANARY}' $$")
+    o.rows(f"CREATE MATERIALIZED VIEW t2.gx_matview AS SELECT '{CANARY}'::text AS v")
+    o.rows("CREATE TABLE t2.gx_ruled (v text)")
+    o.rows(
+        f"CREATE RULE gx_rule AS ON UPDATE TO t2.gx_ruled WHERE old.v = '{CANARY}' "
+        "DO INSTEAD NOTHING"
+    )
     # Statistics and on-disk pages hold t2's values; another t2 session's query text too.
     o.rows("ANALYZE t2.guardapp_secret")
     o.rows("CHECKPOINT")
@@ -235,8 +263,44 @@ def plant(observer: Observer, marks: dict[str, Any]) -> None:
     o.rows(f"LISTEN {NOTIFY_CHANNEL}")
 
 
+# The operators' own rows in public (django.contrib.sessions, auth and admin are in SHARED_APPS
+# and TENANT_APPS: public's copies are the operators'), each holding the canary.
+OPERATOR = "gx_operator"
+
+
+def plant_operators_copies(o: Observer) -> None:
+    from .attacks_base import CANARY
+
+    o.rows(
+        "INSERT INTO public.django_session (session_key, session_data, expire_date) "
+        "VALUES (%s, 'x', now() + interval '1 day')",
+        (f"{CANARY}sess",),
+    )
+    user = o.value(
+        "INSERT INTO public.auth_user (password, is_superuser, username, first_name, last_name, "
+        "email, is_staff, is_active, date_joined) "
+        "VALUES (%s, true, %s, '', '', '', true, true, now()) RETURNING id",
+        (f"md5${CANARY}hash", OPERATOR),
+    )
+    o.rows(
+        "INSERT INTO public.django_admin_log (action_time, object_id, object_repr, action_flag, "
+        "change_message, user_id) VALUES (now(), '1', %s, 2, '', %s)",
+        (f"{CANARY} plan", user),
+    )
+
+
+def unplant_operators_copies(o: Observer) -> None:
+    from .attacks_base import CANARY
+
+    o.rows("DELETE FROM public.django_admin_log WHERE object_repr LIKE %s", (f"{CANARY}%",))
+    o.rows("DELETE FROM public.auth_user WHERE username = %s", (OPERATOR,))
+    o.rows("DELETE FROM public.django_session WHERE session_key LIKE %s", (f"{CANARY}%",))
+
+
 def unplant(observer: Observer) -> None:
     o = observer
+    unplant_operators_copies(o)
+    o.rows("DROP MATERIALIZED VIEW IF EXISTS t2.gx_matview")
     # The tables and sequences planted for (or created by) strategies are named gx<n>_...
     for name, kind in o.rows(
         "SELECT relname, relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
@@ -334,10 +398,27 @@ def effect_evidence(observer: Observer, effect: Any, mark: str, run_id: str) -> 
             (f"{VICTIM_APP}_{mark}",),
         )
         return "" if n else "the victim session was terminated"
+    if effect is Effect.STATS:
+        return _stats_evidence(o, mark, run_id)
     if effect is Effect.VICTIM:
         rows = o.rows("SELECT value FROM t2.guardapp_finding WHERE key = %s", (mark,))
         return "" if rows == [("victim",)] else f"the next t2 run's write is missing ({rows})"
     raise AssertionError(f"unknown effect {effect}")
+
+
+def _stats_evidence(o: Observer, mark: str, run_id: str) -> str:
+    """t2's table's row count, pages or sizes written after ``{mark}=`` in what the run shows."""
+    numbers = o.rows(
+        f"SELECT reltuples::bigint, relpages, relallvisible, pg_relation_size(c.oid), "
+        f"pg_total_relation_size(c.oid) FROM pg_class c WHERE c.oid = 't2.{mark}_tab'::regclass"
+    )[0]
+    wanted = {str(n) for n in numbers if n}
+    for text in leak_texts(o, run_id, mark):
+        for after in text.split(f"{mark}=")[1:]:
+            found = wanted.intersection(re.findall(r"(?<![\w.])(\d+)(?:\.0)?(?![\w.])", after))
+            if found:
+                return f"t2's {mark}_tab numbers {sorted(found)} in {after[:200]!r}"
+    return ""
 
 
 def snapshot_outside_marks(observer: Observer) -> dict[str, Any]:

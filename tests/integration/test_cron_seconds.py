@@ -34,8 +34,11 @@ def test_latest_tick_is_the_due_second():
     base = datetime(2026, 5, 1, 3, 0, 4, 300000, tzinfo=UTC)
     assert latest_tick(JOB.cron, "UTC", base) == base.replace(microsecond=0)
     assert latest_tick(JOB.cron, "UTC", base + timedelta(seconds=1)) == base.replace(microsecond=0)
-    # Rung less than half a second early: the due tick, never the one after it.
-    assert latest_tick(JOB.cron, "UTC", base + timedelta(seconds=1.6)) == datetime(
+    # 0.4 s before the next due second: still the last one; a tick never fires early.
+    assert latest_tick(JOB.cron, "UTC", base + timedelta(seconds=1.3)) == base.replace(
+        microsecond=0
+    )
+    assert latest_tick(JOB.cron, "UTC", datetime(2026, 5, 1, 3, 0, 6, tzinfo=UTC)) == datetime(
         2026, 5, 1, 3, 0, 6, tzinfo=UTC
     )
     assert shortest_interval(JOB.cron) == 2.0

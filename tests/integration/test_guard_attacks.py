@@ -168,6 +168,19 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "dblink": ("call_function", RAW),
     "call_procedure": ("call", RAW),
     "notify": ("notify", RAW),
+    # issue 22: the operators' copies in public (apps in SHARED_APPS and TENANT_APPS) and the
+    # catalog columns with other tenants' row counts, sizes and code: no grant allows them
+    "operators_session_read": ("select", HARD),
+    "operators_user_read": ("select", HARD),
+    "operators_admin_log_join": ("select", HARD),
+    "catalog_reltuples": ("select", HARD),
+    "catalog_star": ("select", HARD),
+    "catalog_prosrc": ("select", HARD),
+    "catalog_view_definition": ("select", HARD),
+    "catalog_routine_definition": ("select", HARD),
+    "catalog_relation_size": ("select", HARD),
+    # a shared table whose db_table has upper-case letters
+    "orm_create_upper_case_shared": ("insert", GW),
 }
 
 
@@ -305,6 +318,10 @@ GRANTED_RAW = {
     "multi_statement": "statement 2: DELETE on 't2.guardapp_secret': a tenant run never writes",
     "cte_delete_other": "a tenant run never writes outside its own schema",
     "qualified_select": "needs the cross_tenant_reads grant",
+    # ... nor the operators' tables in public, nor the catalogs' values (issue 22)
+    "operators_session_read": "no grant of a tenant run reads or writes the public copy",
+    "catalog_reltuples": "reading reltuples of the catalogs",
+    "catalog_relation_size": "reading pg_relation_size() of the catalogs",
 }
 GRANTED = sorted(
     [
@@ -505,6 +522,39 @@ POSTGRESQL_CANNOT_STOP: dict[str, str] = {
     "notify_statement": "NOTIFY reaches every listener of the database, whatever its role",
     "pg_notify": "pg_notify() reaches every listener of the database, whatever its role",
     "pg_get_viewdef_by_oid": "the catalogs (view definitions included) are readable by all",
+    # Issue 22: the catalogs' values columns and functions are PUBLIC's, owned by the bootstrap
+    # superuser; a non-superuser project user cannot revoke them. Only the classifier refuses.
+    **dict.fromkeys(
+        [
+            "pg_class_column_aliases",
+            "pg_class_field_selection",
+            "pg_class_join_alias_star",
+            "pg_class_relallvisible",
+            "pg_class_relpages",
+            "pg_class_reltuples",
+            "pg_class_star",
+            "pg_class_tablesample_star",
+            "pg_class_whole_row",
+            "pg_relation_size",
+            "pg_total_relation_size",
+        ],
+        "pg_class's statistics and the size functions are readable by every role",
+    ),
+    **dict.fromkeys(
+        [
+            "pg_get_ruledef",
+            "pg_matviews_definition",
+            "pg_proc_prosrc",
+            "pg_proc_star",
+            "pg_proc_to_jsonb",
+            "pg_proc_whole_row",
+            "pg_rewrite_ev_qual",
+            "pg_rules_definition",
+            "pg_views_definition",
+            "pg_views_star",
+        ],
+        "function, view and rule text in the catalogs is readable by every role",
+    ),
 }
 
 

@@ -12,7 +12,6 @@ rate-limited one carries its limit on the scheduled job for when it is moved.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -24,15 +23,15 @@ from kumiko_jobs.transport import RUNNER, Message, pushing
 
 @dataclass
 class ScheduledJob:
-    """What rq-scheduler's ``enqueue_in`` returns: a job whose fields may be set and saved."""
+    """What rq-scheduler's ``_create_job(commit=False)`` returns: a job, saved in a pipeline."""
 
     id: str
     rate_limit_key: str = ""
     rate_limit_concurrency: int = 0
-    saved: int = 0
+    saved_in: list[Any] = field(default_factory=list)
 
-    def save(self) -> None:
-        self.saved += 1
+    def save(self, pipeline: Any = None) -> None:
+        self.saved_in.append(pipeline)
 
 
 @dataclass
@@ -50,17 +49,51 @@ class Queue:
 
 @dataclass
 class DelayedSet:
-    queue: str
-    scheduled: list[tuple[timedelta, Any, tuple[Any, ...], dict[str, Any]]] = field(
-        default_factory=list
-    )
-    jobs: list[ScheduledJob] = field(default_factory=list)
+    """rq-scheduler's set: jobs made unsaved, then saved and scored in one pipeline."""
 
-    def enqueue_in(self, delay: timedelta, func: Any, *args: Any, **kwargs: Any) -> ScheduledJob:
-        self.scheduled.append((delay, func, args, kwargs))
-        job = ScheduledJob(kwargs["job_id"])
+    queue: str
+    scheduled_jobs_key: str = "rq:scheduler:scheduled_jobs"
+    created: list[dict[str, Any]] = field(default_factory=list)
+    jobs: list[ScheduledJob] = field(default_factory=list)
+    pipelines: list[Pipeline] = field(default_factory=list)
+
+    def _create_job(self, func: Any, **kwargs: Any) -> ScheduledJob:
+        self.created.append({"func": func, **kwargs})
+        job = ScheduledJob(kwargs["id"])
         self.jobs.append(job)
         return job
+
+    @property
+    def connection(self) -> DelayedSet:
+        return self
+
+    def pipeline(self) -> Pipeline:
+        pipe = Pipeline()
+        self.pipelines.append(pipe)
+        return pipe
+
+    @property
+    def scores(self) -> dict[str, float]:
+        return {k: v for p in self.pipelines if p.executed for k, v in p.zadded.items()}
+
+
+@dataclass
+class Pipeline:
+    zadded: dict[str, float] = field(default_factory=dict)
+    executed: bool = False
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def zadd(self, key: str, mapping: dict[str, float]) -> None:
+        assert key == "rq:scheduler:scheduled_jobs"
+        self.zadded.update(mapping)
+
+    def execute(self) -> None:
+        self.executed = True
 
 
 class Handles:
@@ -129,20 +162,29 @@ def test_thousands_go_in_slices_of_500(redis: Handles) -> None:
 
 
 @override_settings(KUMIKO_JOBS=TTLS)
-def test_a_delayed_message_goes_to_the_scheduler_not_the_queue(redis: Handles) -> None:
+def test_a_delayed_message_goes_to_the_scheduler_not_the_queue(
+    redis: Handles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pushing.time, "time", lambda: 1_900_000_000.25)
     pushing.push(message(1, queue="mail", delay=30.5, timeout=90))
     assert redis.queues == {}
-    [(delay, func, args, kwargs)] = redis.delayed["mail"].scheduled
-    assert delay == timedelta(seconds=30.5)
-    assert func == RUNNER
-    assert args == ("signed-1",)
-    assert kwargs == {
-        "job_id": "kj-1",
-        "timeout": 90,
-        "job_result_ttl": 111,
-        "queue_name": "mail",
-    }
-    assert redis.delayed["mail"].jobs[0].saved == 0  # nothing more to write
+    delayed = redis.delayed["mail"]
+    assert delayed.created == [
+        {
+            "func": RUNNER,
+            "args": ("signed-1",),
+            "id": "kj-1",
+            "timeout": 90,
+            "result_ttl": 111,
+            "queue_name": "mail",
+            "meta": None,  # the message() here has no fair field
+            "commit": False,
+        }
+    ]
+    # Saved and scored in one pipeline, due to the microsecond (not truncated to 1_900_000_030).
+    [pipe] = delayed.pipelines
+    assert delayed.jobs[0].saved_in == [pipe]
+    assert delayed.scores == {"kj-1": 1_900_000_030.75}
 
 
 def test_a_zero_delay_is_no_delay(redis: Handles) -> None:
@@ -172,4 +214,4 @@ def test_a_delayed_rate_limited_message_keeps_its_limit_for_the_move(redis: Hand
     assert redis.queues == {}
     [job] = redis.delayed["default"].jobs
     assert (job.rate_limit_key, job.rate_limit_concurrency) == ("kj:seq:unit:t1", 3)
-    assert job.saved == 1
+    assert len(job.saved_in) == 1  # saved once, with its limit, in the scoring pipeline

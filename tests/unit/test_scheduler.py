@@ -1,4 +1,4 @@
-"""Unit tests for the transport's scheduler (transport/scheduler.py): no Redis.
+"""Unit tests for the transport's scheduler (transport/scheduler.py, scheduler_loop.py): no Redis.
 
 ``Scheduler`` takes its Redis connection; ``FakeRedis`` below is the few commands it sends, in
 memory. The cron domain is a fake ``CronHooks``, pushes are captured by
@@ -21,11 +21,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import OperationalError
+from django.test import override_settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from kumiko_jobs import testing
-from kumiko_jobs.transport import CRON_PREFIX, Message, queues, scheduler
+from kumiko_jobs.transport import CRON_PREFIX, Message, queues, scheduler, scheduler_loop
 from kumiko_jobs.transport.scheduler import Scheduler
 
 SCHEDULED = Scheduler.scheduled_jobs_key
@@ -61,12 +63,21 @@ class FakeRedis:
         return sum(1 for score in self.zsets.get(key, {}).values() if low <= score <= high)
 
     def zrangebyscore(
-        self, key: str, low: float, high: float, start: int, num: int, withscores: bool
+        self,
+        key: str,
+        low: float | str,
+        high: float | str,
+        start: int,
+        num: int,
+        withscores: bool,
     ) -> list[tuple[bytes, float]]:
+        # Redis's bounds: a number, "+inf", or "(x" for "greater than x".
+        above = isinstance(low, str) and low.startswith("(")
+        floor = float(low[1:]) if above else float(low)  # type: ignore[index]
         found = sorted(
             (score, member)
             for member, score in self.zsets.get(key, {}).items()
-            if low <= score <= high
+            if (score > floor if above else score >= floor) and score <= float(high)
         )
         return [(member.encode(), score) for score, member in found[start : start + num]]
 
@@ -201,7 +212,8 @@ def test_a_cron_alarm_pushes_its_tick_and_is_rearmed(
     make_scheduler(redis).enqueue_job(ALARM)  # type: ignore[arg-type]
     assert hooks.fired == [ALARM.id]
     assert pushes.messages == [TICK]  # the tick's own message, never the alarm
-    assert redis.zsets[SCHEDULED] == {ALARM.id: 1_900_000_000}
+    # Scored as given: truncated to 1_900_000_000, it rang 0.7 s early (issue 23).
+    assert redis.zsets[SCHEDULED] == {ALARM.id: 1_900_000_000.7}
 
 
 def test_a_tick_that_already_fired_is_rearmed_without_a_push(
@@ -289,7 +301,7 @@ def test_the_loop_survives_a_redis_outage_and_syncs_again(
             raise RedisConnectionError("Connection refused")
 
     pauses: list[float] = []
-    monkeypatch.setattr(queues.DelayedSet, "run", loop)
+    monkeypatch.setattr(Scheduler, "serve", loop)
     monkeypatch.setattr(time, "sleep", pauses.append)
     make_scheduler(redis).run(burst=True)
     assert runs == [False, True, True]  # restarted twice, marked as a restart
@@ -305,7 +317,7 @@ def test_the_loop_ends_on_any_other_error(
     def loop(self: Scheduler, burst: bool = False) -> None:
         raise ValueError("There's already an active RQ scheduler")
 
-    monkeypatch.setattr(queues.DelayedSet, "run", loop)
+    monkeypatch.setattr(Scheduler, "serve", loop)
     with pytest.raises(ValueError):
         make_scheduler(redis).run(burst=True)
 
@@ -411,3 +423,113 @@ def test_no_overdue_work_is_no_lag(
     monkeypatch.setattr(scheduler.project_settings, "rq_queue_names", lambda: ["default"])
     lag = scheduler.scheduler_lag(after=60)
     assert (lag.overdue, lag.oldest_due) == (0, None)
+
+
+# --- between rounds: waking at the earliest due time (SCHEDULER_POLL) ---------------------------
+
+
+class Clock:
+    """``time`` as the scheduler's loop reads it: wall clock and monotonic move together, and
+    ``sleep`` only advances them (noting each nap)."""
+
+    def __init__(self, now: float = 1_900_000_000.0) -> None:
+        self.now = now
+        self.naps: list[float] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.naps.append(round(seconds, 6))
+        self.now = round(self.now + seconds, 6)  # no float dust between looks
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(scheduler_loop, "time", fake)
+    return fake
+
+
+def poll(seconds: float) -> Any:
+    return override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "SCHEDULER_POLL": seconds})
+
+
+def test_it_sleeps_until_the_earliest_due_time_then_runs_a_round(
+    redis: FakeRedis, clock: Clock
+) -> None:
+    rq_scheduler = make_scheduler(redis)
+    rq_scheduler._last_round_at = clock.now
+    redis.zsets[SCHEDULED] = {"kj-in-250ms": clock.now + 0.25, "kj-later": clock.now + 30}
+    with poll(0.1):
+        assert rq_scheduler._wait_for_due(clock.now + 5) is True
+    # Two looks a poll apart, then a nap to the very due time (not to the next poll).
+    assert clock.naps == [0.1, 0.1, 0.05]
+    assert clock.now == pytest.approx(1_900_000_000.25)
+
+
+def test_what_the_last_round_left_due_does_not_make_every_look_a_round(
+    redis: FakeRedis, clock: Clock
+) -> None:
+    """A cron alarm left due (PostgreSQL down) waits for the next full round, no spinning."""
+    rq_scheduler = make_scheduler(redis)
+    redis.zsets[SCHEDULED] = {"kj-cron-left-due": clock.now - 1}
+    rq_scheduler._last_round_at = clock.now
+    with poll(0.5):
+        assert rq_scheduler._wait_for_due(clock.now + 2) is False
+    assert clock.naps == [0.5, 0.5, 0.5, 0.5]
+
+
+def test_a_message_pushed_meanwhile_is_seen_at_the_next_look(
+    redis: FakeRedis, clock: Clock
+) -> None:
+    rq_scheduler = make_scheduler(redis)
+    rq_scheduler._last_round_at = clock.now
+    real_sleep = clock.sleep
+
+    def sleep_and_push(seconds: float) -> None:
+        real_sleep(seconds)
+        if not redis.zsets.get(SCHEDULED):  # pushed once, during the first nap
+            redis.zsets[SCHEDULED] = {"kj-in-50ms": clock.now + 0.05}
+
+    clock.sleep = sleep_and_push  # type: ignore[method-assign]
+    with poll(0.1):
+        assert rq_scheduler._wait_for_due(clock.now + 5) is True
+    assert clock.naps == [0.1, 0.05]  # nothing due at first; then exactly to its due time
+
+
+def test_without_polling_it_sleeps_to_the_next_round_without_a_look(
+    redis: FakeRedis, clock: Clock
+) -> None:
+    rq_scheduler = make_scheduler(redis)
+    redis.zsets[SCHEDULED] = {"kj-soon": clock.now + 0.2}
+    with poll(0):
+        assert rq_scheduler._wait_for_due(clock.now + 1) is False
+    assert clock.naps == [1.0]
+
+
+def test_an_early_round_that_finds_the_lock_taken_does_not_warn(
+    redis: FakeRedis, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rq_scheduler = make_scheduler(redis)
+    monkeypatch.setattr(Scheduler, "acquire_lock", lambda self: False)
+    with caplog.at_level(logging.WARNING):
+        assert rq_scheduler._round(full=False) is False
+    assert "Lock already taken" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        assert rq_scheduler._round(full=True) is False
+    assert "Lock already taken" in caplog.text  # once per --interval, as rq-scheduler says it
+
+
+def test_the_poll_setting_is_checked() -> None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    from kumiko_jobs.core import conf
+
+    for bad in (-0.1, 61, "0.1", True, float("nan")):
+        with pytest.raises(ImproperlyConfigured, match="SCHEDULER_POLL"):
+            conf._validate({"SCHEDULER_POLL": bad})
+    assert conf._validate({"SCHEDULER_POLL": 0}).SCHEDULER_POLL == 0.0

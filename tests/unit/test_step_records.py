@@ -58,6 +58,7 @@ class History:
         self.start_params: dict[str, Any] = {}
         self.took_over: tuple[str, int, datetime] | None = None
         self.rejected: list[tuple[object, str, str, str]] = []
+        self.rejected_schemas: list[str | None] = []
         self.attempt: dict[str, Any] = {}
         self.run_update: dict[str, Any] = {}
         self.also: Callable[[], None] | None = None
@@ -74,16 +75,27 @@ class History:
         self.writes.append("take_over")
         self.took_over = (run_id, attempt, started_at)
 
-    def record_rejection(self, message: object, reason: str, rq_job_id: str, queue: str) -> None:
+    def record_rejection(
+        self, message: object, reason: str, rq_job_id: str, queue: str, *, schema: str | None = None
+    ) -> None:
         self.writes.append("rejection")
         self.rejected.append((message, reason, rq_job_id, queue))
+        self.rejected_schemas.append(schema)
 
     def end_stray_transaction(self) -> bool:
         return self.stray
 
-    def finish(self, attempt: dict[str, Any], run_update: dict[str, Any], run_id: str) -> None:
+    def finish(
+        self,
+        attempt: dict[str, Any],
+        run_update: dict[str, Any],
+        run_id: str,
+        *,
+        clear_failure: tuple[str, str, str] | None = None,
+    ) -> None:
         self.writes.append("finish")
         self.attempt, self.run_update = attempt, run_update
+        self.cleared = clear_failure
 
     def finish_in_transaction(
         self,
@@ -256,6 +268,7 @@ def test_a_message_without_a_run_row_is_refused_and_recorded(
     assert excerpt == f"run_id={env.run_id} job=unit.body schema=t1 attempt=3"
     assert reason.startswith(f"no run {env.run_id} of unit.body: its history row is gone")
     assert (rq_job_id, queue) == ("kj-gone", "default")
+    assert history.rejected_schemas == ["t1"]  # so the tenant's deletion finds the row
     assert state.ending.outcome is Outcome.DROPPED
     assert state.ending.drop_reason == reason
     assert sent.names() == ["job_dropped"]
@@ -463,7 +476,8 @@ FAILURE = {"message_key": "billing.failed", "subject_fields": []}
         ("t1", {}, lambda s: s.ending.fail(ValueError("x")), False),
         # a tenant-visible failure to write, or to clear after a success
         ("t1", {}, lambda s: (s.ending.fail(ValueError("x")), s.ending.show_tenant("k")), True),
-        ("t1", {"tenant_visible_failure": FAILURE}, lambda s: s.ending.succeed(1), True),
+        # a success clears its subject's failure in the one statement (issue 23), declared or not
+        ("t1", {"tenant_visible_failure": FAILURE}, lambda s: s.ending.succeed(1), False),
         ("t1", {"tenant_visible_failure": FAILURE}, lambda s: s.ending.fail(ValueError()), False),
         # a system run has no tenant to show a failure to
         (None, {"system": True}, lambda s: (s.ending.fail(), s.ending.show_tenant("k")), False),
@@ -518,3 +532,6 @@ def test_the_finish_is_one_statement_unless_there_is_more_to_write(
     if in_transaction:
         assert history.also is not None  # the rest is written in the same transaction
     assert history.run_update["status"] == (state.ending.outcome or Outcome.FAILED).status
+    if not in_transaction:
+        clears = schema is not None and state.ending.outcome is Outcome.SUCCEEDED
+        assert history.cleared == ((schema, state.envelope.job, "") if clears else None)

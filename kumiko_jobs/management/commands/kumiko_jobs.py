@@ -1,5 +1,5 @@
 """``manage.py kumiko_jobs list | enqueue | runs | retry | cancel | schedule | sweep | relay |
-roles | drop-roles``.
+roles | drop-roles | pause | resume``.
 
 Every subcommand is documented in docs/reference.md (Management commands).
 """
@@ -7,10 +7,11 @@ Every subcommand is documented in docs/reference.md (Management commands).
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -18,17 +19,26 @@ from django.utils import timezone
 
 from ...core import conf
 from ...core.exceptions import KumikoJobsError
+from ...core.text import text_problem
 from ...definition.registry import registry
 from ...enqueueing.schedules import sync_schedules
 from ...enqueueing.submit import enqueue
+from ...enqueueing.validate import MAX_INTEGER_DIGITS
 from ...guard import role_grants, role_names, role_sync
 from ...models import JobRun, RunStatus
 from ...operations import CANCELLED, cancel_run, retry_run
+from ...worker import pauses
 from ...worker.relay import relay_pending
 from ...worker.sweep import sweep
 
-_SINCE = re.compile(r"^(\d+)([smhd])$")
+# Nine digits: a count Python reads without its 4,300-digit limit, far past any history.
+_SINCE = re.compile(r"^(\d{1,9})([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+# `runs --limit`: rows a terminal can take; PostgreSQL's LIMIT would overflow past 2**63.
+MAX_LIMIT = 10_000
+# `relay --interval` / `--grace`, in seconds: a year (a sleep or a timedelta past that is a typo,
+# and past ~1e11 seconds Python's sleep and datetime overflow).
+MAX_SECONDS = 365 * 24 * 3600
 
 
 def _as_cli_text(message: str) -> str:
@@ -39,13 +49,50 @@ def _as_cli_text(message: str) -> str:
     )
 
 
-def _since(value: str) -> timedelta:
+def _since(value: str) -> datetime:
+    """The time ``--since`` goes back to: a number and a unit, no further back than year 1."""
     match = _SINCE.match(value.strip())
     if not match:
         raise CommandError(
-            f"--since {value!r}: give a number and a unit, s, m, h or d (e.g. 30m, 2h, 7d)."
+            f"--since {value!r}: give a number (at most 9 digits) and a unit, s, m, h or d "
+            "(e.g. 30m, 2h, 7d)."
         )
-    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        return timezone.now() - timedelta(**{_UNITS[match[2]]: int(match[1])})
+    except OverflowError:
+        raise CommandError(
+            f"--since {value!r} goes back before the year 1; give a shorter time (e.g. 3650d)."
+        ) from None
+
+
+def _seconds(flag: str, value: float | None, *, positive: bool) -> float | None:
+    """A ``--interval`` or ``--grace`` value, checked before the first round: a finite number of
+    seconds, above 0 (``positive``) or at least 0, at most ``MAX_SECONDS``."""
+    if value is None:
+        return None
+    low_ok = value > 0 if positive else value >= 0
+    if not (math.isfinite(value) and low_ok and value <= MAX_SECONDS):
+        bound = "more than 0" if positive else "at least 0"
+        raise CommandError(
+            f"{flag} {value!r}: give a number of seconds, {bound} and at most {MAX_SECONDS}."
+        )
+    return value
+
+
+def _check_text(options: dict[str, Any]) -> None:
+    """Refuse an argument PostgreSQL could not store (a NUL, or bytes that are not UTF-8, which
+    Python hands over as lone surrogates) with the enqueue's own words, before it reaches a
+    query and a traceback."""
+    for key, value in options.items():
+        for text in value if isinstance(value, list) else [value]:
+            problem = text_problem(text) if isinstance(text, str) else ""
+            if problem:
+                name = key if key in _POSITIONAL else f"--{key.replace('_', '-')}"
+                raise CommandError(f"{name} {problem}; type it again as plain text.")
+
+
+# Options given without a flag (their usage line names them as such).
+_POSITIONAL = frozenset({"job", "run_id"})
 
 
 def _run(run_id: str) -> JobRun:
@@ -107,13 +154,24 @@ class Command(BaseCommand):
         runs.add_argument("--tenant", help="schema name; '-' for system runs (no tenant)")
         runs.add_argument("--status", action="append", choices=RunStatus.values, help="repeatable")
         runs.add_argument("--since", help="queued within this long: 30m, 2h, 7d")
-        runs.add_argument("--limit", type=int, default=20, help="rows (default 20)")
+        runs.add_argument(
+            "--limit", type=int, default=20, help=f"rows (default 20, at most {MAX_LIMIT})"
+        )
         retry = sub.add_parser("retry", help="start a new run of a failed or cancelled run")
         retry.add_argument("run_id")
+        for verb, text in (
+            ("pause", "hold a queue, a job, a tenant, or a job in one tenant (cluster-wide)"),
+            ("resume", "let what a pause held run again, where it was"),
+        ):
+            flow = sub.add_parser(verb, help=text)
+            flow.add_argument("--queue", default="", help="an RQ_QUEUES name")
+            flow.add_argument("--job", default="", help="a job name, e.g. billing.sync_invoice")
+            flow.add_argument("--tenant", default="", help="a tenant's schema name")
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run the chosen subcommand and print what it did."""
         action = options["action"]
+        _check_text(options)
         if action == "list":
             self._list()
         elif action == "schedule":
@@ -130,7 +188,12 @@ class Command(BaseCommand):
         elif action == "drop-roles":
             _drop_roles(self, options["yes"], options["of_dropped_database"])
         elif action == "relay":
-            self._relay(options["loop"], options["interval"], options["grace"])
+            # Checked before the first round: a bad --interval used to end the loop after it.
+            self._relay(
+                options["loop"],
+                _seconds("--interval", options["interval"], positive=True),
+                _seconds("--grace", options["grace"], positive=False),
+            )
         elif action == "sweep":
             result = sweep()
             self.stdout.write(
@@ -144,8 +207,20 @@ class Command(BaseCommand):
         elif action == "enqueue":
             try:
                 kwargs = json.loads(options["kwargs"])
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 raise CommandError(f"--kwargs is not JSON: {exc}") from None
+            except ValueError:
+                # Python refuses to read an integer of more than 4,300 digits.
+                raise CommandError(
+                    f"--kwargs has a number of more than {MAX_INTEGER_DIGITS} digits; pass it "
+                    "as a string."
+                ) from None
+            except RecursionError:
+                # json.loads recurses per nesting level: the enqueue's MAX_ARGUMENT_DEPTH
+                # would refuse far less deep arguments anyway.
+                raise CommandError(
+                    "--kwargs is nested too deeply to read; pass ids, not deep structures."
+                ) from None
             if not isinstance(kwargs, dict):
                 raise CommandError("--kwargs must be a JSON object")
             try:
@@ -160,12 +235,14 @@ class Command(BaseCommand):
             self._runs(options)
         elif action == "retry":
             self._retry(options["run_id"])
+        elif action in ("pause", "resume"):
+            self._flow(action, options["queue"], options["job"], options["tenant"])
         elif action == "cancel":
             self._cancel(options["run_id"])
 
     def _runs(self, options: dict[str, Any]) -> None:
-        if options["limit"] < 1:
-            raise CommandError("--limit must be at least 1.")
+        if not 1 <= options["limit"] <= MAX_LIMIT:
+            raise CommandError(f"--limit must be between 1 and {MAX_LIMIT}.")
         runs = JobRun.objects.order_by("-queued_at")
         if options["job"]:
             runs = runs.filter(job_name=options["job"])
@@ -174,7 +251,7 @@ class Command(BaseCommand):
         if options["status"]:
             runs = runs.filter(status__in=options["status"])
         if options["since"]:
-            runs = runs.filter(queued_at__gte=timezone.now() - _since(options["since"]))
+            runs = runs.filter(queued_at__gte=_since(options["since"]))
         rows = [("run id", "job", "tenant", "status", "attempts", "queued at", "error")]
         for run in runs[: options["limit"]]:
             error = f"{run.error_type}: {run.error_message}".strip(": ").replace("\n", " ")
@@ -193,6 +270,29 @@ class Command(BaseCommand):
             self.stdout.write("no runs match")
             return
         self._table(rows)
+
+    def _flow(self, action: str, queue: str, job: str, tenant: str) -> None:
+        import getpass
+
+        what = (
+            f"queue {queue}"
+            if queue
+            else (f"{job} in {tenant}" if job and tenant else f"job {job}" if job else "")
+            or f"tenant {tenant}"
+        )
+        try:
+            if action == "pause":
+                try:
+                    who = f"manage.py ({getpass.getuser()})"
+                except Exception:  # no user name in this environment
+                    who = "manage.py"
+                done = pauses.pause(queue, job, tenant, by=who)
+                self.stdout.write(f"paused {what}" if done else f"{what} was paused already")
+            else:
+                done = pauses.resume(queue, job, tenant)
+                self.stdout.write(f"resumed {what}" if done else f"{what} was not paused")
+        except pauses.PauseRefused as exc:
+            raise CommandError(str(exc)) from None
 
     def _retry(self, run_id: str) -> None:
         run = _run(run_id)

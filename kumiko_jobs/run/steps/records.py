@@ -26,6 +26,7 @@ from ... import signals
 from ...core import conf
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
+from ...enqueueing import workflow_release
 from ...enqueueing.fanout import insert_new
 from ...history import audit, rejections, run_sql
 from ...models import JobFailure, RunStatus
@@ -95,6 +96,7 @@ def _start(state: RunState) -> bool:
     # The gates step decides what a missing or inactive tenant means; it was loaded here
     # because it costs nothing more in the same round trip.
     state.tenancy.lookup = Missing() if started.tenant is None else Found(started.tenant)
+    state.workflow.workflow_id = started.workflow_id  # None outside a workflow: no statement
     updated = started.updated
     if not updated:
         row = run_sql.run_row(env.run_id)
@@ -148,7 +150,9 @@ def _refuse_without_row(state: RunState) -> None:
     )
     logger.warning("refused message for run %s: %s", env.run_id, reason)
     excerpt = f"run_id={env.run_id} job={env.job} schema={env.schema} attempt={env.attempt}"
-    rejections.record_rejection(excerpt, reason, state.delivery.rq_job_id, state.delivery.queue)
+    rejections.record_rejection(
+        excerpt, reason, state.delivery.rq_job_id, state.delivery.queue, schema=env.schema or ""
+    )
     _drop(state, reason)
 
 
@@ -169,7 +173,7 @@ def _drop(state: RunState, reason: str) -> None:
 
 
 def _finish(state: RunState) -> None:
-    env, definition = state.envelope, state.definition
+    env = state.envelope
     if run_sql.end_stray_transaction():
         logger.error("run %s left a transaction open; rolled back before its outcome", env.run_id)
         if state.ending.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
@@ -220,14 +224,19 @@ def _finish(state: RunState) -> None:
         "log": state.log.lines,
         "worker": state.delivery.worker_name,
     }
-    touches_failure = bool(env.schema) and (
-        (outcome is Outcome.FAILED and bool(state.ending.failure_key))
-        or (outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure is not None)
+    records_failure = (
+        bool(env.schema) and outcome is Outcome.FAILED and bool(state.ending.failure_key)
     )
     followups = outcome is Outcome.SUCCEEDED and bool(state.followups.entries)
-    if not (touches_failure or state.audit_uses.reported or followups):
-        # The common case: one statement, so one round trip and its own transaction.
-        run_sql.finish(attempt, run_update, env.run_id)
+    # A workflow step's final outcome moves its workflow on in the same transaction.
+    in_workflow = outcome.final and state.workflow.workflow_id is not None
+    if not (records_failure or state.audit_uses.reported or followups or in_workflow):
+        # The common case: one statement, so one round trip and its own transaction. A
+        # tenant's success clears its subject's failure in it, however that failure was
+        # recorded (a TenantVisibleError needs no tenant_visible_failure declared).
+        clears = env.schema and outcome is Outcome.SUCCEEDED
+        subject = (env.schema or "", env.job, state.tenancy.subject) if clears else None
+        run_sql.finish(attempt, run_update, env.run_id, clear_failure=subject)
     else:
         _finish_in_transaction(state, attempt, run_update, now)
     # Written: an enqueue from here on (a signal receiver's) is an ordinary enqueue.
@@ -259,11 +268,7 @@ def _finish_in_transaction(
 
 def _other_writes(state: RunState, now: Any) -> None:
     """What the finish writes besides the run's two rows, in their transaction."""
-    env, definition, outcome = (
-        state.envelope,
-        state.definition,
-        state.ending.outcome or Outcome.FAILED,
-    )
+    env, outcome = state.envelope, state.ending.outcome or Outcome.FAILED
     if env.schema and outcome is Outcome.FAILED and state.ending.failure_key:
         JobFailure.objects.bulk_create(
             [
@@ -280,7 +285,7 @@ def _other_writes(state: RunState, now: Any) -> None:
             unique_fields=("schema_name", "job_name", "subject"),
             update_fields=("message_key", "failed_at", "run_id"),
         )
-    elif env.schema and outcome is Outcome.SUCCEEDED and definition.tenant_visible_failure:
+    elif env.schema and outcome is Outcome.SUCCEEDED:
         JobFailure.objects.filter(
             schema_name=env.schema, job_name=env.job, subject=state.tenancy.subject
         ).delete()
@@ -289,3 +294,5 @@ def _other_writes(state: RunState, now: Any) -> None:
         # A follow-up of a unique job whose key an active run already holds is not written
         # (kj_run_unique_active), and its message is then not pushed either.
         state.followups.keep(insert_new(state.followups.rows()))
+    if outcome.final:
+        workflow_release.advance(state.workflow, env.run_id, outcome.status)
