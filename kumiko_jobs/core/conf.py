@@ -98,8 +98,10 @@ class KumikoSettings:
     # Tenants a fan-out reads, inserts (one statement) and pushes (one pipeline) at a time.
     FANOUT_CHUNK_SIZE: int = 1000
     MAX_ARGUMENT_DEPTH: int = 32
-    WORKER_HEARTBEAT: int = 5
-    WORKER_DEAD_AFTER: int = 20
+    # A killed worker's run restarts within WORKER_DEAD_AFTER + WORKER_HEARTBEAT seconds (the
+    # maintenance thread looks for expired beat keys every beat: worker/maintenance.py).
+    WORKER_HEARTBEAT: int = 1
+    WORKER_DEAD_AFTER: int = 6
     MAINTENANCE_INTERVAL: int = 10
     RELAY_GRACE: int = 30
     HISTORY_SYNCHRONOUS_COMMIT: bool = True

@@ -33,6 +33,7 @@ from .keys import (
     BOOT_DATASET_KEY,
     CANCEL_KEY,
     CRON_PREFIX,
+    DEAD_SWEEP_LOCK,
     LIVE_WORKERS,
     MAINTENANCE_LOCK,
     RELAY_TAKEN,
@@ -43,7 +44,7 @@ from .keys import (
     WORKER_KEY,
     WORKERS_SINCE_KEY,
 )
-from .live_workers import Liveness, beat, goodbye, liveness, request_cancel
+from .live_workers import Liveness, beat, goodbye, liveness, request_cancel, vanished_workers
 from .pausing import assert_pauses
 from .pushing import push, push_many
 from .queues import (
@@ -106,6 +107,7 @@ __all__ = [
     "BOOT_DATASET_KEY",
     "CANCEL_KEY",
     "CRON_PREFIX",
+    "DEAD_SWEEP_LOCK",
     "HOOK_FIELDS",
     "JSON_SERIALIZER_PATH",
     "LIVE_WORKERS",
@@ -180,5 +182,6 @@ __all__ = [
     "utcnow",
     "valid_priority",
     "valid_weight",
+    "vanished_workers",
     "waiting_job_ids",
 ]

@@ -32,6 +32,8 @@ RELAY_TAKEN = "kumiko:relay:taken:"
 CANCEL_KEY = "kumiko:cancel:"
 # One worker at a time runs the maintenance round (worker/maintenance).
 MAINTENANCE_LOCK = "kumiko:maintenance"
+# One worker at a time sweeps when a worker's beat key expired (worker/maintenance).
+DEAD_SWEEP_LOCK = "kumiko:maintenance:dead"
 # Its value identifies the Redis dataset that run_on_boot jobs were enqueued for (worker/boot).
 BOOT_DATASET_KEY = "kumiko_jobs:boot:dataset"
 # RQ RateLimit keys of the concurrency options (enqueueing/messages): + job name + ":" + owner

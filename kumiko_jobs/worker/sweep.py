@@ -13,7 +13,8 @@ A run is *abandoned* when
   classes, which do not beat, and for runs executed outside RQ.
 
 An abandoned run is retried when it has attempts left, otherwise it fails with a reason that
-says so. Workers run the sweep every ``MAINTENANCE_INTERVAL`` seconds (one at a time). A worker
+says so. Workers run the sweep every ``MAINTENANCE_INTERVAL`` seconds (one at a time), and at once
+when a worker's beat key expired (maintenance.sweep_if_dead). A worker
 that ends an overrunning attempt records it here too (``record_timed_out``), as timed out.
 """
 
