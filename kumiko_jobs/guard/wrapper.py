@@ -283,21 +283,29 @@ def _composed_text(sql: Any, context: Mapping[str, Any]) -> str:
     return str(as_string(context["connection"].connection))
 
 
+# How the job opens each grant's block, as the hint writes it: cross_tenant_reads names the
+# tenant it reads (a bare ``ctx.cross_tenant_reads()`` would be a TypeError).
+_GRANT_OPENERS = {"cross_tenant_reads": "ctx.cross_tenant_reads(other_tenant)"}
+
+
 def denial_message(watch: Watch, verdict: Verdict) -> str:
     """The denial as the job's author reads it: what was refused and the way to do it right
     (the grant to declare or open, or why no grant allows it)."""
     job = watch.job
     where = watch.schema or "public"
-    text = f"Job {job!r} (tenant {where}) was denied a {verdict.kind} statement: {verdict.reason}."
+    kind = verdict.kind
+    article = "an" if kind[:1] in "aeiou" else "a"
+    text = f"Job {job!r} (tenant {where}) was denied {article} {kind} statement: {verdict.reason}."
     if watch.system and verdict.rule == "shared_write":
         return text + " System jobs write inside `with ctx.system_db():`."
     if verdict.grant_needed is not None:
         grant = str(verdict.grant_needed)
+        opener = _GRANT_OPENERS.get(grant, f"ctx.{grant}()")
         if grant in watch.declared_grants:
-            return text + f" The job declares {grant!r}: wrap this code in `with ctx.{grant}():`."
+            return text + f" The job declares {grant!r}: wrap this code in `with {opener}:`."
         return (
             text + f" If this is intended, declare escape_hatch=EscapeHatch(reason='...', "
-            f"grants=[{grant!r}]) on the job and wrap the code in `with ctx.{grant}():`."
+            f"grants=[{grant!r}]) on the job and wrap the code in `with {opener}:`."
         )
     if verdict.rule == "public_intake_required":
         return text + (

@@ -103,7 +103,7 @@ def test_global_writes_inside_the_block_only(tenants, guard_data):
     run = run_in(tenants["t1"], lambda: jobs.write_plan.enqueue(name="silver", also_outside=True))
     assert_denied(
         run,
-        "'guardapp.write_plan' (tenant t1) was denied a insert statement",
+        "'guardapp.write_plan' (tenant t1) was denied an insert statement",
         "shared table 'catalog_plan' needs the global_writes grant",
         "The job declares 'global_writes': wrap this code in `with ctx.global_writes():`",
     )
@@ -142,8 +142,8 @@ def test_cross_tenant_reads_may_name_the_granted_schema(tenants, guard_data):
 @pytest.mark.parametrize(
     ("then", "fragments"),
     [
-        ("write", ("denied a insert statement", "while reading schema 't2'", "read-only")),
-        ("update", ("denied a update statement", "while reading schema 't2'", "read-only")),
+        ("write", ("denied an insert statement", "while reading schema 't2'", "read-only")),
+        ("update", ("denied an update statement", "while reading schema 't2'", "read-only")),
         ("lock", ("row locks (FOR UPDATE/SHARE)", "while reading schema 't2'")),
         (
             "third_tenant",
@@ -208,7 +208,7 @@ def test_system_job_writes_shared_tables_inside_system_db(guard_data):
 
     run = run_in(None, lambda: jobs.system_plans.enqueue(name="sys2", also_outside=True))
     assert_denied(
-        run, "denied a insert statement", "System jobs write inside `with ctx.system_db():`"
+        run, "denied an insert statement", "System jobs write inside `with ctx.system_db():`"
     )
     names = [name for name, _ in support.plans()]
     assert "sys2" in names and "sys2-outside" not in names
@@ -348,7 +348,7 @@ def test_anonymous_request_may_not_write_personal_data(tenants, guard_data):
     run.refresh_from_db()
     assert_denied(
         run,
-        "'guardapp.save_person' (tenant t1) was denied a insert statement",
+        "'guardapp.save_person' (tenant t1) was denied an insert statement",
         "writes personal data to 'guardapp_person'",
         "public_intake_required",
         "@kumiko_jobs.origin.public_intake",
