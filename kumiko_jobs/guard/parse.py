@@ -141,6 +141,7 @@ def _query_shape(node_type: str, node: dict[str, Any], walker: Walker) -> Shape:
         forbidden_catalogs=tuple(dict.fromkeys(walker.forbidden_catalogs)),
         forbidden=walker.forbidden,
         public_relations=frozenset(walker.public_relations),
+        relations=frozenset(walker.relations),
     )
 
 
@@ -219,10 +220,18 @@ def statement_shape(sql: str, parameters: bool = True) -> Shape:
     found: list[int] = []
     for stmt in statements:
         walker = Walker(source)
-        shapes.append(_statement_shape(stmt, walker))
-        # Query statements were walked whole; the others (utility statements) are not, so
-        # their parameter nodes are counted here.
-        found.extend(walker.params if walker.walked else _params(stmt))
+        shape = _statement_shape(stmt, walker)
+        if walker.walked:
+            found.extend(walker.params)
+        else:
+            # Query statements were walked whole; the others (utility statements, and what
+            # the walk gave up on) are not, so their parameter nodes and the relations they
+            # name (``COPY kumiko_jobs_jobrun TO STDOUT``) are collected here.
+            numbers, names = _scan(stmt)
+            found.extend(numbers)
+            if not names <= shape.relations:
+                shape = replace(shape, relations=shape.relations | names)
+        shapes.append(shape)
     # Every placeholder must be a parameter node, and no parameter node may come from the text.
     if parameters and sorted(found) != sorted(expected):
         return _unverifiable(
@@ -236,13 +245,17 @@ def statement_shape(sql: str, parameters: bool = True) -> Shape:
             unverifiable=f"{len(shapes)} statements in one execute",
             parts=tuple(shapes),
             ends_transaction=any(shape.ends_transaction for shape in shapes),
+            relations=frozenset().union(*(shape.relations for shape in shapes)),
         )
     return shapes[0]
 
 
-def _params(tree: Any) -> list[int]:
-    """Numbers of every ``ParamRef`` in the tree (utility statements included)."""
+def _scan(tree: Any) -> tuple[list[int], frozenset[str]]:
+    """Numbers of every ``ParamRef`` in the tree (utility statements included), and the names
+    of every relation it names (a ``RangeVar``, also inlined without its node name, as in
+    ``CopyStmt.relation``: a node with a ``relname``)."""
     found: list[int] = []
+    names: set[str] = set()
     stack = [tree]
     while stack:
         value = stack.pop()
@@ -250,7 +263,10 @@ def _params(tree: Any) -> list[int]:
             ref = value.get("ParamRef")
             if ref is not None:
                 found.append(int(ref.get("number", 0)))
+            relname = value.get("relname")
+            if isinstance(relname, str):
+                names.add(relname)
             stack.extend(v for v in value.values() if isinstance(v, dict | list))
         elif isinstance(value, list):
             stack.extend(v for v in value if isinstance(v, dict | list))
-    return found
+    return found, frozenset(names)

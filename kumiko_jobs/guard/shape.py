@@ -64,6 +64,10 @@ class Shape:
     forbidden_catalogs: tuple[str, ...] = ()
     # Relations read as public.<name>: the judge refuses the operators' own tables there.
     public_relations: frozenset[str] = frozenset()
+    # Every relation the statement names (read, written, locked, copied; in any schema, and
+    # inside utility statements the guard does not judge otherwise), by its name: the judge
+    # refuses kumiko's own tables to tenant runs whatever the grants.
+    relations: frozenset[str] = frozenset()
     # Why a detail makes the statement unsafe whatever the grants (kumiko's lock keys).
     forbidden: str = ""
     # BEGIN, COMMIT, ROLLBACK (not TO SAVEPOINT), two-phase commit, or a part that is: the

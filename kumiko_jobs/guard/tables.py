@@ -51,14 +51,18 @@ def operator_tables() -> frozenset[str]:
 
 
 @cache
+def kumiko_tables() -> frozenset[str]:
+    """kumiko_jobs' own tables: every tenant's runs, attempts, failures, audit. No tenant run
+    reads or writes them, whatever its grants; the tenant roles hold no privilege on them."""
+    config = apps.get_app_config("kumiko_jobs")
+    return frozenset(m._meta.db_table for m in config.get_models(include_auto_created=True))
+
+
+@cache
 def protected_tables() -> frozenset[str]:
     """kumiko_jobs' own tables and the tenant and domain tables: no grant writes them."""
-    models = [
-        *apps.get_app_config("kumiko_jobs").get_models(),
-        get_tenant_model(),
-        get_tenant_domain_model(),
-    ]
-    return frozenset(model._meta.db_table for model in models)
+    models = [get_tenant_model(), get_tenant_domain_model()]
+    return kumiko_tables() | frozenset(model._meta.db_table for model in models)
 
 
 @cache

@@ -63,6 +63,7 @@ class Walker:
         self.forbidden_catalogs: list[str] = []
         self.restricted = RestrictedColumns()  # catalog columns holding tenants' values
         self.public_relations: set[str] = set()  # relations named public.<name>
+        self.relations: set[str] = set()  # every relation named, in any schema
         self.params: list[int] = []  # the number of every ParamRef met
         self.walked = False  # the whole statement was walked (a query statement)
 
@@ -99,6 +100,7 @@ class Walker:
         """A relation read: catalog relations by their list, others by their schema."""
         schema = node.get("schemaname")
         name = node.get("relname", "")
+        self.relations.add(name)
         if schema is None:
             if name.startswith("pg_") or name in CATALOG_RELATIONS:
                 # pg_catalog comes before the search path: this is a catalog relation.
@@ -132,6 +134,7 @@ class Walker:
         name = node.get("relname", "")
         if schema is None and (name.startswith("pg_") or name in CATALOG_RELATIONS):
             schema = CATALOG  # UPDATE pg_settings ... writes the catalog, not a tenant table
+        self.relations.add(name)
         self.writes.append(Write(verb, schema, name, columns))
 
     def call(self, node: dict[str, Any]) -> None:

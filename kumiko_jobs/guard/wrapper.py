@@ -24,7 +24,13 @@ from ..core import conf, project_settings
 from ..core.exceptions import DatabaseAccessDenied
 from .judge import Grant, Policy, Verdict, classify
 from .parse import statement_shape
-from .tables import operator_tables, personal_data_columns, protected_tables, shared_tables
+from .tables import (
+    kumiko_tables,
+    operator_tables,
+    personal_data_columns,
+    protected_tables,
+    shared_tables,
+)
 from .watch import Watch
 
 __all__ = [
@@ -167,6 +173,7 @@ class GuardWrapper:
                 deny_personal_data_writes=self.deny_personal,
                 protected_tables=protected_tables(),
                 operator_tables=operator_tables(),
+                kumiko_tables=kumiko_tables(),
                 extra_functions=frozenset(conf.get().GUARD_EXTRA_FUNCTIONS),
                 extra_schemas=project_settings.extra_search_paths(),
             )
@@ -254,6 +261,7 @@ class GuardWrapper:
                     active_grants=frozenset({Grant.CROSS_TENANT_READS}),
                     readable_schema=schema,
                     operator_tables=policy.operator_tables,
+                    kumiko_tables=policy.kumiko_tables,
                     extra_functions=policy.extra_functions,
                     extra_schemas=policy.extra_schemas,
                 )
