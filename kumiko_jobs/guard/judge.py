@@ -160,8 +160,7 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
             "protected",
             f"{', '.join(own)}: kumiko's own table(s), the job history of every tenant "
             f"(arguments, results, errors, tracebacks); a tenant run's SQL never names them, "
-            f"whatever its grants (a run's own results are read through RunHandle.refresh() "
-            f"or get_result())",
+            f"whatever its grants",
         )
     if shape.search_path is not None and _search_path_ok(shape.search_path, policy):
         return _allowed(kind)

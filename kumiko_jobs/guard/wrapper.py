@@ -314,8 +314,9 @@ def denial_message(watch: Watch, verdict: Verdict) -> str:
         )
     if verdict.rule == "protected":
         return text + (
-            " No grant allows this: runs and tenants are changed through the admin, "
-            "manage.py, or a system job inside ctx.system_db()."
+            " No grant allows this: kumiko's history is read through its API (a run's "
+            "own results: RunHandle.refresh(), get_result()); runs and tenants are changed "
+            "through the admin, manage.py, or a system job inside ctx.system_db()."
         )
     if verdict.rule in ("operators", "catalog"):
         return text + " No grant allows this in a tenant run."
