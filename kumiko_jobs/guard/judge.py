@@ -333,7 +333,10 @@ def _kumiko_tables(shape: Shape, policy: Policy) -> list[str]:
     """kumiko's own tables the statement names, in any schema (a tenant run only)."""
     if not policy.kumiko_tables or policy.schema == "public":
         return []  # a system run's own schema is public: the operators' code
-    return sorted(policy.kumiko_tables.intersection(shape.relations))
+    named = policy.kumiko_tables.intersection(shape.relations)
+    if shape.literal_words:  # SQL text in a literal, run by a function or DO (unsafe_raw)
+        named |= policy.kumiko_tables.intersection(shape.literal_words)
+    return sorted(named)
 
 
 def _judge_unsafe(shape: Shape, policy: Policy) -> Verdict:

@@ -64,6 +64,7 @@ class Walker:
         self.restricted = RestrictedColumns()  # catalog columns holding tenants' values
         self.public_relations: set[str] = set()  # relations named public.<name>
         self.relations: set[str] = set()  # every relation named, in any schema
+        self.strings: list[str] = []  # the values of string constants
         self.params: list[int] = []  # the number of every ParamRef met
         self.walked = False  # the whole statement was walked (a query statement)
 
@@ -285,8 +286,12 @@ class Walker:
             self.schema_ref(parts[-2])  # ORDER BY x USING OPERATOR(t2.<), x OPERATOR(t2.=) ANY
 
     def constant(self, node: dict[str, Any]) -> None:
-        """A numeric constant: refused if written in a form only PostgreSQL 16+ reads alike."""
-        if "ival" in node or "fval" in node:
+        """A numeric constant: refused if written in a form only PostgreSQL 16+ reads alike.
+        A string constant is kept (``Shape.literal_words``)."""
+        text = node.get("sval")
+        if type(text) is dict:
+            self.strings.append(text.get("sval", ""))
+        elif "ival" in node or "fval" in node:
             location = node.get("location", -1)
             if location >= 0:
                 match = _NUMBER_FORMS.match(self.source, location)
