@@ -146,8 +146,8 @@ def plant_history(o: Any) -> None:
         queue="default",
         status="failed",
         queued_at=now,
-        payload={"args": [], "kwargs": {"api_key": f"{CANARY}arg"}},
-        result={"secret": f"{CANARY}result"},
+        payload={"args": [], "kwargs": {"note": f"{CANARY}arg"}},
+        result={"total": f"{CANARY}result"},
         error_message=f"failed for {CANARY}error",
     )
     _insert(o, run)
@@ -158,7 +158,7 @@ def plant_history(o: Any) -> None:
         finished_at=now,
         duration_ms=1.0,
         outcome="failed",
-        traceback=f"Traceback: api_key={CANARY}trace",
+        traceback=f"Traceback: ValueError: {CANARY}trace",
     )
     _insert(o, attempt)
     failure = JobFailure(
