@@ -10,6 +10,11 @@ tenant roles hold no privilege on kumiko's tables).
 
 ``GRANTED`` are the same reads inside ``ctx.cross_tenant_reads(t2)`` and ``ctx.unsafe_raw()``
 (``guardapp.strategy_granted``): no grant opens kumiko's tables.
+
+Proved able to fail: with ``kumiko_jobs/guard`` and ``history/run_reads.py`` reverted to the code
+before this rule, every strategy here had its effect under the classifier alone
+(``test_enforcement_no_strategy_has_its_effect[batch-classifier]``), and so did every
+``GRANTED`` case (``test_kumiko_tables_stay_refused_inside_...[...-classifier]``).
 """
 
 from __future__ import annotations
@@ -60,6 +65,11 @@ _ROWS: list[tuple[str, str]] = [
     ),
     ("own_attempt_traceback", "SELECT traceback FROM kumiko_jobs_jobattempt"),
     ("own_failure_subject", "SELECT subject FROM public.kumiko_jobs_jobfailure"),
+    # SQL text run by a function (needs unsafe_raw): the name is in a literal
+    (
+        "own_run_query_to_xml",
+        "SELECT query_to_xml('SELECT payload::text FROM kumiko_jobs_jobrun', true, false, '')",
+    ),
 ]
 
 
@@ -118,6 +128,7 @@ GRANTED: list[tuple[str, str]] = [
     ("own_run_for_update", "unsafe_raw"),
     ("orm_jobattempt_traceback", "unsafe_raw"),
     ("orm_jobrun_raw_qualified", "unsafe_raw"),
+    ("own_run_query_to_xml", "unsafe_raw"),
 ]
 
 
