@@ -172,6 +172,7 @@ class Walker:
         if len(parts) > 3:
             raise Unverifiable(f"{name}() of an improper name {literal!r}")
         schema = parts[-2] if len(parts) >= 2 else None
+        self.relations.add(parts[-1])  # a sequence is a relation too (kumiko's are refused)
         if name == "currval":
             if schema is not None:
                 self.schema_ref(schema)

@@ -55,7 +55,10 @@ def test_kumiko_tables_are_the_apps_own_and_protected() -> None:
     for table in ("kumiko_jobs_jobrun", "kumiko_jobs_jobattempt", "kumiko_jobs_jobfailure"):
         assert table in own
     assert {"kumiko_jobs_escapehatchuse", "kumiko_jobs_admissionlock"} <= own
-    assert own <= protected_tables() and own <= shared_tables()
+    assert "kumiko_jobs_jobattempt_id_seq" in own  # an AutoField's sequence
+    assert "kumiko_jobs_jobrun_run_id_seq" not in own  # a UUID key has none
+    tables = {name for name in own if not name.endswith("_id_seq")}
+    assert tables <= protected_tables() and tables <= shared_tables()
     assert "customers_client" not in own  # the tenant registry stays readable
 
 
@@ -87,6 +90,10 @@ OWN_TABLE_STATEMENTS = [
     "TRUNCATE kumiko_jobs_jobattempt",
     "CREATE TEMP VIEW v AS SELECT * FROM kumiko_jobs_jobrun",
     "SELECT 1; SELECT payload FROM kumiko_jobs_jobrun",
+    # kumiko's id sequences: setval() would make its next inserts collide
+    "SELECT setval('kumiko_jobs_jobattempt_id_seq', 1)",
+    "SELECT nextval('public.kumiko_jobs_jobfailure_id_seq'::regclass)",
+    "SELECT currval('kumiko_jobs_escapehatchuse_id_seq')",
     "SELECT query_to_xml('x', true, false, '') FROM kumiko_jobs_jobrun",
     # a name in SQL text a function or DO runs (these need unsafe_raw): refused like a name
     "SELECT query_to_xml('SELECT payload FROM kumiko_jobs_jobrun', true, false, '')",
