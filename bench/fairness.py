@@ -1,5 +1,6 @@
-"""Fairness: how long do small tenants wait behind one tenant's backlog? FIFO against
-``KUMIKO_JOBS["TENANT_CONCURRENCY"] = 1``.
+"""Fairness: how long do small tenants wait behind one tenant's backlog? Plain FIFO
+(``FAIRNESS="fifo"``), FIFO with ``TENANT_CONCURRENCY = 1``, and the fair dequeue (the
+defaults: ``FAIRNESS="tenant"``). Shares of worker time are ``bench/fairness_shares.py``'s.
 
 One run measures both modes on the same machine, services and data. In each mode:
 
@@ -31,6 +32,7 @@ run succeeded and every job wrote its row.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -61,10 +63,11 @@ BENCH_REDIS_DB = 4
 LABELS = "ABCDEF"  # A is the noisy tenant
 WRITE_JOB = "billing.bench_write"
 HOLD_KEY = "kumiko_bench:fairness:release"
-# (key, label, TENANT_CONCURRENCY)
-MODES: tuple[tuple[str, str, int | None], ...] = (
-    ("fifo", "plain FIFO", None),
-    ("tenant_concurrency_1", "TENANT_CONCURRENCY=1", 1),
+# (key, label, TENANT_CONCURRENCY, FAIRNESS)
+MODES: tuple[tuple[str, str, int | None, str], ...] = (
+    ("fifo", "plain FIFO", None, "fifo"),
+    ("tenant_concurrency_1", "FIFO + TENANT_CONC=1", 1, "fifo"),
+    ("fair", "fair (defaults)", None, "tenant"),
 )
 
 
@@ -72,11 +75,16 @@ MODES: tuple[tuple[str, str, int | None], ...] = (
 
 
 class Workers:
-    """``manage.py rqworker default`` processes on the bench's database and Redis database."""
+    """``manage.py rqworker default`` processes on the bench's database and Redis database
+    (started through ``bench.soak manage``, which applies ``settings`` to their KUMIKO_JOBS:
+    ``FAIRNESS`` acts in the workers, where the dequeue is)."""
 
-    def __init__(self, count: int, log_dir: Path, mode: str) -> None:
+    def __init__(
+        self, count: int, log_dir: Path, mode: str, settings: dict[str, Any] | None = None
+    ) -> None:
         env = dict(os.environ)  # prepare_environment() pointed these at the bench's services
         env["PYTHONPATH"] = str(ROOT)
+        env["KUMIKO_SOAK_SETTINGS"] = json.dumps(settings or {})
         # manage.py would dump every span to stdout (the example's default); the in-process
         # workers of bench/throughput.py have no tracing SDK either.
         env.setdefault("OTEL_TRACES_EXPORTER", "none")
@@ -86,7 +94,16 @@ class Workers:
             with path.open("w") as log:
                 self.procs.append(
                     subprocess.Popen(
-                        [sys.executable, str(ROOT / "manage.py"), "rqworker", "-v", "0", QUEUE],
+                        [
+                            sys.executable,
+                            "-m",
+                            "bench.soak",
+                            "manage",
+                            "rqworker",
+                            "-v",
+                            "0",
+                            QUEUE,
+                        ],
                         cwd=ROOT,
                         env=env,
                         stdout=log,
@@ -163,6 +180,7 @@ def measure_mode(
     key: str,
     label: str,
     limit: int | None,
+    fairness: str,
     tenants: Sequence[Any],
     args: argparse.Namespace,
     log_dir: Path,
@@ -177,9 +195,13 @@ def measure_mode(
     result = ModeResult(key, label, limit, args.jobs, args.per_tenant)
     noisy, small = tenants[0], tenants[1:]
     redis = transport.connection_for(QUEUE)
-    kumiko = {**getattr(settings, "KUMIKO_JOBS", {}), "TENANT_CONCURRENCY": limit}
+    kumiko = {
+        **getattr(settings, "KUMIKO_JOBS", {}),
+        "TENANT_CONCURRENCY": limit,
+        "FAIRNESS": fairness,
+    }
     reset(tenants)
-    workers = Workers(args.workers, log_dir, key)
+    workers = Workers(args.workers, log_dir, key, {"FAIRNESS": fairness})
     try:
         with override_settings(KUMIKO_JOBS=kumiko):
             for n in range(args.warmup):
@@ -269,13 +291,15 @@ class Results:
 
 def summarize(modes: Sequence[ModeResult]) -> dict[str, Any]:
     by_key = {m.key: m for m in modes}
-    fifo, limited = by_key["fifo"], by_key["tenant_concurrency_1"]
+    fifo, limited, fair = by_key["fifo"], by_key["tenant_concurrency_1"], by_key["fair"]
     return {
         "small_wait_p50_seconds": {m.key: m.p50 for m in modes},
         "small_wait_p95_seconds": {m.key: m.p95 for m in modes},
         "p50_fifo_over_limited": fifo.p50 / limited.p50,
         "p95_fifo_over_limited": fifo.p95 / limited.p95,
         "all_done_limited_over_fifo": limited.all_done_seconds / fifo.all_done_seconds,
+        "all_done_fair_over_fifo": fair.all_done_seconds / fifo.all_done_seconds,
+        "p95_fair": fair.p95,
         "all_ok": all(m.ok for m in modes),
     }
 
@@ -309,6 +333,10 @@ def print_report(results: Results, modes: Sequence[ModeResult]) -> None:
         f"  all runs done: TENANT_CONCURRENCY=1 / FIFO = {s['all_done_limited_over_fifo']:.2f} "
         "(with the limit A never has more than one worker; whether that costs time depends on "
         "how much a second worker adds on this machine)"
+    )
+    print(
+        f"  fair: B..F p95 {s['p95_fair']:.3f} s; all runs done: fair / FIFO = "
+        f"{s['all_done_fair_over_fifo']:.2f} (work-conserving: A keeps both workers)"
     )
     print(
         "  (wait: JobRun.queued_at -> started_at; 'done' counts from the workers' release; "
@@ -347,6 +375,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help=f"Redis database to flush and use ({BENCH_REDIS_DB})",
     )
     parser.add_argument("--keep-database", action="store_true", help="do not drop it at the end")
+    parser.add_argument(
+        "--only", default="", help="comma-separated modes to run (fifo,tenant_concurrency_1,fair)"
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.per_tenant < 1 or args.workers < 1 or args.warmup < 0:
         parser.error("--jobs, --per-tenant and --workers must be >= 1, --warmup >= 0")
@@ -371,9 +402,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             machine=machine_facts(),
         )
         modes = []
-        for key, label, limit in MODES:
+        for key, label, limit, fairness in MODES:
+            if args.only and key not in args.only.split(","):
+                continue
             print(f"{label}: ...", end=" ", flush=True)
-            m = measure_mode(key, label, limit, tenants, args, log_dir)
+            m = measure_mode(key, label, limit, fairness, tenants, args, log_dir)
             modes.append(m)
             print(
                 f"B..F wait p50 {m.p50:.3f} s, p95 {m.p95:.3f} s; all done in "
@@ -381,8 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
         results.modes = [{**asdict(m), "p50": m.p50, "p95": m.p95} for m in modes]
-        results.summary = summarize(modes)
-        print_report(results, modes)
+        results.summary = summarize(modes) if len(modes) == len(MODES) else {}
+        if results.summary:
+            print_report(results, modes)
         print(f"  worker logs: {log_dir}")
         if args.json:
             write_results("fairness", stamp, asdict(results))

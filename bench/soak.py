@@ -52,7 +52,7 @@ SOAK_DATABASE = "kumiko_soak"
 QUEUE = "default"
 # KUMIKO_JOBS overrides for the soak's workers, passed to them as JSON in this variable.
 SETTINGS_ENV = "KUMIKO_SOAK_SETTINGS"
-# Faster than the defaults (5 s beats, dead after 20 s, rounds every 10 s, relay after 30 s) so
+# Faster than the defaults (1 s beats, dead after 6 s, rounds every 10 s, relay after 30 s) so
 # that a soak with a kill every few seconds is not mostly waiting; the logic is the same.
 FAST_RECOVERY = {
     "WORKER_HEARTBEAT": 1,

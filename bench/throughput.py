@@ -819,6 +819,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="run with KUMIKO_JOBS['HISTORY_SYNCHRONOUS_COMMIT'] = False",
     )
+    parser.add_argument(
+        "--fairness",
+        choices=("tenant", "fifo"),
+        default=None,
+        help="KUMIKO_JOBS['FAIRNESS'] of the kumiko workers (the default: 'tenant')",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.tenants < 1 or args.rounds < 1 or args.warmup < 0:
         parser.error("--jobs, --tenants and --rounds must be >= 1, --warmup >= 0")
@@ -848,6 +854,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         roles["DB_ROLES"] = args.db_roles == "on"
     if args.db_role_pool_size is not None:
         roles["DB_ROLE_POOL_SIZE"] = args.db_role_pool_size
+    if args.fairness is not None:
+        roles["FAIRNESS"] = args.fairness
     if roles:
         from django.conf import settings
         from django.test import override_settings
@@ -856,6 +864,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from kumiko_jobs.core import conf as kumiko_conf
 
     print(
+        f"FAIRNESS {kumiko_conf.get().FAIRNESS}, "
         f"DB_ROLES {kumiko_conf.get().DB_ROLES}, DB_ROLE_POOL_SIZE "
         f"{kumiko_conf.get().DB_ROLE_POOL_SIZE}, {args.tenants} tenant(s)"
     )

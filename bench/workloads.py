@@ -15,3 +15,13 @@ def plain_write(schema_name: str, n: int) -> None:
     """The same write as ``billing.bench_write``, entering the tenant by hand."""
     with schema_context(schema_name):
         ActivityLog.objects.create(job="bench", message=f"write {n}")
+
+
+def plain_sleep_write(schema_name: str, tag: str, seconds: float) -> None:
+    """``soak.sleeper``'s body for plain RQ: wait ``seconds`` (the GIL released, as in a socket
+    read), then the same one write, entering the tenant by hand (bench/scale.py)."""
+    import time
+
+    time.sleep(seconds)
+    with schema_context(schema_name):
+        ActivityLog.objects.create(job="sleeper", message=f"{tag} a1 {schema_name}")

@@ -14,7 +14,17 @@ from .core.exceptions import (
     Unrecoverable,
 )
 from .definition.job import EscapeHatch
-from .enqueueing.api import emit, enqueue, enqueue_at, enqueue_in, job
+from .enqueueing.api import (
+    cancel_workflow,
+    chain,
+    emit,
+    enqueue,
+    enqueue_at,
+    enqueue_in,
+    group,
+    job,
+    workflow,
+)
 
 __all__ = [
     "DatabaseAccessDenied",
@@ -26,10 +36,14 @@ __all__ = [
     "KumikoJobsError",
     "TenantVisibleError",
     "Unrecoverable",
+    "cancel_workflow",
+    "chain",
     "current_user",
     "emit",
     "enqueue",
     "enqueue_at",
     "enqueue_in",
+    "group",
     "job",
+    "workflow",
 ]

@@ -130,6 +130,14 @@ class JobRun(models.Model):
     atomic_key = models.CharField(
         max_length=64, default="", db_default="", blank=True, editable=False
     )
+    # The workflow this run is a step of (Workflow.workflow_id), NULL for every other run: the
+    # start statement returns it, so the finish of a run outside a workflow decides from this
+    # flag alone and costs no statement more (docs/workflows.md).
+    workflow_id = models.UUIDField(_("workflow"), null=True, blank=True)
+    # The run's priority level in its queue (-100..100, higher first: docs/design.md, "Flow
+    # control"), for the messages the relay and the sweep rebuild from this row. db_default:
+    # a process of the previous release inserts rows without this column.
+    priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
 
     class Meta:
         """Newest first, with the indexes that keep the admin's lists an index range read at
@@ -408,3 +416,154 @@ class BootMarker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_name} @ {self.dataset}"
+
+
+class Workflow(models.Model):
+    """Steps enqueued as one unit in one tenant (docs/workflows.md), with the counters that
+    tell when it is done without reading its steps.
+
+    ``status`` uses the runs' vocabulary: ``queued`` while a sequential workflow waits for the
+    previous one of its name and tenant, ``running`` until every step has reached a final
+    state, then ``succeeded`` (every step succeeded), ``failed`` (some failed or were skipped)
+    or ``cancelled`` (cancelled from the API or the admin, or by ``stop_on_failure``).
+    """
+
+    workflow_id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    name = models.CharField(_("workflow"), max_length=200)
+    schema_name = models.CharField(
+        _("tenant"), max_length=63, blank=True, help_text=_("Empty for system workflows.")
+    )
+    status = models.CharField(
+        _("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING
+    )
+    stop_on_failure = models.BooleanField(default=False)
+    # One active workflow of this name per tenant: a later one waits ``queued`` (its first
+    # steps without runs) until the previous one has finished (docs/workflows.md).
+    sequential = models.BooleanField(default=False)
+    created_at = models.DateTimeField(_("created"))
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+    correlation_id = models.CharField(max_length=64, blank=True)
+    # Counters, changed only under this row's lock (history/workflows.py): the steps in all,
+    # those not final yet (0: the workflow is finished), and those that did not succeed.
+    steps_total = models.PositiveIntegerField(default=0)
+    steps_pending = models.IntegerField(default=0)
+    steps_failed = models.IntegerField(default=0)
+    reason = models.TextField(blank=True)
+
+    class Meta:
+        """Newest first; a tenant's and a status's lists are index range reads."""
+
+        ordering = ("-created_at",)
+        verbose_name = _("workflow")
+        verbose_name_plural = _("workflows")
+        indexes = (
+            models.Index(fields=("schema_name", "-created_at"), name="kj_wf_tenant_recent"),
+            models.Index(fields=("status", "created_at"), name="kj_wf_status"),
+            models.Index(
+                fields=("name", "schema_name", "created_at"),
+                condition=models.Q(sequential=True, status__in=("queued", "running")),
+                name="kj_wf_sequential_active",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.get_status_display()}"
+
+
+class StepState(models.TextChoices):
+    """Where a workflow step stands: ``waiting`` for its predecessors, ``released`` (its run
+    exists and goes its way), then its run's final status. A skipped step is ``cancelled``,
+    its reason says why."""
+
+    WAITING = "waiting", _("waiting")
+    RELEASED = "released", _("released")
+    SUCCEEDED = "succeeded", _("succeeded")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+
+
+class WorkflowStep(models.Model):
+    """One step of a workflow: the job call it makes, and its place in the graph.
+
+    The graph is stored forwards (``dependents``: the keys of the steps that wait for this one)
+    with a counter on each waiting step (``waiting_on``): a finishing step decrements its
+    dependents' counters, and the one that reaches 0 releases it. A group callback of 10,000
+    members is one row with a counter, never 10,000 keys to read.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    workflow = models.ForeignKey(Workflow, on_delete=models.CASCADE, related_name="steps")
+    key = models.CharField(_("step"), max_length=200)
+    job_name = models.CharField(_("job"), max_length=200)
+    kwargs = models.JSONField(default=dict, blank=True)
+    dependents = models.JSONField(default=list, blank=True)
+    state = models.CharField(
+        _("state"), max_length=16, choices=StepState.choices, default=StepState.WAITING
+    )
+    # A group's callback runs whatever its members' outcomes; any other step is skipped
+    # (cancelled) when a predecessor did not succeed.
+    always = models.BooleanField(default=False)
+    waiting_on = models.IntegerField(default=0)
+    preds_total = models.IntegerField(default=0)
+    preds_succeeded = models.IntegerField(default=0)
+    preds_failed = models.IntegerField(default=0)
+    preds_cancelled = models.IntegerField(default=0)
+    run_id = models.UUIDField(null=True, blank=True, unique=True)
+    reason = models.TextField(blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        """A workflow's steps by key; the released ones found by the reconciler's index."""
+
+        ordering = ("workflow", "id")
+        verbose_name = _("workflow step")
+        verbose_name_plural = _("workflow steps")
+        constraints = (models.UniqueConstraint(fields=("workflow", "key"), name="kj_wfstep_key"),)
+        indexes = (
+            models.Index(
+                fields=("id",),
+                condition=models.Q(state="released"),
+                name="kj_wfstep_released",
+            ),
+            models.Index(fields=("workflow", "state"), name="kj_wfstep_state"),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.job_name}): {self.get_state_display()}"
+
+
+class FlowPause(models.Model):
+    """A pause an operator set: a queue, a job, a tenant, or a job in one tenant (the fields
+    left empty match everything). The truth the workers' maintenance re-asserts into Redis,
+    where the dequeue reads it (transport/fair.py); deleting the row is the resume."""
+
+    queue = models.CharField(_("queue"), max_length=100, blank=True, default="")
+    job_name = models.CharField(_("job"), max_length=200, blank=True, default="")
+    schema_name = models.CharField(_("tenant"), max_length=63, blank=True, default="")
+    paused_at = models.DateTimeField(_("paused"), auto_now_add=True)
+    paused_by = models.CharField(_("paused by"), max_length=150, blank=True, default="")
+
+    class Meta:
+        """One row per paused thing."""
+
+        verbose_name = _("pause")
+        verbose_name_plural = _("pauses")
+        constraints = (
+            models.UniqueConstraint(
+                fields=("queue", "job_name", "schema_name"), name="kj_pause_unique"
+            ),
+            models.CheckConstraint(
+                condition=(
+                    (~models.Q(queue="") & models.Q(job_name="", schema_name=""))
+                    | (models.Q(queue="") & (~models.Q(job_name="") | ~models.Q(schema_name="")))
+                ),
+                name="kj_pause_one_kind",
+            ),
+        )
+
+    def __str__(self) -> str:
+        if self.queue:
+            return f"queue {self.queue}"
+        if self.job_name and self.schema_name:
+            return f"{self.job_name} in {self.schema_name}"
+        return f"job {self.job_name}" if self.job_name else f"tenant {self.schema_name}"

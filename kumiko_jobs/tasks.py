@@ -12,8 +12,8 @@ describes the mapping; in short:
   READY, running -> RUNNING, succeeded -> SUCCESSFUL (with the kept result as
   ``return_value``), failed and cancelled -> FAILED (one ``TaskError`` per failed attempt, and
   one ``TaskCancelled`` for a cancellation). A return value that is not JSON fails the run.
-- ``priority`` above 0 puts the run's message at the front of its RQ queue; RQ has no other
-  order within a queue (for lanes, use ``queue_name`` and list queues in order to the worker).
+- ``priority`` is the run's priority level in its queue (kumiko's fair dequeue: higher first,
+  FIFO within a level, fair between tenants within a level), for every message of the run.
 - ``queue_name`` is the RQ queue (one of the backend's ``QUEUES``); ``run_after`` delays the run
   through rq-scheduler; ``takes_context`` passes a ``TaskContext`` whose ``attempt`` is the
   run's attempt.

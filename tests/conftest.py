@@ -61,9 +61,11 @@ def _truncate_all() -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
+        # kumiko_jobs_flowpause too: a pause a failed test left would hold later tests' runs.
         cursor.execute(
             "TRUNCATE kumiko_jobs_jobattempt, kumiko_jobs_jobrun, kumiko_jobs_jobfailure, "
-            "kumiko_jobs_rejectedmessage, kumiko_jobs_escapehatchuse, kumiko_jobs_bootmarker"
+            "kumiko_jobs_rejectedmessage, kumiko_jobs_escapehatchuse, kumiko_jobs_bootmarker, "
+            "kumiko_jobs_flowpause"
         )
         for schema in TENANTS:
             cursor.execute(

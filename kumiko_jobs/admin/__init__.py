@@ -30,6 +30,8 @@ from .runs import JobRunAdmin
 # isort: split
 from .display import JobAttemptInline
 from .other_models import EscapeHatchUseAdmin, JobFailureAdmin, RejectedMessageAdmin
+from .pauses import FlowPauseAdmin
+from .workflows import WorkflowAdmin
 
 # isort: split
 # Registers the audience checks (E014, E015) with the admin that they are about.
@@ -40,8 +42,10 @@ from . import checks as checks
 # re-exported: a patch of kumiko_jobs.admin.MAX_PAGES would change nothing that reads it.
 __all__ = [
     "EscapeHatchUseAdmin",
+    "FlowPauseAdmin",
     "JobAttemptInline",
     "JobFailureAdmin",
     "JobRunAdmin",
     "RejectedMessageAdmin",
+    "WorkflowAdmin",
 ]

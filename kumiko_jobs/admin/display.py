@@ -19,6 +19,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..core.audience import is_operator_request
 from ..models import JobAttempt, JobRun, RunStatus
+from ..worker.pauses import paused_by_rule
 from .audiences import ReadOnly
 from .render import (
     failure_sentence,
@@ -113,6 +114,13 @@ class RunDisplay:
         back-off or an ``enqueue_in`` delay), so a waiting run does not look stuck, and what a
         deferred run waits for.
         """
+        held = paused_by_rule(run)
+        if held:  # an operator's pause holds it (worker/pauses.py): not stuck, paused
+            return format_html(
+                '{} <span class="kj-paused" style="font-size:0.85em">{}</span>',
+                status_badge(run.status),
+                gettext("paused (%(what)s)") % {"what": held},
+            )
         # A run waiting for a retry's back-off or an enqueue_in delay is "queued" (the same
         # word as in code and the CLI); the time says it is not due yet.
         if run.status == RunStatus.QUEUED and run.scheduled_for and run.scheduled_for > now():

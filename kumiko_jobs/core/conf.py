@@ -29,6 +29,7 @@ from django.dispatch import receiver
 GuardMode = Literal["enforce", "log", "off"]
 InactiveTenantPolicy = Literal["skip", "defer"]
 TenantDeletionPolicy = Literal["purge", "anonymise"]
+FairnessMode = Literal["tenant", "fifo"]
 
 DEFAULT_SENSITIVE_KEYS = (
     "password",
@@ -97,8 +98,10 @@ class KumikoSettings:
     # Tenants a fan-out reads, inserts (one statement) and pushes (one pipeline) at a time.
     FANOUT_CHUNK_SIZE: int = 1000
     MAX_ARGUMENT_DEPTH: int = 32
-    WORKER_HEARTBEAT: int = 5
-    WORKER_DEAD_AFTER: int = 20
+    # A killed worker's run restarts within WORKER_DEAD_AFTER + WORKER_HEARTBEAT seconds (the
+    # maintenance thread looks for expired beat keys every beat: worker/maintenance.py).
+    WORKER_HEARTBEAT: int = 1
+    WORKER_DEAD_AFTER: int = 6
     MAINTENANCE_INTERVAL: int = 10
     RELAY_GRACE: int = 30
     HISTORY_SYNCHRONOUS_COMMIT: bool = True
@@ -136,6 +139,16 @@ class KumikoSettings:
     # Milliseconds PostgreSQL lets each statement of an admin list (and of a search, the
     # autocomplete's too) run before it cancels it (admin/query_strings.py); 0: no timeout.
     ADMIN_STATEMENT_TIMEOUT_MS: int = 5000
+    # Which message a worker takes next (docs/design.md, "Flow control: the fair dequeue"):
+    # "tenant" shares the workers' time fairly between tenants; "fifo" is arrival order.
+    FAIRNESS: FairnessMode = "tenant"
+    # Dotted path of a callable (schema name -> weight > 0) giving tenants their share of
+    # worker time; None: every tenant weighs 1.
+    TENANT_WEIGHT: str | None = None
+    # Runs one in-process worker (``kumiko_jobs.worker.Worker``) executes at once, each in a
+    # slot of its own (worker/slots.py; docs/design.md, "Slots"). 1: one at a time, as RQ.
+    # ``KUMIKO_JOBS_WORKER_CONCURRENCY`` in the environment overrides it (worker_concurrency).
+    WORKER_CONCURRENCY: int = 1
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -143,6 +156,7 @@ _CHOICES: dict[str, tuple[str | None, ...]] = {
     "INACTIVE_TENANT": ("skip", "defer"),
     "TENANT_DELETION": ("purge", "anonymise"),
     "DB_POOLER": (None, "session", "transaction"),
+    "FAIRNESS": ("tenant", "fifo"),
 }
 _POSITIVE_INTS = (
     "DEFAULT_TIMEOUT",
@@ -162,6 +176,7 @@ _POSITIVE_INTS = (
     "BOOT_GATE_WARN_AFTER",
     "MESSAGE_MAX_AGE",
     "DB_ROLE_POOL_SIZE",
+    "WORKER_CONCURRENCY",
 )
 _NON_NEGATIVE_INTS = (
     "DEFAULT_RETRIES",
@@ -268,6 +283,12 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
         raise ImproperlyConfigured(
             "settings.KUMIKO_JOBS['TENANT_ACTIVE_FIELD'] must be a field name or None."
         )
+    weight_path = values.get("TENANT_WEIGHT")
+    if weight_path is not None and (not isinstance(weight_path, str) or "." not in weight_path):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['TENANT_WEIGHT'] must be the dotted path of a callable that "
+            "takes a tenant's schema name and returns its weight (a number > 0), or None."
+        )
     tc = values.get("TENANT_CONCURRENCY")
     if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or tc < 1):
         raise ImproperlyConfigured(
@@ -332,6 +353,24 @@ def get_or_none() -> KumikoSettings | None:
         return get()
     except ImproperlyConfigured:
         return None
+
+
+CONCURRENCY_ENV = "KUMIKO_JOBS_WORKER_CONCURRENCY"
+
+
+def worker_concurrency() -> int:
+    """The slots of an in-process worker: ``KUMIKO_JOBS_WORKER_CONCURRENCY`` from the worker's
+    environment when set (``KUMIKO_JOBS_WORKER_CONCURRENCY=8 manage.py rqworker``: django-rq's
+    command takes no options of ours), else ``WORKER_CONCURRENCY``."""
+    raw = os.environ.get(CONCURRENCY_ENV, "").strip()
+    if not raw:
+        return get().WORKER_CONCURRENCY
+    if not raw.isdigit() or int(raw) < 1:
+        raise ImproperlyConfigured(
+            f"{CONCURRENCY_ENV}={raw!r}: expected an integer >= 1 (the runs one worker process "
+            "executes at once); unset it to use KUMIKO_JOBS['WORKER_CONCURRENCY']."
+        )
+    return int(raw)
 
 
 @receiver(setting_changed)

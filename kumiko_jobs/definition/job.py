@@ -8,10 +8,11 @@ the properties here, so each default is applied in one place, read at each use s
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from ..core import conf
 from ..core.exceptions import InvalidJob
@@ -23,6 +24,8 @@ REASON_MAX_LENGTH = 500
 BackoffKind = Literal["fixed", "exponential"]
 Concurrency = Literal["parallel", "skip", "replace", "debounce", "sequential"]
 CONCURRENCY_MODES = ("parallel", "skip", "replace", "debounce", "sequential")
+# Priorities as in Django's task framework (django.tasks): higher first.
+PRIORITY_MIN, PRIORITY_MAX = -100, 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +125,9 @@ class JobDefinition:
     # A Django task's priority above 0 puts its messages at the front of the queue (set by
     # task_jobs.register_task_jobs: @job has no such option).
     front_by_priority: bool = False
+    # The priority level of its messages in their queue (-100..100, higher first, FIFO within
+    # a level; docs/design.md, "Flow control"). ``using(priority=...)`` overrides it per enqueue.
+    priority: int = 0
 
     def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
         """Call the function directly (tests, with any context); no pipeline, no guard, no
@@ -164,6 +170,21 @@ class JobDefinition:
         if self.tenant_visible_failure:
             fields += [f for f in self.tenant_visible_failure.subject_fields if f not in fields]
         return tuple(fields)
+
+    def using(self, *, priority: int) -> Self:
+        """This job with another priority for the enqueues made through the copy:
+        ``sync_invoice.using(priority=10).enqueue(invoice_id=7)``. The run keeps it for every
+        message (retries, deferrals, the relay's)."""
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not (PRIORITY_MIN <= priority <= PRIORITY_MAX)
+        ):
+            raise InvalidJob(
+                f"Job {self.name!r}: using(priority={priority!r}); a priority is an integer "
+                f"from {PRIORITY_MIN} to {PRIORITY_MAX} (higher runs first, 0 is the default)."
+            )
+        return dataclasses.replace(self, priority=priority)
 
     def bind_arguments(self, kwargs: Mapping[str, Any]) -> None:
         """Raise InvalidJob when ``kwargs`` do not fit the function's signature."""

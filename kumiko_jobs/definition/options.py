@@ -20,7 +20,15 @@ from ..core import conf
 from ..core.exceptions import InvalidJob, message_key_problem
 from ..core.grants import Grant
 from .cron import check_cron, check_timezone
-from .job import CONCURRENCY_MODES, Backoff, EscapeHatch, FailureVisibility, JobDefinition
+from .job import (
+    CONCURRENCY_MODES,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    Backoff,
+    EscapeHatch,
+    FailureVisibility,
+    JobDefinition,
+)
 
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]{0,199}$")
 # The history column the queue name lands in (models.JobRun.queue).
@@ -56,6 +64,7 @@ _OPTION_TYPES: dict[str, str] = {
     "atomic": "bool (tenant jobs whose whole effect is in the default database)",
     "unique": "True or list of argument names",
     "unique_for": "seconds > 0 or timedelta (with unique=)",
+    "priority": f"int from {PRIORITY_MIN} to {PRIORITY_MAX} (higher first)",
 }
 
 
@@ -113,6 +122,20 @@ def _int_option(
         raise _fail(where, f"{option} must be an integer >= {minimum}, got {value!r}.")
     if maximum is not None and value > maximum:
         raise _fail(where, f"{option}={value} is over the upper bound {maximum}.")
+    return value
+
+
+def _priority(where: str, value: Any) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or not (PRIORITY_MIN <= value <= PRIORITY_MAX)
+    ):
+        raise _fail(
+            where,
+            f"priority={value!r}; a priority is an integer from {PRIORITY_MIN} to {PRIORITY_MAX} "
+            "(higher runs first within its queue, 0 is the default).",
+        )
     return value
 
 
@@ -211,6 +234,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         description=str(description).split("\n\n")[0],
         unique=unique,
         unique_for=unique_for,
+        priority=_priority(where, options.get("priority", 0)),
         **triggers,
     )
 

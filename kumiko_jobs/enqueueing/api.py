@@ -9,7 +9,7 @@ top; the enqueueing itself, which writes run rows, is imported inside each call.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
@@ -19,6 +19,7 @@ from ..definition.registry import registry
 
 if TYPE_CHECKING:
     from .handle import RunHandle
+    from .workflows import Step
 
 
 class Job(JobDefinition):
@@ -27,6 +28,15 @@ class Job(JobDefinition):
     def enqueue(self, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
         """Run the job as soon as the current transaction commits (at once outside one)."""
         return enqueue(self, tenant=tenant, **kwargs)
+
+    def enqueue_many(
+        self, items: Sequence[Mapping[str, Any]], *, tenant: Any = None
+    ) -> list[RunHandle]:
+        """One run per item (a dict of keyword arguments), all checked first, written in one
+        INSERT and pushed in one pipeline on commit; all or nothing on bad input."""
+        from .bulk import enqueue_many  # imports models: see the module docstring
+
+        return enqueue_many(self, items, tenant=tenant)
 
     def enqueue_in(
         self, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any
@@ -37,6 +47,13 @@ class Job(JobDefinition):
     def enqueue_at(self, when: datetime, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
         """Run the job at ``when`` (timezone-aware), pushed when the transaction commits."""
         return enqueue_at(self, when, tenant=tenant, **kwargs)
+
+    def step(self, *, key: str | None = None, after: Any = (), **kwargs: Any) -> Step:
+        """This job call as a workflow step (docs/workflows.md); ``after``: the steps it waits
+        for; ``key``: its name in the workflow (and in ``workflow_results``)."""
+        from .workflows import Step  # imports models: see the module docstring
+
+        return Step(self, kwargs, key=key, after=after)
 
 
 def define(func: Callable[..., Any], options: Mapping[str, Any]) -> Job:
@@ -103,3 +120,36 @@ def emit(event: str, /, *, tenant: Any = None, **payload: Any) -> list[RunHandle
     from .submit import emit as submit_event  # imports models: see the module docstring
 
     return submit_event(event, tenant=tenant, **payload)
+
+
+def chain(*parts: Any) -> Any:
+    """Each part waits for the one before it (docs/workflows.md)."""
+    from .workflows import chain as make  # imports models: see the module docstring
+
+    return make(*parts)
+
+
+def group(parts: Any, *, then: Any = None) -> Any:
+    """Parts side by side; ``then``: a callback that runs once when all have finished."""
+    from .workflows import group as make  # imports models: see the module docstring
+
+    return make(parts, then=then)
+
+
+def workflow(
+    part: Any, *, name: str, stop_on_failure: bool = False, sequential: bool = False
+) -> Any:
+    """A workflow of steps, to ``.enqueue(tenant=...)`` as one unit (docs/workflows.md);
+    ``sequential``: one of this name per tenant at a time, the next waits its turn."""
+    from .workflows import workflow as make  # imports models: see the module docstring
+
+    return make(part, name=name, stop_on_failure=stop_on_failure, sequential=sequential)
+
+
+def cancel_workflow(workflow_id: Any, *, by: Any = None) -> bool:
+    """Cancel every step of the workflow that has not finished; False if it had finished."""
+    import uuid
+
+    from .workflow_release import cancel  # imports models: see the module docstring
+
+    return cancel(uuid.UUID(str(workflow_id)), by=by)

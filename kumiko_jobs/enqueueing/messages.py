@@ -11,10 +11,13 @@ apart (a field the row keeps and a rebuilt message drops).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from django_tenants.utils import get_tenant_model
 
 from .. import origin, transport
@@ -75,6 +78,7 @@ def row_for(definition: JobDefinition, env: Envelope, subject: str, delay: float
         origin=env.origin,
         rq_job_id=env.rq_job_id,
         unique_key=unique.key_of(definition, env.schema, env.kwargs),
+        priority=priority_of(definition, env),
     )
 
 
@@ -102,9 +106,12 @@ def envelope_of(
     )
 
 
-def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> transport.Message:
+def message_for(
+    definition: JobDefinition, envelope: Envelope, delay: float, *, priority: int | None = None
+) -> transport.Message:
     """The queue message of ``envelope``: signed now, due after ``delay`` seconds, on the job's
-    queue, with its timeout, rate limit and place in the queue."""
+    queue, with its timeout, rate limit, and what the fair dequeue files it by (the tenant's
+    bucket and weight, the priority: ``priority`` when given, else the job's)."""
     key, limit = rate_limit_of(definition, envelope.schema)
     return transport.Message(
         # Signed now, due after the delay: the message expires MESSAGE_MAX_AGE after that.
@@ -115,15 +122,57 @@ def message_for(definition: JobDefinition, envelope: Envelope, delay: float) -> 
         delay=delay,
         rate_limit_key=key,
         rate_limit=limit,
-        at_front=_at_front(definition, envelope),
+        bucket=transport.bucket_of(envelope.schema),
+        weight=weight_of(envelope.schema),
+        priority=priority if priority is not None else priority_of(definition, envelope),
+        job=definition.name,
     )
 
 
-def _at_front(definition: JobDefinition, envelope: Envelope) -> bool:
-    """A Django task's priority (kumiko_jobs.tasks): above the default 0, the front of the
-    queue, for every push of the run (first, retries, relayed): RQ has no other order."""
-    priority = envelope.kwargs.get("priority", 0)
-    return definition.front_by_priority and isinstance(priority, int) and priority > 0
+def priority_of(definition: JobDefinition, envelope: Envelope) -> int:
+    """The priority level of a run's messages, the same for every push of the run: inside a
+    run, the level of the message executing (a retry or deferral keeps what the first message
+    had, ``using(priority=...)`` included); else a Django task's own ``priority``
+    (kumiko_jobs.tasks); else the job's (``@job(priority=...)`` or its ``using`` copy). The
+    relay and the sweep pass the run row's instead."""
+    inherited = transport.current_priority(envelope.run_id)
+    if inherited is not None:
+        return inherited
+    if definition.front_by_priority:
+        priority = envelope.kwargs.get("priority", 0)
+        valid = transport.valid_priority(priority)
+        if valid is not None:
+            return valid
+    return definition.priority
+
+
+_weight_callables: dict[str, Callable[[str], Any]] = {}
+
+
+def weight_of(schema: str | None) -> float:
+    """A tenant's weight in the fair dequeue, from ``TENANT_WEIGHT`` (resolved at every push,
+    so a plan change applies to the next message; system runs weigh 1)."""
+    path = conf.get().TENANT_WEIGHT
+    if path is None or schema is None:
+        return 1.0
+    func = _weight_callables.get(path)
+    if func is None:
+        try:
+            func = import_string(path)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS['TENANT_WEIGHT'] = {path!r} cannot be imported ({exc}); "
+                "name a callable that takes a schema name and returns a number > 0."
+            ) from exc
+        _weight_callables[path] = func
+    value = func(schema)
+    weight = transport.valid_weight(value)
+    if weight is None:
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS['TENANT_WEIGHT'] ({path}) returned {value!r} for tenant "
+            f"{schema!r}; it must return a finite number > 0 (1 is the default share)."
+        )
+    return weight
 
 
 def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, int]:

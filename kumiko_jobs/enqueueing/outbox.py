@@ -32,6 +32,18 @@ def save(row: JobRun, on_commit: Callable[[], None]) -> None:
     transaction.on_commit(on_commit, robust=True)
 
 
+def push_paused() -> bool:
+    """Did a push fail less than ``PUSH_FAILURE_PAUSE`` seconds ago (so the relay pushes)?"""
+    failed_at = _push_failed_at
+    return failed_at is not None and time.monotonic() - failed_at < conf.get().PUSH_FAILURE_PAUSE
+
+
+def note_push_failed(at: float | None) -> None:
+    """Remember when a push failed (``time.monotonic()``), or None after one that worked."""
+    global _push_failed_at
+    _push_failed_at = at
+
+
 def push_committed(message: transport.Message, row: JobRun) -> None:
     """Push the message of the committed run ``row`` (an ``on_commit`` callback), and send
     ``job_queued``; on failure log, and leave the message to the relay."""

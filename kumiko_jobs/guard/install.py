@@ -11,6 +11,7 @@ connections' lifetime (Django's handler, threads), not about statements.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import threading
 from collections.abc import Callable
@@ -46,6 +47,7 @@ class GuardSession:
         self._stack = contextlib.ExitStack()
         self._guarded: list[Any] = []
         self._kept: list[Any] = []
+        self._objects: list[_ConnectionObjects] = []
 
     def __enter__(self) -> GuardSession:
         # The connection_created receiver finds this installation through the current Watch.
@@ -58,6 +60,8 @@ class GuardSession:
     def __exit__(self, *exc_info: object) -> None:
         self.watch.guard = None
         self._stack.close()
+        for objects in self._objects:
+            objects.restore()
         for conn in self._guarded:
             if any(conn is kept for kept in self._kept):
                 continue  # a connection the runner switched to for a block (tenant_connections)
@@ -68,6 +72,7 @@ class GuardSession:
                 _close(conn)
 
     def _install(self, conn: Any) -> None:
+        self._objects.append(_ConnectionObjects(conn))
         self._stack.enter_context(conn.execute_wrapper(self.wrapper))
         self._stack.enter_context(guarded_routes(conn, self.wrapper))
         self._guarded.append(conn)
@@ -113,6 +118,58 @@ class GuardSession:
         self._install(conn)
         if watch.tenant is not None:
             conn.set_tenant(watch.tenant)
+
+
+class _ConnectionObjects:
+    """What a run could leave on a connection's Python object for the next run, of any tenant
+    (the in-process worker keeps its wrappers): an execute wrapper of the job's own put where
+    the guard's ``pop()`` does not take it off (it would see every later statement and its
+    parameters), and the connection's settings (Django shares the dict with
+    ``settings.DATABASES``: an ``OPTIONS["options"] = "-c ..."`` written there starts every
+    later session, of every tenant, with it, and ``RESET ALL`` keeps startup values).
+
+    Taken before the guard's wrapper is added, put back after it is removed (the session reset
+    never sees Python objects). Settings that changed are restored in place, and the connection
+    is closed, since its session may have been opened with them."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.wrappers = conn.execute_wrappers
+        self.wrappers_before = list(self.wrappers)
+        self.settings = conn.settings_dict
+        self.settings_before = _comparable(self.settings)
+
+    def restore(self) -> None:
+        conn = self.conn
+        conn.execute_wrappers = self.wrappers
+        if self.wrappers != self.wrappers_before:
+            self.wrappers[:] = self.wrappers_before
+        if (
+            conn.settings_dict is self.settings
+            and _comparable(self.settings) == self.settings_before
+        ):
+            return
+        conn.settings_dict = self.settings
+        schema = self.settings.get(_TENANTS_OWN_KEY)
+        self.settings.clear()
+        self.settings.update(copy.deepcopy(self.settings_before))
+        if schema is not None:
+            self.settings[_TENANTS_OWN_KEY] = schema
+        logger.warning(
+            "the run changed the settings of database alias %r: restored, and the connection "
+            "closed",
+            conn.alias,
+        )
+        _close(conn)
+
+
+# django-tenants keeps the schema it last set in the settings (``set_tenant``, ``set_schema``):
+# its bookkeeping, which changes with every switch, not a setting of the session.
+_TENANTS_OWN_KEY = "SCHEMA"
+
+
+def _comparable(settings: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy({k: v for k, v in settings.items() if k != _TENANTS_OWN_KEY})
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:

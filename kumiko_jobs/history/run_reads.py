@@ -33,10 +33,16 @@ from ..models import JobAttempt, JobRun
 
 
 def reader_schema() -> str | None:
-    """The schema whose runs the caller may load; None: any run (operators, system runs)."""
+    """The schema whose runs the caller may load; None: any run (operators, system runs).
+
+    A tenant run's tenant comes from its envelope. A run whose envelope names no tenant (a
+    system run, a fan-out) reads any run only while its connection is in the public schema
+    too: the envelope is a context variable that the body could replace with one naming no
+    tenant, and the body's connection is in its tenant's schema whatever the body sets in
+    Python (a swap to the project's connection puts it back: ``tenant_connections``).
+    """
     envelope = current.current_envelope.get()
-    if envelope is not None:
-        # A run: its tenant, from the signed envelope (None for a system run or a fan-out).
+    if envelope is not None and envelope.schema is not None:
         return envelope.schema
     public = project_settings.public_schema_name()
     schema = getattr(connection, "schema_name", public)

@@ -144,8 +144,11 @@ def _start_sql(commit_mode: str) -> str:
         f"({col('status')} = %s AND GREATEST({col('attempts')}, 1) = %s AND ("
         f"({col('defer_count')} + 1 = %s AND {col('gate_defer_count')} = %s) OR "
         f"({col('defer_count')} = %s AND {col('gate_defer_count')} + 1 = %s)))"
-        f") RETURNING 1) "
-        f"SELECT (SELECT count(*) FROM started), {_tenant_columns().sql} "
+        f") RETURNING {col('workflow_id')} AS workflow_id) "
+        # The run's workflow (NULL for a plain run) rides along: its finish decides from it
+        # whether a workflow moves on, without a statement for runs outside one.
+        f"SELECT (SELECT count(*) FROM started), (SELECT workflow_id FROM started), "
+        f"{_tenant_columns().sql} "
         f"FROM {commit_mode} AS one LEFT JOIN {_qualified(tenant_model._meta.db_table)} AS tenant "
         f"ON tenant.{_schema_column()} = %s"
     )
@@ -159,6 +162,7 @@ class Started:
 
     updated: bool  # False: the run does not wait for this message (or its row is gone)
     tenant: Any  # the tenant whose schema_name the message names, or None
+    workflow_id: uuid.UUID | None = None  # the workflow the run is a step of (docs/workflows.md)
 
 
 def start(
@@ -205,7 +209,7 @@ def start(
     with public_cursor() as cursor:
         cursor.execute(_start_sql(_commit_mode()), params)
         row = cursor.fetchone()
-    return Started(updated=bool(row[0]), tenant=_tenant_from(row[1:]))
+    return Started(updated=bool(row[0]), tenant=_tenant_from(row[2:]), workflow_id=row[1])
 
 
 def run_row(run_id: str) -> tuple[str, int] | None:

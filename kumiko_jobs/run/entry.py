@@ -176,6 +176,7 @@ def dispatch(state: RunState) -> None:
         messages.append(message_for(state.definition, next_env, delay))
     if state.ending.outcome is Outcome.SUCCEEDED:
         messages.extend(state.followups.messages())
+    messages.extend(state.workflow.released)  # workflow steps its finish released
     if messages:
         transport.push_many(messages)
 

@@ -27,6 +27,7 @@ from ..core import current
 from ..core.outcome import DeferralKind, Outcome
 from ..core.text import storable
 from ..enqueueing.followups import FollowupBatch, collecting
+from ..enqueueing.workflow_release import WorkflowLink
 from ..guard.watch import Watch, watching
 from ..history import audit
 from .joblog import AttemptLog
@@ -312,6 +313,9 @@ class RunState:
     # The escape-hatch uses the run reported (audit.record_use), made from the definition.
     audit_uses: audit.AuditUses = field(init=False)
     alarm: Alarm = field(default_factory=Alarm)
+    # The workflow the run is a step of (set by records from its start statement) and the
+    # steps its finish released, pushed by the runner's dispatch (enqueueing/workflow_release).
+    workflow: WorkflowLink = field(default_factory=WorkflowLink)
     # The guard's part: grants open, violations, session marks, the installed guard, the
     # body's database identity (guard_watch). Built from the envelope and the definition.
     watch: Watch = field(init=False)

@@ -17,7 +17,9 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 - ``scheduler_liveness``: is delayed work overdue because no scheduler runs?
 - ``rq_worker``: RQ's worker bases and the batched per-message bookkeeping.
 - ``live_workers``: which kumiko worker executes which RQ job (the beats that say so).
+- ``fair`` and ``fair_policy``: the fair dequeue's script and its policy as pure code.
 - ``rate_limits`` and ``registries``: what the relay reads and frees of RQ's bookkeeping.
+- ``depths``: queue depths and the registered workers, for the dashboard and its metrics.
 
 Tests and ``kumiko_jobs.testing`` replace ``push``/``push_many`` here; ``testing`` replaces
 them in ``pushing`` too, which the scheduler's cron firing calls.
@@ -26,10 +28,12 @@ them in ``pushing`` too, which the scheduler's cron firing calls.
 from __future__ import annotations
 
 from .errors import RedisConnectionError, RedisError, RedisTimeoutError
+from .fair_policy import bucket_of, valid_priority, valid_weight
 from .keys import (
     BOOT_DATASET_KEY,
     CANCEL_KEY,
     CRON_PREFIX,
+    DEAD_SWEEP_LOCK,
     LIVE_WORKERS,
     MAINTENANCE_LOCK,
     RELAY_TAKEN,
@@ -40,7 +44,8 @@ from .keys import (
     WORKER_KEY,
     WORKERS_SINCE_KEY,
 )
-from .live_workers import Liveness, beat, goodbye, liveness, request_cancel
+from .live_workers import Liveness, beat, goodbye, liveness, request_cancel, vanished_workers
+from .pausing import assert_pauses
 from .pushing import push, push_many
 from .queues import (
     DelayedSet,
@@ -48,6 +53,7 @@ from .queues import (
     connection_for,
     current_job_id,
     current_job_origin,
+    current_priority,
     dataset_token,
     decoded,
     delayed_set,
@@ -57,6 +63,7 @@ from .queues import (
     queue_length,
     redis_identity,
     utcnow,
+    waiting_job_ids,
 )
 from .rate_limits import SlotHolder, rate_limit_slot_holders, release_rate_limit_slot
 from .registries import HeldMessage, forget_messages, held_messages, taken_for
@@ -100,6 +107,7 @@ __all__ = [
     "BOOT_DATASET_KEY",
     "CANCEL_KEY",
     "CRON_PREFIX",
+    "DEAD_SWEEP_LOCK",
     "HOOK_FIELDS",
     "JSON_SERIALIZER_PATH",
     "LIVE_WORKERS",
@@ -134,13 +142,16 @@ __all__ = [
     "SlotHolder",
     "WorkerJob",
     "acquire_scheduler_lock",
+    "assert_pauses",
     "beat",
+    "bucket_of",
     "cancel_scheduled",
     "connection_for",
     "cron_entries",
     "cron_hooks",
     "current_job_id",
     "current_job_origin",
+    "current_priority",
     "dataset_token",
     "decoded",
     "delayed_set",
@@ -169,4 +180,8 @@ __all__ = [
     "taken_for",
     "timeout_of_job",
     "utcnow",
+    "valid_priority",
+    "valid_weight",
+    "vanished_workers",
+    "waiting_job_ids",
 ]

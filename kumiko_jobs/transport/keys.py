@@ -32,9 +32,21 @@ RELAY_TAKEN = "kumiko:relay:taken:"
 CANCEL_KEY = "kumiko:cancel:"
 # One worker at a time runs the maintenance round (worker/maintenance).
 MAINTENANCE_LOCK = "kumiko:maintenance"
+# One worker at a time sweeps when a worker's beat key expired (worker/maintenance).
+DEAD_SWEEP_LOCK = "kumiko:maintenance:dead"
 # Its value identifies the Redis dataset that run_on_boot jobs were enqueued for (worker/boot).
 BOOT_DATASET_KEY = "kumiko_jobs:boot:dataset"
 # RQ RateLimit keys of the concurrency options (enqueueing/messages): + job name + ":" + owner
 # for concurrency="sequential", + owner for tenant_concurrency / TENANT_CONCURRENCY.
 SEQUENTIAL_LIMIT = "kumiko:seq:"
 TENANT_LIMIT = "kumiko:tenant:"
+
+# --- the fair dequeue (transport/fair.py; docs/design.md, "Flow control") ----------------------
+# + queue name + ":" : the queue's lanes (+ priority level + ":"), its levels and arrival numbers.
+FAIR_PREFIX = "kumiko:fair:"
+# The entry that stands for a sorted message in RQ's queue list (never a job id: ids are
+# [A-Za-z0-9_-]), so that RQ's count of the list is the number of waiting messages.
+FAIR_TOKEN = "kumiko:fair-token"
+# Sets the dequeue script reads: + "queues" (queue names), "tenants" (bucket names), "jobs"
+# (job names), "jobtenants" (job name + TAB + bucket). PostgreSQL holds the truth (FlowPause).
+PAUSE_PREFIX = "kumiko:pause:"

@@ -64,6 +64,21 @@ def goodbye(redis: Any, worker: str) -> None:
         pipe.execute()
 
 
+def vanished_workers(redis: Any) -> list[str]:
+    """Workers in ``keys.LIVE_WORKERS`` whose beat key expired: they stopped beating without a
+    goodbye (killed, OOM, machine lost). Two round trips and no database read, so every worker
+    can look every beat; the sweep then hands their runs back (and drops them from the set).
+
+    Redis expires the key itself, ``dead_after`` seconds after the last beat: the clock that
+    decides is Redis's, never a worker's. Raises ``RedisError`` like any command.
+    """
+    names = sorted(name for n in redis.smembers(LIVE_WORKERS) if (name := decoded(n)))
+    if not names:
+        return []
+    present = redis.mget([WORKER_KEY + n for n in names])
+    return [n for n, v in zip(names, present, strict=True) if v is None]
+
+
 class Liveness:
     """A snapshot of the live kumiko workers and the RQ job each executes."""
 

@@ -1,5 +1,9 @@
 """Putting messages on their queues: now, at the front, delayed, or behind a rate limit.
 
+Every message carries its fair field in the RQ job's ``meta`` (bucket, weight, priority, job),
+so that the fair dequeue (``fair.py``) files it without asking anyone; it is written with the
+job hash, in the same transaction, whichever way the message then reaches the queue.
+
 The one way a message reaches Redis (the enqueue's on-commit push, fan-out's thousands, a
 follow-up, the relay, a cron tick). Delayed messages go to rq-scheduler's set, which the
 ``rqscheduler`` process moves to the queue when due; rate-limited ones go through RQ's own
@@ -44,6 +48,7 @@ def push_many(messages: Iterable[Message]) -> None:
                 failure_ttl=settings.FAILURE_TTL,
                 rate_limit=RateLimit(msg.rate_limit_key, msg.rate_limit),
                 at_front=msg.at_front,
+                meta=msg.meta,
             )
         else:
             batches.setdefault(msg.queue, []).append(msg)
@@ -60,6 +65,7 @@ def push_many(messages: Iterable[Message]) -> None:
                         result_ttl=settings.RESULT_TTL,
                         failure_ttl=settings.FAILURE_TTL,
                         at_front=m.at_front,
+                        meta=m.meta,
                     )
                     for m in batch[start : start + 500]
                 ]
@@ -82,6 +88,7 @@ def _push_delayed(msg: Message, result_ttl: int) -> None:
         timeout=msg.timeout,
         result_ttl=result_ttl,
         queue_name=msg.queue,
+        meta=msg.meta,
         commit=False,
     )
     if msg.rate_limit:

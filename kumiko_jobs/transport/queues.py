@@ -23,6 +23,7 @@ from rq import Queue, get_current_job
 from rq.serializers import JSONSerializer
 
 from ..core import conf
+from . import fair
 from .rq_job import JsonJob
 
 
@@ -38,9 +39,22 @@ class Message:
     # RQ RateLimit: at most ``rate_limit`` messages with this key queued-or-running at once.
     rate_limit_key: str = ""
     rate_limit: int = 0
-    # Put it at the front of its queue (a Django task with a priority above 0); a delayed one
-    # joins the back when rq-scheduler moves it to the queue.
+    # Put it at the front of its queue (RQ's at_front; kumiko's own messages use ``priority``
+    # instead); a delayed one joins the back when rq-scheduler moves it to the queue.
     at_front: bool = False
+    # Where the fair dequeue files it (transport/fair.py): its tenant's bucket ("" : no fair
+    # field, the bucket of foreign messages), the tenant's weight, the priority level, the job.
+    bucket: str = ""
+    weight: float = 1.0
+    priority: int = 0
+    job: str = ""
+
+    @property
+    def meta(self) -> dict[str, Any] | None:
+        """The RQ job's ``meta``: the fair field the dequeue script reads from the job hash."""
+        if not self.bucket:
+            return None
+        return {"kumiko_fair": [self.bucket, self.weight, self.priority, self.job]}
 
 
 _queues: dict[tuple[str, int], Queue] = {}
@@ -125,10 +139,29 @@ def current_job_id() -> str:
     return job.id if job is not None else ""
 
 
+def current_priority(run_id: str) -> int | None:
+    """The priority level of the message executing now when it belongs to run ``run_id``
+    (hex), read from the job RQ already loaded (no round trip); None otherwise."""
+    job = get_current_job()
+    if job is None or not job.id.startswith(f"kj-{run_id}-"):
+        return None
+    fair = (job.meta or {}).get("kumiko_fair")
+    if isinstance(fair, list) and len(fair) > 2 and isinstance(fair[2], int):
+        return int(fair[2])
+    return None
+
+
 def current_job_origin() -> str:
     """The queue the message executing now came from (``""`` outside a worker)."""
     job = get_current_job()
     return job.origin if job is not None else ""
+
+
+def waiting_job_ids(queue: str) -> list[str]:
+    """The RQ job ids waiting on ``queue``, wherever the fair dequeue keeps them (RQ's own
+    list holds tokens for sorted ones)."""
+    rq_queue = get_queue(queue)
+    return fair.waiting_job_ids(rq_queue.connection, queue, rq_queue.key)
 
 
 def queue_length(queue: str) -> int:

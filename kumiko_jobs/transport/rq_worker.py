@@ -13,7 +13,9 @@ import time
 from typing import Any, cast
 
 from redis import Redis
+from redis.exceptions import RedisError
 from rq import Queue
+from rq.exceptions import DequeueTimeout
 from rq.executions import Execution
 from rq.job import Job, JobStatus, Retry, parse_job_id
 from rq.rate_limit import release_slot
@@ -25,33 +27,28 @@ from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQForkingWorker
 from rq.worker import WorkerStatus
 
+from ..core import conf
+from . import fair
+
 # Re-exported for the worker package, which adds per-run hygiene to RQ's worker classes.
 SimpleWorkerBase = RQSimpleWorker
-ForkingWorkerBase = RQForkingWorker
 # For the worker's death penalty, which notes on the run that its timeout fired (a job that
 # catches Exception swallows RQ's JobTimeoutException; the note makes the timeout final).
 DeathPenaltyBase = UnixSignalDeathPenalty
 JobTimeout = JobTimeoutException
 
 
-# RQ's dequeue of one queue in one round trip: LMOVE the next job id to the queue's intermediate
-# list, exactly as RQ's Queue.lmove does, and read the job's hash, as Job.fetch does. A key that
-# is not a hash answers 0 instead of failing the script after the LMOVE: the caller then reads
-# it the way RQ does, so the worker handles the error as it would RQ's.
-_DEQUEUE_ONE = """
-local id = redis.call('LMOVE', KEYS[1], KEYS[2], 'LEFT', 'RIGHT')
-if not id then return false end
-local fields = redis.pcall('HGETALL', ARGV[1] .. id)
-if fields.err then return {id, 0} end
-return {id, fields}
-"""
-
-
 class _OneTripDequeue:
-    """Mixed into the worker's queue class: ``dequeue_any`` of a single queue in one round
-    trip instead of two (``LMOVE``, then ``HGETALL``). RQ takes the same path (``LMOVE`` to the
-    intermediate queue) for one queue on Redis >= 6.2; a blocking wait on an empty queue, and
-    every other case, is RQ's own code."""
+    """Mixed into the worker's queue class: ``dequeue_any`` as the fair dequeue (``fair.py``),
+    one round trip per message: the script sorts new arrivals into their lanes, picks the next
+    message by ``FAIRNESS``, moves it to the queue's intermediate list as RQ's ``LMOVE`` does,
+    and returns its job hash as ``Job.fetch`` reads it.
+
+    A worker with nothing to take waits on the queue's list without consuming it (``BLMOVE``
+    of the list onto itself: it wakes on the next arrival, which the script then sorts); when
+    everything waiting is paused, or it serves several queues, it looks again after at most a
+    second.
+    """
 
     @classmethod
     def dequeue_any(
@@ -64,57 +61,111 @@ class _OneTripDequeue:
         death_penalty_class: Any = None,
     ) -> tuple[Job, Queue] | None:
         queues = list(queues)
-        if len(queues) == 1 and get_version(connection) >= (6, 2, 0):
-            queue = queues[0]
-            job_cls: type[Job] = backend_class(cls, "job_class", override=job_class)
-            script = connection.register_script(_DEQUEUE_ONE)
-            while True:
-                popped = script(
-                    keys=[queue.key, queue.intermediate_queue_key],
-                    args=[job_cls.redis_job_namespace_prefix],
-                )
-                if popped is None:
-                    break  # empty: RQ's own dequeue waits (BLMOVE) or says so
-                job_id, flat = parse_job_id(as_text(popped[0])), popped[1]
-                if flat == 0:  # not a hash: RQ's own read raises, tagged for the worker
-                    fetched = cls._fetch_dequeued_job(  # type: ignore[attr-defined]
-                        connection,
-                        queue.key,
-                        job_id,
-                        job_class=job_cls,
-                        serializer=serializer,
-                        death_penalty_class=death_penalty_class,
-                    )
-                    if fetched is None:
-                        continue
-                    return cast("tuple[Job, Queue]", fetched)
-                if not flat:
-                    continue  # no hash any more: RQ skips such an id silently
-                found = cls.from_queue_key(  # type: ignore[attr-defined]
-                    queue.key,
+        if get_version(connection) < (6, 2, 0):  # no RPOP count, no LPOS: RQ's own dequeue
+            return cast(
+                "tuple[Job, Queue] | None",
+                super().dequeue_any(  # type: ignore[misc]
+                    queues,
+                    timeout,
                     connection=connection,
+                    job_class=job_class,
+                    serializer=serializer,
+                    death_penalty_class=death_penalty_class,
+                ),
+            )
+        job_cls: type[Job] = backend_class(cls, "job_class", override=job_class)
+        mode = conf.get().FAIRNESS
+        while True:
+            why = ""
+            for queue in queues:
+                popped = fair.dequeue(
+                    connection,
+                    queue.name,
+                    queue.key,
+                    queue.intermediate_queue_key,
+                    job_cls.redis_job_namespace_prefix,
+                    mode,
+                )
+                job_id = as_text(popped[0])
+                if not job_id:
+                    why = why if why == "busy" else as_text(popped[1])
+                    continue
+                found = cls._restore_popped(
+                    queue, job_id, popped, connection, job_cls, serializer, death_penalty_class
+                )
+                if found is not None:
+                    return found
+                why = "busy"
+            if why == "busy":
+                continue  # a hash vanished or many paused heads were met: look again now
+            if timeout is None:
+                return None
+            cls._wait_for_arrival(connection, queues, timeout, why)
+
+    @classmethod
+    def _restore_popped(
+        cls,
+        queue: Queue,
+        job_id: str,
+        popped: list[Any],
+        connection: Redis,
+        job_cls: type[Job],
+        serializer: Any,
+        death_penalty_class: Any,
+    ) -> tuple[Job, Queue] | None:
+        """The dequeued job from the script's reply, read as RQ reads it (None: look again)."""
+        flat = popped[1]
+        if flat == 0:  # not a hash: RQ's own read raises, tagged for the worker
+            return cast(
+                "tuple[Job, Queue] | None",
+                cls._fetch_dequeued_job(  # type: ignore[attr-defined]
+                    connection,
+                    queue.key,
+                    job_id,
                     job_class=job_cls,
                     serializer=serializer,
                     death_penalty_class=death_penalty_class,
-                )
-                job = job_cls(job_id, connection=connection, serializer=serializer)
-                try:
-                    job.restore(dict(zip(flat[::2], flat[1::2], strict=True)))
-                except Exception as exc:
-                    # As RQ's _fetch_dequeued_job: the worker handles an unreadable hash.
-                    exc.job_id = job_id  # type: ignore[attr-defined]
-                    exc.queue = found  # type: ignore[attr-defined]
-                    raise
-                return job, found
-        dequeued: tuple[Job, Queue] | None = super().dequeue_any(  # type: ignore[misc]
-            queues,
-            timeout,
+                ),
+            )
+        found = cls.from_queue_key(  # type: ignore[attr-defined]
+            queue.key,
             connection=connection,
-            job_class=job_class,
+            job_class=job_cls,
             serializer=serializer,
             death_penalty_class=death_penalty_class,
         )
-        return dequeued
+        job = job_cls(parse_job_id(job_id), connection=connection, serializer=serializer)
+        try:
+            job.restore(dict(zip(flat[::2], flat[1::2], strict=True)))
+        except Exception as exc:
+            # As RQ's _fetch_dequeued_job: the worker handles an unreadable hash.
+            exc.job_id = job_id  # type: ignore[attr-defined]
+            exc.queue = found  # type: ignore[attr-defined]
+            raise
+        job.kumiko_charge = fair.Charge(  # type: ignore[attr-defined]
+            lane=as_text(popped[2]),
+            bucket=as_text(popped[3]),
+            estimate=float(popped[4]),
+            weight=float(popped[5]),
+            mode=conf.get().FAIRNESS,
+        )
+        return job, found
+
+    @classmethod
+    def _wait_for_arrival(
+        cls, connection: Redis, queues: list[Queue], timeout: int, why: str
+    ) -> None:
+        """Block until a message may have arrived, at most ``timeout`` seconds; raise RQ's
+        ``DequeueTimeout`` when none did (the worker then beats and asks again)."""
+        if len(queues) == 1 and why == "empty":
+            key = queues[0].key
+            if connection.blmove(key, key, timeout, "RIGHT", "RIGHT") is None:
+                raise DequeueTimeout(timeout, key)
+            return
+        # Only paused work waits (it may be resumed), or several queues are served: look again
+        # within a second.
+        time.sleep(min(timeout, 1))
+        raise DequeueTimeout(timeout, queues[0].key)
 
 
 _one_trip_queue_classes: dict[type, type] = {}
@@ -283,9 +334,39 @@ class BookkeepingSimpleWorker(RQSimpleWorker):
             self.cleanup_execution(job, pipeline=pipeline, execution=execution)
             # SimpleWorker.execute_job sets it right after; here it costs no round trip.
             self.set_state(WorkerStatus.IDLE, pipeline=pipeline)
+            charge = getattr(job, "kumiko_charge", None)
+            if charge is not None:  # the fair dequeue's estimate, corrected (fair.py)
+                fair.charge_on(pipeline, charge, (job.ended_at - job.started_at).total_seconds())  # type: ignore[operator]
             dependents, suspended = pipeline.execute()[:2]
         self._suspension_checked = not suspended
         if dependents:
             queue.enqueue_ready_jobs_by_queue(queue.move_dependents_to_ready(job))
         release_slot(job)
         job.send_webhooks(JobStatus.FINISHED)  # none on a kumiko message (refused), as RQ does
+
+
+class ForkingWorkerBase(RQForkingWorker):
+    """RQ's forking worker with the fair dequeue. Its start and finish stay RQ's own, in the
+    work horse; the parent charges the run's worker time (the horse's life) once the horse
+    is gone, one round trip more per message (RQ's own finish sends many)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.queue_class = _one_trip_dequeue(self.queue_class)
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """RQ's fork, wait and reap; then the fair dequeue's charge for the time it took."""
+        started = time.monotonic()
+        try:
+            super().execute_job(job, queue)
+        finally:
+            charge = getattr(job, "kumiko_charge", None)
+            if charge is not None:
+                try:
+                    with self.connection.pipeline() as pipeline:
+                        fair.charge_on(pipeline, charge, time.monotonic() - started)
+                        pipeline.execute()
+                except RedisError:
+                    # Redis away: the pick's estimate stands (the next finish corrects the
+                    # mean); the run itself is the worker's to recover, as ever.
+                    pass

@@ -27,7 +27,7 @@ from ..run import cancellation
 from ..run.steps.tenancy import reset_connections
 from ..telemetry import flush as telemetry_flush
 from ..transport import BookkeepingSimpleWorker, ForkingWorkerBase
-from . import boot
+from . import boot, slots
 from .foreign import RefusesForeignMessages, hide_rq_outcome_lines, json_only
 from .keeps_alive import KeepsRunsAlive
 from .sweep import record_cancelled
@@ -55,11 +55,25 @@ class BootsFirst:
                 "wait for `python manage.py rqscheduler --interval 1`; run that beside the "
                 "workers and drop --with-scheduler"
             )
-        boot.on_worker_start(
-            set(self.queue_names()),  # type: ignore[attr-defined]
-            self._boot_gate_bound,
-        )
-        return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+        if self.boots:
+            boot.on_worker_start(
+                set(self.queue_names()),  # type: ignore[attr-defined]
+                self._boot_gate_bound,
+            )
+            self._after_boot({"burst": args[0], **kwargs} if args else dict(kwargs))
+        try:
+            return bool(super().work(*args, **kwargs))  # type: ignore[misc]
+        finally:
+            self._after_work()
+
+    # False for the sibling slots of a worker process (slots.py): the main slot booted.
+    boots = True
+
+    def _after_boot(self, work_kwargs: dict[str, Any]) -> None:
+        """Hook: the boot is done and the first message is next (``Worker`` starts its slots)."""
+
+    def _after_work(self) -> None:
+        """Hook: RQ's loop has ended (``Worker`` waits for its slots)."""
 
     def _boot_gate_bound(self, seconds: int) -> Any:
         # The worker's own death penalty: a boot gate's timeout is final like a run's.
@@ -76,18 +90,46 @@ class Worker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, BookkeepingSimp
     drops connections the run left unusable; a cold shutdown mid-run is handled like a crash.
     """
 
-    death_penalty_class = FinalTimeout
+    death_penalty_class: Any = FinalTimeout
+    # The sibling slots of this process (WORKER_CONCURRENCY > 1; slots.py), shared with them.
+    _slot_group: slots.SlotGroup | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **json_only(kwargs))
         hide_rq_outcome_lines(self.log)
 
+    def _after_boot(self, work_kwargs: dict[str, Any]) -> None:
+        count = conf.worker_concurrency()
+        if count > 1:
+            group = self._slot_group = slots.SlotGroup(self, count)
+            for sibling in group.workers:
+                sibling._slot_group = group
+            group.start(work_kwargs)
+
+    def _after_work(self) -> None:
+        group = self._slot_group
+        if group is not None and group.main is self:
+            if not group.burst:
+                # In burst mode each slot ends when it finds the queues empty: a sibling
+                # whose run released a held-back message (sequential) still takes it.
+                group.stop()
+            group.join()
+
+    def handle_warm_shutdown_request(self) -> None:
+        """RQ's warm shutdown, for every slot of the process: each ends after its run."""
+        super().handle_warm_shutdown_request()
+        if self._slot_group is not None:
+            self._slot_group.stop()
+
     def _overran(self, job_id: str) -> None:
         # The job runs in this process, and a thread cannot stop it: the process leaves, as
         # after a crash, once the attempt is recorded as timed out. The retry is left to the
-        # relay (no push here), so it cannot start before this process is gone.
+        # relay (no push here), so it cannot start before this process is gone. With slots,
+        # the other slots' runs go back through the sweep too (their liveness keys go).
         if not record_overrun(job_id, f"its worker {self.name} exited to end it", push=False):
             return
+        if self._slot_group is not None:
+            self._slot_group.say_goodbye()
         logger.error(
             "worker %s: %s would not stop %s s after its timeout; recorded it as timed out, "
             "exiting (the supervisor starts a new worker)",
@@ -130,13 +172,19 @@ class Worker(KeepsRunsAlive, BootsFirst, RefusesForeignMessages, BookkeepingSimp
         # as it sees this worker gone, which the goodbye below makes immediate.
         heart, requested = self._heart, getattr(self, "_shutdown_requested_date", None)
         repeated = requested is not None and transport.utcnow() - requested < timedelta(seconds=1)
-        if heart is not None and heart.current and not repeated:
+        group = self._slot_group
+        running = [heart.current] if heart is not None and heart.current else []
+        running += group.busy() if group is not None else []
+        if running and not repeated:
             logger.warning(
                 "worker %s: cold shutdown during %s; leaving it to the sweep, as after a crash",
                 self.name,
-                heart.current,
+                ", ".join(running),
             )
-            heart.stop(timeout=1.0)
+            if group is not None:
+                group.say_goodbye()
+            if heart is not None:
+                heart.stop(timeout=1.0)
             os._exit(1)
         super().request_force_stop(signum, frame)
 

@@ -37,6 +37,7 @@ class KeepsRunsAlive:
     key: str
     _heart: Heart | None = None
     _redis_lost = False
+    maintains = True
     # RQ's "job <RQ id> result is kept for N seconds" after every message: the run's own line
     # (kumiko_jobs.runs) says what matters, and the result of a kumiko message is not read.
     log_result_lifespan = False
@@ -49,8 +50,9 @@ class KeepsRunsAlive:
         heart = self._heart = Heart(
             self.name, self._overran, self._cancel_seen, self._cancel_overran
         )
-        # Burst workers (tests, one-off drains) beat but leave maintenance to long-running ones.
-        heart.start(maintenance=not burst)
+        # Burst workers (tests, one-off drains) beat but leave maintenance to long-running ones;
+        # a worker process's sibling slots leave it to its main slot (slots.py).
+        heart.start(maintenance=not burst and self.maintains)
         try:
             return bool(super().work(*args, **kwargs))  # type: ignore[misc]
         finally:

@@ -1,9 +1,10 @@
 """The workers' background maintenance: the sweep, then the outbox relay, one worker at a time.
 
-Long-running workers each run a maintenance thread (heart.py) that wakes every
+Long-running workers each run a maintenance thread (heart.py) that runs a round every
 ``MAINTENANCE_INTERVAL`` seconds; a Redis lock that expires after one interval makes it one
-round per interval among all workers, whichever takes it (docs/reliability.md). Burst workers
-leave it to the long-running ones.
+round per interval among all workers, whichever takes it (docs/reliability.md). Between rounds
+it looks every ``WORKER_HEARTBEAT`` seconds for a worker whose beat key expired, and sweeps at
+once when one did. Burst workers leave it to the long-running ones.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
+from typing import Any
 
 from django.db import connections
 
 from .. import transport
 from ..core import conf
+from ..enqueueing import workflow_release
 from .relay import relay_pending
 from .sweep import sweep_abandoned
 
@@ -25,31 +29,59 @@ logger = logging.getLogger("kumiko_jobs.worker")
 def run_maintenance() -> None:
     """One round of what workers do in the background: sweep, then relay."""
     sweep_abandoned()
+    # Workflow steps whose runs ended outside a finish (the sweep's, a cancellation's).
+    workflow_release.reconcile()
     relay_pending()
 
 
 def maintain(name: str, stop: threading.Event) -> None:
-    """The maintenance thread of worker ``name``: a round per interval, until ``stop`` is set.
+    """The maintenance thread of worker ``name``: a round per interval, until ``stop`` is set,
+    and between rounds a look for dead workers every ``WORKER_HEARTBEAT`` seconds.
 
-    Rounds that fail (Redis or PostgreSQL away) are logged and tried again next interval; the
-    thread's database connection is closed when it ends.
+    The look is what bounds a killed worker's restart by ``WORKER_DEAD_AFTER`` plus one beat
+    instead of plus ``MAINTENANCE_INTERVAL``: two Redis round trips (``vanished_workers``), and
+    the sweep only when a worker's key expired. Rounds that fail (Redis or PostgreSQL away) are
+    logged and tried again; the thread's database connection is closed when it ends.
     """
-    interval = conf.get().MAINTENANCE_INTERVAL
-    redis = transport.connection_for(conf.get().DEFAULT_QUEUE)
+    settings = conf.get()
+    interval, every = settings.MAINTENANCE_INTERVAL, settings.WORKER_HEARTBEAT
+    redis = transport.connection_for(settings.DEFAULT_QUEUE)
+    # Workers started together spread their rounds over the interval.
+    next_round = time.monotonic() + random.uniform(0, interval)
+    # After an outage every worker's key may have expired, and a live worker's next beat is up
+    # to a beat away: no look (only the rounds) until WORKER_DEAD_AFTER has passed without error.
+    quiet_until = 0.0
     try:
-        # Workers started together spread their rounds over the interval.
-        if stop.wait(random.uniform(0, interval)):
-            return
-        while True:
+        while not stop.wait(min(every, max(next_round - time.monotonic(), 0))):
             try:
-                # The lock is left to expire: one round per interval among all workers.
-                if redis.set(transport.MAINTENANCE_LOCK, name, nx=True, ex=interval):
-                    run_maintenance()
+                if time.monotonic() >= next_round:
+                    next_round = time.monotonic() + interval
+                    # The lock is left to expire: one round per interval among all workers.
+                    if redis.set(transport.MAINTENANCE_LOCK, name, nx=True, ex=interval):
+                        run_maintenance()
+                elif time.monotonic() >= quiet_until:
+                    sweep_if_dead(redis, name, every)
             except Exception as exc:
                 logger.warning("worker %s: maintenance round failed: %r", name, exc)
+                quiet_until = time.monotonic() + settings.WORKER_DEAD_AFTER
                 # A connection broken by an outage must not fail every later round.
                 connections.close_all()
-            if stop.wait(interval):
-                return
     finally:
         connections.close_all()
+
+
+def sweep_if_dead(redis: Any, name: str, every: int) -> bool:
+    """Sweep now if a worker stopped beating (its key expired); one worker per ``every``
+    seconds does, whichever sees it first. Returns whether this call swept.
+
+    A live worker is never the reason: its beat thread renews its key whatever its job's body
+    does (busy, blocked, sleeping), so it is not in ``vanished_workers``; and the sweep itself
+    hands back only runs no live worker beats for (sweep.py).
+    """
+    dead = transport.vanished_workers(redis)
+    if not dead or not redis.set(transport.DEAD_SWEEP_LOCK, name, nx=True, ex=every):
+        return False
+    logger.info("worker %s: worker(s) %s stopped beating; sweeping", name, ", ".join(dead))
+    sweep_abandoned()
+    workflow_release.reconcile()  # a step the sweep failed on its last attempt moves on now
+    return True

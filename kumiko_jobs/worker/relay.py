@@ -53,6 +53,7 @@ from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
 from ..enqueueing.messages import message_for, pending_counters, waiting_envelope
 from ..models import FINISHED_STATUSES, WAITING_STATUSES, JobRun, RunStatus
+from . import pauses
 
 logger = logging.getLogger("kumiko_jobs.relay")
 
@@ -95,6 +96,8 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
     settings = conf.get()
     grace = settings.RELAY_GRACE if grace is None else grace
     cutoff = timezone.now() - timedelta(seconds=grace)
+    # Redis says what PostgreSQL says about pauses (a failover or a flush may have lost them).
+    pauses.assert_pauses()
     release_lost_slots(cutoff)
     waiting = (
         JobRun.objects.filter(status__in=WAITING_STATUSES)
@@ -255,7 +258,7 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
                 failed += 1
                 continue
             # Due already (that is why it is relayed): straight to the queue, not the scheduler.
-            message = message_for(definition, waiting_envelope(run), 0.0)
+            message = message_for(definition, waiting_envelope(run), 0.0, priority=run.priority)
             limit = conf.get().MAX_ENVELOPE_BYTES
             if len(message.body) > limit:
                 # Every worker would refuse it, and each round would push it again, forever

@@ -13,7 +13,8 @@ A run is *abandoned* when
   classes, which do not beat, and for runs executed outside RQ.
 
 An abandoned run is retried when it has attempts left, otherwise it fails with a reason that
-says so. Workers run the sweep every ``MAINTENANCE_INTERVAL`` seconds (one at a time). A worker
+says so. Workers run the sweep every ``MAINTENANCE_INTERVAL`` seconds (one at a time), and at once
+when a worker's beat key expired (maintenance.sweep_if_dead). A worker
 that ends an overrunning attempt records it here too (``record_timed_out``), as timed out.
 """
 
@@ -205,7 +206,10 @@ def _hand_back(
             claimed.save(update_fields=["status", "scheduled_for", "error_type", "error_message"])
             if push:
                 message = message_for(
-                    definition, envelope_of(claimed, attempt=claimed.attempts + 1), delay
+                    definition,
+                    envelope_of(claimed, attempt=claimed.attempts + 1),
+                    delay,
+                    priority=claimed.priority,
                 )
                 # Redis down: the run is queued in PostgreSQL, and the relay pushes it later.
                 transaction.on_commit(functools.partial(transport.push, message), robust=True)

@@ -10,7 +10,9 @@ interrupts) is ended by the worker's watchdog (heart.py); ``record_overrun`` rec
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import threading
 from typing import Any
 
 from django.db import connections
@@ -113,3 +115,87 @@ def record_overrun(job_id: str, how: str, *, push: bool) -> bool:
         # it sees that no live worker executes it.
         logger.exception("could not record the timed-out attempt of %s", job_id)
         return True
+
+
+class SlotTimeout:
+    """The death penalty of a slot (worker/slots.py): a timer, because SIGALRM is one per
+    process and only the main thread can take a signal.
+
+    When the timer fires it raises the timeout in the slot's thread (``PyThreadState_
+    SetAsyncExc``, as RQ's ``TimerDeathPenalty``). The exception is made in that thread, in
+    the run's own context, and its constructor notes the timeout on the run first, as
+    ``FinalTimeout`` does from its signal handler: a job that catches it still ends timed out
+    (``runner.call_job``). Python delivers it at the thread's next bytecode: a slot waiting in
+    a SQL statement or a C call (``time.sleep``) sees it when that call returns, and the
+    worker's watchdog (``TIMEOUT_KILL_AFTER``) bounds what never returns. The alarm is
+    withdrawn under a lock, so a timeout that has not been delivered when the body ends is
+    taken back and never interrupts the writes of the outcome.
+    """
+
+    def __init__(self, timeout: Any, exception: Any = None, **kwargs: Any) -> None:
+        self._timeout = float(timeout or 0)
+        base: type[BaseException] = (
+            exception if isinstance(exception, type) else transport.JobTimeout
+        )
+        self._job_timeout = issubclass(base, transport.JobTimeout)
+        self._thread = threading.get_ident()
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._pending = False  # raised in the slot's thread but not delivered yet
+        seconds, penalty = int(self._timeout), self
+
+        def noted(exc: BaseException, *args: Any) -> None:
+            BaseException.__init__(exc, f"Task exceeded maximum timeout value ({seconds} seconds)")
+            penalty._delivered()
+            state = current_run.get() if penalty._job_timeout else None
+            if state is not None:
+                state.note_timeout(seconds)
+
+        self._exception = type(base.__name__, (base,), {"__init__": noted})
+
+    def __enter__(self) -> SlotTimeout:
+        self.setup_death_penalty()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.cancel_death_penalty()
+
+    def setup_death_penalty(self) -> None:
+        """Start the timer, and publish how to withdraw it (``core.current.job_alarm``)."""
+        if self._timeout <= 0:
+            return
+        self._timer = threading.Timer(self._timeout, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+        if self._job_timeout:
+            job_alarm.set(self.cancel_death_penalty)
+
+    def cancel_death_penalty(self) -> None:
+        """Stop the timer; a timeout raised but not yet delivered is taken back."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._pending:
+                _raise_in(self._thread, None)
+                self._pending = False
+        if self._job_timeout:
+            job_alarm.set(None)
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._timer is None:
+                return  # withdrawn meanwhile
+            self._timer = None
+            self._pending = True
+            _raise_in(self._thread, self._exception)
+
+    def _delivered(self) -> None:
+        # In the slot's thread, as the exception is made: nothing is pending any more.
+        self._pending = False
+
+
+def _raise_in(thread: int, exception: type[BaseException] | None) -> None:
+    """Raise ``exception`` in ``thread`` at its next bytecode (None: take a pending one back)."""
+    target = ctypes.py_object(exception) if exception is not None else None
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), target)

@@ -732,6 +732,7 @@ def everyday(ctx: JobContext, *, case: str) -> None:
 from . import (  # noqa: E402
     outlive_jobs,  # noqa: F401  (jobs of the "nothing outlives a run" suite)
     public_jobs,  # noqa: F401  (jobs of the public-copies suite)
+    red_team_jobs,  # noqa: F401  (jobs of the round-4 red-team suite)
     role_jobs,  # noqa: F401  (jobs of the two-walls suite)
     route_jobs,  # noqa: F401  (jobs of the route and run-hygiene suites)
 )

@@ -35,7 +35,7 @@ from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
-# Liveness and maintenance of the test workers (defaults: 5, 20, 10, 30 s).
+# Liveness and maintenance of the test workers (defaults: 1, 6, 10, 30 s).
 FAST = {"WORKER_HEARTBEAT": 1, "WORKER_DEAD_AFTER": 3, "MAINTENANCE_INTERVAL": 1, "RELAY_GRACE": 2}
 DEADLINE = 90.0  # a safety net for waits, not a measurement
 

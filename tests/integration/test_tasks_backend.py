@@ -113,9 +113,10 @@ def test_queue_name_priority_and_run_after(tenants: Any) -> None:
         low = tasks.low_lane.enqueue("slow")
         later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(0, 0)
     runs = {r.run_id.hex: r for r in JobRun.objects.all()}
-    # priority 10: pushed at the front of the default queue, ahead of the earlier enqueue.
-    queued = transport.get_queue("default").job_ids
-    assert queued == [runs[urgent.id].rq_job_id, runs[first.id].rq_job_id]
+    # priority 10: a higher level than the earlier enqueue's 0 (the fair dequeue's), so it
+    # starts first; RQ counts both as waiting.
+    assert transport.get_queue("default").count == 2
+    assert runs[urgent.id].priority == 10 and runs[first.id].priority == 0
     assert runs[low.id].queue == "low" and transport.queue_length("low") == 1
     assert runs[later.id].scheduled_for is not None
     assert runs[later.id].rq_job_id in transport.scheduled_job_ids("default")
@@ -125,6 +126,8 @@ def test_queue_name_priority_and_run_after(tenants: Any) -> None:
 
     work()
     work("low")
+    started = JobRun.objects.filter(pk__in=[first.id, urgent.id]).order_by("started_at")
+    assert [r.run_id.hex for r in started] == [urgent.id, first.id]
     assert tasks.add.get_result(urgent.id).return_value == 18
     assert tasks.low_lane.get_result(low.id).return_value == "slow"
     assert backend.get_result(later.id).status == TaskResultStatus.READY

@@ -452,3 +452,6 @@ def enqueue_unique_followups(ctx, *, invoice_id: int) -> None:
     """Enqueues the same unique follow-up twice in one attempt."""
     unique_sync.enqueue(invoice_id=invoice_id, note="followup-1")
     unique_sync.enqueue(invoice_id=invoice_id, note="followup-2")
+
+
+from . import workflow_jobs  # noqa: E402,F401 - registers the workflow test jobs

@@ -270,3 +270,12 @@ def test_tenant_membership_must_be_a_dotted_path_or_none(value):
 def test_tenant_membership_none_is_the_default():
     assert _validate({}).TENANT_MEMBERSHIP is None
     assert _validate({"TENANT_MEMBERSHIP": None}).TENANT_MEMBERSHIP is None
+
+
+def test_fairness_and_tenant_weight():
+    assert _validate({}).FAIRNESS == "tenant" and _validate({}).TENANT_WEIGHT is None
+    assert _validate({"FAIRNESS": "fifo"}).FAIRNESS == "fifo"
+    refused({"FAIRNESS": "round-robin"}, "FAIRNESS")
+    assert _validate({"TENANT_WEIGHT": "plans.weight"}).TENANT_WEIGHT == "plans.weight"
+    for bad in ("weight", 2, ["plans.weight"]):
+        refused({"TENANT_WEIGHT": bad}, "must be the dotted path of a callable")

@@ -177,6 +177,7 @@ def test_a_delayed_message_goes_to_the_scheduler_not_the_queue(
             "timeout": 90,
             "result_ttl": 111,
             "queue_name": "mail",
+            "meta": None,  # the message() here has no fair field
             "commit": False,
         }
     ]

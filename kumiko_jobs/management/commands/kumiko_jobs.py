@@ -1,5 +1,5 @@
 """``manage.py kumiko_jobs list | enqueue | runs | retry | cancel | schedule | sweep | relay |
-roles | drop-roles``.
+roles | drop-roles | pause | resume``.
 
 Every subcommand is documented in docs/reference.md (Management commands).
 """
@@ -27,6 +27,7 @@ from ...enqueueing.validate import MAX_INTEGER_DIGITS
 from ...guard import role_grants, role_names, role_sync
 from ...models import JobRun, RunStatus
 from ...operations import CANCELLED, cancel_run, retry_run
+from ...worker import pauses
 from ...worker.relay import relay_pending
 from ...worker.sweep import sweep
 
@@ -158,6 +159,14 @@ class Command(BaseCommand):
         )
         retry = sub.add_parser("retry", help="start a new run of a failed or cancelled run")
         retry.add_argument("run_id")
+        for verb, text in (
+            ("pause", "hold a queue, a job, a tenant, or a job in one tenant (cluster-wide)"),
+            ("resume", "let what a pause held run again, where it was"),
+        ):
+            flow = sub.add_parser(verb, help=text)
+            flow.add_argument("--queue", default="", help="an RQ_QUEUES name")
+            flow.add_argument("--job", default="", help="a job name, e.g. billing.sync_invoice")
+            flow.add_argument("--tenant", default="", help="a tenant's schema name")
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run the chosen subcommand and print what it did."""
@@ -226,6 +235,8 @@ class Command(BaseCommand):
             self._runs(options)
         elif action == "retry":
             self._retry(options["run_id"])
+        elif action in ("pause", "resume"):
+            self._flow(action, options["queue"], options["job"], options["tenant"])
         elif action == "cancel":
             self._cancel(options["run_id"])
 
@@ -259,6 +270,29 @@ class Command(BaseCommand):
             self.stdout.write("no runs match")
             return
         self._table(rows)
+
+    def _flow(self, action: str, queue: str, job: str, tenant: str) -> None:
+        import getpass
+
+        what = (
+            f"queue {queue}"
+            if queue
+            else (f"{job} in {tenant}" if job and tenant else f"job {job}" if job else "")
+            or f"tenant {tenant}"
+        )
+        try:
+            if action == "pause":
+                try:
+                    who = f"manage.py ({getpass.getuser()})"
+                except Exception:  # no user name in this environment
+                    who = "manage.py"
+                done = pauses.pause(queue, job, tenant, by=who)
+                self.stdout.write(f"paused {what}" if done else f"{what} was paused already")
+            else:
+                done = pauses.resume(queue, job, tenant)
+                self.stdout.write(f"resumed {what}" if done else f"{what} was not paused")
+        except pauses.PauseRefused as exc:
+            raise CommandError(str(exc)) from None
 
     def _retry(self, run_id: str) -> None:
         run = _run(run_id)

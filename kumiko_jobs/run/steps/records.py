@@ -26,6 +26,7 @@ from ... import signals
 from ...core import conf
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
+from ...enqueueing import workflow_release
 from ...enqueueing.fanout import insert_new
 from ...history import audit, rejections, run_sql
 from ...models import JobFailure, RunStatus
@@ -95,6 +96,7 @@ def _start(state: RunState) -> bool:
     # The gates step decides what a missing or inactive tenant means; it was loaded here
     # because it costs nothing more in the same round trip.
     state.tenancy.lookup = Missing() if started.tenant is None else Found(started.tenant)
+    state.workflow.workflow_id = started.workflow_id  # None outside a workflow: no statement
     updated = started.updated
     if not updated:
         row = run_sql.run_row(env.run_id)
@@ -226,7 +228,9 @@ def _finish(state: RunState) -> None:
         bool(env.schema) and outcome is Outcome.FAILED and bool(state.ending.failure_key)
     )
     followups = outcome is Outcome.SUCCEEDED and bool(state.followups.entries)
-    if not (records_failure or state.audit_uses.reported or followups):
+    # A workflow step's final outcome moves its workflow on in the same transaction.
+    in_workflow = outcome.final and state.workflow.workflow_id is not None
+    if not (records_failure or state.audit_uses.reported or followups or in_workflow):
         # The common case: one statement, so one round trip and its own transaction. A
         # tenant's success clears its subject's failure in it, however that failure was
         # recorded (a TenantVisibleError needs no tenant_visible_failure declared).
@@ -290,3 +294,5 @@ def _other_writes(state: RunState, now: Any) -> None:
         # A follow-up of a unique job whose key an active run already holds is not written
         # (kj_run_unique_active), and its message is then not pushed either.
         state.followups.keep(insert_new(state.followups.rows()))
+    if outcome.final:
+        workflow_release.advance(state.workflow, env.run_id, outcome.status)

@@ -1,0 +1,111 @@
+"""The dashboard's endpoints at a large history: each JSON endpoint timed, its queries EXPLAINed.
+
+Builds the same history as ``bench/history_scale.py`` (its ``build``: ``--tenants`` tenants,
+200 job names, both skewed, 90 days, every index) in its own database, then requests the
+operators' JSON (hour, day, week; filtered by job, tenant, queue), the metrics page and the
+busy tenant's console, ``--requests`` times each after a warm-up, twice: **cold**, with the
+dashboard's cache off (admin/dashboard/data.py: ``POINT_CACHE``, ``CACHE_SECONDS``), so every
+request computes every point (a first visit, or a new filter); then **warm**, as the page's
+refresh finds it: the settled points kept, the current one read.
+
+    python -m bench.dashboard_scale [--runs 10000000] [--tenants 1000] [--requests 10]
+                                    [--reuse] [--drop] [--json]
+
+Database ``kumiko_dashboard_scale``, Redis database 7. A benchmark, not a test: it asserts
+nothing about speed; it checks that every endpoint answers 200 and reads no kumiko table with
+a Seq Scan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from datetime import UTC, datetime
+from typing import Any
+
+from bench.history_scale import (
+    BUDGET_MS,
+    Page,
+    build,
+    clients,
+    existing_runs,
+    measure_page,
+    migrate_latest,
+    prepare_environment,
+    print_page,
+)
+from bench.throughput import drop_database, machine_facts, print_load, write_results
+
+DATABASE = "kumiko_dashboard_scale"
+REDIS_DB = 7
+BASE = "/admin/kumiko_jobs/jobrun/"
+
+
+def pages() -> list[Page]:
+    data, console = f"{BASE}dashboard/data/", f"{BASE}console/data/"
+    return [
+        Page("ops: hour", "operator", "window=hour", data),
+        Page("ops: day", "operator", "window=day", data),
+        Page("ops: week", "operator", "window=week", data),
+        Page("ops: week, rare job", "operator", "window=week&job=app19.job_199", data),
+        Page("ops: day, busy tenant", "operator", "window=day&tenant=hs00001", data),
+        Page("ops: day, queue", "operator", "window=day&queue=default", data),
+        Page("metrics", "operator", "", f"{BASE}dashboard/metrics/"),
+        Page("ops page (HTML)", "operator", "", f"{BASE}dashboard/"),
+        Page("tenant console, 14 days", "tenant", "", console),
+        Page("tenant console, 30 days", "tenant", "days=30", console),
+    ]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=10_000_000)
+    parser.add_argument("--tenants", type=int, default=1000)
+    parser.add_argument("--requests", type=int, default=10)
+    parser.add_argument("--reuse", action="store_true", help="keep a database that has the rows")
+    parser.add_argument("--drop", action="store_true", help="drop the database at the end")
+    parser.add_argument("--json", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    admin_url = prepare_environment(fresh=not args.reuse, database=DATABASE, redis_db=REDIS_DB)
+    machine = machine_facts()
+    results: dict[str, Any] = {"runs": args.runs, "tenants": args.tenants, "machine": machine}
+    if not (args.reuse and existing_runs() >= args.runs):
+        print(f"building {args.runs:,} runs for {args.tenants:,} tenants in {DATABASE}")
+        results["build_seconds"] = build(args.runs, args.tenants, datetime.now(UTC), upgrade=False)
+    migrate_latest()
+    from kumiko_jobs.admin.dashboard import data
+
+    made = clients()
+    measured = []
+    for mode in ("cold", "warm"):
+        data.POINT_CACHE = mode == "warm"
+        data.CACHE_SECONDS.update(dict.fromkeys(("console", "worker_time"), 60 * (mode == "warm")))
+        print(f"\n{mode}, {args.requests} requests each (budget p95 < {BUDGET_MS:.0f} ms):")
+        for page in pages():
+            page.name = f"{mode}: {page.name}"
+            measure_page(page, made[page.audience], args.requests, lambda html: "")
+            print_page(page)
+            measured.append(page)
+    results["pages"] = [asdict(p) for p in measured]
+    wrong = [p.name for p in measured if p.problems or p.seq_scans]
+    print(
+        f"\nover budget: {', '.join(p.name for p in measured if p.p95_ms >= BUDGET_MS) or 'none'}"
+    )
+    print(f"wrong or scanning: {', '.join(wrong) or 'none'}")
+    print_load(machine)
+    if args.json:
+        write_results("dashboard_scale", stamp, results)
+    if args.drop:
+        drop_database(admin_url, DATABASE)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Aggregate throughput per machine: worker processes x slots, kumiko against plain django-rq.
+
+    python -m bench.scale [--procs 1,2,4] [--slots 1,4,16] [--jobs 2000] [--io-jobs 400]
+
+For each workload, ``--procs`` worker processes (``manage.py rqworker default``, as a user
+starts them) run ``--slots`` slots each (``KUMIKO_JOBS_WORKER_CONCURRENCY``), and plain RQ
+(``rqworker --worker-class rq.worker.SimpleWorker``, one job at a time per process) runs with
+the same number of processes, and with processes x slots processes (what a user of plain RQ
+starts instead of slots: RQ's ``worker-pool`` is that many forked workers). The workloads:
+
+* ``trivial``: one tenant write (``billing.bench_write`` / ``workloads.plain_write``);
+* ``io``: waits 50 ms with the GIL released (``soak.sleeper`` with ``seconds=0.05``, a
+  ``time.sleep`` as in a socket read; ``workloads.plain_sleep_write``), then the same write.
+
+The workers start first and idle; then the jobs are pushed (kumiko: ``job.enqueue_many`` per
+tenant, which commits and pushes at once; plain: ``Queue.enqueue_many``) and the clock runs
+until every job's write is in its tenant's table. Printed: jobs/s, worker CPU per job (user +
+system of the worker processes, from /proc, not PostgreSQL's or Redis's), the ratio to plain RQ
+with the same processes, and scaling efficiency (jobs/s over the one-slot, one-process figure
+times processes x slots). Runnable unchanged on a bigger machine; the machine's load is printed
+with every figure. Its own database (``kumiko_bench_scale``) and Redis database (3, flushed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.throughput import (
+    ROOT,
+    clean_up,
+    create_tenants,
+    machine_facts,
+    prepare_environment,
+    reset,
+    written_rows,
+)
+
+BENCH_DATABASE = "kumiko_bench_scale"
+BENCH_REDIS_DB = 3
+IO_SECONDS = 0.05
+JSON = "rq.serializers.JSONSerializer"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Figure:
+    side: str  # "kumiko" or "plain"
+    workload: str
+    procs: int
+    slots: int
+    jobs: int
+    seconds: float
+    cpu: float
+    load: float
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds
+
+
+def _cpu(pids: Sequence[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICKS
+    return total
+
+
+def _start(kumiko: bool, procs: int, slots: int) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ)
+    env["KUMIKO_JOBS_WORKER_CONCURRENCY"] = str(slots if kumiko else 1)
+    # Plain RQ reads with the queue's JSON serializer (as kumiko's worker forces it).
+    plain = ["--worker-class", "rq.worker.SimpleWorker", "--serializer", JSON]
+    extra = [] if kumiko else plain
+    return [
+        subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "rqworker", "default", *extra],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(procs)
+    ]
+
+
+def _wait_registered(count: int, deadline: float = 120.0) -> None:
+    from rq import Worker
+
+    from kumiko_jobs import transport
+
+    redis = transport.connection_for("default")
+    end = time.monotonic() + deadline
+    while Worker.count(connection=redis) < count:
+        if time.monotonic() > end:
+            raise RuntimeError(f"only {Worker.count(connection=redis)} of {count} workers came up")
+        time.sleep(0.2)
+
+
+def _stop(workers: Sequence[subprocess.Popen[bytes]]) -> None:
+    for proc in workers:
+        proc.send_signal(signal.SIGTERM)
+    for proc in workers:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _push(kumiko: bool, workload: str, tenants: Sequence[Any], jobs: int) -> None:
+    from django.conf import settings
+    from rq import Queue
+
+    from bench import soak
+    from example_project.billing.jobs import bench_write
+    from kumiko_jobs import transport
+
+    per = [list(range(i, jobs, len(tenants))) for i in range(len(tenants))]
+    if kumiko:
+        for tenant, ns in zip(tenants, per, strict=True):
+            if workload == "trivial":
+                bench_write.enqueue_many([{"n": n} for n in ns], tenant=tenant)
+            else:
+                soak.job("soak.sleeper").enqueue_many(
+                    [{"tag": f"s{n}", "seconds": IO_SECONDS} for n in ns], tenant=tenant
+                )
+        return
+    queue = transport.get_queue("default")
+    ttl = settings.KUMIKO_JOBS.get("RESULT_TTL", 60) if hasattr(settings, "KUMIKO_JOBS") else 60
+    datas = []
+    for tenant, ns in zip(tenants, per, strict=True):
+        for n in ns:
+            if workload == "trivial":
+                datas.append(
+                    Queue.prepare_data(
+                        "bench.workloads.plain_write", args=(tenant.schema_name, n), result_ttl=ttl
+                    )
+                )
+            else:
+                datas.append(
+                    Queue.prepare_data(
+                        "bench.workloads.plain_sleep_write",
+                        args=(tenant.schema_name, f"s{n}", IO_SECONDS),
+                        result_ttl=ttl,
+                    )
+                )
+    for start in range(0, len(datas), 500):
+        queue.enqueue_many(datas[start : start + 500])
+
+
+def measure(
+    kumiko: bool, workload: str, procs: int, slots: int, tenants: Sequence[Any], jobs: int
+) -> Figure:
+    reset(tenants)
+    workers = _start(kumiko, procs, slots)
+    try:
+        _wait_registered(procs * (slots if kumiko else 1))
+        pids = [w.pid for w in workers]
+        cpu_before = _cpu(pids)
+        started = time.perf_counter()
+        _push(kumiko, workload, tenants, jobs)
+        deadline = time.monotonic() + 600
+        while written_rows(tenants) < jobs:
+            if time.monotonic() > deadline or any(w.poll() is not None for w in workers):
+                raise RuntimeError(f"{written_rows(tenants)} of {jobs} jobs done; gave up")
+            time.sleep(0.05)
+        seconds = time.perf_counter() - started
+        cpu = _cpu(pids) - cpu_before
+    finally:
+        _stop(workers)
+    side = "kumiko" if kumiko else "plain"
+    return Figure(side, workload, procs, slots, jobs, seconds, cpu, os.getloadavg()[0])
+
+
+def _line(f: Figure, base: Figure | None, plain: Figure | None) -> str:
+    eff = ""
+    if base is not None:
+        eff = f"  efficiency {f.rate / (base.rate * f.procs * f.slots):4.2f}"
+    ratio = f"  vs plain same procs {f.rate / plain.rate:5.2f}" if plain is not None else ""
+    return (
+        f"  {f.side:<6} {f.workload:<7} procs {f.procs} slots {f.slots:>2}: "
+        f"{f.rate:8.1f} jobs/s  {1000 * f.cpu / f.jobs:6.2f} ms CPU/job{ratio}{eff}"
+        f"  (load {f.load:.2f})"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scale",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--procs", default="1,2,4", help="worker processes (1,2,4)")
+    parser.add_argument("--slots", default="1,4,16", help="slots per kumiko process (1,4,16)")
+    parser.add_argument("--jobs", type=int, default=2000, help="trivial jobs per figure (2000)")
+    parser.add_argument("--io-jobs", type=int, default=400, help="50 ms jobs per figure (400)")
+    parser.add_argument("--workloads", default="trivial,io")
+    parser.add_argument("--tenants", type=int, default=4)
+    parser.add_argument("--database", default=BENCH_DATABASE)
+    parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
+    args = parser.parse_args(argv)
+    procs_list = [int(p) for p in args.procs.split(",")]
+    slots_list = [int(s) for s in args.slots.split(",")]
+    sys.path.insert(0, str(ROOT))
+    admin_url = prepare_environment(args.database, args.redis_db)
+    machine = machine_facts()
+    print(f"machine: {machine['cpus']} CPUs, load {machine['loadavg_at_start']} at start")
+    try:
+        tenants = create_tenants(args.tenants)
+        for workload in args.workloads.split(","):
+            jobs = args.jobs if workload == "trivial" else args.io_jobs
+            base: Figure | None = None
+            for procs in procs_list:
+                plain = measure(False, workload, procs, 1, tenants, jobs)
+                print(_line(plain, None, None), flush=True)
+                for slots in slots_list:
+                    fig = measure(True, workload, procs, slots, tenants, jobs)
+                    if procs == procs_list[0] and slots == slots_list[0]:
+                        base = fig
+                    print(_line(fig, base, plain), flush=True)
+                if workload == "io" and max(slots_list) > 1:
+                    pooled = measure(False, workload, procs * max(slots_list), 1, tenants, jobs)
+                    print(
+                        f"{_line(pooled, None, None)}  <- plain RQ with procs x "
+                        f"{max(slots_list)} processes (a worker-pool's size)",
+                        flush=True,
+                    )
+    finally:
+        clean_up(admin_url, args.database, keep_database=False)
+    print(f"load average at end {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""What the dashboard pages show, as JSON-ready dicts: the request's filters, the history's
+aggregates (history/stats.py) and the load Redis reports (transport/depths.py).
+
+A chart's points that have ended are kept in Django's cache (``history_points``), so a refresh
+reads the history of the current point only, and the live parts (queues, workers, scheduler,
+running runs) from Redis; the console's numbers are kept for ``CACHE_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django.core.cache import cache
+from django.utils import timezone
+
+from ...core import project_settings
+from ...history import stats
+from ...transport import RedisError, depths, scheduler_liveness
+
+# Kept this long (seconds; 0: computed on every request): the console's numbers, and the
+# tenants' share of worker time, a sum over the whole window (not per point).
+CACHE_SECONDS = {"console": 60, "worker_time": 60}
+# A chart's point is kept once it ended this long ago: runs stamp their start and finish just
+# before they commit, so a point this old gets no more rows.
+SETTLED = timedelta(seconds=60)
+# Off: every point is computed on every request (bench/dashboard_scale.py's cold figures).
+POINT_CACHE = True
+MAX_FILTER = 200
+# A tenant's user decides what its console reads: 90 days of a busy tenant (3 % of 10 million
+# runs) took 2.4 s (bench/dashboard_scale.py), 14 days 0.3 s, so a month at most.
+MAX_CONSOLE_DAYS = 30
+
+
+class BadFilter(ValueError):
+    """A dashboard parameter that cannot be used; the message names the fix."""
+
+
+def window_of(params: Any) -> stats.Window:
+    """The ``window`` parameter (hour, day or week; hour when absent)."""
+    name = params.get("window") or "hour"
+    if name not in stats.WINDOWS:
+        raise BadFilter(f"window={name!r} is not one of: {', '.join(stats.WINDOWS)}.")
+    return stats.WINDOWS[name]
+
+
+def _text(params: Any, name: str, limit: int) -> str:
+    value = str(params.get(name) or "")
+    if "\x00" in value or len(value) > limit:
+        raise BadFilter(f"{name} must be at most {limit} characters, without NUL.")
+    return value
+
+
+def operator_scope(params: Any) -> stats.Scope:
+    """The operators' filters: ``queue`` (one of RQ_QUEUES), ``job``, ``tenant`` (a schema name,
+    ``-`` for system runs), each optional."""
+    queue = _text(params, "queue", MAX_FILTER)
+    if queue and queue not in project_settings.rq_queue_names():
+        names = ", ".join(project_settings.rq_queue_names())
+        raise BadFilter(f"queue={queue!r} is not in RQ_QUEUES ({names}).")
+    tenant = _text(params, "tenant", 63)
+    return stats.Scope(
+        queue=queue,
+        job=_text(params, "job", MAX_FILTER),
+        tenant=None if not tenant else ("" if tenant == "-" else tenant),
+    )
+
+
+def _cached(key: str, seconds: int, build: Any) -> Any:
+    if not seconds:
+        return build()
+    found = cache.get(key)
+    if found is None:
+        found = build()
+        cache.set(key, found, seconds)
+    return found
+
+
+def _point_key(window: stats.Window, scope: stats.Scope, start: datetime) -> str:
+    who = _digest(scope.queue, scope.job, scope.tenant)
+    return f"kumiko_jobs.dashboard:{int(window.step.total_seconds())}:{who}:{start.timestamp()}"
+
+
+def history_points(window: stats.Window, scope: stats.Scope, now: datetime) -> list[dict[str, Any]]:
+    """The window's points, oldest first. A point that ended more than ``SETTLED`` ago is read
+    from the cache when it is there (and kept there once computed): only the points since the
+    oldest one missing are queried, so a refresh reads the current point's runs, not the
+    window's."""
+    origin = stats.bucket_start(window, now)
+    starts = [origin + n * window.step for n in range(int(window.span / window.step))]
+    settled = [s for s in starts if s + window.step <= now - SETTLED] if POINT_CACHE else []
+    keys = {s: _point_key(window, scope, s) for s in settled}
+    found = cache.get_many(list(keys.values())) if keys else {}
+    missing = [s for s in starts if keys.get(s) not in found]
+    computed = stats.points(window, scope, missing[0], origin + window.span) if missing else {}
+    keep = {keys[s]: computed[s.isoformat()] for s in missing if s in keys}
+    if keep:
+        cache.set_many(keep, int((window.span + window.step).total_seconds()))
+    return [
+        {
+            "t": s.isoformat(),
+            **(found[keys[s]] if keys.get(s) in found else computed[s.isoformat()]),
+        }
+        for s in starts
+    ]
+
+
+def failure_groups(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The window's failures by job and error type, the 20 most frequent, summed over its
+    points."""
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for point in points:
+        for job, error, n, last in point["failures"]:
+            group = groups.setdefault((job, error), [0, last])
+            group[0] += n
+            group[1] = max(group[1], last)
+    return [
+        {"job": job, "error_type": error, "count": n, "last": last}
+        for (job, error), (n, last) in sorted(groups.items(), key=lambda g: (-g[1][0], g[0]))
+    ][:20]
+
+
+def _digest(*parts: Any) -> str:
+    # Filters are the operator's text, and memcached refuses spaces and long keys.
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def operator_data(params: Any, runs_url: str) -> dict[str, Any]:
+    """Everything the operators' dashboard shows, for its filters (``params``)."""
+    window, scope = window_of(params), operator_scope(params)
+    now = timezone.now()
+    points = history_points(window, scope, now)
+    failures = failure_groups(points)
+    shares = _cached(
+        f"kumiko_jobs.worker_time:{window.name}:{_digest(scope.queue, scope.job, scope.tenant)}",
+        CACHE_SECONDS["worker_time"],
+        lambda: stats.worker_time(window, scope, now),
+    )
+    for group in failures:
+        group["link"] = failure_link(runs_url, group, scope)
+    series = [{k: v for k, v in p.items() if k != "failures"} for p in points]
+    return {
+        "generated_at": now.isoformat(),
+        "filters": {
+            "window": window.name,
+            "queue": scope.queue,
+            "job": scope.job,
+            "tenant": params.get("tenant") or "",
+        },
+        "series": {
+            "window": window.name,
+            "step_seconds": window.step.total_seconds(),
+            "points": series,
+        },
+        "failures": failures,
+        "worker_time": shares,
+        "backlog": stats.tenant_backlog(scope),
+        "running": stats.running_runs(),
+        **live(now),
+    }
+
+
+def failure_link(runs_url: str, group: dict[str, Any], scope: stats.Scope) -> str:
+    """The run list filtered to one failure group (job and error type), and the dashboard's
+    tenant when one is chosen."""
+    query: dict[str, str] = {"status__exact": "failed", "job": group["job"]}
+    query["error_type__exact"] = group["error_type"]
+    if scope.tenant is not None:
+        query["tenant"] = scope.tenant or "-"
+    return f"{runs_url}?{urlencode(query)}"
+
+
+def live(now: datetime) -> dict[str, Any]:
+    """Queues, workers and the scheduler, from Redis; ``redis_error`` says why they are missing
+    when Redis cannot be read (the history's parts still show)."""
+    try:
+        queues = depths.queue_depths()
+        listed, total = depths.workers()
+    except (RedisError, OSError) as exc:
+        return {
+            "queues": [],
+            "workers": {"total": 0, "listed": []},
+            "scheduler": "",
+            "redis_error": str(exc),
+        }
+    return {
+        "queues": [{"queue": q.queue, "waiting": q.waiting, "started": q.started} for q in queues],
+        "workers": {"total": total, "listed": [_worker(w, now) for w in listed]},
+        "scheduler": scheduler_liveness.overdue_problem(),
+        "redis_error": "",
+    }
+
+
+def _worker(worker: depths.WorkerState, now: datetime) -> dict[str, Any]:
+    def ago(moment: datetime | None) -> float | None:
+        return None if moment is None else round((now - moment).total_seconds(), 1)
+
+    return {
+        "name": worker.name,
+        "queues": list(worker.queues),
+        "state": worker.state,
+        "kumiko": worker.kumiko,
+        "heartbeat_ago_s": ago(worker.last_heartbeat),
+        "run_id": worker.run_id,
+        "rq_job_id": worker.rq_job_id,
+        "busy_for_s": ago(worker.busy_since) if worker.rq_job_id else None,
+    }
+
+
+def console_data(schema: str, params: Any) -> dict[str, Any]:
+    """A tenant's console: its own days and jobs, for ``schema`` only. Only ``days`` and ``job``
+    are read from ``params``; no parameter can name another schema."""
+    refusal = f"days must be a whole number from 1 to {MAX_CONSOLE_DAYS}."
+    try:
+        days = int(params.get("days") or 14)
+    except ValueError:
+        raise BadFilter(refusal) from None
+    if not 1 <= days <= MAX_CONSOLE_DAYS:
+        raise BadFilter(refusal)
+    job = _text(params, "job", MAX_FILTER)
+    now = timezone.now()
+
+    def build() -> dict[str, Any]:
+        return {
+            "days": stats.tenant_days(schema, days, job, now),
+            "jobs": stats.tenant_failure_rates(schema, days, now),
+        }
+
+    key = f"kumiko_jobs.console:{_digest(schema, days, job)}"
+    return {
+        "generated_at": now.isoformat(),
+        "filters": {"days": days, "job": job},
+        **_cached(key, CACHE_SECONDS["console"], build),
+    }

@@ -1,0 +1,227 @@
+"""``job.enqueue_many([kwargs, ...], tenant=...)``: many runs of one job, one INSERT, one push.
+
+Everything is checked before anything is written: an item that ``enqueue`` would refuse
+refuses the whole call (``InvalidJob`` naming the item's index), so nothing of a bad batch is
+written or pushed. The rows go in with one ``INSERT ... ON CONFLICT DO NOTHING RETURNING``
+(``fanout.insert_new``) in the caller's transaction, and their messages are pushed on commit
+in one pipeline per queue (``transport.push_many``). The rows are the outbox, as for
+``enqueue``: a push that fails after the commit leaves queued rows the relay pushes.
+
+Unique jobs: an item whose key a run already covers (active, or within ``unique_for``) makes no
+row, and its handle is that run's (``deduplicated``); so is an item whose key an earlier item
+of the same batch took, or a concurrent enqueue took first (the partial unique index makes
+the INSERT skip it, as for follow-ups). ``concurrency="skip"``, ``"replace"``, ``"debounce"``
+and ``max_per_tenant`` decide per enqueue under a lock, and their decision for the second item
+of a batch depends on the first: ``enqueue_many`` refuses those jobs (loop over ``enqueue``).
+``sequential`` and ``tenant_concurrency`` hold messages back in RQ and apply unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from .. import signals, telemetry, transport
+from ..core import conf
+from ..core.exceptions import InvalidJob
+from ..definition.job import JobDefinition
+from ..models import JobRun, RunStatus
+from . import followups, outbox
+from .fanout import insert_new
+from .handle import RunHandle, resolve
+from .messages import message_for, new_envelope, row_for
+from .validate import check_size, resolve_schema, validated
+
+logger = logging.getLogger("kumiko_jobs.enqueueing")
+
+_ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.DEFERRED)
+_FINISHED_FOR_WINDOW = (RunStatus.SUCCEEDED, RunStatus.FAILED)
+
+
+def enqueue_many(
+    job: JobDefinition | str, items: Sequence[Mapping[str, Any]], *, tenant: Any = None
+) -> list[RunHandle]:
+    """One run of ``job`` per item (its keyword arguments), in the items' order, on commit."""
+    definition = resolve(job)
+    _refuse_admission_modes(definition)
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
+        raise InvalidJob(
+            f"enqueue_many() of {definition.name!r} needs a list of keyword-argument dicts, "
+            f"got {type(items).__name__}."
+        )
+    batch = followups.current()
+    if batch is not None:
+        return _as_followups(batch, definition, items, tenant)
+    schema = resolve_schema(definition, tenant)
+    prepared: list[tuple[transport.Message, JobRun]] = []
+    # One producer span for the call: every run's trace context is the batch's.
+    with telemetry.producer_span(definition.queue_name, definition.name) as trace_context:
+        for index, kwargs in enumerate(items):
+            try:
+                prepared.append(_prepare(definition, schema, kwargs, trace_context))
+            except InvalidJob as exc:
+                raise InvalidJob(f"enqueue_many() item {index}: {exc}") from exc
+    return _write(definition, prepared)
+
+
+def _refuse_admission_modes(definition: JobDefinition) -> None:
+    if definition.concurrency in ("skip", "replace", "debounce") or definition.max_per_tenant:
+        mode = (
+            f'concurrency="{definition.concurrency}"'
+            if definition.concurrency in ("skip", "replace", "debounce")
+            else "max_per_tenant"
+        )
+        raise InvalidJob(
+            f"enqueue_many() cannot enqueue {definition.name!r}: its {mode} decides each "
+            "enqueue against the runs before it, one at a time. Call enqueue() for each item."
+        )
+
+
+def _prepare(
+    definition: JobDefinition,
+    schema: str | None,
+    kwargs: Mapping[str, Any],
+    trace_context: dict[str, str],
+) -> tuple[transport.Message, JobRun]:
+    if not isinstance(kwargs, Mapping):
+        raise InvalidJob(f"needs a dict of keyword arguments, got {type(kwargs).__name__}.")
+    arguments = dict(kwargs)
+    subject = validated(definition, arguments)
+    env = new_envelope(definition, schema, arguments, None, None, trace=trace_context)
+    message = message_for(definition, env, 0.0)
+    check_size(definition, env, message)
+    return message, row_for(definition, env, subject, 0.0)
+
+
+def _as_followups(
+    batch: followups.FollowupBatch,
+    definition: JobDefinition,
+    items: Sequence[Mapping[str, Any]],
+    tenant: Any,
+) -> list[RunHandle]:
+    """Inside a run: every item checked first, then each one a follow-up of the run."""
+    limit = conf.get().MAX_FOLLOWUPS_PER_RUN
+    if len(batch.entries) + len(items) > limit:
+        raise InvalidJob(
+            f"enqueue_many() of {len(items)} runs of {definition.name!r} would exceed "
+            f"MAX_FOLLOWUPS_PER_RUN={limit} follow-ups in one attempt. Enqueue one job that "
+            "processes the batch, or raise the setting."
+        )
+    for index, kwargs in enumerate(items):
+        try:
+            if not isinstance(kwargs, Mapping):
+                raise InvalidJob(f"needs a dict of keyword arguments, got {type(kwargs).__name__}.")
+            validated(definition, dict(kwargs))
+        except InvalidJob as exc:
+            raise InvalidJob(f"enqueue_many() item {index}: {exc}") from exc
+    return [
+        followups.prepare_followup(batch, definition, dict(kwargs), tenant=tenant)
+        for kwargs in items
+    ]
+
+
+def _write(
+    definition: JobDefinition, prepared: list[tuple[transport.Message, JobRun]]
+) -> list[RunHandle]:
+    """Insert the rows in one statement; register one push of the new ones on commit."""
+    covered: dict[str, JobRun] = {}
+    if definition.unique is not None:
+        covered = _covering(definition, {row.unique_key for _, row in prepared if row.unique_key})
+    fresh = [(m, row) for m, row in prepared if row.unique_key not in covered]
+    with transaction.atomic():
+        inserted = insert_new([row for _, row in fresh])
+    skipped = {row.unique_key for _, row in fresh if row.run_id not in inserted}
+    if skipped:
+        # Taken by an earlier item of this batch, or by an enqueue that committed meanwhile.
+        covered.update(_covering(definition, {k for k in skipped if k}, window=False))
+    pushed = [(m, row) for m, row in fresh if row.run_id in inserted]
+    if pushed:
+        transaction.on_commit(lambda: push_committed_many(pushed), robust=True)
+    handles = []
+    for _, row in prepared:
+        if row.run_id in inserted:
+            handles.append(
+                RunHandle(
+                    run_id=row.run_id.hex,
+                    job_name=row.job_name,
+                    schema_name=row.schema_name or None,
+                )
+            )
+        else:
+            handles.append(_handle_of(covered[str(row.unique_key)]))
+    return handles
+
+
+def _covering(
+    definition: JobDefinition, keys: set[str], *, window: bool = True
+) -> dict[str, JobRun]:
+    """The runs that cover ``keys`` (``unique.covering_run`` for many keys): one query for the
+    active ones, one more for ``unique_for``'s window."""
+    if not keys:
+        return {}
+    found = {
+        str(run.unique_key): run
+        for run in JobRun.objects.filter(unique_key__in=keys, status__in=_ACTIVE)
+    }
+    rest = keys - found.keys()
+    if window and rest and definition.unique_for:
+        since = timezone.now() - timedelta(seconds=definition.unique_for)
+        for run in JobRun.objects.filter(
+            unique_key__in=rest, status__in=_FINISHED_FOR_WINDOW, finished_at__gte=since
+        ).order_by("finished_at"):
+            found[str(run.unique_key)] = run  # ascending: the latest one wins
+    return found
+
+
+def _handle_of(run: JobRun) -> RunHandle:
+    return RunHandle(
+        run_id=run.run_id.hex,
+        job_name=run.job_name,
+        schema_name=run.schema_name or None,
+        status=run.status,
+        scheduled_for=run.scheduled_for,
+        deduplicated=True,
+    )
+
+
+def push_committed_many(entries: Iterable[tuple[transport.Message, JobRun]]) -> None:
+    """Push the committed runs' messages in one pipeline per queue; ``job_queued`` for each.
+    On failure log once, and leave the messages to the relay (their rows are the outbox)."""
+    entries = list(entries)
+    if outbox.push_paused():
+        logger.warning(
+            "%d runs of %s are committed but not pushed: a push failed less than "
+            "PUSH_FAILURE_PAUSE s ago, so the relay pushes them",
+            len(entries),
+            entries[0][1].job_name,
+        )
+        return
+    try:
+        transport.push_many(message for message, _ in entries)
+    except Exception as exc:
+        outbox.note_push_failed(time.monotonic())
+        logger.warning(
+            "%d runs of %s are committed but not all pushed (%s: %s); the relay will push them",
+            len(entries),
+            entries[0][1].job_name,
+            type(exc).__name__,
+            exc,
+        )
+        return
+    outbox.note_push_failed(None)
+    for _, row in entries:
+        signals.send(
+            signals.job_queued,
+            run_id=str(row.run_id),
+            job_name=row.job_name,
+            schema_name=row.schema_name or None,
+            attempt=1,
+            outcome="queued",
+            error=None,
+        )

@@ -1,0 +1,283 @@
+"""The dashboard's aggregates of the run history: counts and percentiles over a time window.
+
+Every query reads only its window, through an index whose leading key bounds it, so a page
+costs what the window holds, not what the table holds (docs/observability.md, "The
+dashboard"):
+
+* finished runs by ``finished_at`` (``kj_run_finished``): succeeded, failed, cancelled, and
+  duration percentiles;
+* started runs by ``started_at`` (``kj_run_status_started``, asked for every status at once so
+  that the leading ``status`` key is an index condition): starts, retries, deferrals, and the
+  wait percentiles;
+* a tenant's days by ``queued_at`` (``kj_run_tenant_recent``): the tenant's console.
+
+The history keeps one row per run, at its latest state, so the series count runs, not
+attempts: a run retried twice is one start, at its last attempt, counted as a retry (its
+``attempts`` is above 1); "deferred" is a run whose latest attempt deferred and that still
+waits. Wait is ``started_at - queued_at`` of runs started on their first attempt without a
+deferral (a retry's or a deferral's start says nothing about the queue); a run enqueued with a
+delay (``enqueue_in``) counts that delay as wait, because the start clears ``scheduled_for``.
+
+``Scope`` carries the filters; a tenant's console always passes its own schema as ``tenant``,
+which every query then compares with ``schema_name``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+
+from ..core import project_settings
+from ..models import JobRun, RunStatus
+
+PERCENTILES = (0.5, 0.95, 0.99)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A span of time to chart and the width of each of its points."""
+
+    name: str
+    span: timedelta
+    step: timedelta
+
+
+WINDOWS = {
+    "hour": Window("hour", timedelta(hours=1), timedelta(minutes=1)),
+    "day": Window("day", timedelta(days=1), timedelta(minutes=15)),
+    "week": Window("week", timedelta(days=7), timedelta(hours=1)),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """Which runs a query counts: ``""`` matches everything for ``queue`` and ``job``; ``tenant``
+    None matches every tenant, ``""`` only system runs (their ``schema_name`` is empty)."""
+
+    queue: str = ""
+    job: str = ""
+    tenant: str | None = None
+
+    def where(self) -> tuple[str, list[Any]]:
+        """SQL conditions (each starting with `` AND``) and their parameters."""
+        sql, params = "", []
+        for column, value in (("queue", self.queue), ("job_name", self.job)):
+            if value:
+                sql += f" AND {column} = %s"
+                params.append(value)
+        if self.tenant is not None:
+            sql += " AND schema_name = %s"
+            params.append(self.tenant)
+        return sql, params
+
+
+def _table() -> str:
+    # Qualified: the console runs on a tenant's domain, whose search path starts elsewhere.
+    qn = connection.ops.quote_name
+    return f"{qn(project_settings.public_schema_name())}.{qn(JobRun._meta.db_table)}"
+
+
+def bucket_start(window: Window, now: datetime) -> datetime:
+    """The first point's start: ``now`` rounded down to a step, minus the span, so the last
+    point is the step ``now`` is in and every point has the same width."""
+    step = window.step.total_seconds()
+    epoch = now.timestamp()
+    floor = epoch - epoch % step
+    return datetime.fromtimestamp(floor, tz=now.tzinfo) + window.step - window.span
+
+
+def _percentiles(expression: str, condition: str) -> str:
+    return (
+        f"percentile_cont(ARRAY{list(PERCENTILES)}) WITHIN GROUP (ORDER BY {expression}) "
+        f"FILTER (WHERE {condition})"
+    )
+
+
+def _rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+
+
+_WAIT_MS = "EXTRACT(EPOCH FROM (started_at - queued_at)) * 1000"
+_FIRST_START = "attempts = 1 AND defer_count = 0 AND gate_defer_count = 0"
+_RAN = f"status IN ('{RunStatus.SUCCEEDED.value}', '{RunStatus.FAILED.value}')"
+
+
+def points(window: Window, scope: Scope, since: datetime, until: datetime) -> dict[str, Any]:
+    """Every point of ``window``'s step from ``since`` (a point's start, see ``bucket_start``)
+    to ``until``, by its start (ISO): runs started, retried, deferred, succeeded, failed and
+    cancelled; wait and duration p50/p95/p99 (ms, None without runs); its failures by job and
+    error type (``failures``: [count, last]). Each
+    point is complete in itself, so a point that has ended can be kept and summed with others
+    (admin/dashboard/data.py). Three statements, each a range of one time index."""
+    where, params = scope.where()
+    step = f"{int(window.step.total_seconds())} seconds"
+    started = _rows(
+        f"SELECT date_bin(%s::interval, started_at, %s) AS point, count(*), "
+        f"count(*) FILTER (WHERE attempts > 1), "
+        f"count(*) FILTER (WHERE status = '{RunStatus.DEFERRED.value}'), "
+        f"{_percentiles(_WAIT_MS, _FIRST_START)} "
+        f"FROM {_table()} WHERE status = ANY(%s) AND started_at >= %s AND started_at < %s"
+        f"{where} GROUP BY point",
+        [step, since, [s.value for s in RunStatus], since, until, *params],
+    )
+    finished = _rows(
+        f"SELECT date_bin(%s::interval, finished_at, %s) AS point, "
+        f"count(*) FILTER (WHERE status = '{RunStatus.SUCCEEDED.value}'), "
+        f"count(*) FILTER (WHERE status = '{RunStatus.FAILED.value}'), "
+        f"count(*) FILTER (WHERE status = '{RunStatus.CANCELLED.value}'), "
+        f"{_percentiles('duration_ms', _RAN + ' AND duration_ms IS NOT NULL')} "
+        f"FROM {_table()} WHERE finished_at >= %s AND finished_at < %s{where} GROUP BY point",
+        [step, since, since, until, *params],
+    )
+    out: dict[str, Any] = {}
+    at = since
+    while at < until:
+        out[at.isoformat()] = _empty_point()
+        at += window.step
+    for point, n, retried, deferred, wait in started:
+        out[point.isoformat()].update(
+            started=n, retried=retried, deferred=deferred, wait_ms=_three(wait)
+        )
+    for point, succeeded, failed, cancelled, duration in finished:
+        out[point.isoformat()].update(
+            succeeded=succeeded, failed=failed, cancelled=cancelled, duration_ms=_three(duration)
+        )
+    for point, job, error, n, last in _rows(
+        f"SELECT date_bin(%s::interval, finished_at, %s) AS point, job_name, error_type, "
+        f"count(*), max(finished_at) FROM {_table()} "
+        f"WHERE finished_at >= %s AND finished_at < %s AND status = %s{where} "
+        f"GROUP BY point, job_name, error_type",
+        [step, since, since, until, RunStatus.FAILED.value, *params],
+    ):
+        out[point.isoformat()]["failures"].append([job, error, n, last.isoformat()])
+    return out
+
+
+def _empty_point() -> dict[str, Any]:
+    return {
+        "started": 0,
+        "retried": 0,
+        "deferred": 0,
+        "succeeded": 0,
+        "failed": 0,
+        "cancelled": 0,
+        "wait_ms": None,
+        "duration_ms": None,
+        "failures": [],
+    }
+
+
+def _three(values: list[float] | None) -> list[float] | None:
+    return None if values is None else [round(float(v), 1) for v in values]
+
+
+def worker_time(
+    window: Window, scope: Scope, now: datetime, limit: int = 10
+) -> list[dict[str, Any]]:
+    """The tenants whose runs finished in the window took the most worker time, with their share
+    of it (``kj_run_finished``'s range). Not per point: a tenant per point would keep as many
+    entries as there are runs."""
+    where, params = scope.where()
+    rows = _rows(
+        f"SELECT schema_name, sum(duration_ms), sum(sum(duration_ms)) OVER () FROM {_table()} "
+        f"WHERE finished_at >= %s AND duration_ms IS NOT NULL{where} "
+        f"GROUP BY schema_name ORDER BY 2 DESC, 1 LIMIT %s",
+        [bucket_start(window, now), *params, limit],
+    )
+    return [
+        {"tenant": tenant, "ms": round(ms, 1), "share": round(ms / total, 4) if total else 0.0}
+        for tenant, ms, total in rows
+    ]
+
+
+# Reading more waiting runs than this to rank tenants' backlogs would cost the page seconds
+# when a backlog is in the millions; beyond it the ranking is of the oldest this many.
+BACKLOG_READ = 50_000
+
+
+def tenant_backlog(scope: Scope, limit: int = 10) -> dict[str, Any]:
+    """The tenants with the most runs waiting (queued or deferred), reading at most
+    ``BACKLOG_READ`` of them (``kj_run_status_recent``, one range per status)."""
+    where, params = scope.where()
+    rows = _rows(
+        f"SELECT schema_name, count(*), min(queued_at), sum(count(*)) OVER () FROM "
+        f"(SELECT schema_name, queued_at FROM {_table()} WHERE status = ANY(%s){where} "
+        f"LIMIT %s) AS waiting "
+        f"GROUP BY schema_name ORDER BY 2 DESC, 1 LIMIT %s",
+        [[RunStatus.QUEUED.value, RunStatus.DEFERRED.value], *params, BACKLOG_READ, limit],
+    )
+    total = int(rows[0][3]) if rows else 0
+    return {
+        "read": total,
+        "capped": total >= BACKLOG_READ,
+        "tenants": [
+            {"tenant": tenant, "waiting": n, "oldest": oldest.isoformat()}
+            for tenant, n, oldest, _ in rows
+        ],
+    }
+
+
+def running_runs() -> int:
+    """Runs the history says are running now (``kj_run_status_started``)."""
+    rows = _rows(f"SELECT count(*) FROM {_table()} WHERE status = %s", [RunStatus.RUNNING.value])
+    return int(rows[0][0])
+
+
+def tenant_days(schema: str, days: int, job: str, now: datetime) -> list[dict[str, Any]]:
+    """A tenant's console: per day of the last ``days`` (by ``queued_at``, through
+    ``kj_run_tenant_recent``, so only ``schema``'s rows are read), its runs by outcome and their
+    wait and duration p50/p95/p99 (ms)."""
+    since = (now - timedelta(days=days - 1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    where, params = Scope(job=job, tenant=schema).where()
+    rows = _rows(
+        f"SELECT date_trunc('day', queued_at AT TIME ZONE 'UTC') AS day, count(*), "
+        f"count(*) FILTER (WHERE status = '{RunStatus.SUCCEEDED.value}'), "
+        f"count(*) FILTER (WHERE status = '{RunStatus.FAILED.value}'), "
+        f"{_percentiles(_WAIT_MS, _FIRST_START + ' AND started_at IS NOT NULL')}, "
+        f"{_percentiles('duration_ms', _RAN + ' AND duration_ms IS NOT NULL')} "
+        f"FROM {_table()} WHERE queued_at >= %s{where} GROUP BY day",
+        [since, *params],
+    )
+    found = {row[0].date(): row for row in rows}
+    out = []
+    for offset in range(days):
+        day = (since + timedelta(days=offset)).date()
+        row = found.get(day)
+        out.append(
+            {
+                "t": day.isoformat(),
+                "runs": row[1] if row else 0,
+                "succeeded": row[2] if row else 0,
+                "failed": row[3] if row else 0,
+                "wait_ms": _three(row[4] if row else None),
+                "duration_ms": _three(row[5] if row else None),
+            }
+        )
+    return out
+
+
+def tenant_failure_rates(schema: str, days: int, now: datetime) -> list[dict[str, Any]]:
+    """A tenant's jobs over the last ``days``: finished runs, failed ones and the rate, the
+    highest rate first (``kj_run_tenant_recent`` again: ``schema``'s rows only)."""
+    since = now - timedelta(days=days)
+    rows = _rows(
+        f"SELECT job_name, count(*) FILTER (WHERE status = ANY(%s)), "
+        f"count(*) FILTER (WHERE status = %s) FROM {_table()} "
+        f"WHERE schema_name = %s AND queued_at >= %s GROUP BY job_name",
+        [
+            [RunStatus.SUCCEEDED.value, RunStatus.FAILED.value],
+            RunStatus.FAILED.value,
+            schema,
+            since,
+        ],
+    )
+    rates = [
+        {"job": job, "finished": done, "failed": bad, "rate": round(bad / done, 4) if done else 0.0}
+        for job, done, bad in rows
+    ]
+    return sorted(rates, key=lambda r: (-r["rate"], r["job"]))

@@ -1,0 +1,110 @@
+/* kumiko_jobs: fills the dashboard (operators) or the console (a tenant) from its JSON endpoint
+ * every few seconds. Text goes in through textContent only: job names, error types and tenants
+ * are data, never markup. */
+"use strict";
+(function () {
+  var root = document.getElementById("kj-dashboard");
+  if (!root) return;
+  var kind = root.dataset.kind, url = root.dataset.url;
+  var refresh = Math.max(2, parseInt(root.dataset.refresh, 10) || 5) * 1000;
+  var query = window.location.search;
+  var form = root.querySelector(".kj-filters");
+  new URLSearchParams(query).forEach(function (value, name) {
+    if (form.elements[name]) form.elements[name].value = value;
+  });
+
+  function q(sel) { return root.querySelector(sel); }
+
+  function table(target, head, rows) {
+    var t = document.createElement("table"), tr = document.createElement("tr");
+    head.forEach(function (h) { var th = document.createElement("th"); th.textContent = h; tr.appendChild(th); });
+    var thead = document.createElement("thead"); thead.appendChild(tr); t.appendChild(thead);
+    var body = document.createElement("tbody");
+    if (!rows.length) {
+      var empty = document.createElement("tr"), td = document.createElement("td");
+      td.colSpan = head.length; td.textContent = "—"; empty.appendChild(td); body.appendChild(empty);
+    }
+    rows.forEach(function (cells) {
+      var row = document.createElement("tr");
+      cells.forEach(function (c) {
+        var td = document.createElement("td");
+        if (c && typeof c === "object" && c.href) {
+          var a = document.createElement("a"); a.href = c.href; a.textContent = c.text; td.appendChild(a);
+        } else td.textContent = c == null ? "—" : String(c);
+        row.appendChild(td);
+      });
+      body.appendChild(row);
+    });
+    t.appendChild(body);
+    target.textContent = "";
+    target.appendChild(t);
+  }
+
+  function label(iso, step) {
+    var d = new Date(iso);
+    return step >= 86400 || kind === "console" ? iso.slice(0, 10) : d.toISOString().slice(step >= 3600 ? 5 : 11, 16).replace("T", " ");
+  }
+
+  function when(iso) { return iso.slice(0, 19).replace("T", " ") + " UTC"; }
+
+  function percentiles(points, field) {
+    return ["p50", "p95", "p99"].map(function (name, i) {
+      return {name: name, values: points.map(function (p) { return p[field] ? p[field][i] : null; })};
+    });
+  }
+
+  function counts(points, fields) {
+    return fields.map(function (f) { return {name: f, values: points.map(function (p) { return p[f]; })}; });
+  }
+
+  function chart(name, labels, series) {
+    var target = q('[data-chart="' + name + '"]');
+    if (target) window.KumikoCharts.line(target, {labels: labels, series: series});
+  }
+
+  function operator(data) {
+    var points = data.series.points, step = data.series.step_seconds;
+    var labels = points.map(function (p) { return label(p.t, step); });
+    chart("throughput", labels, counts(points, ["started", "succeeded", "failed", "retried", "deferred"]));
+    chart("wait", labels, percentiles(points, "wait_ms"));
+    chart("duration", labels, percentiles(points, "duration_ms"));
+    table(q('[data-table="queues"]'), ["queue", "waiting", "held by workers"],
+      data.queues.map(function (x) { return [x.queue, x.waiting, x.started]; }));
+    q('[data-text="running"]').textContent = "running runs: " + data.running;
+    q('[data-text="scheduler"]').textContent = data.scheduler || data.redis_error || "";
+    table(q('[data-table="backlog"]'), ["tenant", "waiting", "oldest queued"],
+      data.backlog.tenants.map(function (x) { return [x.tenant || "system", x.waiting, when(x.oldest)]; }));
+    table(q('[data-table="worker_time"]'), ["tenant", "worker time (ms)", "share"],
+      data.worker_time.map(function (x) { return [x.tenant || "system", Math.round(x.ms), (100 * x.share).toFixed(1) + " %"]; }));
+    table(q('[data-table="workers"]'), ["worker", "queues", "state", "run", "busy for (s)", "last heartbeat (s ago)"],
+      data.workers.listed.map(function (w) {
+        return [w.name + (w.kumiko ? "" : " (no kumiko beat)"), w.queues.join(", "), w.state, w.run_id || w.rq_job_id, w.busy_for_s, w.heartbeat_ago_s];
+      }));
+    table(q('[data-table="failures"]'), ["job", "error", "runs", "last"],
+      data.failures.map(function (f) { return [{href: f.link, text: f.job}, f.error_type || "—", f.count, when(f.last)]; }));
+  }
+
+  function console_(data) {
+    var labels = data.days.map(function (p) { return p.t; });
+    chart("days", labels, counts(data.days, ["runs", "succeeded", "failed"]));
+    chart("wait", labels, percentiles(data.days, "wait_ms"));
+    chart("duration", labels, percentiles(data.days, "duration_ms"));
+    table(q('[data-table="jobs"]'), ["job", "finished", "failed", "failure rate"],
+      data.jobs.map(function (j) { return [j.job, j.finished, j.failed, (100 * j.rate).toFixed(1) + " %"]; }));
+  }
+
+  function load() {
+    var status = q(".kj-status"), error = q(".kj-error");
+    fetch(url + query, {credentials: "same-origin", headers: {"Accept": "application/json"}})
+      .then(function (r) { return r.json().then(function (body) { return {ok: r.ok, body: body}; }); })
+      .then(function (res) {
+        if (!res.ok) throw new Error(res.body.error || "request refused");
+        error.hidden = true;
+        (kind === "console" ? console_ : operator)(res.body);
+        status.textContent = "updated " + res.body.generated_at.slice(11, 19) + " UTC";
+      })
+      .catch(function (e) { error.hidden = false; error.textContent = String(e.message || e); })
+      .finally(function () { window.setTimeout(load, refresh); });
+  }
+  load();
+})();

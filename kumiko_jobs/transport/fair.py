@@ -1,0 +1,318 @@
+"""The fair dequeue: one Lua script that sorts new arrivals into per-tenant lanes and picks
+the next message, and the finish's charge that corrects its estimate.
+
+The policy is ``fair_policy``'s (pure, unit-tested); this script is its one executor, and the
+design and its invariants are in docs/design.md, "Flow control: the fair dequeue". Keys (all
+under ``kumiko:fair:<queue>:``): ``levels`` (zset of priority levels with ready work, score
+-level), ``seq`` (arrival numbers), and per lane ``<level>:``: ``ready`` and ``parked``
+(zsets of buckets), ``b:<bucket>`` (the bucket's messages, ``<arrival>:<job id>``), ``vt``
+(virtual time), ``fin``, ``mean``, ``w`` (hashes per bucket), ``held:<job>\t<bucket>``
+(messages of a paused job), ``mode`` (the ``FAIRNESS`` the scores mean); and two sets across
+queues: ``kumiko:fair:lanes`` and ``kumiko:fair:holds`` (``pausing.py`` releases from them).
+
+The script names keys it was not passed: like RQ's own, it needs one Redis, not a cluster.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from redis import Redis
+from redis.commands.core import Script
+
+from .fair_policy import DEFAULT_ESTIMATE, MEAN_ALPHA, OTHER_BUCKET
+from .keys import FAIR_PREFIX, FAIR_TOKEN, PAUSE_PREFIX
+
+# The pieces both scripts share: how a message's fair field reads, how a bucket enters a lane.
+COMMON = f"""
+local TOKEN = '{FAIR_TOKEN}'
+local OTHER = '{OTHER_BUCKET}'
+local HOLDS = '{FAIR_PREFIX}holds'
+local function fair_of(meta)
+  if not meta then return OTHER, 1, 0, '' end
+  local ok, decoded = pcall(cjson.decode, meta)
+  if not ok or type(decoded) ~= 'table' then return OTHER, 1, 0, '' end
+  local f = decoded['kumiko_fair']
+  if type(f) ~= 'table' then return OTHER, 1, 0, '' end
+  local bucket, weight, level, job = f[1], tonumber(f[2]), tonumber(f[3]), f[4]
+  if type(bucket) ~= 'string' or bucket == '' then bucket = OTHER end
+  if not weight or weight <= 0 then weight = 1 end
+  if not level then level = 0 end
+  if type(job) ~= 'string' then job = '' end
+  return bucket, weight, math.floor(level), job
+end
+local function head_seq(L, bucket)
+  local head = redis.call('LINDEX', L .. 'b:' .. bucket, 0)
+  if not head then return nil end
+  return tonumber(string.match(head, '^(%d+):'))
+end
+-- The score a bucket (re-)enters its lane's ready set with.
+local function entry_score(L, bucket, mode)
+  if mode == 'fifo' then return head_seq(L, bucket) or 0 end
+  local v = tonumber(redis.call('GET', L .. 'vt') or '0')
+  local f = tonumber(redis.call('HGET', L .. 'fin', bucket) or '0')
+  return math.max(v, f)
+end
+local function activate(prefix, pause, level, bucket, mode)
+  local L = prefix .. level .. ':'
+  if redis.call('ZSCORE', L .. 'ready', bucket) or redis.call('ZSCORE', L .. 'parked', bucket) then
+    return
+  end
+  local score = entry_score(L, bucket, mode)
+  if redis.call('SISMEMBER', pause .. 'tenants', bucket) == 1 then
+    redis.call('ZADD', L .. 'parked', score, bucket)
+  else
+    redis.call('ZADD', L .. 'ready', score, bucket)
+    redis.call('ZADD', prefix .. 'levels', -level, level)
+  end
+  redis.call('SADD', '{FAIR_PREFIX}lanes', L)
+end
+"""
+
+_DEQUEUE = (
+    COMMON
+    + """
+local inbox, taken = KEYS[1], KEYS[2]
+local job_prefix, prefix, mode, pause, qname = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+
+local function sort_one(id, at_front)
+  -- pcall: a key of another type is sorted too; the pick hands it to the worker, which
+  -- records and removes it as RQ's read fails on it.
+  local meta = redis.pcall('HGET', job_prefix .. id, 'meta')
+  if type(meta) == 'table' then meta = nil end
+  local bucket, weight, level = fair_of(meta)
+  local L = prefix .. level .. ':'
+  local entry
+  if at_front then
+    -- Arrival number 0: first in its bucket, and first in FIFO order as well.
+    entry = '0:' .. id
+    redis.call('LPUSH', L .. 'b:' .. bucket, entry)
+  else
+    entry = redis.call('INCR', prefix .. 'seq') .. ':' .. id
+    redis.call('RPUSH', L .. 'b:' .. bucket, entry)
+  end
+  redis.call('HSET', L .. 'w', bucket, weight)
+  activate(prefix, pause, level, bucket, mode)
+end
+
+-- The inbox is [job ids pushed to the front][tokens][job ids pushed since]: sort the ones at
+-- the front (to the front of their buckets), then the oldest SORT_BATCH of the rest, oldest
+-- first; each becomes a token where it stands (LSET), so the list keeps its length and its
+-- shape, and one call never holds Redis for a whole burst (the next calls sort the rest).
+local SORT_BATCH = 200
+local unsorted = false  -- arrivals left for the next call: never answer "nothing" then
+local function sort_inbox()
+  local n = redis.call('LLEN', inbox)
+  if n == 0 then return end
+  local first = redis.call('LPOS', inbox, TOKEN)
+  if first and first > 0 then
+    local front = redis.call('LRANGE', inbox, 0, first - 1)
+    for i = #front, 1, -1 do sort_one(front[i], true) end
+    for i = 0, first - 1 do redis.call('LSET', inbox, i, TOKEN) end
+  end
+  local last = redis.call('LPOS', inbox, TOKEN, 'RANK', -1)
+  local start = (last or -1) + 1
+  if start >= n then return end
+  local fresh = redis.call('LRANGE', inbox, start, start + SORT_BATCH - 1)
+  for i = 1, #fresh do
+    sort_one(fresh[i], false)
+    redis.call('LSET', inbox, start + i - 1, TOKEN)
+  end
+  unsorted = start + #fresh < n
+end
+
+-- The lane's scores were written by workers of the other FAIRNESS: recompute them.
+local function rescore(L)
+  for _, set in ipairs({'ready', 'parked'}) do
+    for _, bucket in ipairs(redis.call('ZRANGE', L .. set, 0, -1)) do
+      redis.call('ZADD', L .. set, entry_score(L, bucket, mode), bucket)
+    end
+  end
+  redis.call('SET', L .. 'mode', mode)
+end
+
+local function field(fields, name)
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+  return nil
+end
+
+-- After a bucket's head left: its next score, or out of the ready set when it ran dry.
+local function requeue(L, bucket, score)
+  if redis.call('LLEN', L .. 'b:' .. bucket) == 0 then
+    redis.call('ZREM', L .. 'ready', bucket)
+  else
+    if mode == 'fifo' then score = head_seq(L, bucket) end
+    redis.call('ZADD', L .. 'ready', score, bucket)
+  end
+end
+
+local function pick()
+  if redis.call('SISMEMBER', pause .. 'queues', qname) == 1 then return {'', 'paused'} end
+  -- (the inbox's length says whether anything waits at all: paused work, or nothing)
+  for _ = 1, 1000 do
+    local top = redis.call('ZRANGE', prefix .. 'levels', 0, 0)
+    if #top == 0 then
+      if unsorted then return {'', 'busy'} end
+      if redis.call('LLEN', inbox) > 0 then return {'', 'paused'} end
+      return {'', 'empty'}
+    end
+    local level = top[1]
+    local L = prefix .. level .. ':'
+    if redis.call('GET', L .. 'mode') ~= mode then rescore(L) end
+    local best = redis.call('ZRANGE', L .. 'ready', 0, 0, 'WITHSCORES')
+    if #best == 0 then
+      redis.call('ZREM', prefix .. 'levels', level)
+    else
+      local bucket, score = best[1], tonumber(best[2])
+      local entry = nil
+      if redis.call('SISMEMBER', pause .. 'tenants', bucket) == 1 then
+        redis.call('ZREM', L .. 'ready', bucket)
+        redis.call('ZADD', L .. 'parked', score, bucket)
+      else
+        entry = redis.call('LPOP', L .. 'b:' .. bucket)
+        if not entry then redis.call('ZREM', L .. 'ready', bucket) end
+      end
+      if entry then
+        local id = string.match(entry, '^%d+:(.*)$') or entry
+        local fields = redis.pcall('HGETALL', job_prefix .. id)
+        if fields.err then
+          -- Not a hash: the worker reads it as RQ does and handles the error.
+          requeue(L, bucket, score)
+          redis.call('LPOP', inbox)
+          redis.call('RPUSH', taken, id)
+          return {id, 0}
+        end
+        local _, weight, _, job = fair_of(field(fields, 'meta'))
+        if #fields == 0 then
+          -- The job hash is gone (deleted from django-rq's pages): so is its token.
+          redis.call('LPOP', inbox)
+          requeue(L, bucket, score)
+        elseif redis.call('SISMEMBER', pause .. 'jobs', job) == 1
+            or redis.call('SISMEMBER', pause .. 'jobtenants', job .. '\\t' .. bucket) == 1 then
+          local held = L .. 'held:' .. job .. '\\t' .. bucket
+          redis.call('RPUSH', held, entry)
+          redis.call('SADD', HOLDS, held)
+          requeue(L, bucket, score)
+        else
+          local estimate = 0
+          if mode == 'fifo' then
+            requeue(L, bucket, score)
+          else
+            local v = tonumber(redis.call('GET', L .. 'vt') or '0')
+            if score > v then redis.call('SET', L .. 'vt', score) end
+            estimate = tonumber(redis.call('HGET', L .. 'mean', bucket)
+              or redis.call('HGET', L .. 'mean', '~lane') or ARGV[6])
+            local finish = score + estimate / weight
+            redis.call('HSET', L .. 'fin', bucket, finish)
+            requeue(L, bucket, finish)
+          end
+          redis.call('LPOP', inbox)
+          redis.call('RPUSH', taken, id)
+          return {id, fields, L, bucket, tostring(estimate), tostring(weight)}
+        end
+      end
+    end
+  end
+  return {'', 'busy'}
+end
+
+sort_inbox()
+return pick()
+"""
+)
+
+_CHARGE = f"""
+local L, bucket, mode = ARGV[1], ARGV[2], ARGV[6]
+local actual, estimate, weight = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local function mean(name)
+  local m = tonumber(redis.call('HGET', L .. 'mean', name) or '')
+  if m then m = {1 - MEAN_ALPHA} * m + {MEAN_ALPHA} * actual else m = actual end
+  redis.call('HSET', L .. 'mean', name, m)
+end
+mean(bucket)
+mean('~lane')
+if mode ~= 'tenant' then return 0 end
+local delta = (actual - estimate) / weight
+local f = tonumber(redis.call('HGET', L .. 'fin', bucket) or '')
+if f then redis.call('HSET', L .. 'fin', bucket, f + delta) end
+for _, set in ipairs({{'ready', 'parked'}}) do
+  if redis.call('ZSCORE', L .. set, bucket) then
+    redis.call('ZINCRBY', L .. set, delta, bucket)
+  end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What the finish needs to correct a pick's estimate (from the dequeue's reply)."""
+
+    lane: str
+    bucket: str
+    estimate: float
+    weight: float
+    mode: str
+
+
+def prefix_of(queue: str) -> str:
+    """The key prefix of ``queue``'s lanes."""
+    return f"{FAIR_PREFIX}{queue}:"
+
+
+def dequeue(
+    connection: Redis, queue: str, inbox: str, taken: str, job_prefix: str, mode: str
+) -> list[Any]:
+    """Run the dequeue script: ``[job id, fields, lane, bucket, estimate, weight]`` for a
+    pick, ``[job id, 0]`` for a key that is not a hash, ``["", why]`` for none ("empty",
+    "paused": nothing eligible, "busy": more than 1000 ineligible heads met at once)."""
+    script = _scripts.get(connection)
+    if script is None:
+        script = _scripts[connection] = connection.register_script(_DEQUEUE)
+    reply = script(
+        keys=[inbox, taken],
+        args=[job_prefix, prefix_of(queue), mode, PAUSE_PREFIX, queue, DEFAULT_ESTIMATE],
+    )
+    return list(reply)
+
+
+# The dequeue script per client, so that its SHA1 (of some 6 KB) is computed once, not at
+# every dequeue; an unknown script is loaded on the first NOSCRIPT, as redis-py does.
+_scripts: weakref.WeakKeyDictionary[Redis, Script] = weakref.WeakKeyDictionary()
+
+
+def charge_on(pipeline: Any, charge: Charge, actual: float) -> None:
+    """Queue the finish's correction on ``pipeline`` (the finish's own transaction).
+
+    ``EVAL`` with the script's text, not ``EVALSHA``: a script unknown to the server (after a
+    restart or failover) would fail inside the transaction, and redis-py's pre-loading of
+    scripts for a pipeline costs a round trip of its own.
+    """
+    pipeline.eval(
+        _CHARGE,
+        0,
+        charge.lane,
+        charge.bucket,
+        max(actual, 0.0),
+        charge.estimate,
+        charge.weight,
+        charge.mode,
+    )
+
+
+def waiting_job_ids(connection: Redis, queue: str, inbox: str) -> list[str]:
+    """Every job id waiting on ``queue``: the inbox's unsorted ones, then each bucket's, held
+    ones included (SCAN: for tests and operators' tools, never on a worker's path)."""
+    ids = [i for i in (_text(v) for v in connection.lrange(inbox, 0, -1)) if i != FAIR_TOKEN]
+    for pattern in (f"{prefix_of(queue)}*:b:*", f"{prefix_of(queue)}*:held:*"):
+        for key in connection.scan_iter(match=pattern, count=1000):
+            ids += [_text(e).split(":", 1)[1] for e in connection.lrange(key, 0, -1)]
+    return ids
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

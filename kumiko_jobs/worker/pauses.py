@@ -1,0 +1,126 @@
+"""Pause and resume at runtime, cluster-wide: a queue, a job, a tenant, or a job in one tenant.
+
+A pause is a ``FlowPause`` row (the truth) and a member of one of the Redis sets the fair
+dequeue reads (``transport/pausing.py``): the dequeue then skips what is paused, so paused
+runs wait where they are, in their order, without a worker polling them or an attempt
+spent, and resume where they were. Nothing is moved between PostgreSQL and Redis: the
+messages stay in Redis (parked or held by the dequeue), and the relay does not push them
+again (RQ still holds them, queued). A paused tenant's cron ticks and fan-out children are
+messages in its bucket, so they wait too. The operators' admin (``FlowPauseAdmin``) and
+``manage.py kumiko_jobs pause|resume`` call ``pause`` and ``resume``; every maintenance round
+calls ``assert_pauses`` so that Redis says what PostgreSQL says after a failover or a flush.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django_tenants.utils import get_tenant_model
+
+from .. import transport
+from ..core import conf, project_settings
+from ..core.exceptions import JobNotRegistered
+from ..definition.registry import registry
+from ..models import FlowPause, JobRun, RunStatus
+
+logger = logging.getLogger("kumiko_jobs.worker")
+
+
+class PauseRefused(ValueError):
+    """A pause or resume that names nothing real, or too much at once; says what to pass."""
+
+
+def check(queue: str = "", job: str = "", tenant: str = "") -> None:
+    """Raise ``PauseRefused`` unless this names one queue, one job, one tenant, or one job in
+    one tenant, each of which exists."""
+    if queue and (job or tenant):
+        raise PauseRefused(
+            "pause a queue on its own (--queue), or a job and/or a tenant (--job, --tenant): "
+            "a queue pause already holds every job and tenant on it."
+        )
+    if not (queue or job or tenant):
+        raise PauseRefused("name what to pause: --queue NAME, --job NAME, --tenant SCHEMA.")
+    if queue and queue not in project_settings.rq_queue_names():
+        known = ", ".join(project_settings.rq_queue_names())
+        raise PauseRefused(f"no queue {queue!r} in RQ_QUEUES (queues: {known}).")
+    if job:
+        try:
+            registry.get(job)
+        except JobNotRegistered as exc:
+            raise PauseRefused(f"{exc} Pause a registered job by its name.") from None
+    if tenant and not get_tenant_model().objects.filter(schema_name=tenant).exists():
+        raise PauseRefused(f"no tenant with schema {tenant!r}; pass a tenant's schema name.")
+
+
+def pause(queue: str = "", job: str = "", tenant: str = "", by: str = "") -> bool:
+    """Pause it (False: it was paused already). Effective at the next dequeue anywhere."""
+    check(queue, job, tenant)
+    try:
+        with transaction.atomic():
+            FlowPause.objects.create(queue=queue, job_name=job, schema_name=tenant, paused_by=by)
+        created = True
+    except IntegrityError:
+        created = False
+    assert_pauses()
+    return created
+
+
+def resume(queue: str = "", job: str = "", tenant: str = "") -> bool:
+    """Resume it (False: it was not paused); its runs go on where they were, in order."""
+    check(queue, job, tenant)
+    deleted, _ = FlowPause.objects.filter(queue=queue, job_name=job, schema_name=tenant).delete()
+    assert_pauses()
+    return bool(deleted)
+
+
+def assert_pauses() -> int:
+    """Write every pause into each Redis dataset the queues use, and release what is no
+    longer paused there; returns the parked buckets and held messages released."""
+    rows = list(FlowPause.objects.values_list("queue", "job_name", "schema_name"))
+    queues = [q for q, _, _ in rows if q]
+    tenants = [transport.bucket_of(t) for q, j, t in rows if t and not j]
+    jobs = [j for q, j, t in rows if j and not t]
+    job_tenants = [(j, transport.bucket_of(t)) for q, j, t in rows if j and t]
+    seen: set[tuple[Any, ...]] = set()
+    released = 0
+    for name in project_settings.rq_queue_names():
+        redis = transport.connection_for(name)
+        where = transport.redis_identity(redis)
+        if where in seen:
+            continue
+        seen.add(where)
+        released += transport.assert_pauses(
+            redis, queues, tenants, jobs, job_tenants, conf.get().FAIRNESS
+        )
+    if released:
+        logger.info("pauses: released %d parked tenant(s) and held message(s)", released)
+    return released
+
+
+_cache: tuple[float, list[tuple[str, str, str]]] = (0.0, [])
+
+
+def paused_by_rule(run: JobRun) -> str:
+    """What holds a waiting run back ("tenant acme", "job billing.sync", "queue default",
+    "billing.sync in acme"), or "" (the admin's status column; rows read at most once a
+    second per process, so a list page costs one query)."""
+    global _cache
+    if run.status not in (RunStatus.QUEUED, RunStatus.DEFERRED):
+        return ""
+    read_at, rows = _cache
+    if time.monotonic() - read_at > 1.0:
+        rows = list(FlowPause.objects.values_list("queue", "job_name", "schema_name"))
+        _cache = (time.monotonic(), rows)
+    for queue, job, tenant in rows:
+        if queue and queue == run.queue:
+            return f"queue {queue}"
+        if job and tenant and job == run.job_name and tenant == run.schema_name:
+            return f"{job} in {tenant}"
+        if job and not tenant and job == run.job_name:
+            return f"job {job}"
+        if tenant and not job and tenant == run.schema_name:
+            return f"tenant {tenant}"
+    return ""

@@ -1,0 +1,117 @@
+"""The dashboard in a real browser (Debian's headless Chromium): its charts draw the history's
+numbers, and a tenant's console draws only that tenant's.
+
+Runs are executed by a real RQ worker before the browser starts; the charts' drawn data
+(``data-points`` on each chart, kept by charts.js) is compared with the history. Screenshots
+go to /tmp (``kumiko_dashboard_*.png``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kumiko_jobs.models import JobRun, RunStatus
+from tests.browser.test_admin_browser import CHROMIUM, SCREENSHOTS, log_in
+from tests.conftest import work
+from tests.integration.test_dashboard import make_user
+from tests.testapp import jobs
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)",
+    ),
+]
+
+DASHBOARD = "/admin/kumiko_jobs/jobrun/dashboard/"
+CONSOLE = "/admin/kumiko_jobs/jobrun/console/"
+
+
+@pytest.fixture
+def server(live_db: None) -> Iterator[int]:
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
+    from django.test.testcases import LiveServerThread
+
+    thread = LiveServerThread("127.0.0.1", StaticFilesHandler)
+    thread.daemon = True
+    thread.start()
+    thread.is_ready.wait(timeout=10)
+    if thread.error:
+        raise thread.error
+    yield thread.port
+    thread.terminate()
+
+
+@pytest.fixture
+def history(tenants: dict[str, Any]) -> dict[str, int]:
+    """Three succeeded runs in t1, one failed for good in t2; an operator and a t1 clerk."""
+    from django.core.cache import cache
+
+    cache.clear()
+    for n in range(3):
+        jobs.probe.enqueue(tenant="t1", tag=f"ok-{n}")
+    jobs.flaky.enqueue(tenant="t2", tag="bad", fail_times=99)
+    work(scheduler_rounds=8)
+    make_user("public", "operator", ("view_all_tenants", "view_jobrun"))
+    make_user("t1", "clerk", ("view_jobrun",))
+    runs = JobRun.objects.all()
+    return {
+        "succeeded": runs.filter(status=RunStatus.SUCCEEDED).count(),
+        "failed": runs.filter(status=RunStatus.FAILED).count(),
+        "t1_runs": runs.filter(schema_name="t1").count(),
+    }
+
+
+@pytest.fixture
+def browser(history: dict[str, int], server: int) -> Iterator[Any]:
+    # Every query of the test happens before Playwright's loop runs in this thread.
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def drawn(page: Any, chart: str) -> dict[str, list[float | None]]:
+    """The series a chart drew, by name (charts.js keeps them on the element)."""
+    locator = page.locator(f'[data-chart="{chart}"]')
+    locator.locator("svg").first.wait_for()
+    points = json.loads(locator.get_attribute("data-points"))
+    return {s["name"]: s["values"] for s in points["series"]}
+
+
+def test_charts_draw_the_history(server: int, browser: Any, history: dict[str, int]) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 1100})
+    page = context.new_page()
+    base = f"http://localhost:{server}"
+    log_in(page, base, "operator")
+    page.goto(base + DASHBOARD)
+    throughput = drawn(page, "throughput")
+    assert sum(v or 0 for v in throughput["succeeded"]) == history["succeeded"] == 3
+    assert sum(v or 0 for v in throughput["failed"]) == history["failed"] == 1
+    assert any(v for v in drawn(page, "duration")["p95"])
+    assert page.locator('[data-table="failures"] a', has_text=jobs.flaky.name).count() == 1
+    page.screenshot(path=str(SCREENSHOTS / "kumiko_dashboard_operator.png"), full_page=True)
+    context.close()
+
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    tenant = f"http://t1.localhost:{server}"
+    log_in(page, tenant, "clerk")
+    page.goto(tenant + CONSOLE)
+    days = drawn(page, "days")
+    assert sum(v or 0 for v in days["runs"]) == history["t1_runs"] == 3
+    assert sum(v or 0 for v in days["failed"]) == 0  # t2's failure is not t1's
+    assert jobs.flaky.name not in page.content()
+    page.screenshot(path=str(SCREENSHOTS / "kumiko_dashboard_tenant.png"), full_page=True)
+    context.close()

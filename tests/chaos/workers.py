@@ -1,0 +1,97 @@
+"""Real ``rqworker`` / ``rqscheduler`` processes with the settings a chaos test chooses.
+
+Like tests/integration/test_reliability.py's ``Workers`` (the soak's ``manage`` command, logs to
+files), but the test's KUMIKO_JOBS overrides win over the crash tests' fast settings, and each
+process may get its own environment (another DATABASE_URL or REDIS_URL: through a proxy).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from bench import soak
+from tests.conftest import ROOT, worker_env
+
+# Fast recovery, as the crash tests (defaults: 1, 6, 10, 30 s).
+FAST = {"WORKER_HEARTBEAT": 1, "WORKER_DEAD_AFTER": 3, "MAINTENANCE_INTERVAL": 1, "RELAY_GRACE": 2}
+DEADLINE = 90.0  # a safety net for waits, not a measurement
+
+
+def chaos_settings(**overrides: Any) -> dict[str, Any]:
+    return {**settings.KUMIKO_JOBS, **FAST, **overrides}
+
+
+class Processes:
+    """Worker and scheduler processes of one test; all killed when it ends."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(
+        self,
+        *argv: str,
+        overrides: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+        log_level: str = "WARNING",
+    ) -> subprocess.Popen[bytes]:
+        """``manage.py ARGV`` (default: a worker on the default queue)."""
+        full = dict(worker_env())
+        full.update(env or {})
+        full[soak.SETTINGS_ENV] = json.dumps(chaos_settings(**(overrides or {})))
+        full["KUMIKO_LOG"] = log_level
+        name = f"proc{len(self.started) + 1}"
+        with (self.log_dir / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                soak.manage_command(*(argv or ("rqworker", "default"))),
+                cwd=ROOT,
+                env=full,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.started.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(
+            f"--- {path.name}\n{path.read_text(errors='replace')[-6000:]}"
+            for path in sorted(self.log_dir.glob("*.log"))
+        )
+
+    def wait_for(self, what: str, check: Callable[[], bool], deadline: float = DEADLINE) -> None:
+        end = time.monotonic() + deadline
+        while not check():
+            if time.monotonic() > end:
+                pytest.fail(f"gave up waiting for {what}\n{self.logs()}")
+            time.sleep(0.1)
+
+    def stop_all(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+    def wait_ready(self, workers: int, *, scheduler: bool = False) -> None:
+        """Until ``workers`` kumiko workers beat (and an rqscheduler is registered): a process
+        still starting up is not what a chaos test means to disturb."""
+        from kumiko_jobs import transport
+
+        redis = transport.connection_for("default")
+
+        def ready() -> bool:
+            names = list(redis.smembers(transport.LIVE_WORKERS))
+            keys = [transport.WORKER_KEY + (transport.decoded(n) or "") for n in names]
+            beating = sum(1 for v in (redis.mget(keys) if keys else []) if v is not None)
+            beating_enough = beating >= workers
+            return beating_enough and (not scheduler or bool(redis.keys("rq:scheduler_instance:*")))
+
+        self.wait_for(f"{workers} worker(s) beating", ready)

@@ -1,0 +1,146 @@
+"""job.enqueue_many(): many runs in one INSERT and one push, all or nothing on bad input, run
+by a real worker; unique jobs deduplicated like enqueue(); the admission modes refused."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext, override_settings
+
+from kumiko_jobs import transport
+from kumiko_jobs.core.exceptions import InvalidJob
+from kumiko_jobs.models import JobRun, RunStatus
+from kumiko_jobs.worker.relay import relay_pending
+from tests.conftest import probes, redis_round_trips, work
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.usefixtures("live_db")
+
+
+def _statuses(handles: list[Any]) -> list[str]:
+    by_id = {
+        r.run_id.hex: r.status for r in JobRun.objects.filter(pk__in=[h.run_id for h in handles])
+    }
+    return [by_id[h.run_id] for h in handles]
+
+
+def test_many_runs_one_insert_one_push_run_by_a_worker(tenants):
+    items = [{"tag": f"bulk-{i}"} for i in range(50)]
+    with (
+        CaptureQueriesContext(connection) as queries,
+        redis_round_trips() as trips,
+        transaction.atomic(),
+    ):
+        handles = jobs.probe.enqueue_many(items, tenant="t1")
+        pushed_before_commit = trips["trips"]
+    assert pushed_before_commit == 0  # nothing before the commit
+    inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
+    assert len(inserts) == 1
+    # One pipeline for the 50 messages (RQ's enqueue_many; the process's first push also asks
+    # Redis its version, once), and a later bulk is one round trip whatever its size.
+    assert trips["trips"] <= 2
+    with redis_round_trips() as few:
+        jobs.probe.enqueue_many([{"tag": "few-0"}, {"tag": "few-1"}], tenant="t1")
+    assert few["trips"] == 1
+    assert transport.queue_length("default") == 52
+    assert len({h.run_id for h in handles}) == 50
+    work()
+    assert _statuses(handles) == [RunStatus.SUCCEEDED] * 50
+    assert sorted(p.tag for p in probes("t1")) == sorted(
+        [i["tag"] for i in items] + ["few-0", "few-1"]
+    )
+    assert probes("t2") == []
+
+
+def test_a_bad_item_refuses_the_whole_call_and_names_its_index(tenants):
+    items: list[dict[str, Any]] = [{"tag": "ok-0"}, {"tag": "ok-1"}, {"tag": float("nan")}]
+    with pytest.raises(InvalidJob, match=r"item 2: .*nan"):
+        jobs.probe.enqueue_many(items, tenant="t1")
+    with pytest.raises(InvalidJob, match=r"item 1: .*unexpected"):
+        jobs.probe.enqueue_many([{"tag": "a"}, {"tag": "b", "nope": 1}], tenant="t1")
+    with pytest.raises(InvalidJob, match=r"item 0: .*dict"):
+        jobs.probe.enqueue_many(["tag"], tenant="t1")  # type: ignore[list-item]
+    with pytest.raises(InvalidJob, match="list"):
+        jobs.probe.enqueue_many({"tag": "x"}, tenant="t1")  # type: ignore[arg-type]
+    with pytest.raises(InvalidJob, match="tenant="):
+        jobs.probe.enqueue_many([{"tag": "x"}])
+    assert JobRun.objects.count() == 0
+    assert transport.queue_length("default") == 0
+
+
+def test_a_rolled_back_transaction_leaves_neither_rows_nor_messages(tenants):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        jobs.probe.enqueue_many([{"tag": "gone"}] * 3, tenant="t1")
+        raise RuntimeError("the request failed")
+    assert JobRun.objects.count() == 0
+    assert transport.queue_length("default") == 0
+
+
+def test_unique_items_reuse_the_covering_runs(tenants):
+    existing = jobs.unique_sync.enqueue(tenant="t1", invoice_id=1)
+    handles = jobs.unique_sync.enqueue_many(
+        [
+            {"invoice_id": 1},
+            {"invoice_id": 2},
+            {"invoice_id": 2, "note": "same key"},
+            {"invoice_id": 3},
+        ],
+        tenant="t1",
+    )
+    assert handles[0].run_id == existing.run_id and handles[0].deduplicated
+    assert not handles[1].deduplicated and not handles[3].deduplicated
+    # An earlier item of the same batch took key 2: the INSERT skipped the second one.
+    assert handles[2].run_id == handles[1].run_id and handles[2].deduplicated
+    assert JobRun.objects.filter(job_name=jobs.unique_sync.name).count() == 3
+    assert transport.queue_length("default") == 3  # no message for a deduplicated item
+    work()
+    assert sorted(p.tag for p in probes("t1")) == ["unique-1", "unique-2", "unique-3"]
+
+
+def test_unique_for_window_covers_a_finished_run(tenants):
+    first = jobs.unique_hourly.enqueue(tenant="t1", account="acme")
+    work()
+    handles = jobs.unique_hourly.enqueue_many(
+        [{"account": "acme"}, {"account": "other"}], tenant="t1"
+    )
+    assert handles[0].run_id == first.run_id and handles[0].status == RunStatus.SUCCEEDED
+    assert handles[1].run_id != first.run_id
+
+
+@pytest.mark.parametrize("job_name", ["skip_while_busy", "latest_wins", "debounced", "capped"])
+def test_admission_modes_are_refused_with_the_way_out(tenants, job_name):
+    with pytest.raises(InvalidJob, match=r"Call enqueue\(\) for each item"):
+        getattr(jobs, job_name).enqueue_many([{"tag": "x"}], tenant="t1")
+    assert JobRun.objects.count() == 0
+
+
+def test_sequential_applies_to_every_item(tenants):
+    handles = jobs.one_at_a_time.enqueue_many([{"tag": f"s{i}"} for i in range(3)], tenant="t1")
+    work()
+    assert _statuses(handles) == [RunStatus.SUCCEEDED] * 3
+
+
+def _unreachable_redis() -> dict[str, Any]:
+    from example_project.devservices import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    return {name: {**cfg, "URL": url} for name, cfg in settings.RQ_QUEUES.items()}
+
+
+def test_a_failed_push_leaves_the_runs_to_the_relay(tenants, caplog):
+    with (
+        override_settings(RQ_QUEUES=_unreachable_redis()),
+        caplog.at_level(logging.WARNING),
+        transaction.atomic(),
+    ):
+        handles = jobs.probe.enqueue_many([{"tag": f"r{i}"} for i in range(4)], tenant="t2")
+    assert "committed but not all pushed" in caplog.text
+    assert _statuses(handles) == [RunStatus.QUEUED] * 4
+    assert relay_pending(grace=0).pushed == 4
+    work()
+    assert _statuses(handles) == [RunStatus.SUCCEEDED] * 4
+    assert sorted(p.tag for p in probes("t2")) == ["r0", "r1", "r2", "r3"]

@@ -1,0 +1,83 @@
+"""Jobs of the workflow tests (test_workflows*.py), declared at start-up so that subprocess
+workers know them too. Each writes a Probe row in the schema it ran in."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db import connection
+
+from kumiko_jobs import Unrecoverable, job
+
+from .models import Probe
+
+
+def _probe(ctx: Any, tag: str, note: str = "") -> None:
+    Probe.objects.create(
+        tag=tag, schema_seen=connection.schema_name, attempt=ctx.attempt, note=note
+    )
+
+
+@job(name="wf.record")
+def record(ctx: Any, *, tag: str, workflow_results: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Succeeds; returns its tag and keeps the results it was given in the probe's note."""
+    _probe(ctx, tag, json.dumps(workflow_results, sort_keys=True) if workflow_results else "")
+    return {"tag": tag, "schema": connection.schema_name}
+
+
+@job(name="wf.fail", retries=1, backoff={"type": "fixed", "delay": 0})
+def fail(ctx: Any, *, tag: str) -> None:
+    """Fails every attempt (two): its retries are exhausted."""
+    _probe(ctx, tag)
+    raise RuntimeError(f"{tag} fails on purpose")
+
+
+@job(name="wf.flaky", retries=2, backoff={"type": "fixed", "delay": 0})
+def flaky(ctx: Any, *, tag: str, fail_times: int) -> str:
+    """Fails its first ``fail_times`` attempts, then succeeds."""
+    _probe(ctx, tag)
+    if ctx.attempt <= fail_times:
+        raise RuntimeError(f"{tag} attempt {ctx.attempt} fails on purpose")
+    return f"{tag} ok"
+
+
+@job(name="wf.summary")
+def summary(
+    ctx: Any,
+    *,
+    tag: str,
+    workflow_outcomes: dict[str, int] | None = None,
+    workflow_results: dict[str, Any] | None = None,
+) -> None:
+    """A group's callback: writes the outcomes and results it was given."""
+    note = {"outcomes": workflow_outcomes, "results": workflow_results}
+    _probe(ctx, tag, json.dumps(note, sort_keys=True))
+
+
+@job(name="wf.unrecoverable")
+def unrecoverable(ctx: Any, *, tag: str) -> None:
+    """Fails at once, without retries."""
+    _probe(ctx, tag)
+    raise Unrecoverable(f"{tag} cannot succeed")
+
+
+@job(name="wf.system", system=True)
+def system_step(ctx: Any, *, tag: str) -> None:
+    """A system job, refused as a step of a tenant's workflow."""
+
+
+@job(name="wf.peek")
+def peek(ctx: Any, *, tag: str) -> int:
+    """Tries to read every workflow's steps (other tenants' arguments): the guard refuses."""
+    from kumiko_jobs.models import WorkflowStep
+
+    return WorkflowStep.objects.count()
+
+
+@job(name="wf.tamper")
+def tamper(ctx: Any, *, tag: str) -> int:
+    """Tries to release every waiting step of every workflow by hand: the guard refuses."""
+    from kumiko_jobs.models import WorkflowStep
+
+    return WorkflowStep.objects.filter(state="waiting").update(waiting_on=0, state="released")
