@@ -22,7 +22,9 @@ Decisions (see ARCHITECTURE.md, "DB guard model"):
   ``pg_proc.prosrc``, ``pg_get_viewdef``, size functions: ``guard.catalog_reads``) are denied
   whatever the grants (rule ``catalog``), and so is ``public.<table>`` of an app in both
   SHARED_APPS and TENANT_APPS, read or written: the operators' own copy (rule ``operators``;
-  the tenant's own copy is the unqualified name).
+  the tenant's own copy is the unqualified name). kumiko's own tables (the job history of
+  every tenant) are refused to a tenant run in any schema, read, written, locked or copied,
+  under ``unsafe_raw`` too (rule ``protected``).
 * A write into another tenant's schema has no grant that allows it: the way to change another
   tenant's data is a job running in that tenant. The same holds for a statement that writes (or
   locks rows with ``FOR UPDATE``/``FOR SHARE``) and at the same time reads another schema.
@@ -77,6 +79,10 @@ class Policy:
     # Tables of apps in both SHARED_APPS and TENANT_APPS: the tenant's own copy is the
     # unqualified name; public.<table> is the operators' (sessions, users), never a tenant's.
     operator_tables: frozenset[str] = frozenset()
+    # kumiko's own tables (every tenant's runs, arguments, results, errors): never named by a
+    # tenant run's SQL, read or written, whatever its grants. kumiko's own reads inside a run
+    # (RunHandle.refresh(), get_result()) go through history.run_reads, unjudged.
+    kumiko_tables: frozenset[str] = frozenset()
     # KUMIKO_JOBS["GUARD_EXTRA_FUNCTIONS"]: "name" (unqualified, or qualified with public or an
     # extra schema) or "schema.name", lower case.
     extra_functions: frozenset[str] = frozenset()
@@ -132,7 +138,11 @@ def classify(sql: str, policy: Policy, *, parameters: bool = True) -> Verdict:
     if shape.plain and policy.readable_schema is None and not policy.deny_personal_data_writes:
         # The hot path: ORM reads, and writes to the tenant's own tables.
         written = shape.local_write_tables
-        if written is not None and policy.shared_tables.isdisjoint(written):
+        if (
+            written is not None
+            and policy.shared_tables.isdisjoint(written)
+            and policy.kumiko_tables.isdisjoint(shape.relations)
+        ):
             return _allowed(shape.kind)
     return _judge(shape, policy)
 
@@ -141,6 +151,17 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
     kind = shape.kind
     grants = policy.active_grants
     reading = policy.readable_schema
+    own = _kumiko_tables(shape, policy)
+    if own:
+        # Before the unverifiable class: unsafe_raw does not open them either (COPY, LOCK).
+        return _denied(
+            kind,
+            None,
+            "protected",
+            f"{', '.join(own)}: kumiko's own table(s), the job history of every tenant "
+            f"(arguments, results, errors, tracebacks); a tenant run's SQL never names them, "
+            f"whatever its grants",
+        )
     if shape.search_path is not None and _search_path_ok(shape.search_path, policy):
         return _allowed(kind)
     if reading == "public" and policy.schema != "public":
@@ -305,6 +326,16 @@ def _operator_tables(shape: Shape, policy: Policy) -> list[str]:
         return []  # a system run's own schema is public: the operators' code
     named = policy.operator_tables.intersection(shape.public_relations)
     named |= {w.table for w in shape.writes if w.schema == "public"} & policy.operator_tables
+    return sorted(named)
+
+
+def _kumiko_tables(shape: Shape, policy: Policy) -> list[str]:
+    """kumiko's own tables the statement names, in any schema (a tenant run only)."""
+    if not policy.kumiko_tables or policy.schema == "public":
+        return []  # a system run's own schema is public: the operators' code
+    named = policy.kumiko_tables.intersection(shape.relations)
+    if shape.literal_words:  # SQL text in a literal, run by a function or DO (unsafe_raw)
+        named |= policy.kumiko_tables.intersection(shape.literal_words)
     return sorted(named)
 
 

@@ -19,6 +19,7 @@ Pure: no Django, no database.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any
@@ -104,6 +105,15 @@ _TWO_PHASE = frozenset(
 )
 
 
+# What a name in SQL text can be made of (unquoted; PostgreSQL folds it to lower case).
+_WORDS = re.compile(r"[a-z_\x80-\U0010ffff][a-z0-9_$\x80-\U0010ffff]*")
+
+
+def literal_words(strings: list[str]) -> frozenset[str]:
+    """The words of string literals that might name a relation (``Shape.literal_words``)."""
+    return frozenset(word for text in strings for word in _WORDS.findall(text.lower()))
+
+
 def _local_write_tables(writes: tuple[Write, ...]) -> frozenset[str] | None:
     if any(w.schema is not None for w in writes):
         return None
@@ -141,6 +151,8 @@ def _query_shape(node_type: str, node: dict[str, Any], walker: Walker) -> Shape:
         forbidden_catalogs=tuple(dict.fromkeys(walker.forbidden_catalogs)),
         forbidden=walker.forbidden,
         public_relations=frozenset(walker.public_relations),
+        relations=frozenset(walker.relations),
+        literal_words=literal_words(walker.strings) if walker.calls else frozenset(),
     )
 
 
@@ -219,10 +231,19 @@ def statement_shape(sql: str, parameters: bool = True) -> Shape:
     found: list[int] = []
     for stmt in statements:
         walker = Walker(source)
-        shapes.append(_statement_shape(stmt, walker))
-        # Query statements were walked whole; the others (utility statements) are not, so
-        # their parameter nodes are counted here.
-        found.extend(walker.params if walker.walked else _params(stmt))
+        shape = _statement_shape(stmt, walker)
+        if walker.walked:
+            found.extend(walker.params)
+        else:
+            # Query statements were walked whole; the others (utility statements, and what
+            # the walk gave up on) are not, so their parameter nodes and the relations they
+            # name (``COPY kumiko_jobs_jobrun TO STDOUT``) are collected here.
+            numbers, names, strings = _scan(stmt)
+            found.extend(numbers)
+            words = literal_words(strings) if shape.unverifiable else frozenset()
+            if words or not names <= shape.relations:
+                shape = replace(shape, relations=shape.relations | names, literal_words=words)
+        shapes.append(shape)
     # Every placeholder must be a parameter node, and no parameter node may come from the text.
     if parameters and sorted(found) != sorted(expected):
         return _unverifiable(
@@ -236,13 +257,19 @@ def statement_shape(sql: str, parameters: bool = True) -> Shape:
             unverifiable=f"{len(shapes)} statements in one execute",
             parts=tuple(shapes),
             ends_transaction=any(shape.ends_transaction for shape in shapes),
+            relations=frozenset().union(*(shape.relations for shape in shapes)),
+            literal_words=frozenset().union(*(shape.literal_words for shape in shapes)),
         )
     return shapes[0]
 
 
-def _params(tree: Any) -> list[int]:
-    """Numbers of every ``ParamRef`` in the tree (utility statements included)."""
+def _scan(tree: Any) -> tuple[list[int], frozenset[str], list[str]]:
+    """Numbers of every ``ParamRef`` in the tree (utility statements included), the names of
+    every relation it names (a ``RangeVar``, also inlined without its node name, as in
+    ``CopyStmt.relation``: a node with a ``relname``), and its strings (a ``DO`` body)."""
     found: list[int] = []
+    names: set[str] = set()
+    strings: list[str] = []
     stack = [tree]
     while stack:
         value = stack.pop()
@@ -250,7 +277,13 @@ def _params(tree: Any) -> list[int]:
             ref = value.get("ParamRef")
             if ref is not None:
                 found.append(int(ref.get("number", 0)))
+            relname = value.get("relname")
+            if isinstance(relname, str):
+                names.add(relname)
+            text = value.get("sval")
+            if isinstance(text, str):
+                strings.append(text)
             stack.extend(v for v in value.values() if isinstance(v, dict | list))
         elif isinstance(value, list):
             stack.extend(v for v in value if isinstance(v, dict | list))
-    return found
+    return found, frozenset(names), strings

@@ -64,6 +64,15 @@ class Shape:
     forbidden_catalogs: tuple[str, ...] = ()
     # Relations read as public.<name>: the judge refuses the operators' own tables there.
     public_relations: frozenset[str] = frozenset()
+    # Every relation the statement names (read, written, locked, copied; in any schema, and
+    # inside utility statements the guard does not judge otherwise), by its name: the judge
+    # refuses kumiko's own tables to tenant runs whatever the grants.
+    relations: frozenset[str] = frozenset()
+    # Only for a statement that needs unsafe_raw (unverifiable, or calling a function outside
+    # the allowlist, which may run SQL text): the words of its string literals, lower-cased, so
+    # that a name written in one (``query_to_xml('... kumiko_jobs_jobrun')``, a ``DO`` body)
+    # is refused like a name in the tree. A name built at run time is not seen.
+    literal_words: frozenset[str] = frozenset()
     # Why a detail makes the statement unsafe whatever the grants (kumiko's lock keys).
     forbidden: str = ""
     # BEGIN, COMMIT, ROLLBACK (not TO SAVEPOINT), two-phase commit, or a part that is: the

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import cache
+from typing import Any
 
 from django.apps import apps
 from django_tenants.utils import get_tenant_domain_model, get_tenant_model
@@ -50,14 +51,31 @@ def operator_tables() -> frozenset[str]:
     return _tables_of_apps(also_tenant=True) - shared_tables()
 
 
+def _kumiko_models() -> list[Any]:
+    return list(apps.get_app_config("kumiko_jobs").get_models(include_auto_created=True))
+
+
+@cache
+def kumiko_tables() -> frozenset[str]:
+    """kumiko_jobs' own tables (every tenant's runs, attempts, failures, audit) and their id
+    sequences: no tenant run names them, read or written, whatever its grants; the tenant roles
+    hold no privilege on them."""
+    models = _kumiko_models()
+    names = {m._meta.db_table for m in models}
+    # PostgreSQL names an identity column's sequence ``<table>_<column>_seq``: ``setval()`` on
+    # one would make kumiko's next inserts collide.
+    names |= {
+        f"{m._meta.db_table}_{m._meta.pk.column}_seq"
+        for m in models
+        if m._meta.pk is not None and m._meta.pk.get_internal_type().endswith("AutoField")
+    }
+    return frozenset(names)
+
+
 @cache
 def protected_tables() -> frozenset[str]:
     """kumiko_jobs' own tables and the tenant and domain tables: no grant writes them."""
-    models = [
-        *apps.get_app_config("kumiko_jobs").get_models(),
-        get_tenant_model(),
-        get_tenant_domain_model(),
-    ]
+    models = [*_kumiko_models(), get_tenant_model(), get_tenant_domain_model()]
     return frozenset(model._meta.db_table for model in models)
 
 

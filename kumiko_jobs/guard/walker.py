@@ -63,6 +63,8 @@ class Walker:
         self.forbidden_catalogs: list[str] = []
         self.restricted = RestrictedColumns()  # catalog columns holding tenants' values
         self.public_relations: set[str] = set()  # relations named public.<name>
+        self.relations: set[str] = set()  # every relation named, in any schema
+        self.strings: list[str] = []  # the values of string constants
         self.params: list[int] = []  # the number of every ParamRef met
         self.walked = False  # the whole statement was walked (a query statement)
 
@@ -99,6 +101,7 @@ class Walker:
         """A relation read: catalog relations by their list, others by their schema."""
         schema = node.get("schemaname")
         name = node.get("relname", "")
+        self.relations.add(name)
         if schema is None:
             if name.startswith("pg_") or name in CATALOG_RELATIONS:
                 # pg_catalog comes before the search path: this is a catalog relation.
@@ -132,6 +135,7 @@ class Walker:
         name = node.get("relname", "")
         if schema is None and (name.startswith("pg_") or name in CATALOG_RELATIONS):
             schema = CATALOG  # UPDATE pg_settings ... writes the catalog, not a tenant table
+        self.relations.add(name)
         self.writes.append(Write(verb, schema, name, columns))
 
     def call(self, node: dict[str, Any]) -> None:
@@ -168,6 +172,7 @@ class Walker:
         if len(parts) > 3:
             raise Unverifiable(f"{name}() of an improper name {literal!r}")
         schema = parts[-2] if len(parts) >= 2 else None
+        self.relations.add(parts[-1])  # a sequence is a relation too (kumiko's are refused)
         if name == "currval":
             if schema is not None:
                 self.schema_ref(schema)
@@ -282,8 +287,12 @@ class Walker:
             self.schema_ref(parts[-2])  # ORDER BY x USING OPERATOR(t2.<), x OPERATOR(t2.=) ANY
 
     def constant(self, node: dict[str, Any]) -> None:
-        """A numeric constant: refused if written in a form only PostgreSQL 16+ reads alike."""
-        if "ival" in node or "fval" in node:
+        """A numeric constant: refused if written in a form only PostgreSQL 16+ reads alike.
+        A string constant is kept (``Shape.literal_words``)."""
+        text = node.get("sval")
+        if type(text) is dict:
+            self.strings.append(text.get("sval", ""))
+        elif "ival" in node or "fval" in node:
             location = node.get("location", -1)
             if location >= 0:
                 match = _NUMBER_FORMS.match(self.source, location)

@@ -96,12 +96,14 @@ class Watch:
 
     @contextlib.contextmanager
     def stepped_aside(self) -> Iterator[None]:
-        """The guard lets the block's statements through unjudged (``ctx.system_db``)."""
+        """The guard lets the block's statements through unjudged (``ctx.system_db``, kumiko's
+        own history reads); nested blocks keep the outer one open."""
+        previous = self.system_db_open
         self.system_db_open = True
         try:
             yield
         finally:
-            self.system_db_open = False
+            self.system_db_open = previous
 
 
 # The Watch of the run whose guard hooks are live in this context: set for their block by what

@@ -24,7 +24,13 @@ from ..core import conf, project_settings
 from ..core.exceptions import DatabaseAccessDenied
 from .judge import Grant, Policy, Verdict, classify
 from .parse import statement_shape
-from .tables import operator_tables, personal_data_columns, protected_tables, shared_tables
+from .tables import (
+    kumiko_tables,
+    operator_tables,
+    personal_data_columns,
+    protected_tables,
+    shared_tables,
+)
 from .watch import Watch
 
 __all__ = [
@@ -167,6 +173,7 @@ class GuardWrapper:
                 deny_personal_data_writes=self.deny_personal,
                 protected_tables=protected_tables(),
                 operator_tables=operator_tables(),
+                kumiko_tables=kumiko_tables(),
                 extra_functions=frozenset(conf.get().GUARD_EXTRA_FUNCTIONS),
                 extra_schemas=project_settings.extra_search_paths(),
             )
@@ -254,6 +261,7 @@ class GuardWrapper:
                     active_grants=frozenset({Grant.CROSS_TENANT_READS}),
                     readable_schema=schema,
                     operator_tables=policy.operator_tables,
+                    kumiko_tables=policy.kumiko_tables,
                     extra_functions=policy.extra_functions,
                     extra_schemas=policy.extra_schemas,
                 )
@@ -314,8 +322,9 @@ def denial_message(watch: Watch, verdict: Verdict) -> str:
         )
     if verdict.rule == "protected":
         return text + (
-            " No grant allows this: runs and tenants are changed through the admin, "
-            "manage.py, or a system job inside ctx.system_db()."
+            " No grant allows this: kumiko's history is read through its API (a run's "
+            "own results: RunHandle.refresh(), get_result()); runs and tenants are changed "
+            "through the admin, manage.py, or a system job inside ctx.system_db()."
         )
     if verdict.rule in ("operators", "catalog"):
         return text + " No grant allows this in a tenant run."

@@ -61,13 +61,16 @@ def parse_id(run_id: Any) -> uuid.UUID | None:
 
 @contextlib.contextmanager
 def history_connection() -> Iterator[None]:
-    """Kumiko's history readable on the default alias for the block: inside a tenant body under
-    DB_ROLES, the project's own connection in place of the tenant's login; else as it is."""
+    """Kumiko's history readable on the default alias for the block: inside a run's body, the
+    project's own connection (under DB_ROLES, in place of the tenant's login) with the guard
+    stepped aside, as ``ctx.system_db()`` does. The classifier refuses kumiko's tables to the
+    body's own SQL in both modes; only kumiko's code runs in this block, and it fixes the
+    tenant itself (``reader_schema``). Outside a body: as it is."""
     watch = current_watch()
-    if watch is None or watch.db_identity is None:
+    if watch is None:
         yield
         return
-    with tenant_connections.project_identity(watch):
+    with tenant_connections.project_identity(watch), watch.stepped_aside():
         yield
 
 

@@ -67,6 +67,7 @@ class Class(StrEnum):
     UNVERIFIABLE = "0 unverifiable statements"
     SWITCHING = "0 schema switching"
     PUBLIC = "8 the operators' copies in public"
+    OWN = "9 kumiko's own tables"
 
 
 NO_PARAMS: Any = object()

@@ -561,11 +561,12 @@ def guard_installed(ctx: JobContext) -> None:
 # --- the calibrated attack suite (tests/guardapp/attacks_*.py) --------------------------------
 
 from .attacks_base import Strategy, run_statements  # noqa: E402
+from .attacks_own import OWN_STRATEGIES  # noqa: E402
 from .attacks_public import PUBLIC_STRATEGIES  # noqa: E402
 from .attacks_routes import ROUTE_STRATEGIES  # noqa: E402
 from .attacks_sql import SQL_STRATEGIES  # noqa: E402
 
-_ALL_STRATEGIES = (*SQL_STRATEGIES, *ROUTE_STRATEGIES, *PUBLIC_STRATEGIES)
+_ALL_STRATEGIES = (*SQL_STRATEGIES, *ROUTE_STRATEGIES, *PUBLIC_STRATEGIES, *OWN_STRATEGIES)
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in _ALL_STRATEGIES}
 assert len(STRATEGIES) == len(_ALL_STRATEGIES), "duplicate names"
 
@@ -578,6 +579,23 @@ def strategy(ctx: JobContext, *, name: str, mark: str) -> None:
         chosen.perform(ctx, mark)
     else:
         run_statements(ctx, chosen.statements(mark), chosen.bound_params(mark))
+
+
+@job(
+    escape_hatch=EscapeHatch(
+        reason="attack suite: strategies inside the grants that must not cover them",
+        grants=["cross_tenant_reads", "unsafe_raw"],
+    )
+)
+def strategy_granted(ctx: JobContext, *, name: str, mark: str, grant: str) -> None:
+    """``strategy`` inside ``grant``'s block (t2 for cross_tenant_reads)."""
+    opener: contextlib.AbstractContextManager[None]
+    if grant == "cross_tenant_reads":
+        opener = ctx.cross_tenant_reads(_other_client())
+    else:
+        opener = getattr(ctx, grant)()
+    with opener:
+        strategy.func(ctx, name=name, mark=mark)
 
 
 @job

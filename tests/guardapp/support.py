@@ -238,6 +238,9 @@ def plant(observer: Observer, marks: dict[str, Any]) -> None:
             )
             o.rows(f"VACUUM ANALYZE t2.{mark}_tab")  # pg_class now holds its true size
     plant_operators_copies(o)
+    from .attacks_own import plant_history
+
+    plant_history(o)  # a run of t2 in kumiko's history, the canary its secret argument
     # A function of t2 that reads t2 (tenants share their migrations, so t1 has its own copy),
     # and an operator that calls it.
     o.rows(
@@ -298,8 +301,11 @@ def unplant_operators_copies(o: Observer) -> None:
 
 
 def unplant(observer: Observer) -> None:
+    from .attacks_own import unplant_history
+
     o = observer
     unplant_operators_copies(o)
+    unplant_history(o)
     o.rows("DROP MATERIALIZED VIEW IF EXISTS t2.gx_matview")
     # The tables and sequences planted for (or created by) strategies are named gx<n>_...
     for name, kind in o.rows(

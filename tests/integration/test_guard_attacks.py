@@ -38,7 +38,7 @@ from django_tenants.utils import tenant_context
 
 from kumiko_jobs.models import EscapeHatchUse, JobRun, RunStatus
 from tests.conftest import work
-from tests.guardapp import attacks_routes, jobs, support
+from tests.guardapp import attacks_own, attacks_routes, jobs, support
 from tests.guardapp.attacks_base import NEEDS_VICTIM, Class
 from tests.guardapp.jobs import ATTACKS
 
@@ -576,3 +576,57 @@ def test_what_postgresql_cannot_stop_still_gets_through_with_only_the_roles(tena
     the classifier only logging (docs/guard.md, "Two walls", lists them)."""
     outcome = _attack(tenants, world, [name], WALLS["roles_only"])[name]
     assert outcome.evidence, (outcome.status, outcome.error_type, outcome.error[:200])
+
+
+# --- issue 22: kumiko's own tables, inside the grants that must not open them ------------------
+
+OWN_GRANTED = [(n, g) for n, g in attacks_own.GRANTED]
+OWN_WALLS = {"classifier": WALLS["classifier"], "both": WALLS["both"]}
+
+
+@pytest.mark.parametrize("walls", sorted(OWN_WALLS))
+@pytest.mark.parametrize(("name", "grant"), OWN_GRANTED)
+def test_kumiko_tables_stay_refused_inside_cross_tenant_reads_and_unsafe_raw(
+    tenants, world, name, grant, walls
+):
+    """kumiko's history (t2's run planted through the observer, the canary its secret argument)
+    is refused to a tenant run whatever its grants, in both DB_ROLES modes: no canary in the
+    run's output, the run failed at once. Calibration: ``..._got_through_before`` below."""
+    outcome = _granted_own(tenants, world, name, grant, OWN_WALLS[walls])
+    assert not outcome.evidence, outcome.evidence
+    assert (outcome.status, outcome.error_type, outcome.attempts) == (
+        "failed",
+        "DatabaseAccessDenied",
+        1,
+    ), outcome.error[:300]
+    if walls == "classifier":
+        assert "kumiko's own table" in outcome.error, outcome.error[:300]
+
+
+@pytest.mark.parametrize(("name", "grant"), OWN_GRANTED)
+def test_kumiko_tables_inside_the_grants_got_through_with_the_guard_off(
+    tenants, world, name, grant
+):
+    """Calibration of the test above: with both walls down each read has its effect."""
+    outcome = _granted_own(tenants, world, name, grant, GUARD_OFF)
+    assert outcome.evidence, (outcome.status, outcome.error_type, outcome.error[:200])
+
+
+def _granted_own(
+    tenants: dict[str, Any], observer: support.Observer, name: str, grant: str, mode: dict
+) -> Outcome:
+    mark = MARKS[name]
+    support.plant(observer, {mark: jobs.STRATEGIES[name].effect})
+    with override_settings(KUMIKO_JOBS=mode):
+        with tenant_context(tenants["t1"]):
+            handle = jobs.strategy_granted.enqueue(name=name, mark=mark, grant=grant)
+        work()
+    run_id = handle.run_id
+    row = observer.rows(
+        "SELECT status, error_type, error_message, attempts FROM kumiko_jobs_jobrun "
+        "WHERE run_id = %s",
+        (run_id,),
+    )
+    status, error_type, error, attempts = row[0]
+    evidence = support.effect_evidence(observer, jobs.STRATEGIES[name].effect, mark, run_id)
+    return Outcome(status, error_type, error, attempts, evidence)

@@ -219,23 +219,14 @@ def test_calibration_a_claimed_unique_key_hijacks_without_the_walls(
     assert _hijacked(tenants, run)
 
 
-HISTORY_READ_BY_THE_CLASSIFIER = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "open (docs/guard.md, table 'Two walls': kumiko's history is 'reads allowed' for the "
-        "classifier): with DB_ROLES off a grant-less tenant job reads every tenant's runs from "
-        "kumiko_jobs_jobrun (ids, payloads, results, unique and atomic keys) through the ORM "
-        "or Django's cursor, which the caller-tenant rule of RunHandle/get_result was meant to "
-        "stop. DB_ROLES on refuses it (the tenant role holds nothing on kumiko's tables)."
-    ),
-)
+# Closed by issue 22's rule for kumiko's own tables (docs/guard.md, table 'Two walls'): the
+# classifier refuses them to tenant runs whatever the grants, so with DB_ROLES off a grant-less
+# tenant job no longer reads every tenant's runs (these two were strict xfails until then).
 HISTORY_READS = [
     pytest.param(ROLES, "orm", id="roles-orm"),
     pytest.param(ROLES, "cursor", id="roles-cursor"),
-    pytest.param(CLASSIFIER, "orm", id="classifier-orm", marks=HISTORY_READ_BY_THE_CLASSIFIER),
-    pytest.param(
-        CLASSIFIER, "cursor", id="classifier-cursor", marks=HISTORY_READ_BY_THE_CLASSIFIER
-    ),
+    pytest.param(CLASSIFIER, "orm", id="classifier-orm"),
+    pytest.param(CLASSIFIER, "cursor", id="classifier-cursor"),
 ]
 
 

@@ -225,12 +225,22 @@ def test_a_task_reads_its_own_tenants_results_during_its_run_and_not_the_others(
     }
 
 
-@pytest.mark.parametrize("mode", [ROLES_ON], ids=["roles"], indirect=True)
-def test_postgresql_still_refuses_the_tenants_own_reads_of_the_history(
+ROLES_ONLY = {**ROLES_ON, "DB_GUARD": "log"}
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [ROLES_ON, ROLES_OFF, ROLES_ONLY],
+    ids=["roles", "no-roles", "roles-only"],
+    indirect=True,
+)
+def test_the_tenants_own_reads_of_the_history_are_still_refused(
     finished: dict[str, Any], mode: dict[str, Any]
 ) -> None:
-    """The read above is kumiko's, on the project's connection: nothing was granted to the
-    tenant's role, so the body's own SQL on kumiko's table is still refused by PostgreSQL."""
+    """The read above is kumiko's, on the project's connection with the guard stepped aside:
+    the body's own SQL on kumiko's table is still refused, by the classifier in both modes
+    (issue 22: before, with DB_ROLES off it counted every tenant's runs) and, with the
+    classifier only logging, by PostgreSQL (nothing was granted to the tenant's role)."""
     with override_settings(KUMIKO_JOBS=mode):
         with schema_context("t1"):
             result = tasks.counts_runs_by_sql.enqueue()
@@ -238,7 +248,12 @@ def test_postgresql_still_refuses_the_tenants_own_reads_of_the_history(
     result.refresh()
     assert result.status == TaskResultStatus.FAILED
     run = JobRun.objects.get(pk=result.id)
-    assert "permission denied" in run.error_message and "kumiko_jobs_jobrun" in run.error_message
+    assert "kumiko_jobs_jobrun" in run.error_message
+    if mode.get("DB_GUARD") == "log":
+        assert "permission denied" in run.error_message
+    else:
+        assert run.error_type == "DatabaseAccessDenied"
+        assert "kumiko's own table" in run.error_message
 
 
 @pytest.mark.parametrize("mode", [ROLES_ON, ROLES_OFF], ids=["roles", "no-roles"], indirect=True)
