@@ -76,10 +76,18 @@ def resume(queue: str = "", job: str = "", tenant: str = "") -> bool:
     return bool(deleted)
 
 
+# The pause rows as the admin last read them (monotonic time, rows): paused_by_rule reads them at
+# most once a second; assert_pauses (every pause and resume) refreshes them.
+_cache: tuple[float, list[tuple[str, str, str]]] = (0.0, [])
+
+
 def assert_pauses() -> int:
     """Write every pause into each Redis dataset the queues use, and release what is no
     longer paused there; returns the parked buckets and held messages released."""
+    global _cache
     rows = list(FlowPause.objects.values_list("queue", "job_name", "schema_name"))
+    # This process's admin shows what it just paused or resumed, not a second-old copy.
+    _cache = (time.monotonic(), rows)
     queues = [q for q, _, _ in rows if q]
     tenants = [transport.bucket_of(t) for q, j, t in rows if t and not j]
     jobs = [j for q, j, t in rows if j and not t]
@@ -98,9 +106,6 @@ def assert_pauses() -> int:
     if released:
         logger.info("pauses: released %d parked tenant(s) and held message(s)", released)
     return released
-
-
-_cache: tuple[float, list[tuple[str, str, str]]] = (0.0, [])
 
 
 def paused_by_rule(run: JobRun) -> str:
