@@ -254,6 +254,9 @@ class JobRunAdmin(DashboardViews, RunActions, RunJobView, RunDisplay, TenantScop
                 status = RunStatus(run.status).label if run.status in RunStatus.values else ""
                 parts = [job_title(run.job_name), run.subject, str(status)]
                 extra_context["subtitle"] = " · ".join(p for p in parts if p)
+                # The breadcrumb too (jobrun/change_form.html): the title, not the dotted name.
+                named = parts[:2] if run.subject else parts[:1]
+                extra_context["kumiko_tenant_title"] = " · ".join(named)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def changelist_view(

@@ -549,3 +549,17 @@ def test_cancel_action_asks_a_running_run_to_stop(operator, history, redis_conn)
     assert run.cancel_requested_by == "operator" and run.cancel_requested_at is not None
     assert redis_conn.get(transport.CANCEL_KEY + run_id) == b"operator"
     assert redis_conn.ttl(transport.CANCEL_KEY + run_id) > 0
+
+
+def test_a_tenants_breadcrumb_names_the_run_by_its_jobs_title(clerk, operator):
+    """The run page's breadcrumb: the job's title for a tenant (not its dotted name, which is
+    the operators'); an operator's breadcrumb keeps Django's str(run)."""
+    from tests.testapp import jobs
+
+    handle = jobs.list_tags.enqueue(tenant="t1", tag="crumb")
+    page = text(clerk.get(f"{RUNS}{handle.run_id}/change/"))
+    crumb = page.split('aria-current="page">', 1)[1].split("<", 1)[0]
+    assert crumb.startswith("Record every tag this run can see"), crumb
+    assert jobs.list_tags.name not in crumb
+    mine = text(operator.get(f"{RUNS}{handle.run_id}/change/"))
+    assert jobs.list_tags.name in mine.split('aria-current="page">', 1)[1].split("<", 1)[0]
