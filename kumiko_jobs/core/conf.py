@@ -26,6 +26,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .rates import Rate, parse_rate
+
 GuardMode = Literal["enforce", "log", "off"]
 InactiveTenantPolicy = Literal["skip", "defer"]
 TenantDeletionPolicy = Literal["purge", "anonymise"]
@@ -143,6 +145,9 @@ class KumikoSettings:
     # Dotted path of a callable (schema name -> weight > 0) giving tenants their share of
     # worker time; None: every tenant weighs 1.
     TENANT_WEIGHT: str | None = None
+    # A rate limit per tenant across all its jobs ("100/m": at most 100 starts in any minute;
+    # docs/design.md, "Flow control: rate limits"); None: no such limit. Parsed at load.
+    TENANT_RATE_LIMIT: Rate | None = None
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -282,6 +287,13 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
             "settings.KUMIKO_JOBS['TENANT_WEIGHT'] must be the dotted path of a callable that "
             "takes a tenant's schema name and returns its weight (a number > 0), or None."
         )
+    if values.get("TENANT_RATE_LIMIT") is not None:
+        try:
+            values["TENANT_RATE_LIMIT"] = parse_rate(values["TENANT_RATE_LIMIT"])
+        except ValueError as exc:
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT']: {exc}; or None for no limit."
+            ) from exc
     tc = values.get("TENANT_CONCURRENCY")
     if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or tc < 1):
         raise ImproperlyConfigured(
