@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 UNITS = {"s": 1, "m": 60, "h": 3600}
 _FORM = re.compile(r"^\s*(\d+)\s*/\s*([smh])\s*$")
-HINT = "write it as '<starts>/<unit>' with a whole number >= 1 and a unit of s, m or h, e.g. '100/m'"
+HINT = "write it as '<starts>/<unit>' (a whole number >= 1; unit s, m or h), e.g. '100/m'"
 
 
 @dataclass(frozen=True, slots=True)
