@@ -353,7 +353,13 @@ def dequeue(
     reply = script(
         keys=[inbox, taken],
         args=[
-            job_prefix, prefix_of(queue), mode, PAUSE_PREFIX, queue, DEFAULT_ESTIMATE, RATE_PREFIX
+            job_prefix,
+            prefix_of(queue),
+            mode,
+            PAUSE_PREFIX,
+            queue,
+            DEFAULT_ESTIMATE,
+            RATE_PREFIX,
         ],
     )
     return list(reply)

@@ -29,9 +29,7 @@ def start_times(job: str) -> list[float]:
 
 
 def most_in_any_window(times: list[float], window: float) -> int:
-    return max(
-        sum(1 for t in times[i:] if t - start < window) for i, start in enumerate(times)
-    )
+    return max(sum(1 for t in times[i:] if t - start < window) for i, start in enumerate(times))
 
 
 def test_no_window_has_more_starts_than_the_limit(tenants: Any) -> None:
@@ -72,8 +70,12 @@ def test_a_tenant_over_its_limit_does_not_hold_back_another(tenants: Any) -> Non
     assert set(waiting.values_list("status", flat=True)) == {RunStatus.QUEUED}
     assert not JobAttempt.objects.filter(run__in=waiting).exists()
     popped = fair.dequeue(
-        queue.connection, "default", queue.key, queue.intermediate_queue_key,
-        "rq:job:", "tenant",
+        queue.connection,
+        "default",
+        queue.key,
+        queue.intermediate_queue_key,
+        "rq:job:",
+        "tenant",
     )
     assert transport.decoded(popped[0]) == "" and transport.decoded(popped[1]) == "rate"
     assert 3500 < float(transport.decoded(popped[2])) <= 3600
