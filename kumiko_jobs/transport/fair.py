@@ -183,7 +183,8 @@ local function rate_block(rates)
     local n = redis.call('ZCARD', k)
     if n >= limit then
       local frees = redis.call('ZRANGE', k, n - limit, n - limit, 'WITHSCORES')
-      local at = tonumber(frees[2]) + per
+      -- (+1 us, TIME's grain: at `at`, NOW - per is past the start despite float rounding)
+      local at = tonumber(frees[2]) + per + 0.000001
       if not reopen or at > reopen then reopen = at end
     end
   end)

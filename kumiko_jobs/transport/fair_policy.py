@@ -154,7 +154,7 @@ def window_reopens(starts: list[float], limit: int, per: float, now: float) -> f
     in it now (fewer than ``limit`` of ``starts`` in the last ``per`` seconds, the window
     ``(now - per, now]``); else when it may, the moment the oldest start that keeps it full
     leaves the window."""
-    inside = sorted(t for t in starts if t > now - per)
+    inside = sorted(t for t in starts if t + per > now)  # (as the script: no float drift)
     if len(inside) < limit:
         return None
     return inside[len(inside) - limit] + per
