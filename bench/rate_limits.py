@@ -160,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for key, g in r["groups"].items():
                 print(
                     f"  {key}: most in any 1 s window {g['most_in_any_1s']}, use while "
-                    f"backlogged {g['use_while_backlogged']:.1%}, drain {g['drain_seconds']} s"
+                    f"backlogged {g['use_while_backlogged']:.1%}, drain {g['drain_seconds']} s, "
+                    f"{r['limit_per_s'] + 1} starts span >= {g['shortest_span_of_limit_plus_1']} s"
                 )
             if "together_per_s" in r:
                 print(f"  all tenants together: {r['together_per_s']} starts/s")

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from kumiko_jobs import transport
+from kumiko_jobs.admin.display import RunDisplay
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from kumiko_jobs.transport import fair
 from kumiko_jobs.worker import Worker
@@ -81,3 +82,6 @@ def test_a_tenant_over_its_limit_does_not_hold_back_another(tenants: Any) -> Non
     assert 3500 < float(transport.decoded(popped[2])) <= 3600
     # nothing taken: the four still wait where they were
     assert len(transport.waiting_job_ids("default")) == 4
+    # the admin says why they wait; t2's finished runs say nothing of it
+    assert "waiting for a rate limit" in RunDisplay().status_label(waiting.first())
+    assert "rate limit" not in RunDisplay().status_label(started.filter(schema_name="t2")[0])
