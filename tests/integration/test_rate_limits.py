@@ -46,8 +46,6 @@ def test_no_window_has_more_starts_than_the_limit(tenants: Any) -> None:
     assert most_in_any_window(times, 0.95) <= 5, times
     assert set(JobRun.objects.values_list("status", flat=True)) == {RunStatus.SUCCEEDED}
     assert JobAttempt.objects.count() == 20  # one attempt each: waiting was not an attempt
-    # backlogged, the limit is used: 20 starts at 5/s take about three windows, not many more
-    assert times[-1] - times[0] < 3 + 1.0, times
 
 
 def test_a_tenant_over_its_limit_does_not_hold_back_another(tenants: Any) -> None:
