@@ -82,6 +82,18 @@ def bench_write(ctx: JobContext, *, n: int) -> None:
     ActivityLog.objects.create(job="bench", message=f"write {n}")
 
 
+@job(rate_limit="20/s")
+def bench_rate_write(ctx: JobContext, *, n: int) -> None:
+    """``bench_write`` under a rate limit across tenants: bench/rate_limits.py."""
+    ActivityLog.objects.create(job="bench", message=f"rate {n}")
+
+
+@job(tenant_rate_limit="5/s")
+def bench_tenant_rate_write(ctx: JobContext, *, n: int) -> None:
+    """``bench_write`` under a rate limit per tenant: bench/rate_limits.py."""
+    ActivityLog.objects.create(job="bench", message=f"tenant rate {n}")
+
+
 @job(atomic=True)
 def bench_write_atomic(ctx: JobContext, *, n: int) -> None:
     """``bench_write`` declared ``atomic=True``: bench/throughput.py --atomic, variant (d)."""

@@ -7,6 +7,7 @@ gets, and this module how each column reads.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin
@@ -19,6 +20,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..core.audience import is_operator_request
 from ..models import JobAttempt, JobRun, RunStatus
+from ..transport import rate_wait_until
 from ..worker.pauses import paused_by_rule
 from .audiences import ReadOnly
 from .render import (
@@ -120,6 +122,15 @@ class RunDisplay:
                 '{} <span class="kj-paused" style="font-size:0.85em">{}</span>',
                 status_badge(run.status),
                 gettext("paused (%(what)s)") % {"what": held},
+            )
+        reopens = rate_wait_until(run.queue, run.schema_name or None, run.priority)
+        if run.status == RunStatus.QUEUED and reopens is not None:
+            # Its tenant's messages wait for a rate window (transport/fair.py): not stuck.
+            return format_html(
+                '{} <span class="kj-rate" style="font-size:0.85em;white-space:nowrap">{}</span>',
+                status_badge(run.status),
+                gettext("waiting for a rate limit (until %(time)s)")
+                % {"time": short_time(datetime.fromtimestamp(reopens, UTC))},
             )
         # A run waiting for a retry's back-off or an enqueue_in delay is "queued" (the same
         # word as in code and the CLI); the time says it is not due yet.

@@ -26,6 +26,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .rates import Rate, parse_rate
+
 GuardMode = Literal["enforce", "log", "off"]
 InactiveTenantPolicy = Literal["skip", "defer"]
 TenantDeletionPolicy = Literal["purge", "anonymise"]
@@ -149,6 +151,9 @@ class KumikoSettings:
     # slot of its own (worker/slots.py; docs/design.md, "Slots"). 1: one at a time, as RQ.
     # ``KUMIKO_JOBS_WORKER_CONCURRENCY`` in the environment overrides it (worker_concurrency).
     WORKER_CONCURRENCY: int = 1
+    # A rate limit per tenant across all its jobs ("100/m": at most 100 starts in any minute;
+    # docs/design.md, "Flow control: rate limits"); None: no such limit. Parsed at load.
+    TENANT_RATE_LIMIT: Rate | None = None
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -289,6 +294,13 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
             "settings.KUMIKO_JOBS['TENANT_WEIGHT'] must be the dotted path of a callable that "
             "takes a tenant's schema name and returns its weight (a number > 0), or None."
         )
+    if values.get("TENANT_RATE_LIMIT") is not None:
+        try:
+            values["TENANT_RATE_LIMIT"] = parse_rate(values["TENANT_RATE_LIMIT"])
+        except ValueError as exc:
+            raise ImproperlyConfigured(
+                f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT']: {exc}; or None for no limit."
+            ) from exc
     tc = values.get("TENANT_CONCURRENCY")
     if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or tc < 1):
         raise ImproperlyConfigured(

@@ -17,6 +17,7 @@ from typing import Any, Literal, Self
 from ..core import conf
 from ..core.exceptions import InvalidJob
 from ..core.grants import Grant
+from ..core.rates import Rate
 
 GRANTS = tuple(grant.value for grant in Grant)  # plain words: error messages show them
 # The history column the reason lands in (EscapeHatchUse.reason).
@@ -128,6 +129,12 @@ class JobDefinition:
     # The priority level of its messages in their queue (-100..100, higher first, FIFO within
     # a level; docs/design.md, "Flow control"). ``using(priority=...)`` overrides it per enqueue.
     priority: int = 0
+    # Rate limits by time window (core/rates.py), enforced at the start by the fair dequeue
+    # (docs/design.md, "Flow control: rate limits"): across all tenants (per value of the
+    # ``rate_limit_by`` argument when given), and per tenant.
+    rate_limit: Rate | None = None
+    tenant_rate_limit: Rate | None = None
+    rate_limit_by: str | None = None
 
     def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
         """Call the function directly (tests, with any context); no pipeline, no guard, no

@@ -19,6 +19,7 @@ from django.apps import apps
 from ..core import conf
 from ..core.exceptions import InvalidJob, message_key_problem
 from ..core.grants import Grant
+from ..core.rates import Rate, parse_rate
 from .cron import check_cron, check_timezone
 from .job import (
     CONCURRENCY_MODES,
@@ -65,6 +66,9 @@ _OPTION_TYPES: dict[str, str] = {
     "unique": "True or list of argument names",
     "unique_for": "seconds > 0 or timedelta (with unique=)",
     "priority": f"int from {PRIORITY_MIN} to {PRIORITY_MAX} (higher first)",
+    "rate_limit": "'<starts>/<s|m|h>' across all tenants, e.g. '100/m'",
+    "tenant_rate_limit": "'<starts>/<s|m|h>' per tenant, e.g. '10/m'",
+    "rate_limit_by": "an argument name: one rate_limit window per value of it",
 }
 
 
@@ -123,6 +127,31 @@ def _int_option(
     if maximum is not None and value > maximum:
         raise _fail(where, f"{option}={value} is over the upper bound {maximum}.")
     return value
+
+
+def _rate(where: str, option: str, value: Any) -> Rate | None:
+    if value is None:
+        return None
+    try:
+        return parse_rate(value)
+    except ValueError as exc:
+        raise _fail(where, f"{option}: {exc}.") from exc
+
+
+def _rate_limit_by(where: str, options: Mapping[str, Any], params: Sequence[str]) -> str | None:
+    """The argument whose value keys ``rate_limit``'s window (one per external account...)."""
+    name = options.get("rate_limit_by")
+    if name is None:
+        return None
+    if options.get("rate_limit") is None:
+        raise _fail(where, "rate_limit_by= needs rate_limit= (the limit of each key's window).")
+    if not isinstance(name, str) or name not in params:
+        raise _fail(
+            where,
+            f"rate_limit_by={name!r} must name a keyword argument of the job "
+            f"(it has {list(params)}).",
+        )
+    return name
 
 
 def _priority(where: str, value: Any) -> int:
@@ -235,6 +264,9 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         unique=unique,
         unique_for=unique_for,
         priority=_priority(where, options.get("priority", 0)),
+        rate_limit=_rate(where, "rate_limit", options.get("rate_limit")),
+        tenant_rate_limit=_rate(where, "tenant_rate_limit", options.get("tenant_rate_limit")),
+        rate_limit_by=_rate_limit_by(where, options, params),
         **triggers,
     )
 

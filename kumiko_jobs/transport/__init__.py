@@ -66,6 +66,7 @@ from .queues import (
     waiting_job_ids,
 )
 from .rate_limits import SlotHolder, rate_limit_slot_holders, release_rate_limit_slot
+from .rate_windows import rate_wait_until
 from .registries import HeldMessage, forget_messages, held_messages, taken_for
 from .rq_job import (
     HOOK_FIELDS,
@@ -170,6 +171,7 @@ __all__ = [
     "push_many",
     "queue_length",
     "rate_limit_slot_holders",
+    "rate_wait_until",
     "redis_identity",
     "register_cron",
     "release_rate_limit_slot",

@@ -7,7 +7,9 @@ under ``kumiko:fair:<queue>:``): ``levels`` (zset of priority levels with ready 
 -level), ``seq`` (arrival numbers), and per lane ``<level>:``: ``ready`` and ``parked``
 (zsets of buckets), ``b:<bucket>`` (the bucket's messages, ``<arrival>:<job id>``), ``vt``
 (virtual time), ``fin``, ``mean``, ``w`` (hashes per bucket), ``held:<job>\t<bucket>``
-(messages of a paused job), ``mode`` (the ``FAIRNESS`` the scores mean); and two sets across
+(messages of a paused job), ``mode`` (the ``FAIRNESS`` the scores mean); per queue ``rwait``
+(zset of ``<level>\t<bucket>`` waiting for a rate window, scored by when it reopens); the
+windows under ``RATE_PREFIX``; and two sets across
 queues: ``kumiko:fair:lanes`` and ``kumiko:fair:holds`` (``pausing.py`` releases from them).
 
 The script names keys it was not passed: like RQ's own, it needs one Redis, not a cluster.
@@ -25,6 +27,10 @@ from redis.commands.core import Script
 from .fair_policy import DEFAULT_ESTIMATE, MEAN_ALPHA, OTHER_BUCKET
 from .keys import FAIR_PREFIX, FAIR_TOKEN, PAUSE_PREFIX
 
+# Rate-limit windows (zsets of start times), by the keys the push wrote into the fair field:
+# ``j:<job>`` (``:k:<argument value>``), ``jt:<job>\t<bucket>``, ``t:<bucket>``.
+RATE_PREFIX = "kumiko:rate:"
+
 # The pieces both scripts share: how a message's fair field reads, how a bucket enters a lane.
 COMMON = f"""
 local TOKEN = '{FAIR_TOKEN}'
@@ -41,7 +47,9 @@ local function fair_of(meta)
   if not weight or weight <= 0 then weight = 1 end
   if not level then level = 0 end
   if type(job) ~= 'string' then job = '' end
-  return bucket, weight, math.floor(level), job
+  local rates = f[5]
+  if type(rates) ~= 'table' then rates = nil end
+  return bucket, weight, math.floor(level), job, rates
 end
 local function head_seq(L, bucket)
   local head = redis.call('LINDEX', L .. 'b:' .. bucket, 0)
@@ -57,8 +65,9 @@ local function entry_score(L, bucket, mode)
 end
 local function activate(prefix, pause, level, bucket, mode)
   local L = prefix .. level .. ':'
-  if redis.call('ZSCORE', L .. 'ready', bucket) or redis.call('ZSCORE', L .. 'parked', bucket) then
-    return
+  if redis.call('ZSCORE', L .. 'ready', bucket) or redis.call('ZSCORE', L .. 'parked', bucket)
+      or redis.call('ZSCORE', prefix .. 'rwait', level .. '\\t' .. bucket) then
+    return  -- (already in; or waiting for a rate window, which re-activates it when it opens)
   end
   local score = entry_score(L, bucket, mode)
   if redis.call('SISMEMBER', pause .. 'tenants', bucket) == 1 then
@@ -150,13 +159,67 @@ local function requeue(L, bucket, score)
   end
 end
 
+-- Rate limits (docs/design.md, "Flow control: rate limits"): a window is a zset of the start
+-- times of the last `per` seconds, pruned here, on Redis's clock (one clock for all workers).
+local RATE = ARGV[7]
+local clock = redis.call('TIME')
+local NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local function each_rate(rates, fn)
+  if not rates then return end
+  for _, r in ipairs(rates) do
+    if type(r) == 'table' then
+      local key, limit, per = r[1], tonumber(r[2]), tonumber(r[3])
+      if type(key) == 'string' and limit and per and limit >= 1 and per > 0 then
+        fn(RATE .. key, limit, per)
+      end
+    end
+  end
+end
+-- nil when every window has room for one more start now; else when all of them will have.
+local function rate_block(rates)
+  local reopen = nil
+  each_rate(rates, function(k, limit, per)
+    redis.call('ZREMRANGEBYSCORE', k, '-inf', NOW - per)
+    local n = redis.call('ZCARD', k)
+    if n >= limit then
+      local frees = redis.call('ZRANGE', k, n - limit, n - limit, 'WITHSCORES')
+      -- (+1 us, TIME's grain: at `at`, NOW - per is past the start despite float rounding)
+      local at = tonumber(frees[2]) + per + 0.000001
+      if not reopen or at > reopen then reopen = at end
+    end
+  end)
+  return reopen
+end
+local function rate_count(rates, id)
+  each_rate(rates, function(k, _, per)
+    redis.call('ZADD', k, NOW, id .. '@' .. NOW)
+    redis.call('PEXPIRE', k, math.ceil(per * 1000) + 1000)
+  end)
+end
+-- Buckets whose window has reopened go back to their lane (at max(F, V): waiting banks no
+-- credit), at most 100 per call (the next calls take the rest).
+local function reopen_due()
+  local due = redis.call('ZRANGEBYSCORE', prefix .. 'rwait', '-inf', NOW, 'LIMIT', 0, 100)
+  for _, member in ipairs(due) do
+    redis.call('ZREM', prefix .. 'rwait', member)
+    local level, bucket = string.match(member, '^(%-?%d+)\\t(.*)$')
+    if level then activate(prefix, pause, tonumber(level), bucket, mode) end
+  end
+end
+
 local function pick()
   if redis.call('SISMEMBER', pause .. 'queues', qname) == 1 then return {'', 'paused'} end
+  reopen_due()
   -- (the inbox's length says whether anything waits at all: paused work, or nothing)
   for _ = 1, 1000 do
     local top = redis.call('ZRANGE', prefix .. 'levels', 0, 0)
     if #top == 0 then
       if unsorted then return {'', 'busy'} end
+      local soonest = redis.call('ZRANGE', prefix .. 'rwait', 0, 0, 'WITHSCORES')
+      if #soonest > 0 then
+        -- Only rate-limited work waits: say when the first window reopens.
+        return {'', 'rate', tostring(math.max(tonumber(soonest[2]) - NOW, 0))}
+      end
       if redis.call('LLEN', inbox) > 0 then return {'', 'paused'} end
       return {'', 'empty'}
     end
@@ -186,7 +249,8 @@ local function pick()
           redis.call('RPUSH', taken, id)
           return {id, 0}
         end
-        local _, weight, _, job = fair_of(field(fields, 'meta'))
+        local _, weight, _, job, rates = fair_of(field(fields, 'meta'))
+        local reopen, start = nil, false
         if #fields == 0 then
           -- The job hash is gone (deleted from django-rq's pages): so is its token.
           redis.call('LPOP', inbox)
@@ -198,6 +262,18 @@ local function pick()
           redis.call('SADD', HOLDS, held)
           requeue(L, bucket, score)
         else
+          reopen = rate_block(rates)
+          start = not reopen
+        end
+        if reopen then
+          -- Over a rate limit: the message keeps its place at its bucket's head, the bucket
+          -- leaves the ready set until the window reopens (skipped once per window, not at
+          -- every dequeue) and the pick goes on to the next bucket: work-conserving.
+          redis.call('LPUSH', L .. 'b:' .. bucket, entry)
+          redis.call('ZREM', L .. 'ready', bucket)
+          redis.call('ZADD', prefix .. 'rwait', reopen, level .. '\\t' .. bucket)
+        elseif start then
+          rate_count(rates, id)
           local estimate = 0
           if mode == 'fifo' then
             requeue(L, bucket, score)
@@ -269,13 +345,23 @@ def dequeue(
 ) -> list[Any]:
     """Run the dequeue script: ``[job id, fields, lane, bucket, estimate, weight]`` for a
     pick, ``[job id, 0]`` for a key that is not a hash, ``["", why]`` for none ("empty",
-    "paused": nothing eligible, "busy": more than 1000 ineligible heads met at once)."""
+    "paused": nothing eligible, "busy": more than 1000 ineligible heads met at once), and
+    ``["", "rate", seconds]`` when only work over its rate limit waits: the soonest window
+    reopens in ``seconds``."""
     script = _scripts.get(connection)
     if script is None:
         script = _scripts[connection] = connection.register_script(_DEQUEUE)
     reply = script(
         keys=[inbox, taken],
-        args=[job_prefix, prefix_of(queue), mode, PAUSE_PREFIX, queue, DEFAULT_ESTIMATE],
+        args=[
+            job_prefix,
+            prefix_of(queue),
+            mode,
+            PAUSE_PREFIX,
+            queue,
+            DEFAULT_ESTIMATE,
+            RATE_PREFIX,
+        ],
     )
     return list(reply)
 

@@ -147,3 +147,14 @@ def jain_index(shares: list[float]) -> float:
     if not shares or not any(shares):
         return 1.0
     return sum(shares) ** 2 / (len(shares) * sum(s * s for s in shares))
+
+
+def window_reopens(starts: list[float], limit: int, per: float, now: float) -> float | None:
+    """The script's rate check (``rate_block``) for one window: None when a start may count
+    in it now (fewer than ``limit`` of ``starts`` in the last ``per`` seconds, the window
+    ``(now - per, now]``); else when it may, the moment the oldest start that keeps it full
+    leaves the window."""
+    inside = sorted(t for t in starts if t + per > now)  # (as the script: no float drift)
+    if len(inside) < limit:
+        return None
+    return inside[len(inside) - limit] + per

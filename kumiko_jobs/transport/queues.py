@@ -48,13 +48,18 @@ class Message:
     weight: float = 1.0
     priority: int = 0
     job: str = ""
+    # Rate-limit windows its start counts in (key, starts, seconds; fair.py enforces them).
+    rates: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def meta(self) -> dict[str, Any] | None:
         """The RQ job's ``meta``: the fair field the dequeue script reads from the job hash."""
         if not self.bucket:
             return None
-        return {"kumiko_fair": [self.bucket, self.weight, self.priority, self.job]}
+        fair: list[Any] = [self.bucket, self.weight, self.priority, self.job]
+        if self.rates:
+            fair.append([list(rate) for rate in self.rates])
+        return {"kumiko_fair": fair}
 
 
 _queues: dict[tuple[str, int], Queue] = {}

@@ -75,8 +75,9 @@ class _OneTripDequeue:
             )
         job_cls: type[Job] = backend_class(cls, "job_class", override=job_class)
         mode = conf.get().FAIRNESS
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            why = ""
+            why, reopens = "", None
             for queue in queues:
                 popped = fair.dequeue(
                     connection,
@@ -88,6 +89,9 @@ class _OneTripDequeue:
                 )
                 job_id = as_text(popped[0])
                 if not job_id:
+                    if as_text(popped[1]) == "rate":  # seconds until a rate window reopens
+                        wait = float(as_text(popped[2]))
+                        reopens = wait if reopens is None else min(reopens, wait)
                     why = why if why == "busy" else as_text(popped[1])
                     continue
                 found = cls._restore_popped(
@@ -98,6 +102,10 @@ class _OneTripDequeue:
                 why = "busy"
             if why == "busy":
                 continue  # a hash vanished or many paused heads were met: look again now
+            if reopens is not None:
+                if _wait_for_window(reopens, deadline):
+                    continue  # a rate window reopened (or a second passed): look again
+                raise DequeueTimeout(timeout, queues[0].key)
             if timeout is None:
                 return None
             cls._wait_for_arrival(connection, queues, timeout, why)
@@ -166,6 +174,25 @@ class _OneTripDequeue:
         # within a second.
         time.sleep(min(timeout, 1))
         raise DequeueTimeout(timeout, queues[0].key)
+
+
+# The longest a worker sleeps for a rate window without looking again: an arrival of another
+# tenant (which does not wake it: the inbox's tokens keep BLMOVE from blocking) waits at most
+# this long, as behind paused work.
+RATE_WAIT_MAX = 1.0
+
+
+def _wait_for_window(reopens: float, deadline: float | None) -> bool:
+    """Sleep until the soonest rate window reopens, bounded by ``RATE_WAIT_MAX`` and the
+    dequeue's timeout; False when the timeout has passed (the worker beats, then asks again).
+    A burst worker has no timeout and sleeps through the windows: rate-limited work is work
+    it still has to do, unlike paused work."""
+    wait = min(reopens, RATE_WAIT_MAX)
+    if deadline is not None:
+        wait = min(wait, deadline - time.monotonic())
+    if wait > 0:
+        time.sleep(wait)
+    return deadline is None or time.monotonic() < deadline
 
 
 _one_trip_queue_classes: dict[type, type] = {}

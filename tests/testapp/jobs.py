@@ -455,3 +455,17 @@ def enqueue_unique_followups(ctx, *, invoice_id: int) -> None:
 
 
 from . import workflow_jobs  # noqa: E402,F401 - registers the workflow test jobs
+
+
+# Rate limits (tests/integration/test_rate_limits.py): starts counted per window by the fair
+# dequeue, across tenants and per tenant.
+@job(rate_limit="5/s")
+def rate_probe(ctx, *, tag: str) -> str:
+    _probe(ctx, tag)
+    return tag
+
+
+@job(tenant_rate_limit="2/h")
+def tenant_rate_probe(ctx, *, tag: str) -> str:
+    _probe(ctx, tag)
+    return tag

@@ -1,0 +1,117 @@
+"""Rate limits by time window, the pure parts: the parser, registration, the settings, the
+windows a message carries, and the sliding-window rule the dequeue script applies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from kumiko_jobs import InvalidJob
+from kumiko_jobs.core import conf as conf_module
+from kumiko_jobs.core.envelope import Envelope
+from kumiko_jobs.core.rates import Rate, parse_rate
+from kumiko_jobs.definition.options import build_definition
+from kumiko_jobs.enqueueing.messages import message_for, rates_of
+from kumiko_jobs.transport.fair_policy import window_reopens
+
+RUN_ID = "0123456789abcdef0123456789abcdef"
+
+
+def a_job(ctx: Any, *, account: str = "", tag: str = "") -> None:
+    pass
+
+
+def define(**options: Any) -> Any:
+    return build_definition(a_job, {"name": "rates.a_job", **options})
+
+
+def envelope(schema: str | None = "t1", **kwargs: Any) -> Envelope:
+    return Envelope(job="rates.a_job", schema=schema, kwargs=kwargs, run_id=RUN_ID)
+
+
+@pytest.mark.parametrize(
+    ("text", "rate"),
+    [
+        ("100/m", Rate(100, 60)),
+        ("5/s", Rate(5, 1)),
+        ("5000/h", Rate(5000, 3600)),
+        (" 10 / s ", Rate(10, 1)),
+    ],
+)
+def test_rates_parse(text: str, rate: Rate) -> None:
+    assert parse_rate(text) == rate
+    assert str(rate) in text.replace(" ", "")
+
+
+@pytest.mark.parametrize("bad", ["100/min", "0/m", "-1/s", "abc", "1.5/s", "10", 10, None, "/m"])
+def test_registration_refuses_a_bad_rate_and_names_the_fix(bad: Any) -> None:
+    for option in ("rate_limit", "tenant_rate_limit"):
+        if bad is None:
+            assert getattr(define(**{option: bad}), option) is None  # None: no limit
+            continue
+        with pytest.raises(InvalidJob, match=rf"{option}: .*'<starts>/<unit>'.*e\.g\. '100/m'"):
+            define(**{option: bad})
+
+
+def test_rate_limit_by_names_an_argument_and_needs_a_rate() -> None:
+    assert define(rate_limit="10/s", rate_limit_by="account").rate_limit_by == "account"
+    with pytest.raises(InvalidJob, match="needs rate_limit="):
+        define(rate_limit_by="account")
+    with pytest.raises(InvalidJob, match=r"rate_limit_by='nope' must name a keyword argument"):
+        define(rate_limit="10/s", rate_limit_by="nope")
+
+
+def test_the_tenant_rate_limit_setting_is_validated() -> None:
+    parsed = conf_module._validate({"TENANT_RATE_LIMIT": "30/m"})
+    assert str(parsed.TENANT_RATE_LIMIT) == "30/m"
+    assert conf_module._validate({}).TENANT_RATE_LIMIT is None
+    for bad in ("30/min", "0/s", 5):
+        with pytest.raises(ImproperlyConfigured, match=r"TENANT_RATE_LIMIT'\]: .*'100/m'"):
+            conf_module._validate({"TENANT_RATE_LIMIT": bad})
+
+
+def test_a_message_carries_its_windows(settings: Any) -> None:
+    definition = define(rate_limit="100/m", tenant_rate_limit="10/s", rate_limit_by="account")
+    assert rates_of(definition, envelope(account="acc-1")) == (
+        ('j:rates.a_job:k:"acc-1"', 100, 60),
+        ("jt:rates.a_job\tt1", 10, 1),
+    )
+    # per tenant: another tenant's window is another key
+    assert rates_of(definition, envelope("t2", account="acc-1"))[1][0] == "jt:rates.a_job\tt2"
+    settings.KUMIKO_JOBS = {**settings.KUMIKO_JOBS, "TENANT_RATE_LIMIT": "30/h"}
+    assert rates_of(define(), envelope()) == (("t:t1", 30, 3600),)
+    assert rates_of(define(), envelope(schema=None)) == ()  # system runs are no tenant's
+    meta = message_for(definition, envelope(account="a"), 0).meta
+    assert meta is not None and meta["kumiko_fair"][4][1] == ["jt:rates.a_job\tt1", 10, 1]
+    # without limits the fair field is as before (messages queued earlier read the same)
+    plain = message_for(define(), envelope(), 0).meta
+    assert plain is not None and len(plain["kumiko_fair"]) == 5  # TENANT_RATE_LIMIT is set
+    settings.KUMIKO_JOBS = {**settings.KUMIKO_JOBS, "TENANT_RATE_LIMIT": None}
+    plain = message_for(define(), envelope(), 0).meta
+    assert plain is not None and len(plain["kumiko_fair"]) == 4
+
+
+def test_a_sliding_window_admits_limit_starts_per_period() -> None:
+    assert window_reopens([], 2, 1.0, now=10.0) is None
+    assert window_reopens([9.5], 2, 1.0, now=10.0) is None
+    assert window_reopens([9.5, 9.8], 2, 1.0, now=10.0) == 10.5  # full: the oldest leaves
+    assert window_reopens([9.5, 9.8], 2, 1.0, now=10.5) is None  # (now - per, now]: it left
+    assert window_reopens([9.0, 9.5, 9.8], 2, 1.0, now=9.9) == 10.5  # 9.0 already out
+
+
+def test_admitting_by_the_window_never_exceeds_the_limit_and_uses_it() -> None:
+    """Simulated backlog: start whenever the window admits, else at its reopening; every
+    window of ``per`` holds at most ``limit`` starts, and the backlog drains at the limit."""
+    limit, per, now, starts = 5, 1.0, 0.0, []
+    while len(starts) < 50:
+        reopen = window_reopens(starts, limit, per, now)
+        if reopen is None:
+            starts.append(now)
+            now += 0.01
+        else:
+            now = reopen
+    for t in starts:
+        assert sum(1 for s in starts if t <= s < t + per) <= limit
+    assert starts[-1] - starts[0] < (50 / limit) * per  # 10 windows for 50 starts, no more
