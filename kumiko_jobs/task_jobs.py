@@ -28,6 +28,7 @@ import dataclasses
 import inspect
 from dataclasses import dataclass
 from importlib import import_module
+from importlib.util import find_spec
 from inspect import iscoroutinefunction
 from typing import Any
 
@@ -101,7 +102,10 @@ def task_job(name: str) -> TaskJob | None:
 
 def discover_tasks() -> None:
     """Import every installed app's ``tasks`` module (kumiko's own is the backend), so that the
-    tasks they declare are known in every process."""
+    tasks they declare are known in every process. Not on Django 5.2, which has no task
+    framework: an app's ``tasks`` module would import ``django.tasks`` and fail start-up."""
+    if find_spec("django.tasks") is None:
+        return
     for config in apps.get_app_configs():
         if config.name == "kumiko_jobs" or not module_has_submodule(config.module, "tasks"):
             continue
