@@ -19,7 +19,12 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.contrib.postgres.aggregates import ArrayAgg, JSONBAgg
 from django.db import connection, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, StringAgg, Sum, Value, Window
+from django.db.models import Count, Exists, F, OuterRef, Q, Sum, Value, Window
+
+try:  # Django 6: a core aggregate; Django 5.2: PostgreSQL's contrib module
+    from django.db.models import StringAgg  # type: ignore[attr-defined]
+except ImportError:
+    from django.contrib.postgres.aggregates import StringAgg  # type: ignore[no-redef]
 from django.db.models.functions import Coalesce, JSONObject, Lower, Now, RowNumber, TruncMonth
 from django_tenants.utils import tenant_context
 
