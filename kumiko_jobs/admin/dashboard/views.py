@@ -52,6 +52,14 @@ class DashboardViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's ad
     def _url(self, name: str) -> str:
         return reverse(f"{self.admin_site.name}:kumiko_jobs_jobrun_{name}")
 
+    def _url_with(self, name: str, *args: str) -> str:
+        return reverse(f"{self.admin_site.name}:kumiko_jobs_jobrun_{name}", args=args)
+
+    def _may_bulk(self, request: HttpRequest) -> bool:
+        # The run admin's BulkViews decides; a subclass without it offers no bulk links.
+        may = getattr(self, "may_bulk", None)
+        return bool(may and may(request))
+
     def _page(self, request: HttpRequest, template: str, title: str, **extra: Any) -> HttpResponse:
         context = {
             **self.admin_site.each_context(request),
@@ -97,7 +105,8 @@ class DashboardViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's ad
         if not is_operator(request):
             raise PermissionDenied
         try:
-            payload = data.operator_data(request.GET, self._url("changelist"))
+            retry = self._url_with("bulk", "retry") if self._may_bulk(request) else ""
+            payload = data.operator_data(request.GET, self._url("changelist"), retry)
         except data.BadFilter as exc:
             return JsonResponse({"error": str(exc)}, status=400)
         return JsonResponse(payload)
