@@ -325,6 +325,8 @@ def test_the_batches_own_runs_are_never_listed(operator: Client) -> None:
     waiting = plant("t2", [RunStatus.QUEUED] * 3)
     operator.post(RETRY, confirmation(operator, RETRY, GROUP))  # its first batch is queued
     assert JobRun.objects.filter(job_name=bulk.BATCH_JOB, status=RunStatus.QUEUED).count() == 1
+    # Queued after that batch: oldest first, the batch's run would be the first one listed.
+    JobRun.objects.filter(pk__in=[w.pk for w in waiting]).update(queued_at=timezone.now())
     form = confirmation(operator, CANCEL, {"status__exact": "queued"})
     assert form["confirmed"] == "3"
     operator.post(CANCEL, form)
