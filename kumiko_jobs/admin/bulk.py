@@ -20,6 +20,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import PAGE_VAR, SEARCH_VAR
 from django.core.exceptions import PermissionDenied
+from django.db import OperationalError
 from django.db.models import QuerySet
 from django.http import (
     Http404,
@@ -42,7 +43,14 @@ from ..core.audience import sees_all_tenants
 from ..core.exceptions import OperationRefused
 from ..models import BulkKind, BulkOperation, BulkState, JobRun
 from .audiences import OperatorsOnly, ReadOnly
-from .query_strings import CleanQueryStrings, bad_query_string, bad_search
+from .query_strings import (
+    CleanQueryStrings,
+    bad_query_string,
+    bad_search,
+    bounded_statements,
+    timed_out,
+    timed_out_response,
+)
 
 _TITLES = {
     BulkKind.RETRY: _("Retry every run matching the filter"),
@@ -93,8 +101,19 @@ class BulkViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin c
             operation_kind = BulkKind(kind)
         except ValueError:
             raise Http404(f"No bulk operation {kind!r}: use retry or cancel.") from None
-        if request.method == "POST":
-            return self._bulk_start(request, operation_kind)
+        # Under the run list's statement timeout: a filter that reads too long answers 503 with
+        # the list's sentence, and a POST that hits it starts nothing (one transaction).
+        try:
+            with bounded_statements(request):
+                if request.method == "POST":
+                    return self._bulk_start(request, operation_kind)
+                return self._bulk_confirmation(request, operation_kind)
+        except OperationalError as exc:
+            if not timed_out(exc):
+                raise
+            return timed_out_response()
+
+    def _bulk_confirmation(self, request: HttpRequest, operation_kind: BulkKind) -> HttpResponse:
         query = request.GET.copy()
         query.pop(PAGE_VAR, None)
         as_of = timezone.now()
@@ -124,7 +143,8 @@ class BulkViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin c
             "as_of": as_of.isoformat(),
             "runs_url": f"{changelist}?{query.urlencode()}" if query else changelist,
         }
-        return TemplateResponse(request, "admin/kumiko_jobs/jobrun/bulk_confirm.html", context)
+        response = TemplateResponse(request, "admin/kumiko_jobs/jobrun/bulk_confirm.html", context)
+        return response.render()
 
     def _filtered_runs(self, request: HttpRequest, query: QueryDict) -> QuerySet[JobRun]:
         """The runs the change list shows for ``query``: its filters, search and checks, read as
