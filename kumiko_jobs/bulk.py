@@ -120,12 +120,13 @@ def run_batch(operation_id: str) -> bool:
 
 
 def _act(kind: BulkKind, run: JobRun, by: str) -> tuple[Outcome, str]:
-    """One run, in a savepoint of the batch: a refusal skips this run only."""
+    """One run, in a savepoint of the batch: a refusal skips this run only (``retry_run`` is a
+    savepoint of its own: a second one around it would cost two statements a run for nothing)."""
     try:
+        if kind == BulkKind.RETRY:
+            operations.retry_run(run, by=by)
+            return Outcome.DONE, ""
         with transaction.atomic():
-            if kind == BulkKind.RETRY:
-                operations.retry_run(run, by=by)
-                return Outcome.DONE, ""
             done = operations.cancel_run(run, by=by)
     except OperationRefused as exc:
         return Outcome.SKIPPED, str(exc.reason)
