@@ -338,3 +338,19 @@ def test_the_batches_own_runs_are_never_listed(operator: Client) -> None:
         RunStatus.CANCELLED
     }
     assert not JobRun.objects.filter(job_name=bulk.BATCH_JOB, status=RunStatus.CANCELLED).exists()
+
+
+def test_retention_deletes_the_lists_of_long_ended_operations_only(operator: Client) -> None:
+    from kumiko_jobs.history import retention
+
+    plant("t1", [RunStatus.FAILED] * 2)
+    operator.post(RETRY, confirmation(operator, RETRY, GROUP))
+    operator.post(CANCEL, confirmation(operator, CANCEL, {"tenant": "t1"}))
+    old, running = sorted(BulkOperation.objects.all(), key=lambda o: o.kind != "retry")
+    long_ago = timezone.now() - timedelta(days=31)
+    BulkOperation.objects.filter(pk=old.pk).update(state=BulkState.DONE, finished_at=long_ago)
+    deleted = retention.delete_expired()
+    assert deleted.bulk_items == 2
+    assert not BulkItem.objects.filter(operation=old).exists()
+    assert BulkItem.objects.filter(operation=running).count() == 2
+    assert BulkOperation.objects.filter(pk=old.pk).exists()  # the record stays
