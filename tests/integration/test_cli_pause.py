@@ -8,8 +8,8 @@ in order, with no attempt spent, and run after ``resume``; everyone else's run m
 Bad input ends with exit status 1, one sentence naming the fix, no traceback, and no pause
 written.
 
-Seen failing: with the dequeue's tenant check removed from transport/fair.py (the paused
-tenant's runs ran during the pause), and with ``resume`` made a no-op (they stayed queued).
+Seen failing with the dequeue's paused-tenant check disabled in transport/fair.py: the paused
+tenant's runs ran during the pause.
 """
 
 from __future__ import annotations
