@@ -44,6 +44,18 @@ def started(tag: str) -> bool:
     return JobRun.objects.filter(payload__tag=tag, status=RunStatus.SUCCEEDED).exists()
 
 
+def assert_worker_blocks_on_the_bell() -> None:
+    """Until a Redis client is blocked in ``BLPOP`` (the waiting worker; Redis's own client
+    list says so), so that the arrival comes while it waits, not before it first looks."""
+    redis = transport.connection_for("default")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if any(c.get("cmd") == "blpop" for c in redis.client_list()):
+            return
+        time.sleep(0.02)
+    raise AssertionError("the worker never waited on the bell")
+
+
 def wait_while(arrive: Callable[[], None], tag: str) -> bool:
     """Run one worker until it has done one run, while another thread calls ``arrive`` and
     watches run ``tag``; True when ``tag`` ran before the deadline (no fallback ring)."""
@@ -51,7 +63,7 @@ def wait_while(arrive: Callable[[], None], tag: str) -> bool:
 
     def arrival() -> None:
         try:
-            time.sleep(0.5)  # the worker is waiting on the bell by then (or soon after)
+            assert_worker_blocks_on_the_bell()
             arrive()
             deadline = time.monotonic() + WAKE_DEADLINE
             while time.monotonic() < deadline and not started(tag):
