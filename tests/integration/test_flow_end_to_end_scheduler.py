@@ -31,6 +31,7 @@ from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from kumiko_jobs.worker import pauses
 from kumiko_jobs.worker.relay import pending_rq_job_ids
 from tests.conftest import TENANTS, probes, work
+from tests.integration.test_fair_dequeue import work_some
 from tests.integration.test_rate_limits import most_in_any_window, start_times
 from tests.integration.test_two_schedulers import (
     live_schedulers,
@@ -120,7 +121,7 @@ def fair_field(redis_conn: Any, run_id: str) -> list[Any]:
     for rq_job_id in sorted(waiting_ids([run_id])):
         if redis_conn.exists(f"rq:job:{rq_job_id}"):
             job = transport.JsonJob.fetch(rq_job_id, connection=redis_conn)
-            return list(job.meta["kumiko_fair"])
+            return list(job.meta.get("kumiko_fair") or [])
     raise AssertionError(f"no message in Redis for run {run_id}")
 
 
@@ -133,9 +134,9 @@ def test_delayed_runs_keep_priority_rate_limit_and_unique_key_when_rqscheduler_m
     it, no window holds more than five starts of ``rate_probe``, and the unique key was held
     while the run waited in the scheduler and after the move (one run, one effect).
 
-    Proven able to fail: with the fair field dropped from the message's meta when rq-scheduler
-    moves it (``Scheduler.enqueue_job`` clearing ``job.meta``) the priority-5 run starts after
-    t1's backlog and all twelve rate probes start in one window."""
+    Proven able to fail: with the fair field dropped from the message when rq-scheduler moves
+    it (``job.meta = {}; job.save_meta()`` in ``Scheduler.enqueue_job``) the priority-5 run
+    starts behind t1's backlog."""
     for i in range(6):
         jobs.probe.enqueue(tenant="t1", tag=f"low{i}")
     hi = jobs.probe.using(priority=5).enqueue_in(DUE, tenant="t1", tag="delayed-hi")
@@ -153,7 +154,7 @@ def test_delayed_runs_keep_priority_rate_limit_and_unique_key_when_rqscheduler_m
     # Moved to the queue: still the same run for the same key.
     after_move = jobs.unique_sync.enqueue(tenant="t1", invoice_id=7, note="third")
     assert after_move.deduplicated and after_move.run_id == first.run_id
-    assert fair_field(redis_conn, hi.run_id)[2] == 5
+    field = fair_field(redis_conn, hi.run_id)  # checked last: the behaviour comes first
     work()
 
     t1_order = [tag for tag, _ in attempt_order({jobs.probe.name}) if tag]
@@ -165,6 +166,7 @@ def test_delayed_runs_keep_priority_rate_limit_and_unique_key_when_rqscheduler_m
     mine = JobRun.objects.filter(pk__in=delayed)
     assert set(mine.values_list("status", flat=True)) == {RunStatus.SUCCEEDED}
     assert set(mine.values_list("attempts", flat=True)) == {1}
+    assert field[2:3] == [5]
 
 
 def test_a_retry_moved_by_rqscheduler_keeps_its_priority_and_rate_windows(
@@ -176,25 +178,24 @@ def test_a_retry_moved_by_rqscheduler_keeps_its_priority_and_rate_windows(
     carries level 6 and the job's window, and it starts before the backlog queued ahead of it.
 
     Proven able to fail: with ``transport.current_priority`` returning None (a retry pushed
-    at the job's own level) the retry is level 0 and starts after the backlog."""
-    handle = jobs.flow_retried.using(priority=6).enqueue(tenant="t1", tag="retry-hi")
-    work()
-    run = JobRun.objects.get(pk=handle.run_id)
-    assert (run.status, run.attempts) == (RunStatus.QUEUED, 1)
-    assert scheduled(run.run_id.hex)
+    at the job's own level) the retry is level 0 and starts after the backlog; with the fair
+    field dropped on the move, likewise."""
     for i in range(5):
         jobs.probe.enqueue(tenant="t1", tag=f"low{i}")
-
+    handle = jobs.flow_retried.using(priority=6).enqueue(tenant="t1", tag="retry-hi")
+    work_some(1)  # level 6 first: the first attempt, which fails; the backlog stays queued
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert (run.status, run.attempts) == (RunStatus.QUEUED, 1)
+    assert JobAttempt.objects.count() == 1
     scheduler.wait_for("the scheduler to move the retry", moved([handle.run_id]))
     field = fair_field(redis_conn, handle.run_id)
-    assert field[2] == 6
-    assert [f"j:{jobs.flow_retried.name}", 3, 1] in field[4]
     work()
 
     order = attempt_order({jobs.probe.name, jobs.flow_retried.name})
     assert order[:2] == [("retry-hi", 1), ("retry-hi", 2)], order
     assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
     assert [p.note for p in probes("t1") if p.tag == "retry-hi"] == ["a1", "a2"]
+    assert field[2:3] == [6] and [f"j:{jobs.flow_retried.name}", 3, 1] in field[4]
 
 
 def test_a_deferred_unique_run_holds_its_key_and_keeps_its_priority(
@@ -206,22 +207,20 @@ def test_a_deferred_unique_run_holds_its_key_and_keeps_its_priority(
     queued during the deferral, and the work is done once.
 
     Proven able to fail: with ``deferred`` left out of the statuses that hold a unique key
-    (``unique._ACTIVE``) the enqueue during the deferral makes a second run."""
+    (``unique._ACTIVE``) the enqueue during the deferral does not return the deferred run;
+    with the fair field dropped on the move, the resumed attempt starts behind the backlog."""
     job = jobs.flow_unique_defers
-    handle = job.using(priority=4).enqueue(tenant="t1", invoice_id=3, tag="d3")
-    work()
-    run = JobRun.objects.get(pk=handle.run_id)
-    assert run.status == RunStatus.DEFERRED
-    assert scheduled(run.run_id.hex)
-    during = job.enqueue(tenant="t1", invoice_id=3, tag="d3")
-    assert during.deduplicated and during.run_id == handle.run_id
     for i in range(4):
         jobs.probe.enqueue(tenant="t1", tag=f"low{i}")
-
+    handle = job.using(priority=4).enqueue(tenant="t1", invoice_id=3, tag="d3")
+    work_some(1)  # level 4 first: the attempt that defers; the backlog stays queued
+    assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.DEFERRED
+    during = job.enqueue(tenant="t1", invoice_id=3, tag="d3")
+    assert during.deduplicated and during.run_id == handle.run_id
     scheduler.wait_for("the scheduler to move the deferral", moved([handle.run_id]))
     moved_again = job.enqueue(tenant="t1", invoice_id=3, tag="d3")
     assert moved_again.deduplicated and moved_again.run_id == handle.run_id
-    assert fair_field(redis_conn, handle.run_id)[2] == 4
+    field = fair_field(redis_conn, handle.run_id)
     work()
 
     order = attempt_order({jobs.probe.name, job.name})
@@ -229,6 +228,7 @@ def test_a_deferred_unique_run_holds_its_key_and_keeps_its_priority(
     assert JobRun.objects.filter(job_name=job.name).count() == 1
     assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
     assert [p.note for p in probes("t1") if p.tag == "d3"] == ["deferring", "resumed"]
+    assert field[2:3] == [4]
 
 
 def test_a_task_run_after_moved_by_rqscheduler_keeps_its_priority(
@@ -236,7 +236,10 @@ def test_a_task_run_after_moved_by_rqscheduler_keeps_its_priority(
 ) -> None:
     """A Django task with ``run_after`` waits in rq-scheduler's set; moved to the queue, its
     message keeps the task's priority (a kumiko level, not RQ's ``at_front``): priority 9
-    starts before the t1 backlog queued ahead of it, priority -9 after it."""
+    starts before the t1 backlog queued ahead of it, priority -9 after it.
+
+    Proven able to fail: with the fair field dropped on the move (as above) the urgent task
+    is not the first start."""
     pytest.importorskip("django.tasks")
     from tests.testapp import tasks
 
@@ -247,8 +250,7 @@ def test_a_task_run_after_moved_by_rqscheduler_keeps_its_priority(
         urgent = tasks.add.using(priority=9, run_after=when).enqueue(1, 1)
         last = tasks.add.using(priority=-9, run_after=when).enqueue(2, 2)
     scheduler.wait_for("the scheduler to move the tasks", moved([urgent.id, last.id]))
-    assert fair_field(redis_conn, urgent.id)[2] == 9
-    assert fair_field(redis_conn, last.id)[2] == -9
+    fields = [fair_field(redis_conn, urgent.id), fair_field(redis_conn, last.id)]
     work()
     started = list(
         JobRun.objects.filter(schema_name="t1").order_by("started_at").values_list("pk", flat=True)
@@ -256,6 +258,7 @@ def test_a_task_run_after_moved_by_rqscheduler_keeps_its_priority(
     assert [pk.hex for pk in started[:1]] == [urgent.id]
     assert [pk.hex for pk in started[-1:]] == [last.id]
     assert [p.tag for p in probes("t1") if p.tag.startswith("add")] == ["add 1+1", "add 2+2"]
+    assert [f[2:3] for f in fields] == [[9], [-9]]
 
 
 # --- cron ticks and pauses -----------------------------------------------------------------
@@ -268,8 +271,8 @@ def test_cron_ticks_of_a_paused_job_wait_and_each_runs_once_after_resume(
     its ticks are written and queued, none starts; after the resume every tick that fired
     runs exactly once (one run per tick, one attempt each, no tick twice).
 
-    Proven able to fail: with the job's pause ignored by the dequeue (the script's held-job
-    check removed), ticks start while paused."""
+    Proven able to fail: with paused jobs left out of the sets the dequeue script reads
+    (``pausing.assert_pauses`` writing no jobs), the ticks run while paused."""
     job = jobs.every_two_seconds
     pauses.pause(job=job.name)
     queue = transport.get_queue(job.queue_name)
@@ -301,8 +304,8 @@ def test_a_paused_tenants_cron_tick_waits_and_runs_once_after_resume(
     t3's children run, t2's waits queued; after the resume it runs, once. One parent for the
     tick, one effect per tenant.
 
-    Proven able to fail: with the tenant pause ignored (``pauses.assert_pauses`` and the
-    FlowPause row removed before the tick), t2's child runs while paused."""
+    Proven able to fail: with paused tenants left out of the sets the dequeue script reads
+    (``pausing.assert_pauses`` writing no tenants), t2's child runs while paused."""
     spec = cron_spec(jobs.every_minute)
     wait_for_room_in_this_minute()
     pauses.pause(tenant="t2")
