@@ -79,8 +79,11 @@ def test_relayed_runs_keep_priority_rate_limit_unique_key_and_pause(
 
     Proven able to fail, one mechanism at a time in the relay's ``message_for``: ``priority=0``
     instead of the row's (the priority-5 run starts behind the backlog); ``rates`` dropped
-    (more than five starts in a window); and ``unique_key`` left off the row in ``row_for``
-    (two runs of the key)."""
+    (more than five starts in a window); ``unique_key`` left off the row in ``row_for``
+    (two runs of the key); paused tenants left out of the dequeue's sets (``assert_pauses``:
+    t3's runs start). It found that the relay pushed a batch in whatever order PostgreSQL
+    returned the locked rows: t1's backlog ran low3, low2, low1, low0 (now ordered by
+    enqueue)."""
     pauses.pause(tenant="t3")
     with override_settings(RQ_QUEUES=_unreachable_redis()), caplog.at_level(logging.WARNING):
         try:
@@ -127,7 +130,10 @@ def test_relayed_runs_keep_priority_rate_limit_unique_key_and_pause(
 
 def test_a_relayed_paused_jobs_runs_are_held_and_run_once_after_resume(tenants: Any) -> None:
     """A job paused while its runs wait only as rows: relayed, they are held (other jobs run),
-    and after the resume each runs once, in order."""
+    and after the resume each runs once, in order.
+
+    Proven able to fail: with paused jobs left out of the dequeue's sets (``assert_pauses``
+    writing no jobs) the held runs start first."""
     pauses.pause(job=jobs.probe.name)
     with redis_down(), transaction.atomic():
         for i in range(3):
@@ -230,7 +236,10 @@ def command(*args: str) -> str:
 def test_pausing_a_task_job_and_a_tenant_holds_task_runs_until_resume(tenants: Any) -> None:
     """``kumiko_jobs pause --job tests.testapp.tasks.add`` holds that task's runs in every
     tenant while other work runs; ``pause --tenant t2`` holds t2's task runs; after the resumes
-    each runs once, in order."""
+    each runs once, in order.
+
+    Proven able to fail: with paused jobs left out of the dequeue's sets (``assert_pauses``
+    writing no jobs) the task's runs start while paused."""
     tasks = _tasks()
     job = "tests.testapp.tasks.add"
     assert command("pause", "--job", job) == f"paused job {job}\n"
