@@ -1,5 +1,6 @@
 """A worker SIGKILLed in the middle of a rate-limited, prioritised, partly paused backlog
-(issue 24, "Done when": worker kills, nothing lost or duplicated).
+(issue 24, "Done when": worker kills, nothing lost or duplicated), and an ``rqscheduler``
+SIGKILLed while delayed runs wait in its set.
 
 Real ``manage.py rqworker`` processes (the reliability suite's ``Workers``: the same command
 line, with its faster liveness settings, ``WORKER_DEAD_AFTER=3``), real Redis and PostgreSQL.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import signal
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,10 +22,17 @@ from bench import soak
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from kumiko_jobs.worker import pauses
-from tests.conftest import TENANTS, probes
+from tests.conftest import TENANTS, probes, work
+from tests.integration.test_flow_end_to_end_scheduler import (
+    RunningScheduler,
+    attempt_order,
+    moved,
+    scheduled,
+)
 from tests.integration.test_rate_limits import most_in_any_window, start_times
 from tests.integration.test_reliability import effects, status
 from tests.integration.test_reliability import workers as workers
+from tests.integration.test_two_schedulers import live_schedulers
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -106,3 +115,55 @@ def test_a_worker_killed_mid_backlog_loses_nothing_runs_nothing_twice_and_keeps_
     assert set(t3.values_list("attempts", flat=True)) == {1}
     assert not JobRun.objects.filter(status=RunStatus.RUNNING).exists()
     workers.wait_for("the queue to drain", lambda: transport.get_queue("default").count == 0)
+
+
+def test_a_killed_rqscheduler_loses_no_delayed_run_and_the_next_one_keeps_their_rules(
+    tenants: Any, redis_conn: Any, tmp_path: Path
+) -> None:
+    """``rqscheduler`` is SIGKILLed while delayed runs wait in its set (a t1 run at priority 5,
+    ten ``rate_probe`` runs, a unique run); a new ``rqscheduler`` (rq-scheduler's lock of the
+    dead one expires) moves each once, with what its push decided: the priority-5 run starts
+    before t1's backlog queued ahead of it, no window holds more than five rate-probe starts,
+    the unique key still returns the run, and every run made one attempt and one row.
+
+    Proven able to fail: with the fair field dropped when the scheduler moves a message
+    (``job.meta = {}; job.save_meta()`` in ``Scheduler.enqueue_job``) the priority-5 run
+    starts behind the backlog."""
+    first = RunningScheduler(tmp_path / "rqscheduler-1.log")
+    try:
+        first.wait_for("the first scheduler to start", lambda: live_schedulers(redis_conn) >= 1)
+        for i in range(3):
+            jobs.probe.enqueue(tenant="t1", tag=f"low{i}")
+        delay = 5.0  # due after the kill: the dead scheduler moves none of them
+        hi = jobs.probe.using(priority=5).enqueue_in(delay, tenant="t1", tag="hi").run_id
+        limited = [
+            jobs.rate_probe.enqueue_in(delay, tenant="t1" if i % 2 else "t2", tag=f"r{i}").run_id
+            for i in range(10)
+        ]
+        unique = jobs.unique_sync.enqueue_in(delay, tenant="t1", invoice_id=9).run_id
+        assert all(scheduled(run_id) for run_id in [hi, unique, *limited])
+        first.proc.send_signal(signal.SIGKILL)
+        assert first.proc.wait() == -signal.SIGKILL
+    finally:
+        first.stop()
+    second = RunningScheduler(tmp_path / "rqscheduler-2.log")
+    try:
+        delayed = [hi, unique, *limited]
+        second.wait_for("the second scheduler to move the delayed runs", moved(delayed))
+    finally:
+        second.stop()
+    again = jobs.unique_sync.enqueue(tenant="t1", invoice_id=9)
+    assert again.deduplicated and again.run_id == unique
+    work()
+
+    t1 = [tag for tag, _ in attempt_order({jobs.probe.name})]
+    assert t1 == ["hi", "low0", "low1", "low2"], t1
+    times = start_times(jobs.rate_probe.name)
+    assert len(times) == 10 and most_in_any_window(times, 0.95) <= 5, times
+    mine = JobRun.objects.filter(pk__in=delayed)
+    assert set(mine.values_list("status", flat=True)) == {RunStatus.SUCCEEDED}
+    assert set(mine.values_list("attempts", flat=True)) == {1}
+    assert JobAttempt.objects.filter(run__in=mine).count() == len(delayed)
+    tags = Counter(p.tag for p in probes("t1") + probes("t2"))
+    assert tags["hi"] == 1 and tags["unique-9"] == 1
+    assert all(tags[f"r{i}"] == 1 for i in range(10)), tags
