@@ -263,3 +263,28 @@ def test_pausing_a_task_job_and_a_tenant_holds_task_runs_until_resume(tenants: A
     assert [p.tag for p in probes("t2")] == ["add 2+2"]
     assert set(JobRun.objects.values_list("status", flat=True)) == {RunStatus.SUCCEEDED}
     assert set(JobRun.objects.values_list("attempts", flat=True)) == {1}
+
+
+def test_a_rate_limit_by_argument_holds_per_value_for_relayed_runs(tenants: Any) -> None:
+    """``rate_limit="2/h", rate_limit_by="account"``: three runs for account "a" (two
+    tenants) and two for "b", enqueued while Redis is down and relayed. Each account gets its
+    two starts (b is not held behind a's full window), a's third waits, queued, with no
+    attempt, and says it waits for a rate limit.
+
+    Proven able to fail: with the window keyed per job only (``rates_of`` without the
+    ``:k:<value>`` part) only two runs start in all."""
+    from kumiko_jobs.admin.display import RunDisplay
+    from kumiko_jobs.worker import Worker
+
+    with redis_down(), transaction.atomic():
+        for i in range(3):
+            jobs.per_account.enqueue(tenant="t1" if i % 2 else "t2", account="a", tag=f"a{i}")
+        for i in range(2):
+            jobs.per_account.enqueue(tenant="t1", account="b", tag=f"b{i}")
+    relay_all(5)
+    queue = transport.get_queue("default")
+    Worker([queue], connection=queue.connection).work(max_jobs=4, max_idle_time=5)
+    assert sorted(tag for tag, _ in attempt_order()) == ["a0", "a1", "b0", "b1"]
+    waiting = JobRun.objects.get(payload__tag="a2")
+    assert waiting.status == RunStatus.QUEUED and not waiting.attempt_set.exists()
+    assert "waiting for a rate limit" in RunDisplay().status_label(waiting)

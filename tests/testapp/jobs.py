@@ -488,3 +488,10 @@ def flow_unique_defers(ctx, *, invoice_id: int, tag: str) -> object:
         return ctx.defer(1)
     _probe(ctx, tag, note="resumed")
     return None
+
+
+@job(rate_limit="2/h", rate_limit_by="account")
+def per_account(ctx, *, account: str, tag: str) -> str:
+    """Two starts an hour per external account, across tenants (``rate_limit_by``)."""
+    _probe(ctx, tag, note=account)
+    return tag
