@@ -1,6 +1,7 @@
 """How long history is kept, and what is left of a tenant's history once the tenant is gone.
 
-* Runs (``RETENTION_DAYS``) and rejected messages: finished ones older than the setting.
+* Runs (``RETENTION_DAYS``) and rejected messages: finished ones older than the setting; the
+  run lists of bulk operations that ended before then (the operations' rows stay).
 * Tenant-visible failures (``JobFailure``): a failure is *resolved* once a later run of the
   same job and subject succeeded; resolved ones are deleted at the next sweep whatever their
   age (a success normally deletes its failure at once, but not when the job stopped declaring
@@ -40,6 +41,7 @@ from django.utils import timezone
 from ..core import conf, project_settings
 from ..models import (
     FINISHED_STATUSES,
+    BulkItem,
     EscapeHatchUse,
     JobAttempt,
     JobFailure,
@@ -61,6 +63,7 @@ class Deleted:
     rejections: int = 0
     failures: int = 0
     audit: int = 0
+    bulk_items: int = 0
 
 
 # Rows per DELETE: a batch of runs with their attempts holds its row locks about half a second
@@ -123,7 +126,7 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
     """
     settings = conf.get()
     now = timezone.now()
-    runs = rejections = 0
+    runs = rejections = bulk_items = 0
     if settings.RETENTION_DAYS:
         cutoff = now - timedelta(days=settings.RETENTION_DAYS)
         runs = delete_in_batches(
@@ -132,6 +135,11 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
         )
         rejections = delete_in_batches(
             RejectedMessage.objects.filter(received_at__lt=cutoff), batch_size=batch_size
+        )
+        # The run lists of bulk operations that ended before it (up to 100,000 rows each);
+        # the operation rows stay, with their counts: the operators' record.
+        bulk_items = delete_in_batches(
+            BulkItem.objects.filter(operation__finished_at__lt=cutoff), batch_size=batch_size
         )
     failures = delete_resolved_failures(batch_size=batch_size)
     if settings.FAILURE_RETENTION_DAYS:
@@ -153,7 +161,7 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
         audit = delete_in_batches(
             EscapeHatchUse.objects.filter(last_seen__lt=cutoff), batch_size=batch_size
         )
-    return Deleted(runs, rejections, failures, audit)
+    return Deleted(runs, rejections, failures, audit, bulk_items)
 
 
 def delete_resolved_failures(*, batch_size: int = BATCH_SIZE) -> int:
