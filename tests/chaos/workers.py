@@ -67,11 +67,19 @@ class Processes:
             for path in sorted(self.log_dir.glob("*.log"))
         )
 
-    def wait_for(self, what: str, check: Callable[[], bool], deadline: float = DEADLINE) -> None:
+    def wait_for(
+        self,
+        what: str,
+        check: Callable[[], bool],
+        deadline: float = DEADLINE,
+        explain: Callable[[], str] | None = None,
+    ) -> None:
+        """Until ``check()``; on giving up, the logs and ``explain()`` (the state to debug)."""
         end = time.monotonic() + deadline
         while not check():
             if time.monotonic() > end:
-                pytest.fail(f"gave up waiting for {what}\n{self.logs()}")
+                state = f"\n{explain()}" if explain is not None else ""
+                pytest.fail(f"gave up waiting for {what}\n{self.logs()}{state}")
             time.sleep(0.1)
 
     def stop_all(self) -> None:

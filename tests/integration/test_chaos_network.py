@@ -90,10 +90,36 @@ def test_latency_and_dropped_connections(tenants, procs: Processes, proxies):
         time.sleep(2.0)
         dropped += pg.drop() + rd.drop()
     assert dropped > 0  # the cuts did land on live connections
-    procs.wait_for("every run to succeed", lambda: _unfinished(runs) == 0, deadline=240)
+    procs.wait_for(
+        "every run to succeed",
+        lambda: _unfinished(runs) == 0,
+        deadline=240,
+        explain=lambda: _where(runs),
+    )
     _check_effects(plain, atomic)
     assert all(w.poll() is None for w in workers), procs.logs()
     assert scheduler.poll() is None, procs.logs()
+
+
+def _where(run_ids: list[str]) -> str:
+    """Where each unfinished run is, in PostgreSQL and in RQ: what a failure must show."""
+    from kumiko_jobs import transport
+    from kumiko_jobs.worker.relay import pending_rq_job_ids
+
+    redis = transport.connection_for("default")
+    lines = [f"liveness: {getattr(transport.liveness(), 'workers', None)}"]
+    for run in JobRun.objects.filter(pk__in=run_ids).exclude(status=RunStatus.SUCCEEDED):
+        lines.append(f"run {run.pk} {run.status} attempts={run.attempts} rq={run.rq_job_id}")
+        for job_id in {*pending_rq_job_ids(run), run.rq_job_id} - {""}:
+            fields = redis.hmget(f"rq:job:{job_id}", "status", "worker_name", "started_at")
+            lines.append(f"  {job_id}: {fields}")
+    for key in sorted(redis.keys("rq:*default*")):
+        kind = redis.type(key)
+        if kind == b"list":
+            lines.append(f"{key!r} list {redis.lrange(key, 0, -1)}")
+        elif kind == b"zset":
+            lines.append(f"{key!r} zset {redis.zrange(key, 0, -1, withscores=True)}")
+    return "\n".join(lines)
 
 
 def test_a_black_holed_redis_is_detected_by_socket_timeout(tenants, procs: Processes, proxies):
