@@ -61,6 +61,11 @@ class Processes:
         self.started.append(proc)
         return proc
 
+    def log_of(self, proc: subprocess.Popen[bytes]) -> str:
+        """What ``proc`` (one of ours) has logged so far."""
+        path = self.log_dir / f"proc{self.started.index(proc) + 1}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def logs(self) -> str:
         return "\n".join(
             f"--- {path.name}\n{path.read_text(errors='replace')[-6000:]}"
