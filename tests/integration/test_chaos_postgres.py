@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import os
 import random
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -158,28 +157,8 @@ def own_server(tmp_path: Path, tenants: dict[str, Any]) -> Iterator[tuple[OwnPos
 def _restart(server: OwnPostgres, mode: str) -> None:
     """``pg_ctl restart -m MODE``, as stop then start (the same port and options)."""
     connections["default"].close()
-    _stop(server, mode)
+    server._pg_ctl("-m", mode, "-w", "stop")
     server.start()
-
-
-def _stop(server: OwnPostgres, mode: str) -> None:
-    """``pg_ctl -m MODE -w stop``, made sure of: the embedded cluster's own stop once exited 1
-    in CI (its wait is 60 s by default; a fast stop's shutdown checkpoint on a loaded machine
-    can take longer). A stop that fails is judged by ``pg_ctl status``: stopped is what was
-    asked; still running gets a longer wait, then an immediate stop, and the test says so."""
-    try:
-        server._pg_ctl("-m", mode, "-w", "-t", "180", "stop")
-        return
-    except subprocess.CalledProcessError as exc:
-        print(f"pg_ctl -m {mode} stop exited {exc.returncode}; checking the server")
-    try:
-        server._pg_ctl("status")
-    except subprocess.CalledProcessError as exc:
-        if exc.returncode == 3:  # pg_ctl's "no server running"
-            return
-        raise
-    print(f"pg_ctl -m {mode} stop left the server running; stopping it -m immediate")
-    server._pg_ctl("-m", "immediate", "-w", "-t", "180", "stop")
 
 
 # Opt-in, not in CI: the embedded cluster's own `pg_ctl -m fast stop` failed once in a clean CI
