@@ -116,6 +116,13 @@ class KumikoSettings:
     # time between its --interval rounds, so that delays are honoured to the millisecond
     # instead of to the next round (docs/settings.md, "How precise delays are"). 0: rounds only.
     SCHEDULER_POLL: float = 0.1
+    # Seconds rq-scheduler's lock lives unless its live holder renews it (transport/
+    # scheduler_lock.py): a scheduler killed inside its round holds up the others this long
+    # (rq-scheduler's own expiry was --interval + 10 s, and the ticks in between were lost).
+    SCHEDULER_LOCK_TTL: float = 1.0
+    # An alarm rung at most this many seconds late fires every tick it passed, each once (a
+    # scheduler hand-over); later than that, only the latest tick (an outage of every scheduler).
+    CRON_CATCH_UP: int = 5
     # Seconds after its due time a signed message is refused (core/envelope.py). Seven days: a
     # weekend-plus outage's backlog still runs, while a copy of an old message is useless well
     # before RETENTION_DAYS deletes the run it belonged to (checks.py keeps it below that).
@@ -202,6 +209,7 @@ _NON_NEGATIVE_INTS = (
     "RELAY_GRACE",
     "PUSH_FAILURE_PAUSE",
     "SCHEDULER_OVERDUE_AFTER",
+    "CRON_CATCH_UP",
     "MAX_RESULT_BYTES",
     "ADMIN_STATEMENT_TIMEOUT_MS",
 )
@@ -250,6 +258,15 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
         )
     if "SCHEDULER_POLL" in values:
         values["SCHEDULER_POLL"] = float(poll)
+    lock = values.get("SCHEDULER_LOCK_TTL", 1.0)
+    if isinstance(lock, bool) or not isinstance(lock, int | float) or not 0.2 <= lock <= 60:
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['SCHEDULER_LOCK_TTL'] must be a number of seconds from 0.2 "
+            f"to 60 (1 by default: how long a killed rqscheduler holds up the others), got "
+            f"{lock!r}."
+        )
+    if "SCHEDULER_LOCK_TTL" in values:
+        values["SCHEDULER_LOCK_TTL"] = float(lock)
     defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
     beat = values.get("WORKER_HEARTBEAT", defaults["WORKER_HEARTBEAT"])
     if values.get("WORKER_DEAD_AFTER", defaults["WORKER_DEAD_AFTER"]) < 2 * beat:

@@ -25,11 +25,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db import IntegrityError, close_old_connections, transaction
 
 from .. import transport
+from ..core import conf
 from ..core.envelope import Envelope, encode
 from ..definition.cron import latest_tick, seconds_until_next
 from ..definition.job import JobDefinition
@@ -49,11 +50,13 @@ def schedule_id(definition: JobDefinition) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Firing:
-    """An alarm rung: push ``message`` (if any), ring again at ``next_at``."""
+    """An alarm rung: push ``missed``, then ``message`` (if any), ring again at ``next_at``."""
 
     message: transport.Message | None
     next_at: float | None  # epoch seconds; None: the alarm belongs to no registered cron job
     run_id: str = ""
+    # Messages of the earlier ticks a late alarm passed (caught up: CRON_CATCH_UP), oldest first.
+    missed: tuple[transport.Message, ...] = ()
 
 
 def definition_for(alarm_id: str) -> JobDefinition | None:
@@ -64,8 +67,15 @@ def definition_for(alarm_id: str) -> JobDefinition | None:
     return None
 
 
-def fire(alarm_id: str, now: datetime | None = None) -> Firing:
+def fire(alarm_id: str, now: datetime | None = None, due_at: float | None = None) -> Firing:
     """The tick an alarm rings for: its run row written, its message built (not pushed).
+
+    ``due_at`` (epoch seconds) is when the alarm was set to ring. When it rings at most
+    ``CRON_CATCH_UP`` seconds after that, the ticks it passed (a scheduler killed inside its
+    round held the lock meanwhile) are fired too, each once (its run id is the tick's, so a
+    second firing finds the row); when it rings later (no scheduler ran), only the latest tick
+    is. The score is Redis's, not signed: a forged one fires at most ``CRON_CATCH_UP`` seconds'
+    ticks, none of them twice.
 
     Raises ``django.db.DatabaseError`` when PostgreSQL is unreachable: the scheduler then leaves
     the alarm due and rings it again on its next round, for the same tick.
@@ -78,9 +88,39 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
     close_old_connections()
     now = now or datetime.now(UTC)
     tick = latest_tick(definition.cron, definition.timezone, now)
-    env = Envelope.cron_tick(definition.name, tick)
     after = seconds_until_next(definition.cron, definition.timezone, tick)
     next_at = float(math.ceil(tick.timestamp() + after))
+    missed = tuple(
+        message
+        for earlier in _passed_ticks(definition, definition.cron, tick, due_at, now)
+        if (message := _fire_tick(definition, earlier)[1]) is not None
+    )
+    run_id, message = _fire_tick(definition, tick)
+    return Firing(message, next_at, run_id, missed)
+
+
+def _passed_ticks(
+    definition: JobDefinition, cron: str, latest: datetime, due_at: float | None, now: datetime
+) -> list[datetime]:
+    """The ticks from ``due_at`` up to (not including) ``latest``, oldest first; none when
+    the alarm rang more than ``CRON_CATCH_UP`` seconds late or catching up is off."""
+    window = conf.get().CRON_CATCH_UP
+    if due_at is None or window <= 0 or now.timestamp() - due_at > window:
+        return []
+    zone = definition.timezone
+    tick = latest_tick(cron, zone, datetime.fromtimestamp(due_at, UTC))
+    passed = []
+    while tick < latest:
+        if tick.timestamp() > due_at - 1:  # (the tick before the alarm's own fired already)
+            passed.append(tick)
+        tick = tick + timedelta(seconds=max(seconds_until_next(cron, zone, tick), 1.0))
+    return passed
+
+
+def _fire_tick(definition: JobDefinition, tick: datetime) -> tuple[str, transport.Message | None]:
+    """Write ``tick``'s run row (or its refusal) and build its message: (run id, message);
+    no message when the tick fired already or was refused."""
+    env = Envelope.cron_tick(definition.name, tick)
     subject = build_subject(definition, {})
     row = row_for(definition, env, subject, 0.0)
     try:
@@ -105,11 +145,11 @@ def fire(alarm_id: str, now: datetime | None = None) -> Firing:
         # Fired already (another scheduler, or a replayed alarm): that firing pushed it, or
         # the relay will; this one does nothing.
         logger.info("cron tick %s of %s already fired", env.tick, definition.name)
-        return Firing(None, next_at, env.run_id)
+        return env.run_id, None
     if refused is not None:
         logger.info("cron tick %s of %s %s", env.tick, definition.name, refused)
-        return Firing(None, next_at, env.run_id)
-    return Firing(message_for(definition, env, 0.0), next_at, env.run_id)
+        return env.run_id, None
+    return env.run_id, message_for(definition, env, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +232,8 @@ class _CronHooks:
     def restore_missing_cron(self) -> tuple[str, ...]:
         return restore_missing_cron()
 
-    def fire(self, alarm_id: str) -> Firing:
-        return fire(alarm_id)
+    def fire(self, alarm_id: str, due_at: float | None = None) -> Firing:
+        return fire(alarm_id, due_at=due_at)
 
 
 CRON_HOOKS = _CronHooks()

@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from rq.utils import utcparse
+
 from .keys import RELAY_TAKEN
 from .queues import decoded, get_queue
 from .rq_job import JsonJob
@@ -28,6 +30,7 @@ class HeldMessage:
     status: str | None  # RQ's job status; None: no job hash (RQ holds no such message)
     worker: str | None  # the RQ worker that started it, as RQ recorded it
     taken: bool  # in the queue's intermediate list: dequeued by a worker, maybe not started
+    started_at: float | None = None  # epoch seconds its worker marked it started (RQ's field)
 
 
 def held_messages(queue: str, job_ids: Sequence[str]) -> list[HeldMessage]:
@@ -37,14 +40,24 @@ def held_messages(queue: str, job_ids: Sequence[str]) -> list[HeldMessage]:
     with rq_queue.connection.pipeline(transaction=False) as pipe:
         pipe.lrange(rq_queue.intermediate_queue_key, 0, -1)
         for job_id in job_ids:
-            pipe.hmget(JsonJob.key_for(job_id), "status", "worker_name")
+            pipe.hmget(JsonJob.key_for(job_id), "status", "worker_name", "started_at")
         replies = iter(pipe.execute())
     taken = {decoded(job_id) for job_id in next(replies)}
     held = []
     for job_id in job_ids:
-        status, worker = (decoded(v) for v in next(replies))
-        held.append(HeldMessage(job_id, status, worker, job_id in taken))
+        status, worker, started = (decoded(v) for v in next(replies))
+        held.append(HeldMessage(job_id, status, worker, job_id in taken, _epoch(started)))
     return held
+
+
+def _epoch(started: str | None) -> float | None:
+    """RQ's ``started_at`` (UTC text) as epoch seconds; None when absent or unreadable."""
+    if not started:
+        return None
+    try:
+        return utcparse(started).timestamp()
+    except ValueError:
+        return None
 
 
 def taken_for(queue: str, job_id: str) -> float:
@@ -60,15 +73,25 @@ def taken_for(queue: str, job_id: str) -> float:
 
 
 def forget_messages(entries: Iterable[tuple[str, str]]) -> None:
-    """Drop RQ's records of the given (queue, RQ job id) messages: the failed registry entry,
-    the intermediate list entry, the job hash and the relay's sighting, so that a new push of
-    the same id starts from a clean job hash."""
+    """Drop RQ's records of the given (queue, RQ job id) messages: the failed and started
+    registry entries, the intermediate list entry, the job hash and the relay's sighting, so
+    that a new push of the same id starts from a clean job hash (and RQ's cleanup of the
+    started registry never fails the new push for the old start)."""
     by_queue: dict[str, list[str]] = {}
     for queue, job_id in entries:
         by_queue.setdefault(queue, []).append(job_id)
     for queue_name, ids in by_queue.items():
         rq_queue = get_queue(queue_name)
+        started_key = rq_queue.started_job_registry.key
+        # Started entries are "<job id>:<execution id>": found by their prefix.
+        started = [
+            entry
+            for job_id in ids
+            for entry, _ in rq_queue.connection.zscan_iter(started_key, match=f"{job_id}:*")
+        ]
         with rq_queue.connection.pipeline() as pipe:
+            if started:
+                pipe.zrem(started_key, *started)
             for job_id in ids:
                 pipe.zrem(rq_queue.failed_job_registry.key, job_id)
                 pipe.lrem(rq_queue.intermediate_queue_key, 0, job_id)

@@ -31,7 +31,8 @@ from .scheduler_loop import SchedulerLoop
 
 
 class CronFiring(Protocol):
-    """A cron alarm rung: push ``message`` (if any), ring the alarm again at ``next_at``."""
+    """A cron alarm rung: push ``missed`` and ``message`` (if any), ring the alarm again at
+    ``next_at``."""
 
     @property
     def message(self) -> Message | None:
@@ -41,6 +42,10 @@ class CronFiring(Protocol):
     @property
     def next_at(self) -> float | None:
         """Epoch seconds; None: the alarm belongs to no registered cron job (remove it)."""
+
+    @property
+    def missed(self) -> Sequence[Message]:
+        """Messages of earlier ticks the alarm passed while it rang late (pushed first)."""
 
 
 class CronHooks(Protocol):
@@ -56,8 +61,11 @@ class CronHooks(Protocol):
     def restore_missing_cron(self) -> Sequence[str]:
         """Re-register deleted cron entries; return their schedule ids."""
 
-    def fire(self, alarm_id: str) -> CronFiring:
-        """Write the run row of the tick the alarm ``alarm_id`` rings for; build its message."""
+    def fire(self, alarm_id: str, due_at: float | None = None) -> CronFiring:
+        """Write the run row of the tick the alarm ``alarm_id`` rings for; build its message.
+
+        ``due_at``: when the alarm was set to ring (its score); the ticks it passed since are
+        caught up when it rings at most ``CRON_CATCH_UP`` seconds late."""
 
 
 _cron_hooks: CronHooks | None = None
@@ -150,7 +158,12 @@ class Scheduler(SchedulerLoop):
         return super().enqueue_jobs()
 
     def enqueue_job(self, job: Job) -> None:
-        """rq-scheduler's move of a due job to its queue; a kumiko cron alarm is fired instead."""
+        """rq-scheduler's move of a due job to its queue; a kumiko cron alarm is fired instead.
+
+        Nothing once this round's lock was lost (scheduler_lock.py): another scheduler holds
+        it now and moves what is left."""
+        if self.lock_lost():
+            return
         if job.id.startswith(CRON_PREFIX):
             self._fire_cron(job)
             return
@@ -168,8 +181,11 @@ class Scheduler(SchedulerLoop):
         meta and body are not trusted, so a copied or re-scored alarm can at most ring the
         current tick again, which finds its run row and pushes nothing.
         """
+        # The score says since when it was due: the ticks it passed are caught up (bounded by
+        # CRON_CATCH_UP, each once: a forged score can at most fire those few seconds' ticks).
+        due_at = self.connection.zscore(self.scheduled_jobs_key, job.id)
         try:
-            firing = cron_hooks().fire(job.id)
+            firing = cron_hooks().fire(job.id, None if due_at is None else float(due_at))
         except DatabaseError as exc:
             # Left due: the next round rings it again, for the same tick.
             self.log.warning("cron %s not fired, PostgreSQL unavailable (%s)", job.id, exc)
@@ -178,8 +194,10 @@ class Scheduler(SchedulerLoop):
             self.log.warning("cron entry %s belongs to no registered cron job; removed", job.id)
             self.cancel(job.id)
             return
+        # Through the module, so that testing.captured_pushes keeps them out of Redis.
+        for missed in firing.missed:
+            pushing.push(missed)
         if firing.message is not None:
-            # Through the module, so that testing.captured_pushes keeps it out of Redis.
             pushing.push(firing.message)
         # Scored to the microsecond: rung at the tick, never before it (int() rounded down).
         self.connection.zadd(self.scheduled_jobs_key, {job.id: float(firing.next_at)})

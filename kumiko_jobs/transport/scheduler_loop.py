@@ -15,6 +15,7 @@ from typing import Any
 
 from ..core import conf
 from .queues import DelayedSet
+from .scheduler_lock import RenewedLock
 
 
 class SchedulerLoop(DelayedSet):
@@ -32,23 +33,50 @@ class SchedulerLoop(DelayedSet):
         """
         self.register_birth()
         self._install_signal_handlers()
+        self._renews_lock = True
         try:
             while True:
                 full_round_at = time.monotonic() + self._interval
                 if self._round(full=True) and burst:
                     return
                 while self._wait_for_due(full_round_at):
-                    self._round(full=False)
+                    if not self._round(full=False):
+                        # Another scheduler's round holds the lock (it moves what is due), or
+                        # a killed one's until it expires: look again after a poll, not only
+                        # at the next full round, so a hand-over costs at most the lock's TTL.
+                        time.sleep(conf.get().SCHEDULER_POLL)
         finally:
             self.remove_lock()
             self.register_death()
 
     _last_round_at = 0.0  # epoch seconds: every message due by then was looked at
+    _lock: RenewedLock | None = None
+    _renews_lock = False  # only the process's own loop keeps its lock alive (serve)
+
+    def acquire_lock(self) -> bool:
+        """rq-scheduler's lock, for ``SCHEDULER_LOCK_TTL`` seconds (scheduler_lock.py), renewed
+        while this scheduler's loop holds it."""
+        if self._lock is None:
+            self._lock = RenewedLock(
+                self.connection, self.scheduler_lock_key, conf.get().SCHEDULER_LOCK_TTL
+            )
+        self._lock_acquired = self._lock.acquire(renew=self._renews_lock)
+        return self._lock_acquired
+
+    def remove_lock(self) -> None:
+        """Give the lock back, unless it has gone to another scheduler meanwhile."""
+        if self._lock is not None:
+            self._lock.release()
+        self._lock_acquired = False
+
+    def lock_lost(self) -> bool:
+        """This round's lock expired or went to another scheduler: stop moving messages."""
+        return self._lock is not None and self._lock.lost
 
     def _round(self, *, full: bool) -> bool:
         """One round under rq-scheduler's lock: move what is due, ring due cron alarms.
         False when another scheduler holds the lock (it moves them)."""
-        self._last_round_at = time.time()
+        started = time.time()
         if full:
             self.heartbeat()
         if not self.acquire_lock():
@@ -56,6 +84,9 @@ class SchedulerLoop(DelayedSet):
             log = self.log.warning if full else self.log.debug
             log("Lock already taken - skipping run")
             return False
+        # Only now: a round that did not get the lock has looked at nothing, so what fell due
+        # meanwhile must still wake this scheduler if the holder never moves it (killed).
+        self._last_round_at = started
         try:
             self.enqueue_jobs()
             if full:

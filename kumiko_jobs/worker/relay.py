@@ -16,8 +16,9 @@ What a waiting run waits for is derived from the row, never stored separately:
 Together with the run id these give the deterministic RQ job id
 (``kj-<run>-a<attempt>-d<defers>-g<gate defers>``). A run is relayed only when none of its
 candidate RQ jobs exists in Redis, or the one that exists can never run again (failed,
-stopped, finished without touching the run, started by a worker that is gone, or taken off the
-queue by a worker that died before starting it).
+stopped, finished without touching the run, started by a worker that is gone, taken off the
+queue by a worker that died before starting it, or marked started by a live worker that has
+moved on without starting the run: a start whose reply a network cut lost).
 
 Relaying is safe against the original push and against other relays:
 
@@ -35,6 +36,7 @@ Duplicates are therefore possible only as at-least-once deliveries, never as los
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -215,6 +217,7 @@ def _missing_messages(
                         and alive.is_gone(worker)
                     )
                     or (status == "queued" and message.taken and _stranded(queue, job_id))
+                    or (status == "started" and _start_cut(queue, message, alive, pk.hex))
                 ):
                     dead.append(job_id)
                 else:
@@ -235,6 +238,35 @@ def _stranded(queue: str, job_id: str) -> bool:
     cleanup of that list runs only with its ten-minute maintenance.
     """
     return transport.taken_for(queue, job_id) >= max(conf.get().RELAY_GRACE, 1)
+
+
+def _start_cut(
+    queue: str, message: transport.HeldMessage, alive: transport.Liveness | None, run_hex: str
+) -> bool:
+    """Marked started by a live kumiko worker that does not execute it, while its run waits?
+
+    The worker's start reached Redis but its reply did not (the connection was cut after
+    RQ's start transaction was applied, and redis-py's retries failed too), and the failure's
+    own bookkeeping was lost as well: the worker went on to other work, the message stays
+    ``started`` with a live worker's name, and its run never started (it still waits). Nothing
+    else takes it back: the worker is alive (so not the dead-worker rule), the run is not
+    ``running`` (so not the sweep), and RQ's own cleanup comes only with its ten-minute
+    maintenance and the job's heartbeat expiry.
+
+    A kumiko worker names the RQ job it executes in its liveness key from at most one beat
+    after taking it until it returns; so once the start is ``WORKER_DEAD_AFTER`` old (the key
+    has been written since, or has expired: then the worker is gone), a key that names
+    neither the message nor its run means no attempt is under way. A live worker of another
+    class does not beat: what it executes is unknown, and its message is left alone.
+    """
+    if alive is None or not message.worker or message.worker not in alive.workers:
+        return False
+    if alive.executes(message.job_id, run_hex):
+        return False
+    dead_after = max(conf.get().WORKER_DEAD_AFTER, 1)
+    if message.started_at is None:  # no start time in RQ's hash: the relay's own sighting
+        return transport.taken_for(queue, message.job_id) >= dead_after
+    return time.time() - message.started_at >= dead_after
 
 
 def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:

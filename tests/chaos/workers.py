@@ -61,17 +61,30 @@ class Processes:
         self.started.append(proc)
         return proc
 
+    def log_of(self, proc: subprocess.Popen[bytes]) -> str:
+        """What ``proc`` (one of ours) has logged so far."""
+        path = self.log_dir / f"proc{self.started.index(proc) + 1}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
     def logs(self) -> str:
         return "\n".join(
             f"--- {path.name}\n{path.read_text(errors='replace')[-6000:]}"
             for path in sorted(self.log_dir.glob("*.log"))
         )
 
-    def wait_for(self, what: str, check: Callable[[], bool], deadline: float = DEADLINE) -> None:
+    def wait_for(
+        self,
+        what: str,
+        check: Callable[[], bool],
+        deadline: float = DEADLINE,
+        explain: Callable[[], str] | None = None,
+    ) -> None:
+        """Until ``check()``; on giving up, the logs and ``explain()`` (the state to debug)."""
         end = time.monotonic() + deadline
         while not check():
             if time.monotonic() > end:
-                pytest.fail(f"gave up waiting for {what}\n{self.logs()}")
+                state = f"\n{explain()}" if explain is not None else ""
+                pytest.fail(f"gave up waiting for {what}\n{self.logs()}{state}")
             time.sleep(0.1)
 
     def stop_all(self) -> None:

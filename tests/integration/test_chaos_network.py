@@ -12,7 +12,6 @@ is on how long anything took.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,16 +65,14 @@ def _through(pg: Proxy, rd: Proxy, **redis_options: Any) -> dict[str, str]:
     return env
 
 
-# Opt-in until the finding is fixed: in about one run of three (a clean CI run included) a run
-# is left unfinished after the cuts (a worker's prepare_job_execution pipeline cut mid-way by the
-# proxy); the wait gives up after 240 s. Open in issue 28.
-@pytest.mark.skipif(
-    os.environ.get("KUMIKO_CHAOS_NETWORK") != "1",
-    reason="finding open (a run left unfinished after cuts): KUMIKO_CHAOS_NETWORK=1 runs it",
-)
 def test_latency_and_dropped_connections(tenants, procs: Processes, proxies):
     """Every chunk waits 50-200 ms each way, and every connection through both proxies is cut
-    every couple of seconds while two workers and rqscheduler drain plain and atomic runs."""
+    every couple of seconds while two workers and rqscheduler drain plain and atomic runs.
+
+    It used to leave a run unfinished in about one run of three: a start whose reply a cut
+    lost left the message ``started`` under a live worker while its run stayed ``queued``,
+    a state no repair path owned (test_chaos_cut_starts.py sets it up directly; the relay
+    now takes it back). On giving up, the wait prints where each unfinished run is."""
     pg, rd = proxies
     env = _through(pg, rd)
     workers = [procs.start(env=env) for _ in range(2)]
@@ -90,10 +87,36 @@ def test_latency_and_dropped_connections(tenants, procs: Processes, proxies):
         time.sleep(2.0)
         dropped += pg.drop() + rd.drop()
     assert dropped > 0  # the cuts did land on live connections
-    procs.wait_for("every run to succeed", lambda: _unfinished(runs) == 0, deadline=240)
+    procs.wait_for(
+        "every run to succeed",
+        lambda: _unfinished(runs) == 0,
+        deadline=240,
+        explain=lambda: _where(runs),
+    )
     _check_effects(plain, atomic)
     assert all(w.poll() is None for w in workers), procs.logs()
     assert scheduler.poll() is None, procs.logs()
+
+
+def _where(run_ids: list[str]) -> str:
+    """Where each unfinished run is, in PostgreSQL and in RQ: what a failure must show."""
+    from kumiko_jobs import transport
+    from kumiko_jobs.worker.relay import pending_rq_job_ids
+
+    redis = transport.connection_for("default")
+    lines = [f"liveness: {getattr(transport.liveness(), 'workers', None)}"]
+    for run in JobRun.objects.filter(pk__in=run_ids).exclude(status=RunStatus.SUCCEEDED):
+        lines.append(f"run {run.pk} {run.status} attempts={run.attempts} rq={run.rq_job_id}")
+        for job_id in {*pending_rq_job_ids(run), run.rq_job_id} - {""}:
+            fields = redis.hmget(f"rq:job:{job_id}", "status", "worker_name", "started_at")
+            lines.append(f"  {job_id}: {fields}")
+    for key in sorted(redis.keys("rq:*default*")):
+        kind = redis.type(key)
+        if kind == b"list":
+            lines.append(f"{key!r} list {redis.lrange(key, 0, -1)}")
+        elif kind == b"zset":
+            lines.append(f"{key!r} zset {redis.zrange(key, 0, -1, withscores=True)}")
+    return "\n".join(lines)
 
 
 def test_a_black_holed_redis_is_detected_by_socket_timeout(tenants, procs: Processes, proxies):

@@ -17,7 +17,9 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +52,13 @@ class OwnPostgres:
     def __init__(self, base: Path) -> None:
         from example_project.devservices import EmbeddedPostgres
 
-        self.server = EmbeddedPostgres.start(base / "pg")
+        # Not under pytest's base temp (``base``): as root the cluster runs as another user,
+        # whose pg_ctl must traverse the path, and every pytest session started meanwhile on
+        # the machine resets /tmp/pytest-of-root to 0700 ("pg_ctl: could not access directory
+        # ...: Permission denied", the restart tests' flake). A directory of our own keeps the
+        # permissions the start gave its prefix.
+        self._root = Path(tempfile.mkdtemp(prefix="kumiko-own-pg-"))
+        self.server = EmbeddedPostgres.start(self._root / "pg")
         self.port = self.server.port
 
     def url(self, database: str) -> str:
@@ -78,6 +86,7 @@ class OwnPostgres:
 
     def close(self) -> None:
         self.server.stop()
+        shutil.rmtree(self._root, ignore_errors=True)
 
 
 def _pg_tool(name: str, server_major: int) -> str:

@@ -112,7 +112,7 @@ def test_unknown_key_suggests_the_known_one(key, meant):
     message = refused({key: 1}, f"unknown key '{key}'. Did you mean '{meant}'\\?")
     assert (
         "Known keys: ADMIN_STATEMENT_TIMEOUT_MS, BOOT_GATE_TIMEOUT, BOOT_GATE_WARN_AFTER, "
-        "CANCEL_GRACE, DB_GUARD, DB_POOLER," in message
+        "CANCEL_GRACE, CRON_CATCH_UP, DB_GUARD, DB_POOLER," in message
     )
 
 

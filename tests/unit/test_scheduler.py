@@ -155,6 +155,7 @@ class Pipeline:
 class Firing:
     message: Message | None
     next_at: float | None
+    missed: Sequence[Message] = ()
 
 
 @dataclass
@@ -164,6 +165,7 @@ class Hooks:
     firing: Firing | None = None
     error: Exception | None = None
     fired: list[str] = field(default_factory=list)
+    due_at: list[float | None] = field(default_factory=list)
     syncs: int = 0
     restored: Sequence[str] = ()
 
@@ -174,8 +176,9 @@ class Hooks:
     def restore_missing_cron(self) -> Sequence[str]:
         return self.restored
 
-    def fire(self, alarm_id: str) -> Firing:
+    def fire(self, alarm_id: str, due_at: float | None = None) -> Firing:
         self.fired.append(alarm_id)
+        self.due_at.append(due_at)
         if self.error is not None:
             raise self.error
         assert self.firing is not None

@@ -46,6 +46,7 @@ def test_every_name_on_the_face_is_exported() -> None:
 class _Firing:
     message: transport.Message | None
     next_at: float | None
+    missed: tuple[transport.Message, ...] = ()
 
 
 class _Hooks:
@@ -58,7 +59,7 @@ class _Hooks:
     def restore_missing_cron(self) -> list[str]:
         return []
 
-    def fire(self, alarm_id: str) -> _Firing:
+    def fire(self, alarm_id: str, due_at: float | None = None) -> _Firing:
         return self.firing
 
 
@@ -68,6 +69,9 @@ class _Redis:
 
     def zadd(self, key: str, mapping: dict[str, float]) -> None:
         self.scores.update(mapping)
+
+    def zscore(self, key: str, member: str) -> float | None:
+        return self.scores.get(member)
 
 
 @dataclass

@@ -1,0 +1,105 @@
+"""The cron gap a killed scheduler left, closed (issue 28): a short lock, and the ticks caught up.
+
+Set up directly on the real Redis and PostgreSQL, without killing processes (test_chaos_cron
+does that): a scheduler that took rq-scheduler's lock and died holds up the others for
+``SCHEDULER_LOCK_TTL`` (1 s), not rq-scheduler's ``--interval + 10`` s; a live holder's lock
+outlives that TTL because its loop renews it, and a holder whose lock expired cannot delete the
+next holder's. An alarm rung a few seconds late (the hand-over) fires every tick it passed,
+each once, also when a second scheduler rings it again.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from kumiko_jobs import transport
+from kumiko_jobs.core.envelope import tick_run_id
+from kumiko_jobs.definition.cron import latest_tick
+from kumiko_jobs.enqueueing.schedules import schedule_id, sync_schedules
+from kumiko_jobs.models import JobRun
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.usefixtures("live_db")
+
+LOCK = "rq:scheduler_lock"
+JOB = jobs.every_two_seconds  # "*/2" seconds, on the "low" queue
+
+
+def test_a_dead_holders_lock_expires_within_the_ttl(redis_conn):
+    dead = transport.scheduler_for("low")
+    assert dead.acquire_lock()  # ... and killed inside its round: never released
+    assert 0 < redis_conn.pttl(LOCK) <= 1000  # SCHEDULER_LOCK_TTL; rq-scheduler's was 11 s
+    other = transport.scheduler_for("low")
+    assert not other.acquire_lock()
+    redis_conn.pexpire(LOCK, 1)  # the TTL has run out (Redis's clock, not the test's)
+    time.sleep(0.01)
+    assert other.acquire_lock()
+    dead.remove_lock()  # a stale holder cannot delete the next holder's lock
+    assert redis_conn.exists(LOCK)
+    other.remove_lock()
+    assert not redis_conn.exists(LOCK)
+
+
+def test_a_live_holder_keeps_renewing_its_lock(redis_conn):
+    holder = transport.scheduler_for("low")
+    holder._renews_lock = True  # as in its own loop (serve)
+    assert holder.acquire_lock()
+    try:
+        time.sleep(2.5)  # more than twice the TTL: only renewal keeps it
+        assert not transport.scheduler_for("low").acquire_lock()
+        assert not holder.lock_lost()
+    finally:
+        holder.remove_lock()
+    assert not redis_conn.exists(LOCK)
+
+
+def test_a_lock_lost_mid_round_stops_the_round(redis_conn):
+    holder = transport.scheduler_for("low")
+    holder._renews_lock = True
+    assert holder.acquire_lock()
+    redis_conn.set(LOCK, "another scheduler's token")  # expired and taken meanwhile
+    deadline = time.monotonic() + 5
+    while not holder.lock_lost() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert holder.lock_lost()
+    holder.remove_lock()
+    assert redis_conn.get(LOCK) == b"another scheduler's token"
+
+
+def _tick_rows() -> set[uuid.UUID]:
+    return set(JobRun.objects.filter(job_name=JOB.name).values_list("pk", flat=True))
+
+
+def test_an_alarm_rung_seconds_late_fires_every_tick_it_passed_once(redis_conn):
+    sync_schedules()
+    key = transport.Scheduler.scheduled_jobs_key
+    # Armed for a tick 2.5-4.5 s ago (within CRON_CATCH_UP, 5 s), as a round killed left it.
+    armed = latest_tick(JOB.cron, JOB.timezone, datetime.now(UTC) - timedelta(seconds=2.5))
+    redis_conn.zadd(key, {schedule_id(JOB): armed.timestamp()}, xx=True)
+
+    transport.scheduler_for("low").enqueue_jobs()
+
+    now = datetime.now(UTC)
+    ticks = []
+    tick = armed
+    while tick <= latest_tick(JOB.cron, JOB.timezone, now):
+        ticks.append(tick)
+        tick += timedelta(seconds=2)
+    assert len(ticks) >= 2
+    assert _tick_rows() == {uuid.UUID(tick_run_id(JOB.name, t)) for t in ticks}
+    pushed = transport.get_queue("low").job_ids
+    assert len(pushed) == len(ticks) == len(set(pushed))
+
+    # A second scheduler rings the same late alarm again: the passed ticks find their rows;
+    # at most the ticks that fell since are new, and nothing is pushed twice.
+    before = _tick_rows()
+    redis_conn.zadd(key, {schedule_id(JOB): armed.timestamp()}, xx=True)
+    transport.scheduler_for("low").enqueue_jobs()
+    later = {uuid.UUID(tick_run_id(JOB.name, ticks[-1] + timedelta(seconds=2 * n))) for n in (1, 2)}
+    assert _tick_rows() - before <= later
+    again = transport.get_queue("low").job_ids
+    assert len(again) == len(set(again)) == len(_tick_rows())
