@@ -15,11 +15,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from rq import Queue, RateLimit
+from rq import RateLimit
 
 from ..core import conf
+from .job_hashes import push_batch
 from .queues import Message, delayed_set, get_queue
 from .rq_job import RUNNER
+
+# Messages per MULTI/EXEC: Redis runs a transaction's commands without serving anyone else.
+_PIPELINE_MESSAGES = 1000
 
 
 def push(message: Message) -> None:
@@ -31,7 +35,8 @@ def push_many(messages: Iterable[Message]) -> None:
     """Push messages with one Redis pipeline per queue (fan-out pushes thousands at once).
 
     Rate-limited messages go one by one: RQ admits them through a Lua script that cannot run
-    inside a pipeline.
+    inside a pipeline. The rest are written as RQ's own job hashes, without an RQ ``Job`` per
+    message (job_hashes.py).
     """
     settings = conf.get()
     batches: dict[str, list[Message]] = {}
@@ -54,21 +59,12 @@ def push_many(messages: Iterable[Message]) -> None:
             batches.setdefault(msg.queue, []).append(msg)
     for queue_name, batch in batches.items():
         queue = get_queue(queue_name)
-        for start in range(0, len(batch), 500):
-            queue.enqueue_many(
-                [
-                    Queue.prepare_data(
-                        RUNNER,
-                        args=(m.body,),
-                        job_id=m.job_id,
-                        timeout=m.timeout,
-                        result_ttl=settings.RESULT_TTL,
-                        failure_ttl=settings.FAILURE_TTL,
-                        at_front=m.at_front,
-                        meta=m.meta,
-                    )
-                    for m in batch[start : start + 500]
-                ]
+        for start in range(0, len(batch), _PIPELINE_MESSAGES):
+            push_batch(
+                queue,
+                batch[start : start + _PIPELINE_MESSAGES],
+                settings.RESULT_TTL,
+                settings.FAILURE_TTL,
             )
 
 
