@@ -9,6 +9,7 @@ the properties here, so each default is applied in one place, read at each use s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -196,7 +197,7 @@ class JobDefinition:
     def bind_arguments(self, kwargs: Mapping[str, Any]) -> None:
         """Raise InvalidJob when ``kwargs`` do not fit the function's signature."""
         try:
-            inspect.signature(self.func).bind(None, **kwargs)
+            _signature(self.func).bind(None, **kwargs)
         except TypeError as exc:
             raise InvalidJob(
                 f"Job {self.name!r}: {exc}. Pass the job's keyword arguments."
@@ -204,3 +205,10 @@ class JobDefinition:
 
     def __repr__(self) -> str:
         return f"<JobDefinition {self.name}>"
+
+
+@functools.cache
+def _signature(func: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature`` once per job function: it builds a new Signature on every call,
+    which was a tenth of a bulk enqueue's time per item."""
+    return inspect.signature(func)
