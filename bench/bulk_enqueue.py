@@ -11,8 +11,13 @@ call, the median of ``--rounds``; the queue is emptied between rounds (the push 
 cost, a growing list is not). ``--profile`` adds a cProfile of one kumiko call of the largest
 size (tottime, top 25).
 
-Its own database (``kumiko_bench_bulk``) and Redis database 1 (flushed; shared with
-bench/many_tenants.py, never run at the same time).
+Its own database (``kumiko_bench_bulk``) and Redis database 7 (flushed; tenants.py's,
+dashboard_scale.py's and many_tenants.py's, never run at the same time: it stops if another
+client uses it, before and after each size).
+
+Also printed: this process's CPU time per run (``time.process_time``), which a loaded machine
+inflates much less than the wall time: what the call costs the caller, PostgreSQL and Redis
+excluded.
 """
 
 from __future__ import annotations
@@ -39,7 +44,26 @@ from bench.throughput import (
 )
 
 BENCH_DATABASE = "kumiko_bench_bulk"
-BENCH_REDIS_DB = 1
+CPU: list[float] = []  # this process's CPU seconds of each kumiko call
+PLAIN_CPU: list[float] = []
+BENCH_REDIS_DB = 7  # tenants.py's and dashboard_scale.py's: never at the same time
+
+
+def refuse_a_shared_redis_db() -> None:
+    """Stop when another client is connected to the bench's Redis database: its workers would
+    take (and its flushes drop) this bench's messages, and the count would be wrong."""
+    from kumiko_jobs import transport
+
+    redis = transport.connection_for("default")
+    db = redis.connection_pool.connection_kwargs.get("db", 0)
+    me = redis.client_id()
+    others = [c for c in redis.client_list() if int(c["db"]) == db and int(c["id"]) != me]
+    if others:
+        raise SystemExit(
+            f"{len(others)} other client(s) use Redis database {db} "
+            f"({', '.join(c.get('cmd', '?') for c in others[:5])}); "
+            "pick a free one with --redis-db."
+        )
 
 
 def kumiko_call(tenant: Any, size: int) -> float:
@@ -48,10 +72,11 @@ def kumiko_call(tenant: Any, size: int) -> float:
     from example_project.billing.jobs import bench_write
 
     items = [{"n": n} for n in range(size)]
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     with transaction.atomic():
         handles = bench_write.enqueue_many(items, tenant=tenant)
     seconds = time.perf_counter() - started
+    CPU.append(time.process_time() - cpu)
     assert len(handles) == size
     return seconds
 
@@ -63,10 +88,12 @@ def plain_call(tenant: Any, size: int) -> float:
 
     queue = plain_queue()
     started = time.perf_counter()
+    cpu = time.process_time()
     jobs = queue.enqueue_many(
         [Queue.prepare_data(plain_write, (tenant.schema_name, n)) for n in range(size)]
     )
     seconds = time.perf_counter() - started
+    PLAIN_CPU.append(time.process_time() - cpu)
     assert len(jobs) == size
     return seconds
 
@@ -121,17 +148,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     sys.path.insert(0, str(ROOT))
     admin_url = prepare_environment(args.database, args.redis_db)
+    refuse_a_shared_redis_db()
     machine = machine_facts()
     print(f"machine: {machine['cpus']} CPUs, load {machine['loadavg_at_start']} at start")
     try:
         tenants = create_tenants(args.tenants)
         measure(tenants, 200, 1)  # warm-up: connections, imports, caches
         for size in sizes:
+            CPU.clear()
+            PLAIN_CPU.clear()
             kumiko, plain = measure(tenants, size, args.rounds)
+            refuse_a_shared_redis_db()
+            cpu_us = 1e6 * statistics.median(CPU) / size
+            plain_us = 1e6 * statistics.median(PLAIN_CPU) / size
             print(
-                f"N={size:>7}: kumiko enqueue_many {kumiko:9.0f} runs/s   plain django-rq "
-                f"enqueue_many {plain:9.0f} jobs/s   ratio {kumiko / plain:5.2f}"
-                f"  (load {os.getloadavg()[0]:.2f})",
+                f"N={size:>7}: kumiko enqueue_many {kumiko:7.0f} runs/s ({cpu_us:5.1f} us CPU/run)"
+                f"   plain django-rq enqueue_many {plain:7.0f} jobs/s ({plain_us:5.1f} us CPU/job)"
+                f"   ratio {kumiko / plain:4.2f}  (load {os.getloadavg()[0]:.2f})",
                 flush=True,
             )
         if args.profile:
