@@ -12,8 +12,8 @@ write) wait on the default queue, with the default ``FAIRNESS="tenant"``:
 One in-process kumiko ``Worker`` (burst, ``max_jobs=--measure``) drains the first
 ``--measure`` runs of each; with ``--measure`` a tenth of ``--tenants`` the dequeue works
 against 9,000 to 10,000 backlogged buckets the whole time (the fair dequeue takes one message
-of each tenant in turn). Printed per round: runs/s of each, the ratio many/one (target >= 0.95), and the
-Redis round trips per message (commands plus pipelines, this process's, i.e. the worker's;
+of each tenant in turn). Printed per round: runs/s of each, the ratio many/one (target >= 0.95),
+and the Redis round trips per message (commands plus pipelines, this process's, i.e. the worker's;
 target 3, as tests/integration/test_worker_round_trips.py counts them) and SQL statements per
 run of each. The rounds alternate one/many so that a change of the machine's load hits both.
 
