@@ -14,8 +14,9 @@ One in-process kumiko ``Worker`` (burst, ``max_jobs=--measure``) drains the firs
 against 9,000 to 10,000 backlogged buckets the whole time (the fair dequeue takes one message
 of each tenant in turn). Printed per round: runs/s of each, the ratio many/one (target >= 0.95),
 and the Redis round trips per message (commands plus pipelines, this process's, i.e. the worker's;
-target 3, as tests/integration/test_worker_round_trips.py counts them) and SQL statements per
-run of each. The rounds alternate one/many so that a change of the machine's load hits both.
+target 3, as tests/integration/test_worker_round_trips.py counts them), SQL statements per
+run, and CPU per run of the worker (this process) and of PostgreSQL's backends: on a loaded
+machine the wall-clock rates wander, and the CPU figures say where a difference comes from. The rounds alternate one/many so that a change of the machine's load hits both.
 
 The shortcut, said plainly: creating 10,000 django-tenants schemas with their migrations takes
 hours, so only one tenant (``bench1``) is created the django-tenants way; the other tenants are
@@ -45,6 +46,7 @@ from typing import Any
 from bench.bulk_enqueue import refuse_a_shared_redis_db
 from bench.throughput import (
     ROOT,
+    _backend_cpu_seconds,
     _kumiko_worker,
     clean_up,
     counting_round_trips,
@@ -123,14 +125,20 @@ def enqueue_backlog(tenants: Sequence[Any], per_tenant: int, total: int) -> None
                     bench_write.enqueue_many([{"n": round_}], tenant=tenant)
 
 
-def drain(measure: int) -> tuple[float, dict[str, int]]:
+def drain(measure: int) -> tuple[float, dict[str, float]]:
+    """Drain ``measure`` runs; the seconds, and the round trips, this process's CPU seconds
+    and PostgreSQL's backends' CPU seconds (None: not readable) meanwhile."""
     queue = kumiko_queue()
     worker = _kumiko_worker()([queue], connection=queue.connection, serializer=queue.serializer)
+    backend = _backend_cpu_seconds()
     with counting_round_trips() as counts:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         worker.work(burst=True, logging_level="WARNING", max_jobs=measure)
-        seconds = time.perf_counter() - started
-    return seconds, dict(counts)
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    after = _backend_cpu_seconds()
+    out: dict[str, float] = {**counts, "cpu": cpu}
+    out["db_cpu"] = after - backend if after is not None and backend is not None else -1.0
+    return seconds, out
 
 
 def succeeded() -> int:
@@ -161,11 +169,14 @@ def one_case(
         "rate": measure / seconds,
         "redis": counts["redis"] / measure,
         "sql": counts["sql"] / measure,
+        "cpu_ms": 1000 * counts["cpu"] / measure,
+        "db_cpu_ms": 1000 * counts["db_cpu"] / measure,
         "backlogged_after": backlog,
     }
     print(
         f"  {name:>4}: {result['rate']:7.1f} runs/s  {result['redis']:.2f} Redis round trips/msg"
-        f"  {result['sql']:.2f} SQL/run  ({backlog} tenants still backlogged after;"
+        f"  {result['sql']:.2f} SQL/run  CPU/run: worker {result['cpu_ms']:.2f} ms, PostgreSQL"
+        f" {result['db_cpu_ms']:.2f} ms  ({backlog} tenants still backlogged after;"
         f" load {os.getloadavg()[0]:.2f})",
         flush=True,
     )
@@ -223,7 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"median: one tenant {one:.1f} runs/s, {args.tenants} tenants {spread:.1f} runs/s, "
             f"ratio {spread / one:.3f} (per round {', '.join(f'{r:.3f}' for r in ratios)}); "
             f"Redis round trips/msg one {statistics.median(r['redis'] for r in results['one']):.2f}"
-            f", many {statistics.median(r['redis'] for r in results['many']):.2f}"
+            f", many {statistics.median(r['redis'] for r in results['many']):.2f}; CPU/run "
+            f"worker {statistics.median(r['cpu_ms'] for r in results['one']):.2f} / "
+            f"{statistics.median(r['cpu_ms'] for r in results['many']):.2f} ms, PostgreSQL "
+            f"{statistics.median(r['db_cpu_ms'] for r in results['one']):.2f} / "
+            f"{statistics.median(r['db_cpu_ms'] for r in results['many']):.2f} ms (one / many)"
         )
     finally:
         clean_up(admin_url, args.database, keep_database=False)
