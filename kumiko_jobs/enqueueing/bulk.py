@@ -1,10 +1,11 @@
-"""``job.enqueue_many([kwargs, ...], tenant=...)``: many runs of one job, one INSERT, one push.
+"""``job.enqueue_many([kwargs, ...], tenant=...)``: many runs of one job, one COPY, one push.
 
 Everything is checked before anything is written: an item that ``enqueue`` would refuse
 refuses the whole call (``InvalidJob`` naming the item's index), so nothing of a bad batch is
-written or pushed. The rows go in with one ``INSERT ... ON CONFLICT DO NOTHING RETURNING``
-(``fanout.insert_new``) in the caller's transaction, and their messages are pushed on commit
-in one pipeline per queue (``transport.push_many``). The rows are the outbox, as for
+written or pushed. The rows go in with ``COPY`` (bulk_rows.py; a unique job's with one
+``INSERT ... ON CONFLICT DO NOTHING RETURNING``, ``fanout.insert_new``) in the caller's
+transaction, and their messages are pushed on commit in one round trip per queue and 1,000
+messages (``transport.push_many``). The rows are the outbox, as for
 ``enqueue``: a push that fails after the commit leaves queued rows the relay pushes.
 
 Unique jobs: an item whose key a run already covers (active, or within ``unique_for``) makes no
