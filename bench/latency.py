@@ -14,7 +14,7 @@
    worker as it starts the run) minus the moment ``enqueue()`` returned (its row committed and
    its message pushed). p50/p99.
 3. **bulk**: ``job.enqueue_many()`` of ``--bulk`` runs in chunks of ``--chunk`` (each one
-   INSERT and one pipeline, committed at once) from this one process: runs/s.
+   COPY and one push, committed at once) from this one process: runs/s.
 
 Delayed runs' lateness (``enqueue_in``, retries, deferrals: one path) is bench/lateness.py's.
 Its own database (``kumiko_bench_latency``) and Redis database (5, flushed).

@@ -9,6 +9,7 @@ the properties here, so each default is applied in one place, read at each use s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -195,8 +196,10 @@ class JobDefinition:
 
     def bind_arguments(self, kwargs: Mapping[str, Any]) -> None:
         """Raise InvalidJob when ``kwargs`` do not fit the function's signature."""
+        if _fits(self.func, kwargs):
+            return
         try:
-            inspect.signature(self.func).bind(None, **kwargs)
+            _signature(self.func).bind(None, **kwargs)
         except TypeError as exc:
             raise InvalidJob(
                 f"Job {self.name!r}: {exc}. Pass the job's keyword arguments."
@@ -204,3 +207,47 @@ class JobDefinition:
 
     def __repr__(self) -> str:
         return f"<JobDefinition {self.name}>"
+
+
+def _fits(func: Callable[..., Any], kwargs: Mapping[str, Any]) -> bool:
+    """Do ``kwargs`` surely bind (as ``bind_arguments`` binds them)? Compares names only, as
+    ``Signature.bind`` does for keyword arguments, for the usual shape ``(ctx, [*,] names...,
+    [**extra])``; False (any doubt, any other shape) sends the call to ``bind``, which names
+    the problem."""
+    shape = _keyword_shape(func)
+    if shape is None:
+        return False
+    first, required, allowed, any_name = shape
+    names = kwargs.keys()
+    return required <= names and (any_name or names <= allowed) and first not in names
+
+
+_Shape = tuple[str, frozenset[str], frozenset[str], bool]
+
+
+@functools.cache
+def _keyword_shape(func: Callable[..., Any]) -> _Shape | None:
+    """(the context parameter's name, the names without a default, the names a keyword can
+    bind, takes ``**kwargs``) of a function shaped ``(ctx, [*,] names..., [**extra])``; None
+    for any other shape."""
+    P = inspect.Parameter
+    params = list(_signature(func).parameters.values())
+    if not params or params[0].kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+        return None
+    rest = params[1:]
+    if any(p.kind in (P.POSITIONAL_ONLY, P.VAR_POSITIONAL) for p in rest):
+        return None
+    by_keyword = [p for p in rest if p.kind is not P.VAR_KEYWORD]
+    return (
+        params[0].name,
+        frozenset(p.name for p in by_keyword if p.default is P.empty),
+        frozenset(p.name for p in by_keyword),
+        len(by_keyword) < len(rest),
+    )
+
+
+@functools.cache
+def _signature(func: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature`` once per job function: it builds a new Signature on every call,
+    which was a tenth of a bulk enqueue's time per item."""
+    return inspect.signature(func)

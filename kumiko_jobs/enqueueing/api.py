@@ -33,7 +33,8 @@ class Job(JobDefinition):
         self, items: Sequence[Mapping[str, Any]], *, tenant: Any = None
     ) -> list[RunHandle]:
         """One run per item (a dict of keyword arguments), all checked first, written in one
-        INSERT and pushed in one pipeline on commit; all or nothing on bad input."""
+        COPY (a unique job: one INSERT) and pushed in one round trip on commit; all or nothing
+        on bad input."""
         from .bulk import enqueue_many  # imports models: see the module docstring
 
         return enqueue_many(self, items, tenant=tenant)

@@ -1,10 +1,11 @@
-"""``job.enqueue_many([kwargs, ...], tenant=...)``: many runs of one job, one INSERT, one push.
+"""``job.enqueue_many([kwargs, ...], tenant=...)``: many runs of one job, one COPY, one push.
 
 Everything is checked before anything is written: an item that ``enqueue`` would refuse
 refuses the whole call (``InvalidJob`` naming the item's index), so nothing of a bad batch is
-written or pushed. The rows go in with one ``INSERT ... ON CONFLICT DO NOTHING RETURNING``
-(``fanout.insert_new``) in the caller's transaction, and their messages are pushed on commit
-in one pipeline per queue (``transport.push_many``). The rows are the outbox, as for
+written or pushed. The rows go in with ``COPY`` (bulk_rows.py; a unique job's with one
+``INSERT ... ON CONFLICT DO NOTHING RETURNING``, ``fanout.insert_new``) in the caller's
+transaction, and their messages are pushed on commit in one round trip per queue and 1,000
+messages (``transport.push_many``). The rows are the outbox, as for
 ``enqueue``: a push that fails after the commit leaves queued rows the relay pushes.
 
 Unique jobs: an item whose key a run already covers (active, or within ``unique_for``) makes no
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+import uuid
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -29,10 +31,12 @@ from django.utils import timezone
 
 from .. import signals, telemetry, transport
 from ..core import conf
+from ..core.envelope import Envelope
 from ..core.exceptions import InvalidJob
 from ..definition.job import JobDefinition
 from ..models import JobRun, RunStatus
 from . import followups, outbox
+from .bulk_rows import BatchRows
 from .fanout import insert_new
 from .handle import RunHandle, resolve
 from .messages import message_for, new_envelope, row_for
@@ -59,6 +63,8 @@ def enqueue_many(
     if batch is not None:
         return _as_followups(batch, definition, items, tenant)
     schema = resolve_schema(definition, tenant)
+    if definition.unique is None:
+        return _copied(definition, schema, items)
     prepared: list[tuple[transport.Message, JobRun]] = []
     # One producer span for the call: every run's trace context is the batch's.
     with telemetry.producer_span(definition.queue_name, definition.name) as trace_context:
@@ -68,6 +74,38 @@ def enqueue_many(
             except InvalidJob as exc:
                 raise InvalidJob(f"enqueue_many() item {index}: {exc}") from exc
     return _write(definition, prepared)
+
+
+def _copied(
+    definition: JobDefinition, schema: str | None, items: Sequence[Mapping[str, Any]]
+) -> list[RunHandle]:
+    """A job without ``unique=``: every item checked and signed, then the rows in ``COPY``
+    (bulk_rows.py) and one push on commit. Nothing is written before the last item passed."""
+    rows: BatchRows | None = None
+    messages: list[transport.Message] = []
+    handles: list[RunHandle] = []
+    run_ids: list[uuid.UUID] = []
+    with telemetry.producer_span(definition.queue_name, definition.name) as trace_context:
+        for index, kwargs in enumerate(items):
+            try:
+                message, env, subject = _signed(definition, schema, kwargs, trace_context)
+            except InvalidJob as exc:
+                raise InvalidJob(f"enqueue_many() item {index}: {exc}") from exc
+            if rows is None:
+                rows = BatchRows(definition, env, subject)
+            run_ids.append(rows.add(env, subject))
+            messages.append(message)
+            handles.append(
+                RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema)
+            )
+    if rows is None:
+        return []
+    with transaction.atomic():
+        rows.copy()
+    transaction.on_commit(
+        lambda: push_committed_many(messages, definition.name, schema, run_ids), robust=True
+    )
+    return handles
 
 
 def _refuse_admission_modes(definition: JobDefinition) -> None:
@@ -83,12 +121,13 @@ def _refuse_admission_modes(definition: JobDefinition) -> None:
         )
 
 
-def _prepare(
+def _signed(
     definition: JobDefinition,
     schema: str | None,
     kwargs: Mapping[str, Any],
     trace_context: dict[str, str],
-) -> tuple[transport.Message, JobRun]:
+) -> tuple[transport.Message, Envelope, str]:
+    """One item checked (arguments, JSON, subject, size): its message, envelope and subject."""
     if not isinstance(kwargs, Mapping):
         raise InvalidJob(f"needs a dict of keyword arguments, got {type(kwargs).__name__}.")
     arguments = dict(kwargs)
@@ -96,6 +135,16 @@ def _prepare(
     env = new_envelope(definition, schema, arguments, None, None, trace=trace_context)
     message = message_for(definition, env, 0.0)
     check_size(definition, env, message)
+    return message, env, subject
+
+
+def _prepare(
+    definition: JobDefinition,
+    schema: str | None,
+    kwargs: Mapping[str, Any],
+    trace_context: dict[str, str],
+) -> tuple[transport.Message, JobRun]:
+    message, env, subject = _signed(definition, schema, kwargs, trace_context)
     return message, row_for(definition, env, subject, 0.0)
 
 
@@ -142,7 +191,15 @@ def _write(
         covered.update(_covering(definition, {k for k in skipped if k}, window=False))
     pushed = [(m, row) for m, row in fresh if row.run_id in inserted]
     if pushed:
-        transaction.on_commit(lambda: push_committed_many(pushed), robust=True)
+        transaction.on_commit(
+            lambda: push_committed_many(
+                [m for m, _ in pushed],
+                definition.name,
+                pushed[0][1].schema_name or None,
+                [row.run_id for _, row in pushed],
+            ),
+            robust=True,
+        )
     handles = []
     for _, row in prepared:
         if row.run_id in inserted:
@@ -190,37 +247,41 @@ def _handle_of(run: JobRun) -> RunHandle:
     )
 
 
-def push_committed_many(entries: Iterable[tuple[transport.Message, JobRun]]) -> None:
+def push_committed_many(
+    messages: list[transport.Message],
+    job_name: str,
+    schema: str | None,
+    run_ids: Sequence[uuid.UUID],
+) -> None:
     """Push the committed runs' messages in one pipeline per queue; ``job_queued`` for each.
     On failure log once, and leave the messages to the relay (their rows are the outbox)."""
-    entries = list(entries)
     if outbox.push_paused():
         logger.warning(
             "%d runs of %s are committed but not pushed: a push failed less than "
             "PUSH_FAILURE_PAUSE s ago, so the relay pushes them",
-            len(entries),
-            entries[0][1].job_name,
+            len(messages),
+            job_name,
         )
         return
     try:
-        transport.push_many(message for message, _ in entries)
+        transport.push_many(messages)
     except Exception as exc:
         outbox.note_push_failed(time.monotonic())
         logger.warning(
             "%d runs of %s are committed but not all pushed (%s: %s); the relay will push them",
-            len(entries),
-            entries[0][1].job_name,
+            len(messages),
+            job_name,
             type(exc).__name__,
             exc,
         )
         return
     outbox.note_push_failed(None)
-    for _, row in entries:
+    for run_id in run_ids:
         signals.send(
             signals.job_queued,
-            run_id=str(row.run_id),
-            job_name=row.job_name,
-            schema_name=row.schema_name or None,
+            run_id=str(run_id),
+            job_name=job_name,
+            schema_name=schema,
             attempt=1,
             outcome="queued",
             error=None,

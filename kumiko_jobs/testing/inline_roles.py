@@ -73,9 +73,7 @@ class InlineRoles:
         self.factories = (raw.cursor_factory, raw.server_cursor_factory)
         raw.cursor_factory = refusals.recording(raw.cursor_factory)
         if raw.server_cursor_factory is not None:
-            raw.server_cursor_factory = refusals.recording(
-                raw.server_cursor_factory
-            )
+            raw.server_cursor_factory = refusals.recording(raw.server_cursor_factory)
 
     def leave(self) -> None:
         """Back to the caller's role; memberships granted for the body revoked. Not when the

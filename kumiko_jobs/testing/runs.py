@@ -236,5 +236,3 @@ def _pipeline() -> Next:
 
         _built = compose((*DEFAULT_STEPS, _savepoint_for_the_body), call_job)
     return _built
-
-

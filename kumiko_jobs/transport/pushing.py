@@ -7,8 +7,9 @@ job hash, in the same transaction, whichever way the message then reaches the qu
 The one way a message reaches Redis (the enqueue's on-commit push, fan-out's thousands, a
 follow-up, the relay, a cron tick). Delayed messages go to rq-scheduler's set, which the
 ``rqscheduler`` process moves to the queue when due; rate-limited ones go through RQ's own
-admission script; the rest in one pipeline per queue, which also rings the queue's doorbell
-(``doorbell.py``: a worker waiting behind paused or rate-limited work wakes at once).
+admission script; the rest in one script call per queue and slice (``job_hashes.py``), which
+also rings the queue's doorbell (``doorbell.py``: a worker waiting behind paused or
+rate-limited work wakes at once).
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from rq import Queue, RateLimit
+from rq import RateLimit
 
 from ..core import conf
-from . import doorbell
+from .job_hashes import push_batch
 from .queues import Message, delayed_set, get_queue
 from .rq_job import RUNNER
+
+# Messages per MULTI/EXEC: Redis runs a transaction's commands without serving anyone else.
+_PIPELINE_MESSAGES = 1000
 
 
 def push(message: Message) -> None:
@@ -33,7 +37,8 @@ def push_many(messages: Iterable[Message]) -> None:
     """Push messages with one Redis pipeline per queue (fan-out pushes thousands at once).
 
     Rate-limited messages go one by one: RQ admits them through a Lua script that cannot run
-    inside a pipeline.
+    inside a pipeline. The rest are written as RQ's own job hashes, without an RQ ``Job`` per
+    message (job_hashes.py).
     """
     settings = conf.get()
     batches: dict[str, list[Message]] = {}
@@ -56,28 +61,13 @@ def push_many(messages: Iterable[Message]) -> None:
             batches.setdefault(msg.queue, []).append(msg)
     for queue_name, batch in batches.items():
         queue = get_queue(queue_name)
-        for start in range(0, len(batch), 500):
-            chunk = batch[start : start + 500]
-            with queue.connection.pipeline() as pipe:
-                queue.enqueue_many(
-                    [
-                        Queue.prepare_data(
-                            RUNNER,
-                            args=(m.body,),
-                            job_id=m.job_id,
-                            timeout=m.timeout,
-                            result_ttl=settings.RESULT_TTL,
-                            failure_ttl=settings.FAILURE_TTL,
-                            at_front=m.at_front,
-                            meta=m.meta,
-                        )
-                        for m in chunk
-                    ],
-                    pipeline=pipe,
-                )
-                # In the same transaction: a waiting worker wakes for these (doorbell.py).
-                doorbell.ring(pipe, queue_name, len(chunk))
-                pipe.execute()
+        for start in range(0, len(batch), _PIPELINE_MESSAGES):
+            push_batch(
+                queue,
+                batch[start : start + _PIPELINE_MESSAGES],
+                settings.RESULT_TTL,
+                settings.FAILURE_TTL,
+            )
 
 
 def _push_delayed(msg: Message, result_ttl: int) -> None:

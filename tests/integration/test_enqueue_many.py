@@ -4,12 +4,14 @@ by a real worker; unique jobs deduplicated like enqueue(); the admission modes r
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
-from django.test.utils import CaptureQueriesContext, override_settings
+from django.test.utils import override_settings
 
 from kumiko_jobs import transport
 from kumiko_jobs.core.exceptions import InvalidJob
@@ -19,6 +21,20 @@ from tests.conftest import probes, redis_round_trips, work
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
+
+
+@contextmanager
+def statements() -> Iterator[list[str]]:
+    """The SQL of every statement this connection runs (through Django's execute wrappers,
+    which COPY goes through as well)."""
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield seen
 
 
 def _statuses(handles: list[Any]) -> list[str]:
@@ -31,15 +47,16 @@ def _statuses(handles: list[Any]) -> list[str]:
 def test_many_runs_one_insert_one_push_run_by_a_worker(tenants):
     items = [{"tag": f"bulk-{i}"} for i in range(50)]
     with (
-        CaptureQueriesContext(connection) as queries,
+        statements() as queries,
         redis_round_trips() as trips,
         transaction.atomic(),
     ):
         handles = jobs.probe.enqueue_many(items, tenant="t1")
         pushed_before_commit = trips["trips"]
     assert pushed_before_commit == 0  # nothing before the commit
-    inserts = [q for q in queries.captured_queries if q["sql"].startswith("INSERT")]
-    assert len(inserts) == 1
+    writes = [q for q in queries if q.startswith(("INSERT", "COPY"))]
+    # One COPY of the 50 rows (a job without unique=: bulk_rows.py).
+    assert len(writes) == 1 and writes[0].startswith('COPY "kumiko_jobs_jobrun"')
     # One pipeline for the 50 messages (RQ's enqueue_many; the process's first push also asks
     # Redis its version, once), and a later bulk is one round trip whatever its size.
     assert trips["trips"] <= 2
@@ -82,15 +99,19 @@ def test_a_rolled_back_transaction_leaves_neither_rows_nor_messages(tenants):
 
 def test_unique_items_reuse_the_covering_runs(tenants):
     existing = jobs.unique_sync.enqueue(tenant="t1", invoice_id=1)
-    handles = jobs.unique_sync.enqueue_many(
-        [
-            {"invoice_id": 1},
-            {"invoice_id": 2},
-            {"invoice_id": 2, "note": "same key"},
-            {"invoice_id": 3},
-        ],
-        tenant="t1",
-    )
+    with statements() as queries:
+        handles = jobs.unique_sync.enqueue_many(
+            [
+                {"invoice_id": 1},
+                {"invoice_id": 2},
+                {"invoice_id": 2, "note": "same key"},
+                {"invoice_id": 3},
+            ],
+            tenant="t1",
+        )
+    # Unique jobs keep the INSERT ... ON CONFLICT DO NOTHING (COPY cannot skip a taken key).
+    inserts = [q for q in queries if q.startswith(("INSERT", "COPY"))]
+    assert len(inserts) == 1 and "ON CONFLICT DO NOTHING" in inserts[0]
     assert handles[0].run_id == existing.run_id and handles[0].deduplicated
     assert not handles[1].deduplicated and not handles[3].deduplicated
     # An earlier item of the same batch took key 2: the INSERT skipped the second one.

@@ -3,7 +3,7 @@
 ``pushing`` reaches Redis only through the handles ``queues`` gives it (``get_queue`` for a queue,
 ``delayed_set`` for rq-scheduler's set); ``Handles`` below stands in for both and notes every
 call. Pinned: a message without a delay goes on its own queue (one pipeline per queue, in slices
-of 500) under its job id, with the runner, its body, timeout, TTLs and front flag; a delayed one
+of 1000) under its job id, with the runner, its body, timeout, TTLs and front flag; a delayed one
 goes to rq-scheduler's set, bound for its queue, never on the queue; a rate-limited one goes
 through RQ's admission one by one (``enqueue_call`` with its ``RateLimit``), and a delayed
 rate-limited one carries its limit on the scheduled job for when it is moved.
@@ -189,11 +189,11 @@ def test_one_pipeline_per_queue_in_the_order_given(redis: Handles) -> None:
     assert [[d.job_id for d in b] for b in redis.queues["mail"].batches] == [["kj-2", "kj-4"]]
 
 
-def test_thousands_go_in_slices_of_500(redis: Handles) -> None:
-    pushing.push_many(message(n) for n in range(1201))
+def test_thousands_go_in_slices_of_1000(redis: Handles) -> None:
+    pushing.push_many(message(n) for n in range(2201))
     batches = redis.queues["default"].batches
-    assert [len(b) for b in batches] == [500, 500, 201]
-    assert [d.job_id for b in batches for d in b] == [f"kj-{n}" for n in range(1201)]
+    assert [len(b) for b in batches] == [1000, 1000, 201]
+    assert [d.job_id for b in batches for d in b] == [f"kj-{n}" for n in range(2201)]
 
 
 def test_each_slice_rings_its_queues_doorbell_in_the_same_pipeline(redis: Handles) -> None:

@@ -41,8 +41,19 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     )
     out = tmp_path_factory.mktemp("dist")
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
-         "--no-index", "--disable-pip-version-check", "-w", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(source),
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=300,

@@ -1,0 +1,85 @@
+"""The COPY rows of enqueue_many (enqueueing/bulk_rows.py): the same rows row_for makes, in
+chunks, and nothing at all written when any item, the last chunk's included, is refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from kumiko_jobs import transport
+from kumiko_jobs.core.envelope import decode
+from kumiko_jobs.core.exceptions import InvalidJob
+from kumiko_jobs.definition.subject import build_subject
+from kumiko_jobs.enqueueing import bulk_rows
+from kumiko_jobs.enqueueing.messages import row_for
+from kumiko_jobs.models import JobRun
+from tests.conftest import probes, work
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.usefixtures("live_db")
+
+
+def _pushed_envelopes() -> dict[str, Any]:
+    queue = transport.get_queue("default")
+    out = {}
+    for job_id in transport.waiting_job_ids("default"):
+        job = queue.fetch_job(job_id)
+        assert job is not None
+        env = decode(job.args[0])
+        out[env.run_id] = env
+    return out
+
+
+@pytest.mark.parametrize(
+    ("job", "tenant", "items"),
+    [
+        (jobs.probe, "t1", [{"tag": f"r{i}", "payload": {"i": i}} for i in range(5)]),
+        (jobs.probe.using(priority=7), "t2", [{"tag": "high"}, {"tag": "higher"}]),
+        (jobs.flaky, "t1", [{"tag": "f0", "fail_times": 0}, {"tag": "f1", "fail_times": 2}]),
+        (jobs.system_tick, None, [{"tag": "sys0"}, {"tag": "sys1"}]),
+    ],
+    ids=["tenant", "using-priority", "retries", "system"],
+)
+def test_copied_rows_are_row_fors_field_by_field(tenants, job, tenant, items):
+    with transaction.atomic():
+        handles = job.enqueue_many(items, tenant=tenant)
+    envelopes = _pushed_envelopes()
+    rows = {r.run_id.hex: r for r in JobRun.objects.all()}
+    assert [h.run_id for h in handles] == list(envelopes) and rows.keys() == envelopes.keys()
+    fields = [f for f in JobRun._meta.concrete_fields if f.attname != "queued_at"]
+    for handle, kwargs in zip(handles, items, strict=True):
+        env = envelopes[handle.run_id]
+        expected = row_for(job, env, build_subject(job, kwargs), 0.0)
+        got = rows[handle.run_id]
+        for field in fields:
+            assert getattr(got, field.attname) == getattr(expected, field.attname), field.name
+    queued = [rows[h.run_id].queued_at for h in handles]
+    assert queued == sorted(queued) and len(set(queued)) == len(queued)  # the items' order
+
+
+def test_chunks_write_every_row_in_order(tenants, monkeypatch):
+    monkeypatch.setattr(bulk_rows, "COPY_CHUNK", 3)
+    with transaction.atomic():
+        handles = jobs.probe.enqueue_many([{"tag": f"c{i}"} for i in range(7)], tenant="t1")
+    assert JobRun.objects.count() == 7
+    assert [i.split("-")[1] for i in transport.waiting_job_ids("default")] == [
+        h.run_id for h in handles
+    ]
+    work()
+    assert sorted(p.tag for p in probes("t1")) == sorted(f"c{i}" for i in range(7))
+
+
+def test_a_bad_item_in_the_last_chunk_writes_nothing_and_loses_nothing(tenants, monkeypatch):
+    monkeypatch.setattr(bulk_rows, "COPY_CHUNK", 3)
+    items: list[dict[str, Any]] = [{"tag": f"b{i}"} for i in range(8)] + [{"tag": 1.5j}]
+    with transaction.atomic():
+        kept = jobs.probe.enqueue(tenant="t1", tag="before")  # the caller's other work
+        with pytest.raises(InvalidJob, match=r"item 8: "):
+            jobs.probe.enqueue_many(items, tenant="t1")
+    assert list(JobRun.objects.values_list("run_id", flat=True)) == [JobRun.objects.get().run_id]
+    assert JobRun.objects.get().run_id.hex == kept.run_id
+    assert transport.queue_length("default") == 1
+    work()
+    assert [p.tag for p in probes("t1")] == ["before"]
