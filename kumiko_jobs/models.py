@@ -138,6 +138,13 @@ class JobRun(models.Model):
     # control"), for the messages the relay and the sweep rebuild from this row. db_default:
     # a process of the previous release inserts rows without this column.
     priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
+    # What the job last said of how far it is (``ctx.progress``: a fraction 0..1 and a short
+    # text), written at most every PROGRESS_INTERVAL seconds while it runs and with its finish
+    # (run/progress.py). NULL: never reported. db_default: the previous release's inserts.
+    progress = models.FloatField(_("progress"), null=True, blank=True)
+    progress_message = models.CharField(
+        _("progress message"), max_length=200, default="", db_default="", blank=True
+    )
 
     class Meta:
         """Newest first, with the indexes that keep the admin's lists an index range read at

@@ -37,6 +37,7 @@ _TENANT_RUN_FIELDS = (
     "subject",
     "status_label",
     "problem",
+    "progress_cell",
     "queued_at",
     "started_at",
     "finished_at",
@@ -94,6 +95,7 @@ class JobRunAdmin(DashboardViews, RunActions, RunJobView, RunDisplay, TenantScop
         "tenant",
         "subject_cell",
         "status_label",
+        "progress_cell",
         "attempts_of",
         "queued",
         "duration",
@@ -115,6 +117,7 @@ class JobRunAdmin(DashboardViews, RunActions, RunJobView, RunDisplay, TenantScop
                     "subject",
                     ("status_label", "attempts_of"),
                     "problem",
+                    "progress_cell",
                     ("queue", "defer_count", "gate_defer_count"),
                 )
             },
@@ -149,6 +152,7 @@ class JobRunAdmin(DashboardViews, RunActions, RunJobView, RunDisplay, TenantScop
         "job",
         "subject_cell",
         "status_and_problem",
+        "progress_cell",
         "queued",
         "finished_with_duration",
     )
@@ -174,6 +178,8 @@ class JobRunAdmin(DashboardViews, RunActions, RunJobView, RunDisplay, TenantScop
         "started_at",
         "finished_at",
         "duration_ms",
+        "progress",
+        "progress_message",
     )
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[JobRun]:

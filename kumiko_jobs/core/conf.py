@@ -123,6 +123,9 @@ class KumikoSettings:
     GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
     # Bytes of JSON a job's return value may take on its run (history/results.py); 0 keeps none.
     MAX_RESULT_BYTES: int = 64 * 1024
+    # Seconds between two writes of a running run's ctx.progress() to its row (run/progress.py);
+    # the last report is written with the finish in any case. 0: only with the finish.
+    PROGRESS_INTERVAL: int = 5
     # The second wall (docs/guard.md, "Two walls"): tenant job bodies log in as their tenant's
     # PostgreSQL role. Off by default: turning it on needs the operator's set-up steps.
     DB_ROLES: bool = False
@@ -200,6 +203,7 @@ _NON_NEGATIVE_INTS = (
     "PUSH_FAILURE_PAUSE",
     "SCHEDULER_OVERDUE_AFTER",
     "MAX_RESULT_BYTES",
+    "PROGRESS_INTERVAL",
     "ADMIN_STATEMENT_TIMEOUT_MS",
 )
 

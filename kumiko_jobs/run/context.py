@@ -21,7 +21,7 @@ from ..core.grants import Grant
 from ..enqueueing.followups import prepare_followup
 from ..guard.connections import project_identity, read_identity, writer_identity
 from ..history import audit
-from . import cancellation
+from . import cancellation, progress
 from .joblog import JobLog
 from .state import Deferral, RunState
 
@@ -86,6 +86,14 @@ class JobContext:
             )
 
         return prepare_followup(self._state.followups, job, kwargs)
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Say how far the run is: ``fraction`` from 0 to 1, and a short text (at most 200
+        characters) for the admin. Cheap to call often: kept in memory, written on the run at
+        most every ``PROGRESS_INTERVAL`` seconds and with its finish (run/progress.py)."""
+        state = self._state
+        env = state.envelope
+        progress.report(state.progress, state.watch, env.run_id, env.attempt, fraction, message)
 
     # --- escape hatches -------------------------------------------------------------------
 

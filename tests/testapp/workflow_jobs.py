@@ -4,6 +4,8 @@ workers know them too. Each writes a Probe row in the schema it ran in."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from typing import Any
 
 from django.db import connection
@@ -81,3 +83,24 @@ def tamper(ctx: Any, *, tag: str) -> int:
     from kumiko_jobs.models import WorkflowStep
 
     return WorkflowStep.objects.filter(state="waiting").update(waiting_on=0, state="released")
+
+
+@job(name="wf.progressing")
+def progressing(
+    ctx: Any, *, tag: str, reports: int, hold: str = "", fraction: Any = None, message: Any = None
+) -> None:
+    """Reports its progress ``reports`` times ("row i of n"); with ``hold``, waits after the
+    first report until that file exists (a test reads the row meanwhile); with ``fraction``,
+    reports that (and ``message``) once instead: a bad value fails the run."""
+    if fraction is not None or message is not None:
+        # "<NUL>" stands for a NUL character, which no argument may hold.
+        text = message.replace("<NUL>", "\x00") if isinstance(message, str) else message
+        ctx.progress(fraction, text)
+        return
+    for i in range(1, reports + 1):
+        ctx.progress(i / reports, f"row {i} of {reports}")
+        if hold and i == 1:
+            deadline = time.monotonic() + 20
+            while not os.path.exists(hold) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    _probe(ctx, tag)

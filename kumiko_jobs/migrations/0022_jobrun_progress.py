@@ -1,0 +1,30 @@
+"""A run's progress (ctx.progress): the fraction and the text the job last reported."""
+
+from __future__ import annotations
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("kumiko_jobs", "0021_flow_control"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="jobrun",
+            name="progress",
+            field=models.FloatField(blank=True, null=True, verbose_name="progress"),
+        ),
+        migrations.AddField(
+            model_name="jobrun",
+            name="progress_message",
+            field=models.CharField(
+                blank=True,
+                db_default="",
+                default="",
+                max_length=200,
+                verbose_name="progress message",
+            ),
+        ),
+    ]
