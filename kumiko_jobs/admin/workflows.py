@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..core.audience import sees_all_tenants
 from ..enqueueing.workflow_release import cancel
-from ..models import Workflow, WorkflowStep
+from ..models import JobRun, Workflow, WorkflowStep
 from .audiences import OperatorsOnly, ReadOnly
 from .query_strings import CleanQueryStrings
 
@@ -24,7 +24,16 @@ class WorkflowStepInline(admin.TabularInline):  # type: ignore[type-arg]  # Djan
     its counters on the workflow)."""
 
     model = WorkflowStep
-    fields = ("key", "job_name", "state", "waiting_on", "run_id", "reason", "finished_at")
+    fields = (
+        "key",
+        "job_name",
+        "state",
+        "progress",
+        "waiting_on",
+        "run_id",
+        "reason",
+        "finished_at",
+    )
     readonly_fields = fields
     extra = 0
     max_num = 0
@@ -32,9 +41,24 @@ class WorkflowStepInline(admin.TabularInline):  # type: ignore[type-arg]  # Djan
     show_change_link = False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        """Operators only, as the workflow itself."""
+        """Operators only, as the workflow itself; each step with its run's progress."""
         queryset: QuerySet[Any] = super().get_queryset(request)
-        return queryset if sees_all_tenants(request) else queryset.none()
+        if not sees_all_tenants(request):
+            return queryset.none()
+        runs = JobRun.objects.filter(pk=OuterRef("run_id"))
+        return queryset.annotate(
+            run_progress=Subquery(runs.values("progress")[:1]),
+            run_progress_message=Subquery(runs.values("progress_message")[:1]),
+        )
+
+    @admin.display(description=_("progress"))
+    def progress(self, step: WorkflowStep) -> str:
+        """What the step's run last said of how far it is (``ctx.progress``), or "—"."""
+        fraction = getattr(step, "run_progress", None)
+        if fraction is None:
+            return "—"
+        text = getattr(step, "run_progress_message", "")
+        return f"{round(fraction * 100)} %" + (f" · {text}" if text else "")
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Steps are written by the enqueue, never by hand."""

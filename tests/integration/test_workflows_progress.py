@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import connection
 from django.test import override_settings
 
+import kumiko_jobs
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
 from tests.integration.audiences import RUNS, TENANT_STAFF_PERMS
@@ -149,3 +150,16 @@ def test_the_admin_shows_progress_to_the_operator_and_to_the_tenant(tenants: Any
     listing = operator.get(RUNS).content.decode()
     assert "row 5 of 5" in listing and "row 3 of 3" in listing
     assert "row 3 of 3" in operator.get(f"{RUNS}{theirs.run_id}/change/").content.decode()
+
+
+def test_a_workflows_page_shows_its_steps_progress(tenants: Any) -> None:
+    flow = kumiko_jobs.chain(
+        wf.progressing.step(tag="a", reports=4, key="a"), wf.record.step(tag="b", key="b")
+    )
+    handle = kumiko_jobs.workflow(flow, name="progress").enqueue(tenant="t1")
+    work()
+    operator = client_for("localhost", "public", make_user("public", "op", superuser=True))
+    page = operator.get(f"/admin/kumiko_jobs/workflow/{handle.workflow_id}/change/")
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "100 % · row 4 of 4" in text
