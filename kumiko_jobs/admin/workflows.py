@@ -46,10 +46,11 @@ class WorkflowStepInline(admin.TabularInline):  # type: ignore[type-arg]  # Djan
         if not sees_all_tenants(request):
             return queryset.none()
         runs = JobRun.objects.filter(pk=OuterRef("run_id"))
-        return queryset.annotate(
+        annotated: QuerySet[Any] = queryset.annotate(
             run_progress=Subquery(runs.values("progress")[:1]),
             run_progress_message=Subquery(runs.values("progress_message")[:1]),
         )
+        return annotated
 
     @admin.display(description=_("progress"))
     def progress(self, step: WorkflowStep) -> str:
