@@ -49,6 +49,8 @@ class WorkflowLink:
 
     workflow_id: uuid.UUID | None = None
     released: list[transport.Message] = field(default_factory=list)
+    # The finish ended the workflow (its last step): handle.wait()'s signal is sent for it too.
+    ended: bool = False
 
 
 def advance(link: WorkflowLink, run_id: str, status: str) -> None:
@@ -61,13 +63,15 @@ def advance(link: WorkflowLink, run_id: str, status: str) -> None:
         return
     closed = sql.close(wf.workflow_id, uuid.UUID(run_id), sql.step_state_of(status), "")
     if closed is not None:
-        link.released.extend(_settle(wf, [closed]))
+        messages, link.ended = _settle(wf, [closed])
+        link.released.extend(messages)
 
 
-def _settle(wf: Workflow, closed: list[sql.Closed]) -> list[transport.Message]:
+def _settle(wf: Workflow, closed: list[sql.Closed]) -> tuple[list[transport.Message], bool]:
     """Count ``closed`` down in their dependents, release or skip the ready ones (a skip is
     final too, and counts down further), stop the workflow on a failure if it asks, end it."""
     final, failed = len(closed), sum(c.state != StepState.SUCCEEDED for c in closed)
+    # Returns the released steps' messages, and whether the workflow ended here.
     messages: list[transport.Message] = []
     todo = list(closed)
     while todo:
@@ -84,21 +88,22 @@ def _settle(wf: Workflow, closed: list[sql.Closed]) -> list[transport.Message]:
         stopped = _stop(wf, "stop_on_failure: a step did not succeed")
         final += stopped
         failed += stopped
-    _end_if_done(wf, *sql.count_final(wf.workflow_id, final, failed))
-    return messages
+    ended = _end_if_done(wf, *sql.count_final(wf.workflow_id, final, failed))
+    return messages, ended
 
 
-def _end_if_done(wf: Workflow, pending: int, failed: int) -> None:
+def _end_if_done(wf: Workflow, pending: int, failed: int) -> bool:
     """The last step is final: the workflow ends (cancelled, failed, or succeeded), and a
-    sequential one hands the turn to the next of its name and tenant."""
+    sequential one hands the turn to the next of its name and tenant. True when it ended."""
     if pending > 0:
-        return
+        return False
     if wf.status == RunStatus.CANCELLED:
         sql.end(wf, RunStatus.CANCELLED)
     else:
         sql.end(wf, RunStatus.FAILED if failed else RunStatus.SUCCEEDED)
     if wf.sequential:
         _start_next(wf)
+    return True
 
 
 def _start_next(ended: Workflow) -> None:
@@ -243,7 +248,9 @@ def cancel(workflow_id: uuid.UUID, *, by: Any = None) -> bool:
         if wf is None or wf.status not in (RunStatus.RUNNING, RunStatus.QUEUED):
             return False
         stopped = _stop(wf, f"cancelled by {who}" if who else "cancelled")
-        _end_if_done(wf, *sql.count_final(workflow_id, stopped, stopped))
+        ended = _end_if_done(wf, *sql.count_final(workflow_id, stopped, stopped))
+    if ended:
+        transaction.on_commit(lambda: _signal_done(workflow_id), robust=True)
     return True
 
 
@@ -259,10 +266,21 @@ def reconcile(limit: int = 500) -> int:
             step = sql.close(workflow_id, run_id, sql.step_state_of(status), "")
             if step is None:
                 continue
-            messages = _settle(wf, [step])
+            messages, ended = _settle(wf, [step])
         closed += 1
         _push(messages)
+        if ended:
+            _signal_done(workflow_id)  # committed: the transaction above has ended
     return closed
+
+
+def _signal_done(workflow_id: uuid.UUID) -> None:
+    """The workflow ended outside a worker's finish (a cancel, the reconciler): wake its
+    waiters (``handle.wait``) now, after the commit."""
+    try:
+        transport.signal_done(workflow_id.hex, conf.get().DEFAULT_QUEUE)
+    except Exception as exc:
+        logger.warning("workflow %s ended; its waiters not woken (%r)", workflow_id, exc)
 
 
 def _push(messages: list[transport.Message]) -> None:

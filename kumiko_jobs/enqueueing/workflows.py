@@ -24,11 +24,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from .. import origin
+from ..core import conf
 from ..core.exceptions import InvalidJob
 from ..definition.job import JobDefinition
 from ..history import workflows as history
 from ..models import JobRun, RunStatus, StepState, Workflow, WorkflowStep
-from . import followups
+from . import followups, waiting
 from .messages import message_for, new_envelope, row_for
 from .validate import check_size, resolve_schema, validated
 from .workflow_release import CHUNK, OUTCOMES_ARGUMENT, RESULTS_ARGUMENT, cancel, push_released
@@ -137,8 +138,12 @@ class WorkflowHandle:
     schema_name: str | None
 
     def refresh(self) -> Workflow:
-        """The workflow's row now (status, counters)."""
-        return Workflow.objects.get(pk=self.workflow_id)
+        """The workflow's row now (status, counters). From a tenant's context only that
+        tenant's workflow: another's raises ``Workflow.DoesNotExist``, as an unknown id."""
+        row = history.load(self.workflow_id)
+        if row is None:
+            raise Workflow.DoesNotExist(f"No workflow {self.workflow_id} in this tenant.")
+        return row
 
     @property
     def status(self) -> str:
@@ -147,8 +152,29 @@ class WorkflowHandle:
 
     def steps(self) -> dict[str, str]:
         """Each step's state, by key (for a group of thousands, read the counters instead)."""
+        self.refresh()  # the tenant's check
         rows = WorkflowStep.objects.filter(workflow_id=self.workflow_id).values_list("key", "state")
         return dict(rows)
+
+    def wait(self, timeout: float) -> WorkflowHandle:
+        """Block until the workflow has ended (every step final), at most ``timeout`` seconds
+        (``WaitTimeout`` then); ``status`` and ``steps()`` then say how. Without polling: the
+        finish that ends it signals (``enqueueing/waiting``)."""
+        waiting.wait(self.workflow_id, conf.get().DEFAULT_QUEUE, timeout, self._ended, self._what())
+        return self
+
+    async def await_result(self, timeout: float) -> WorkflowHandle:
+        """``wait()`` for async code."""
+        queue = conf.get().DEFAULT_QUEUE
+        await waiting.await_(self.workflow_id, queue, timeout, self._ended, self._what())
+        return self
+
+    def _ended(self) -> bool:
+        row = self.refresh()
+        return row.finished_at is not None and row.steps_pending == 0
+
+    def _what(self) -> str:
+        return f"Workflow {self.workflow_id} ({self.name})"
 
     def cancel(self, *, by: Any = None) -> bool:
         """Cancel every step that has not finished (``workflow_release.cancel``)."""

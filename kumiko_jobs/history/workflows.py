@@ -21,6 +21,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from ..models import FINISHED_STATUSES, JobRun, RunStatus, StepState, Workflow, WorkflowStep
+from .run_reads import reader_schema
 
 _STEP = WorkflowStep._meta.db_table
 _RUN = JobRun._meta.db_table
@@ -66,6 +67,16 @@ class Ready:
     preds_succeeded: int
     preds_failed: int
     preds_cancelled: int
+
+
+def load(workflow_id: Any) -> Workflow | None:
+    """The workflow, for a handle: from a tenant's context only that tenant's (another's is
+    None, as an id no workflow has: ``run_reads.reader_schema``); operators read any."""
+    rows = Workflow.objects.filter(pk=workflow_id)
+    schema = reader_schema()
+    if schema is not None:
+        rows = rows.filter(schema_name=schema)
+    return rows.first()
 
 
 def lock(workflow_id: uuid.UUID) -> Workflow | None:
