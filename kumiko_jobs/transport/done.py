@@ -16,17 +16,21 @@ whose finish is RQ's own in the work horse).
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
 from rq import get_current_job
 
+from .errors import RedisTimeoutError
 from .keys import DONE_KEY
 from .queues import connection_for
 
 # Seconds a done signal outlives the finish: longer than the gap between a waiter's first
 # read of the row and its BLPOP; a waiter that comes later reads the final row first.
 DONE_TTL = 60
+# Seconds one BLPOP blocks at most (and at most half the client's socket timeout).
+_LONGEST = 2.0
 # Set on the RQ job being executed (the worker's finish pipeline reads it): the ids to signal.
 _ATTRIBUTE = "kumiko_done"
 
@@ -64,11 +68,24 @@ def signal_done(some_id: str, queue: str) -> None:
 def wait_for(some_id: str, timeout: float, queue: str) -> bool:
     """Block up to ``timeout`` seconds for the done signal of ``some_id`` on ``queue``'s Redis
     (the finishing worker's); True when it came (then it is put back for any other waiter).
-    Never a truth: read the row after it."""
+    Never a truth: read the row after it.
+
+    Each ``BLPOP`` blocks for less than the client's ``SOCKET_TIMEOUT`` (a client that waits
+    longer than that for an answer gives up on the connection), so a long wait is several
+    short ones: Redis round trips, no database read."""
     redis = connection_for(queue)
     key = _key(some_id)
-    got = redis.blpop([key], timeout=max(timeout, 0.01))
-    if got is None:
-        return False
-    signal_done(some_id, queue)
-    return True
+    kwargs = redis.connection_pool.connection_kwargs
+    # redis-py 7 keeps the configured value apart (it may relax the live one for a while).
+    socket_timeout = kwargs.get("socket_timeout") or kwargs.get("orig_socket_timeout")
+    longest = max(min(socket_timeout / 2, _LONGEST), 0.1) if socket_timeout else _LONGEST
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            got = redis.blpop([key], timeout=max(min(left, longest), 0.01))
+        except RedisTimeoutError:  # a slow answer: the connection is dropped, wait on
+            continue
+        if got is not None:
+            signal_done(some_id, queue)
+            return True
+    return False
