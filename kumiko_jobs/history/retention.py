@@ -1,6 +1,8 @@
 """How long history is kept, and what is left of a tenant's history once the tenant is gone.
 
-* Runs (``RETENTION_DAYS``) and rejected messages: finished ones older than the setting.
+* Runs (``RETENTION_DAYS``) and rejected messages: finished ones older than the setting;
+  workflows with them: those that ended before the same cutoff, with their steps (their steps'
+  runs are finished runs of that age too).
 * Tenant-visible failures (``JobFailure``): a failure is *resolved* once a later run of the
   same job and subject succeeded; resolved ones are deleted at the next sweep whatever their
   age (a success normally deletes its failure at once, but not when the job stopped declaring
@@ -46,7 +48,13 @@ from ..models import (
     JobRun,
     RejectedMessage,
     RunStatus,
+    Workflow,
+    WorkflowStep,
 )
+from .workflows import ended_workflows
+
+# Workflows per batch: BATCH_SIZE divided by this (each takes its steps along).
+WORKFLOW_BATCH_DIVISOR = 100
 
 logger = logging.getLogger("kumiko_jobs.retention")
 
@@ -61,6 +69,7 @@ class Deleted:
     rejections: int = 0
     failures: int = 0
     audit: int = 0
+    workflows: int = 0
 
 
 # Rows per DELETE: a batch of runs with their attempts holds its row locks about half a second
@@ -123,7 +132,7 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
     """
     settings = conf.get()
     now = timezone.now()
-    runs = rejections = 0
+    runs = rejections = workflows = 0
     if settings.RETENTION_DAYS:
         cutoff = now - timedelta(days=settings.RETENTION_DAYS)
         runs = delete_in_batches(
@@ -132,6 +141,11 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
         )
         rejections = delete_in_batches(
             RejectedMessage.objects.filter(received_at__lt=cutoff), batch_size=batch_size
+        )
+        # A workflow's steps go with it (one level of cascade); fewer per batch, as each may
+        # have thousands of steps.
+        workflows = delete_in_batches(
+            ended_workflows(cutoff), batch_size=max(1, batch_size // WORKFLOW_BATCH_DIVISOR)
         )
     failures = delete_resolved_failures(batch_size=batch_size)
     if settings.FAILURE_RETENTION_DAYS:
@@ -153,7 +167,7 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
         audit = delete_in_batches(
             EscapeHatchUse.objects.filter(last_seen__lt=cutoff), batch_size=batch_size
         )
-    return Deleted(runs, rejections, failures, audit)
+    return Deleted(runs, rejections, failures, audit, workflows)
 
 
 def delete_resolved_failures(*, batch_size: int = BATCH_SIZE) -> int:
@@ -183,11 +197,14 @@ def forget_tenant(schema: str) -> int:
         # In batches (a tenant may have millions of runs); fan-out children are among them.
         delete_in_batches(JobFailure.objects.filter(schema_name=schema))
         delete_in_batches(tenant_rejections(schema))
+        delete_in_batches(Workflow.objects.filter(schema_name=schema), batch_size=BATCH_SIZE // 100)
         touched = delete_in_batches(runs)
     else:
         with transaction.atomic():
             JobFailure.objects.filter(schema_name=schema).delete()
             tenant_rejections(schema).update(excerpt="", schema_name=schema)
+            # A step's arguments and reason are the tenant's data, as a run's payload is.
+            WorkflowStep.objects.filter(workflow__schema_name=schema).update(kwargs={}, reason="")
             JobAttempt.objects.filter(run__schema_name=schema).update(
                 error_message="", traceback="", log=[]
             )

@@ -79,6 +79,18 @@ def load(workflow_id: Any) -> Workflow | None:
     return rows.first()
 
 
+def ended_workflows(cutoff: Any) -> QuerySet[Workflow]:
+    """Workflows that ended before ``cutoff`` (every step final), for retention: a running,
+    waiting or still winding-down one is kept whatever its age."""
+    return Workflow.objects.filter(
+        # created_at comes first, so kj_wf_status (status, created_at) narrows the read.
+        created_at__lt=cutoff,
+        finished_at__lt=cutoff,
+        steps_pending__lte=0,
+        status__in=(RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED),
+    )
+
+
 def lock(workflow_id: uuid.UUID) -> Workflow | None:
     """The workflow's row, locked until the transaction ends (every writer takes it first)."""
     return Workflow.objects.select_for_update().filter(pk=workflow_id).first()
