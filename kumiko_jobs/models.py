@@ -447,6 +447,11 @@ class Workflow(models.Model):
     # One active workflow of this name per tenant: a later one waits ``queued`` (its first
     # steps without runs) until the previous one has finished (docs/workflows.md).
     sequential = models.BooleanField(default=False)
+    # With ``sequential``: the turns are per (tenant, name, this key) instead of per (tenant,
+    # name): one active "sync" workflow per account, say (``workflow(sequential_key=...)``).
+    sequence_key = models.CharField(
+        _("sequence key"), max_length=200, default="", db_default="", blank=True
+    )
     created_at = models.DateTimeField(_("created"))
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
     correlation_id = models.CharField(max_length=64, blank=True)

@@ -109,10 +109,10 @@ def _end_if_done(wf: Workflow, pending: int, failed: int) -> bool:
 def _start_next(ended: Workflow) -> None:
     """Start the oldest workflow waiting for this turn, if no other holds it: its first steps'
     runs are written here, chunk by chunk, and pushed from their rows after the commit."""
-    sql.turn_lock(ended.name, ended.schema_name)
-    if sql.has_turn_taken(ended.name, ended.schema_name, besides=ended.workflow_id):
+    sql.turn_lock(ended)
+    if sql.has_turn_taken(ended, besides=ended.workflow_id):
         return
-    nxt = sql.next_in_turn(ended.name, ended.schema_name)
+    nxt = sql.next_in_turn(ended)
     if nxt is None:
         return
     sql.end(nxt, RunStatus.RUNNING)

@@ -26,6 +26,7 @@ from django.utils import timezone
 from .. import origin
 from ..core import conf
 from ..core.exceptions import InvalidJob
+from ..core.text import text_problem
 from ..definition.job import JobDefinition
 from ..history import workflows as history
 from ..models import JobRun, RunStatus, StepState, Workflow, WorkflowStep
@@ -189,6 +190,7 @@ class WorkflowSpec:
     name: str
     stop_on_failure: bool = False
     sequential: bool = False
+    sequence_key: str = ""
 
     def enqueue(self, *, tenant: Any = None) -> WorkflowHandle:
         """Enqueue the workflow as one unit, on commit, in ``tenant`` (or the current one)."""
@@ -196,13 +198,30 @@ class WorkflowSpec:
 
 
 def workflow(
-    part: Step | Flow, *, name: str, stop_on_failure: bool = False, sequential: bool = False
+    part: Step | Flow,
+    *,
+    name: str,
+    stop_on_failure: bool = False,
+    sequential: bool = False,
+    sequential_key: str | None = None,
 ) -> WorkflowSpec:
     """``workflow(chain(a.step(), b.step()), name="import")``: see the module docstring.
-    ``sequential``: one workflow of this name per tenant at a time; a later one waits."""
+    ``sequential``: one workflow of this name per tenant at a time; a later one waits.
+    ``sequential_key``: the same, per key of the tenant (``str(account.pk)``): one workflow of
+    this name per tenant and key at a time (implies ``sequential``)."""
     if not isinstance(name, str) or not name or len(name) > 200:
         raise InvalidJob(f"workflow() needs a name of 1 to 200 characters, got {name!r}.")
-    return WorkflowSpec(_flow(part), name, stop_on_failure, sequential)
+    if sequential_key is None:
+        return WorkflowSpec(_flow(part), name, stop_on_failure, sequential)
+    if not isinstance(sequential_key, str) or not sequential_key or len(sequential_key) > 200:
+        raise InvalidJob(
+            "workflow(sequential_key=...) takes a text of 1 to 200 characters naming what the "
+            f"turns are per (str(account.pk), say), got {sequential_key!r}."
+        )
+    problem = text_problem(sequential_key)
+    if problem:
+        raise InvalidJob(f"workflow(sequential_key=...) {problem}; pass plain text.")
+    return WorkflowSpec(_flow(part), name, stop_on_failure, True, sequential_key)
 
 
 def _ordered(flow: Flow) -> list[Step]:
@@ -289,6 +308,7 @@ def enqueue(spec: WorkflowSpec, *, tenant: Any = None) -> WorkflowHandle:
         status=RunStatus.RUNNING,
         stop_on_failure=spec.stop_on_failure,
         sequential=spec.sequential,
+        sequence_key=spec.sequence_key,
         created_at=now,
         correlation_id=origin.correlation_id(),
         steps_total=len(steps),
@@ -296,8 +316,8 @@ def enqueue(spec: WorkflowSpec, *, tenant: Any = None) -> WorkflowHandle:
     )
     with transaction.atomic():
         if spec.sequential:
-            history.turn_lock(wf.name, wf.schema_name)
-            if history.has_turn_taken(wf.name, wf.schema_name):
+            history.turn_lock(wf)
+            if history.has_turn_taken(wf):
                 wf.status = RunStatus.QUEUED  # its first steps get runs when its turn comes
         wf.save(force_insert=True)
         for chunk in _chunks(steps):

@@ -266,37 +266,40 @@ def stranded(limit: int) -> list[tuple[uuid.UUID, uuid.UUID, str]]:
         return [(w, r, st) for w, r, st in cursor.fetchall()]
 
 
-def turn_lock(name: str, schema: str) -> None:
-    """Serialize the turns of a sequential workflow's name in a tenant (until the transaction
-    ends): an enqueue deciding to wait and a finish looking for the next one never miss each
-    other."""
+def turn_lock(wf: Workflow) -> None:
+    """Serialize the turns of a sequential workflow's name (and key) in a tenant (until the
+    transaction ends): an enqueue deciding to wait and a finish looking for the next one never
+    miss each other."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            [f"kumiko_jobs.workflow:{schema}:{name}"],
+            [f"kumiko_jobs.workflow:{wf.schema_name}:{wf.name}:{wf.sequence_key}"],
         )
 
 
-def _sequential(name: str, schema: str) -> QuerySet[Workflow]:
-    return Workflow.objects.filter(name=name, schema_name=schema, sequential=True)
+def _sequential(wf: Workflow) -> QuerySet[Workflow]:
+    return Workflow.objects.filter(
+        name=wf.name, schema_name=wf.schema_name, sequence_key=wf.sequence_key, sequential=True
+    )
 
 
-def has_turn_taken(name: str, schema: str, *, besides: uuid.UUID | None = None) -> bool:
-    """A sequential workflow of this name and tenant is running, still winding down (cancelled
-    with steps running) or, for an enqueue, waiting its turn."""
+def has_turn_taken(wf: Workflow, *, besides: uuid.UUID | None = None) -> bool:
+    """A sequential workflow of ``wf``'s name, key and tenant is running, still winding down
+    (cancelled with steps running) or, for an enqueue, waiting its turn."""
     active = Q(status=RunStatus.RUNNING) | Q(status=RunStatus.CANCELLED, steps_pending__gt=0)
     if besides is None:
         active |= Q(status=RunStatus.QUEUED)
-    found = _sequential(name, schema).filter(active)
+    found = _sequential(wf).filter(active)
     if besides is not None:
         found = found.exclude(pk=besides)
     return found.exists()
 
 
-def next_in_turn(name: str, schema: str) -> Workflow | None:
-    """The oldest sequential workflow of this name and tenant waiting its turn, locked."""
+def next_in_turn(wf: Workflow) -> Workflow | None:
+    """The oldest sequential workflow of ``wf``'s name, key and tenant waiting its turn,
+    locked."""
     return (
-        _sequential(name, schema)
+        _sequential(wf)
         .filter(status=RunStatus.QUEUED)
         .select_for_update()
         .order_by("created_at")

@@ -1,4 +1,5 @@
-"""A run's progress (ctx.progress): the fraction and the text the job last reported."""
+"""A run's progress (ctx.progress: the fraction and the text the job last reported), and a
+sequential workflow's key (workflow(sequential_key=...): turns per tenant, name and key)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,13 @@ class Migration(migrations.Migration):
                 default="",
                 max_length=200,
                 verbose_name="progress message",
+            ),
+        ),
+        migrations.AddField(
+            model_name="workflow",
+            name="sequence_key",
+            field=models.CharField(
+                blank=True, db_default="", default="", max_length=200, verbose_name="sequence key"
             ),
         ),
     ]
