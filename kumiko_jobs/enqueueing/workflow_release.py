@@ -17,6 +17,7 @@ import inspect
 import json
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,10 +198,16 @@ def _run_of(wf: Workflow, step: sql.Ready) -> tuple[transport.Message, JobRun]:
 def _results(workflow_id: uuid.UUID, key: str) -> dict[str, Any]:
     """The results of the steps ``key`` waits for (None for one that did not succeed), at most
     ``MAX_RESULT_BYTES`` in all: over that, a marker saying so instead."""
+    return bounded_results(sql.predecessor_results(workflow_id, key))
+
+
+def bounded_results(rows: Iterable[tuple[str, str, Any]]) -> dict[str, Any]:
+    """``{key: result}`` of ``(key, state, result)`` rows (None for a step that did not
+    succeed), at most ``MAX_RESULT_BYTES`` in all: over that, a marker saying so instead."""
     limit = conf.get().MAX_RESULT_BYTES
     results: dict[str, Any] = {}
     size = 2
-    for pred, state, result in sql.predecessor_results(workflow_id, key):
+    for pred, state, result in rows:
         value = result if state == StepState.SUCCEEDED else None
         size += len(json.dumps(pred)) + len(json.dumps(value)) + 2
         if size > limit:

@@ -246,6 +246,23 @@ def predecessor_results(workflow_id: uuid.UUID, key: str) -> list[tuple[str, str
         return [(k, st, _json(res)) for k, st, res in cursor.fetchall()]
 
 
+def step_results(workflow_id: uuid.UUID) -> tuple[str, list[tuple[str, str, Any]]]:
+    """The workflow's tenant ("" for a system workflow) and (key, state, result) of each of
+    its steps, in order (``ctx.workflow_results``: a system step's fan-in, with its grant);
+    ``("", [])`` for an id no workflow has."""
+    schema = Workflow.objects.filter(pk=workflow_id).values_list("schema_name", flat=True).first()
+    if schema is None:
+        return "", []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT s.key, s.state, r.result FROM {_STEP} AS s "
+            f"LEFT JOIN {_RUN} AS r ON r.run_id = s.run_id "
+            f"WHERE s.workflow_id = %s ORDER BY s.id",
+            [workflow_id],
+        )
+        return schema, [(k, st, _json(res)) for k, st, res in cursor.fetchall()]
+
+
 def _quoted(key: str) -> str:
     return key.replace("\\", "\\\\").replace('"', '\\"')
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import connection
 
-from kumiko_jobs import Unrecoverable, job
+from kumiko_jobs import EscapeHatch, Unrecoverable, job
 
 from .models import Probe
 
@@ -104,3 +104,31 @@ def progressing(
             while not os.path.exists(hold) and time.monotonic() < deadline:
                 time.sleep(0.05)
     _probe(ctx, tag)
+
+
+_FAN_IN = EscapeHatch(
+    reason="tests: a system step fans in tenants' workflow results",
+    grants=["cross_tenant_reads"],
+)
+
+
+def _fan_in(ctx: Any, workflow_ids: list[str]) -> dict[str, Any]:
+    return {wid: ctx.workflow_results(wid) for wid in workflow_ids}
+
+
+@job(name="wf.fan_in", system=True, escape_hatch=_FAN_IN)
+def fan_in(ctx: Any, *, workflow_ids: list[str]) -> dict[str, Any]:
+    """A system step that reads tenants' workflows' results, with the grant declared."""
+    return _fan_in(ctx, workflow_ids)
+
+
+@job(name="wf.fan_in_undeclared", system=True)
+def fan_in_undeclared(ctx: Any, *, workflow_ids: list[str]) -> dict[str, Any]:
+    """The same without the grant: refused."""
+    return _fan_in(ctx, workflow_ids)
+
+
+@job(name="wf.fan_in_tenant", escape_hatch=_FAN_IN)
+def fan_in_tenant(ctx: Any, *, workflow_ids: list[str]) -> dict[str, Any]:
+    """A tenant job with the grant: refused too (a system job's fan-in only)."""
+    return _fan_in(ctx, workflow_ids)
