@@ -15,19 +15,22 @@ event loop), which has no connection of the run.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
 from ..core import conf, session
 from ..core.exceptions import InvalidJob
 from ..core.text import text_problem
 from ..guard.watch import Watch
 from ..history import run_sql
+
+logger = logging.getLogger("kumiko_jobs.progress")
 
 # JobRun.progress_message holds this many characters.
 MESSAGE_MAX_LENGTH = 200
@@ -92,8 +95,12 @@ def report(
     project = _project_connection(watch)
     if project is None:
         return
-    with watch.stepped_aside():  # kumiko's own write, not the body's
-        run_sql.write_progress(project, run_id, attempt, progress.fraction, progress.message)
+    try:
+        with watch.stepped_aside():  # kumiko's own write, not the body's
+            run_sql.write_progress(project, run_id, attempt, progress.fraction, progress.message)
+    except DatabaseError as exc:  # the job goes on; the report waits for the finish
+        logger.warning("run %s: its progress was not written (%r)", run_id, exc)
+        return
     progress.dirty = False
 
 
