@@ -80,7 +80,12 @@ class Workers:
     ``FAIRNESS`` acts in the workers, where the dequeue is)."""
 
     def __init__(
-        self, count: int, log_dir: Path, mode: str, settings: dict[str, Any] | None = None
+        self,
+        count: int,
+        log_dir: Path,
+        mode: str,
+        settings: dict[str, Any] | None = None,
+        queues: Sequence[str] = (QUEUE,),
     ) -> None:
         env = dict(os.environ)  # prepare_environment() pointed these at the bench's services
         env["PYTHONPATH"] = str(ROOT)
@@ -102,7 +107,7 @@ class Workers:
                             "rqworker",
                             "-v",
                             "0",
-                            QUEUE,
+                            *queues,
                         ],
                         cwd=ROOT,
                         env=env,

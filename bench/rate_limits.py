@@ -10,9 +10,12 @@ Two scenarios, each a backlog enqueued at once and drained by ``--workers`` work
   runs per tenant for three tenants: at most 5 starts in any second per tenant, the three
   together 15/s (one tenant's limit does not hold the others back).
 
-Read from the history: every run's ``JobRun.started_at`` (the worker's clock, a few ms after
-the dequeue admitted the start on Redis's). "Most in any window" slides a 1 s window over
-the starts; "use while backlogged" is the starts in the whole seconds from the first start
+Read twice. The admissions, as the limit counts them: a thread copies the rate windows'
+sorted sets (one member per admitted start, scored by Redis's clock at the admission) every
+0.2 s while the backlog drains, before the dequeue prunes them (a member lives at least the
+window's length, 1 s). And the history: every run's ``JobRun.started_at`` (the worker's
+clock, a few ms after the admission). "Most in any window" slides a 1 s window over the
+starts; "use while backlogged" is the starts in the whole seconds from the first start
 to the last full second, divided by the limit times those seconds (the last partial second
 is not backlogged).
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +48,7 @@ from bench.throughput import (
 )
 
 BENCH_DATABASE = "kumiko_bench_rates"
+RATE_KEYS = "kumiko:rate:*"  # transport/fair.py's RATE_PREFIX: the windows' sorted sets
 BENCH_REDIS_DB = 4
 
 
@@ -75,6 +80,33 @@ def use_while_backlogged(times: Sequence[float], limit: int, window: float = 1.0
     return inside / (limit * whole)
 
 
+class Admissions:
+    """Copies every rate window's members (``<job id>@<time>``, scored by the admission's time
+    on Redis's clock) until stopped: the starts as the limit admitted them."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.seen: dict[str, dict[str, float]] = {}  # window key -> member -> admission time
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _copy(self) -> None:
+        for key in self.connection.scan_iter(match=RATE_KEYS, count=1000):
+            members = self.connection.zrange(key, 0, -1, withscores=True)
+            self.seen.setdefault(key.decode(), {}).update((m.decode(), s) for m, s in members)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            self._copy()
+
+    def stop(self) -> dict[str, list[float]]:
+        self._stop.set()
+        self._thread.join()
+        self._copy()
+        return {key: sorted(members.values()) for key, members in self.seen.items()}
+
+
 def scenario(name: str, tenants: Sequence[Any], args: argparse.Namespace, log: Path) -> dict:
     from example_project.billing.jobs import bench_rate_write, bench_tenant_rate_write
     from kumiko_jobs.models import JobRun, RunStatus
@@ -83,6 +115,9 @@ def scenario(name: str, tenants: Sequence[Any], args: argparse.Namespace, log: P
     job = bench_rate_write if name == "global" else bench_tenant_rate_write
     limit = 20 if name == "global" else 5
     total = args.jobs if name == "global" else args.jobs * len(tenants)
+    import django_rq
+
+    admissions = Admissions(django_rq.get_connection("default"))
     workers = Workers(args.workers, log, name)
     try:
         for n in range(total):
@@ -90,6 +125,7 @@ def scenario(name: str, tenants: Sequence[Any], args: argparse.Namespace, log: P
         wait_for(lambda: unfinished_runs() == 0, "every run to finish", workers, args.timeout)
     finally:
         workers.stop()
+        admitted = admissions.stop()
     rows = list(
         JobRun.objects.filter(job_name=job.name).values_list("schema_name", "started_at", "status")
     )
@@ -113,6 +149,15 @@ def scenario(name: str, tenants: Sequence[Any], args: argparse.Namespace, log: P
             }
             for key, ts in sorted(groups.items())
         },
+    }
+    result["admitted"] = {
+        key.removeprefix("kumiko:rate:").replace("\t", " "): {
+            "admissions": len(ts),
+            "most_in_any_1s": most_in_any_window(ts),
+            "shortest_span_of_limit_plus_1": round(shortest_span(ts, limit), 4),
+            "use_while_backlogged": round(use_while_backlogged(ts, limit), 4),
+        }
+        for key, ts in sorted(admitted.items())
     }
     if name == "tenant":
         every = [t for ts in groups.values() for t in ts]
@@ -162,6 +207,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"  {key}: most in any 1 s window {g['most_in_any_1s']}, use while "
                     f"backlogged {g['use_while_backlogged']:.1%}, drain {g['drain_seconds']} s, "
                     f"{r['limit_per_s'] + 1} starts span >= {g['shortest_span_of_limit_plus_1']} s"
+                )
+            for key, g in r["admitted"].items():
+                print(
+                    f"  admitted ({key}): {g['admissions']}, most in any 1 s window "
+                    f"{g['most_in_any_1s']}, use while backlogged "
+                    f"{g['use_while_backlogged']:.1%}, {r['limit_per_s'] + 1} admissions span "
+                    f">= {g['shortest_span_of_limit_plus_1']} s"
                 )
             if "together_per_s" in r:
                 print(f"  all tenants together: {r['together_per_s']} starts/s")

@@ -1,3 +1,15 @@
+"""The one place where kumiko_jobs wires itself into Django: ``KumikoJobsConfig.ready``.
+
+Everything else in the package is called; this module connects. At start-up, in this order:
+the system checks are registered (importing ``checks``), the cron domain's hooks are handed to
+the scheduler in the transport (which sits below it and cannot import it), then, only when
+``KUMIKO_JOBS`` is valid, every installed app's ``jobs.py`` is discovered and the registry
+frozen (web processes and workers know the same jobs), the tenant-deletion receiver is
+connected (history rows forget a deleted tenant), and with django-tenants' settings present
+the role-sync receivers (they act only under ``DB_ROLES``). Nothing here runs per request or
+per run.
+"""
+
 from __future__ import annotations
 
 from django.apps import AppConfig

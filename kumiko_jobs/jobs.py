@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import bulk
 from .core import conf
 from .enqueueing.api import job
 from .task_jobs import register_task_jobs
@@ -30,6 +31,14 @@ if conf.get().HOUSEKEEPING:
         with ctx.system_db():
             runs, rejections = delete_expired()
         ctx.log.info("expired history deleted", runs=runs, rejected_messages=rejections)
+
+
+@job(name=bulk.BATCH_JOB, system=True, retries=5)
+def bulk_batch(ctx: Any, *, operation_id: str) -> None:
+    """One batch of an operator's bulk retry or cancel (kumiko_jobs/bulk.py); enqueues the next."""
+    with ctx.system_db():
+        more = bulk.run_batch(operation_id)
+    ctx.log.info("bulk batch", operation_id=operation_id, more=more)
 
 
 # The kumiko jobs that run Django tasks (kumiko_jobs.tasks.KumikoBackend in settings.TASKS),

@@ -43,6 +43,11 @@ def _who(by: Any) -> str:
     return str(username or by.pk)
 
 
+def actor(by: Any) -> str:
+    """Who ``by`` is, as the history records it: a user's username, a label as given, or ``""``."""
+    return _who(by)
+
+
 def _trigger(base: str, by: Any) -> str:
     # The envelope's triggered_by comes from the request (KumikoJobsMiddleware). Outside a
     # request (a management command) nothing would record who asked, so the trigger says it.

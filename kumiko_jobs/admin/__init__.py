@@ -16,7 +16,8 @@ permissions govern each page on top of that.
 Django's autodiscover imports this package; importing ``runs`` and ``other_models`` below
 registers the admins (``@admin.register``). One concern per module: ``render`` (how values
 look), ``filters``, ``pagination`` and ``search`` (lists of millions of rows),
-``query_strings``, ``audiences`` (who sees what), ``display``, ``actions``, ``run_job``,
+``query_strings``, ``audiences`` (who sees what), ``display``, ``actions``, ``bulk`` (retry or
+cancel every run a filter matches), ``run_job``,
 ``runs`` (JobRunAdmin, composed of those), ``other_models`` and ``checks`` (the audiences'
 system checks).
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 from .runs import JobRunAdmin
 
 # isort: split
+from .bulk import BulkOperationAdmin
 from .display import JobAttemptInline
 from .other_models import EscapeHatchUseAdmin, JobFailureAdmin, RejectedMessageAdmin
 from .pauses import FlowPauseAdmin
@@ -41,6 +43,7 @@ from . import checks as checks
 # code may subclass or unregister them. Tunables such as MAX_PAGES are deliberately not
 # re-exported: a patch of kumiko_jobs.admin.MAX_PAGES would change nothing that reads it.
 __all__ = [
+    "BulkOperationAdmin",
     "EscapeHatchUseAdmin",
     "FlowPauseAdmin",
     "JobAttemptInline",

@@ -23,6 +23,7 @@ from ..models import JobFailure, JobRun, RunStatus
 from ..transport.scheduler_liveness import overdue_problem
 from .actions import RunActions
 from .audiences import TenantScopedAdmin
+from .bulk import BulkViews
 from .dashboard import DashboardViews
 from .display import JobAttemptInline, RunDisplay
 from .filters import JobFilter, TenantFilter
@@ -81,7 +82,7 @@ def list_ordering(request: HttpRequest) -> tuple[str, ...] | None:
 
 
 @admin.register(JobRun)
-class JobRunAdmin(DashboardViews, RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
+class JobRunAdmin(DashboardViews, BulkViews, RunActions, RunJobView, RunDisplay, TenantScopedAdmin):
     """The run history for both audiences: operators see every tenant's runs with their attempts,
     actions and "Run a job…"; a tenant sees its own runs, by job title, status and problem sentence.
     """
@@ -277,6 +278,7 @@ class JobRunAdmin(DashboardViews, RunActions, RunJobView, RunDisplay, TenantScop
                 f"{self.admin_site.name}:kumiko_jobs_jobrun_run_job"
             )
         extra_context.update(self.dashboard_link(request))
+        extra_context.update(self.bulk_links(request))
         # Operators only: this runs before Django's permission check, and the banner (a
         # count of overdue messages, kept in the session) is theirs to read.
         if sees_all_tenants(request) and request.method == "GET":

@@ -160,6 +160,9 @@ class KumikoSettings:
     # A rate limit per tenant across all its jobs ("100/m": at most 100 starts in any minute;
     # docs/design.md, "Flow control: rate limits"); None: no such limit. Parsed at load.
     TENANT_RATE_LIMIT: Rate | None = None
+    # A secret a scraper sends as ``Authorization: Bearer <token>`` to read the metrics page
+    # without an operator's session (admin/dashboard/metrics_access.py); None: operators only.
+    METRICS_TOKEN: str | None = None
 
 
 _CHOICES: dict[str, tuple[str | None, ...]] = {
@@ -317,6 +320,13 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
             raise ImproperlyConfigured(
                 f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT']: {exc}; or None for no limit."
             ) from exc
+    token = values.get("METRICS_TOKEN")
+    if token is not None and (not isinstance(token, str) or not token or token != token.strip()):
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['METRICS_TOKEN'] must be a non-empty string without "
+            "surrounding spaces (e.g. os.environ['KUMIKO_METRICS_TOKEN']), or None to keep the "
+            "metrics page for operators' sessions only."
+        )
     tc = values.get("TENANT_CONCURRENCY")
     if tc is not None and (isinstance(tc, bool) or not isinstance(tc, int) or tc < 1):
         raise ImproperlyConfigured(

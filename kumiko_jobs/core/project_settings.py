@@ -64,7 +64,7 @@ def database_settings(alias: str) -> dict[str, Any]:
 
 
 def secret_key() -> str:
-    """``SECRET_KEY``: the tenant roles' passwords derive from it (guard/db_roles.py)."""
+    """``SECRET_KEY``: the tenant roles' passwords derive from it (guard/role_names.py)."""
     return str(settings.SECRET_KEY)
 
 

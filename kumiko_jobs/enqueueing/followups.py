@@ -89,6 +89,19 @@ def collecting(batch: FollowupBatch) -> Iterator[FollowupBatch]:
         _batch.reset(token)
 
 
+@contextlib.contextmanager
+def detached() -> Iterator[None]:
+    """Enqueues inside the block are ordinary ones (a row now, a push on commit), not the run's
+    follow-ups: for a system job that writes the rows itself inside ``ctx.system_db()``, where
+    the guard allows it, and whose enqueues belong to other tenants (the operators' bulk
+    retries, kumiko_jobs/bulk.py) and must commit with its own batch's transaction."""
+    token = _batch.set(None)
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+
+
 def prepare_followup(
     batch: FollowupBatch,
     job: JobDefinition | str,

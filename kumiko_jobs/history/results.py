@@ -1,6 +1,6 @@
 """What a succeeded job returned, as its run keeps it (``JobRun.result``).
 
-The return value is turned into JSON in ``runner.call_job``, right after the body, while the
+The return value is turned into JSON in ``run.entry.call_job``, right after the body, while the
 run's tenant and guard are still in place: encoding can run the job's own code (a ``dict``
 subclass's ``items()``, a ``list`` subclass's ``__iter__``), which must not run later in the
 public schema, outside the guard. The history's finish statement then writes the plain JSON

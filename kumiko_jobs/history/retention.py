@@ -1,8 +1,9 @@
 """How long history is kept, and what is left of a tenant's history once the tenant is gone.
 
-* Runs (``RETENTION_DAYS``) and rejected messages: finished ones older than the setting;
-  workflows with them: those that ended before the same cutoff, with their steps (their steps'
-  runs are finished runs of that age too).
+* Runs (``RETENTION_DAYS``) and rejected messages: finished ones older than the setting; the
+  run lists of bulk operations that ended before then (the operations' rows stay); workflows
+  that ended before the same cutoff, with their steps (their steps' runs are finished runs of
+  that age too).
 * Tenant-visible failures (``JobFailure``): a failure is *resolved* once a later run of the
   same job and subject succeeded; resolved ones are deleted at the next sweep whatever their
   age (a success normally deletes its failure at once, but not when the job stopped declaring
@@ -42,6 +43,7 @@ from django.utils import timezone
 from ..core import conf, project_settings
 from ..models import (
     FINISHED_STATUSES,
+    BulkItem,
     EscapeHatchUse,
     JobAttempt,
     JobFailure,
@@ -69,6 +71,7 @@ class Deleted:
     rejections: int = 0
     failures: int = 0
     audit: int = 0
+    bulk_items: int = 0
     workflows: int = 0
 
 
@@ -132,7 +135,7 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
     """
     settings = conf.get()
     now = timezone.now()
-    runs = rejections = workflows = 0
+    runs = rejections = bulk_items = workflows = 0
     if settings.RETENTION_DAYS:
         cutoff = now - timedelta(days=settings.RETENTION_DAYS)
         runs = delete_in_batches(
@@ -141,6 +144,11 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
         )
         rejections = delete_in_batches(
             RejectedMessage.objects.filter(received_at__lt=cutoff), batch_size=batch_size
+        )
+        # The run lists of bulk operations that ended before it (up to 100,000 rows each);
+        # the operation rows stay, with their counts: the operators' record.
+        bulk_items = delete_in_batches(
+            BulkItem.objects.filter(operation__finished_at__lt=cutoff), batch_size=batch_size
         )
         # A workflow's steps go with it (one level of cascade); fewer per batch, as each may
         # have thousands of steps.
@@ -167,7 +175,7 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
         audit = delete_in_batches(
             EscapeHatchUse.objects.filter(last_seen__lt=cutoff), batch_size=batch_size
         )
-    return Deleted(runs, rejections, failures, audit, workflows)
+    return Deleted(runs, rejections, failures, audit, bulk_items, workflows)
 
 
 def delete_resolved_failures(*, batch_size: int = BATCH_SIZE) -> int:

@@ -24,7 +24,7 @@ from .keys import CANCEL_KEY, LIVE_WORKERS, RQ_WORKER_MARK, WORKER_KEY, WORKERS_
 from .queues import connection_for, decoded
 from .rq_job import JsonJob
 
-# The worker's logger, as when this lived in worker.py: users' LOGGING may route it.
+# The worker's logger (named as when the worker was one module): users' LOGGING may route it.
 _liveness_logger = logging.getLogger("kumiko_jobs.worker")
 
 

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from redis import Redis
 
+from .doorbell import BELL_SIZE
 from .fair import COMMON
 from .keys import FAIR_PREFIX, PAUSE_PREFIX
 
@@ -24,8 +25,16 @@ QUEUES, TENANTS, JOBS, JOB_TENANTS = "queues", "tenants", "jobs", "jobtenants"
 _RELEASE = (
     COMMON
     + f"""
-local pause, mode = ARGV[1], ARGV[2]
+local pause, mode, lifted = ARGV[1], ARGV[2], ARGV[3]
 local released = 0
+-- Wake the workers waiting on a queue's bell (doorbell.py): its released work is ready.
+local rung = {{}}
+local function ring(prefix)
+  if rung[prefix] then return end
+  rung[prefix] = true
+  for _ = 1, {BELL_SIZE} do redis.call('LPUSH', prefix .. 'bell', '1') end
+  redis.call('LTRIM', prefix .. 'bell', 0, {BELL_SIZE - 1})
+end
 local function paused(job, bucket)
   return redis.call('SISMEMBER', pause .. 'tenants', bucket) == 1
     or redis.call('SISMEMBER', pause .. 'jobs', job) == 1
@@ -37,6 +46,7 @@ for _, L in ipairs(redis.call('SMEMBERS', '{FAIR_PREFIX}lanes')) do
     if redis.call('SISMEMBER', pause .. 'tenants', bucket) == 0 then
       redis.call('ZREM', L .. 'parked', bucket)
       activate(prefix, pause, tonumber(level), bucket, mode)
+      ring(prefix)
       released = released + 1
     end
   end
@@ -56,7 +66,14 @@ for _, held in ipairs(redis.call('SMEMBERS', '{FAIR_PREFIX}holds')) do
     else
       activate(prefix, pause, tonumber(level), bucket, mode)
     end
+    ring(prefix)
     released = released + #entries
+  end
+end
+if lifted == '1' then
+  -- A pause was lifted (a queue's too, which parks nothing): every queue's workers look again.
+  for _, L in ipairs(redis.call('SMEMBERS', '{FAIR_PREFIX}lanes')) do
+    ring(string.match(L, '^(.*:)%-?%d+:$'))
   end
 end
 return released
@@ -82,9 +99,17 @@ def assert_pauses(
     }
     with connection.pipeline(transaction=True) as pipe:
         for name, values in members.items():
+            pipe.smembers(PAUSE_PREFIX + name)
             pipe.delete(PAUSE_PREFIX + name)
             if values:
                 pipe.sadd(PAUSE_PREFIX + name, *values)
-        pipe.execute()
+        replies = iter(pipe.execute())
+    lifted = False
+    for values in members.values():
+        before = {v.decode() if isinstance(v, bytes) else v for v in next(replies)}
+        lifted = lifted or bool(before - set(values))
+        next(replies)  # DEL
+        if values:
+            next(replies)  # SADD
     release = connection.register_script(_RELEASE)
-    return int(release(keys=[], args=[PAUSE_PREFIX, mode]))
+    return int(release(keys=[], args=[PAUSE_PREFIX, mode, "1" if lifted else "0"]))

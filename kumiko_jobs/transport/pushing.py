@@ -7,7 +7,8 @@ job hash, in the same transaction, whichever way the message then reaches the qu
 The one way a message reaches Redis (the enqueue's on-commit push, fan-out's thousands, a
 follow-up, the relay, a cron tick). Delayed messages go to rq-scheduler's set, which the
 ``rqscheduler`` process moves to the queue when due; rate-limited ones go through RQ's own
-admission script; the rest in one pipeline per queue.
+admission script; the rest in one pipeline per queue, which also rings the queue's doorbell
+(``doorbell.py``: a worker waiting behind paused or rate-limited work wakes at once).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Iterable
 from rq import Queue, RateLimit
 
 from ..core import conf
+from . import doorbell
 from .queues import Message, delayed_set, get_queue
 from .rq_job import RUNNER
 
@@ -55,21 +57,27 @@ def push_many(messages: Iterable[Message]) -> None:
     for queue_name, batch in batches.items():
         queue = get_queue(queue_name)
         for start in range(0, len(batch), 500):
-            queue.enqueue_many(
-                [
-                    Queue.prepare_data(
-                        RUNNER,
-                        args=(m.body,),
-                        job_id=m.job_id,
-                        timeout=m.timeout,
-                        result_ttl=settings.RESULT_TTL,
-                        failure_ttl=settings.FAILURE_TTL,
-                        at_front=m.at_front,
-                        meta=m.meta,
-                    )
-                    for m in batch[start : start + 500]
-                ]
-            )
+            chunk = batch[start : start + 500]
+            with queue.connection.pipeline() as pipe:
+                queue.enqueue_many(
+                    [
+                        Queue.prepare_data(
+                            RUNNER,
+                            args=(m.body,),
+                            job_id=m.job_id,
+                            timeout=m.timeout,
+                            result_ttl=settings.RESULT_TTL,
+                            failure_ttl=settings.FAILURE_TTL,
+                            at_front=m.at_front,
+                            meta=m.meta,
+                        )
+                        for m in chunk
+                    ],
+                    pipeline=pipe,
+                )
+                # In the same transaction: a waiting worker wakes for these (doorbell.py).
+                doorbell.ring(pipe, queue_name, len(chunk))
+                pipe.execute()
 
 
 def _push_delayed(msg: Message, result_ttl: int) -> None:

@@ -74,7 +74,7 @@ def get_queue(name: str) -> Queue:
     key = (name, os.getpid())
     queue = _queues.get(key)
     if queue is None:
-        # commit_mode="auto": kumiko decides when to push (on_commit in enqueueing.py);
+        # commit_mode="auto": kumiko decides when to push (on_commit in enqueueing/outbox.py);
         # django-rq's own deferral would hold the push until the *request* commits.
         queue = django_rq.get_queue(name, serializer=JSONSerializer, commit_mode="auto")
         _queues[key] = queue

@@ -28,7 +28,7 @@ from rq.worker import Worker as RQForkingWorker
 from rq.worker import WorkerStatus
 
 from ..core import conf
-from . import done, fair
+from . import done, doorbell, fair
 
 # Re-exported for the worker package, which adds per-run hygiene to RQ's worker classes.
 SimpleWorkerBase = RQSimpleWorker
@@ -103,7 +103,7 @@ class _OneTripDequeue:
             if why == "busy":
                 continue  # a hash vanished or many paused heads were met: look again now
             if reopens is not None:
-                if _wait_for_window(reopens, deadline):
+                if _wait_for_window(connection, [q.name for q in queues], reopens, deadline):
                     continue  # a rate window reopened (or a second passed): look again
                 raise DequeueTimeout(timeout, queues[0].key)
             if timeout is None:
@@ -170,28 +170,24 @@ class _OneTripDequeue:
             if connection.blmove(key, key, timeout, "RIGHT", "RIGHT") is None:
                 raise DequeueTimeout(timeout, key)
             return
-        # Only paused work waits (it may be resumed), or several queues are served: look again
-        # within a second.
-        time.sleep(min(timeout, 1))
-        raise DequeueTimeout(timeout, queues[0].key)
+        # Paused work keeps the list from blocking (its tokens), or several queues are served:
+        # wait for a push's ring (or a resume's), looking again within a second regardless.
+        if not doorbell.wait_for_ring(connection, [q.name for q in queues], timeout):
+            raise DequeueTimeout(timeout, queues[0].key)
 
 
-# The longest a worker sleeps for a rate window without looking again: an arrival of another
-# tenant (which does not wake it: the inbox's tokens keep BLMOVE from blocking) waits at most
-# this long, as behind paused work.
-RATE_WAIT_MAX = 1.0
-
-
-def _wait_for_window(reopens: float, deadline: float | None) -> bool:
-    """Sleep until the soonest rate window reopens, bounded by ``RATE_WAIT_MAX`` and the
-    dequeue's timeout; False when the timeout has passed (the worker beats, then asks again).
-    A burst worker has no timeout and sleeps through the windows: rate-limited work is work
-    it still has to do, unlike paused work."""
-    wait = min(reopens, RATE_WAIT_MAX)
+def _wait_for_window(
+    connection: Redis, queues: list[str], reopens: float, deadline: float | None
+) -> bool:
+    """Wait until the soonest rate window reopens or a push rings the bell of one of
+    ``queues`` (another tenant's message needs no window: doorbell.py), bounded by the
+    doorbell's ``RING_WAIT_MAX`` and the dequeue's timeout; False when the timeout has passed
+    (the worker beats, then asks again). A burst worker has no timeout and waits through the
+    windows: rate-limited work is work it still has to do, unlike paused work."""
+    wait = reopens
     if deadline is not None:
         wait = min(wait, deadline - time.monotonic())
-    if wait > 0:
-        time.sleep(wait)
+    doorbell.wait_for_ring(connection, queues, wait)
     return deadline is None or time.monotonic() < deadline
 
 

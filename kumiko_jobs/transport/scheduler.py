@@ -23,7 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.job import Job
 
 from ..core import conf, project_settings
-from . import pushing
+from . import doorbell, pushing
 from .keys import CRON_PREFIX, TZ_META
 from .queues import Message, get_queue, redis_identity
 from .rq_job import RUNNER
@@ -155,6 +155,10 @@ class Scheduler(SchedulerLoop):
             self._fire_cron(job)
             return
         super().enqueue_job(job)
+        # RQ's push did not ring: wake a worker waiting behind paused work (doorbell.py).
+        with self.connection.pipeline(transaction=False) as pipe:
+            doorbell.ring(pipe, job.origin)
+            pipe.execute()
 
     def _fire_cron(self, job: Job) -> None:
         """A kumiko cron alarm rang: push the tick's own message, never the alarm itself.

@@ -25,7 +25,7 @@ waits and reconnects. A cold shutdown of the in-process worker is handled like a
 
 A timeout is final (docs/reliability.md, Timeouts): their death penalty notes on the run that
 its timeout fired, so a job that swallows RQ's timeout exception is still recorded as timed out
-(runner.call_job); and a watchdog thread ends an attempt still running ``TIMEOUT_KILL_AFTER``
+(``run.entry.call_job``); and a watchdog thread ends an attempt still running ``TIMEOUT_KILL_AFTER``
 seconds after its timeout: ``ForkingWorker`` kills the work horse, ``Worker`` records the attempt
 and exits, as after a crash, for its supervisor to restart it.
 

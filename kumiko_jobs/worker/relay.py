@@ -245,7 +245,14 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
         # Locked while we push: a worker's start (UPDATE ... WHERE status IN waiting) waits for
         # this commit, so the row cannot move on between our check and our push. Rows a worker
         # is starting right now are skipped; they are being delivered.
-        rows = JobRun.objects.select_for_update(skip_locked=True).filter(pk__in=list(missing))
+        # In the order of the runs' enqueues (run ids are time-ordered): pushed in that order,
+        # they reach their buckets in it, and a tenant's relayed runs keep FIFO; unordered,
+        # PostgreSQL returned them in any order (a backlog relayed in reverse).
+        rows = (
+            JobRun.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=list(missing))
+            .order_by("queued_at", "pk")
+        )
         for run in rows:
             entry = missing[run.pk]
             now: Snapshot = (run.status, run.attempts, run.defer_count, run.gate_defer_count)

@@ -3,14 +3,14 @@
 A run is *abandoned* when
 
 * no live worker executes it any more: kumiko workers beat a liveness key naming the RQ job they
-  execute (worker.py), so a run is abandoned ``WORKER_DEAD_AFTER`` seconds after its worker
+  execute (worker/heart.py), so a run is abandoned ``WORKER_DEAD_AFTER`` seconds after its worker
   died (killed, OOM, machine lost), or at once when its live worker has moved on without
   recording an outcome (PostgreSQL was unreachable at the end of the attempt); or
 * it has been ``running`` for longer than its job's timeout plus a grace period, and no kumiko
-  worker may still execute it (none beats for it, and liveness is known). A kumiko worker ends
-  an attempt that outlives its timeout itself (worker.py's watchdog), so the next attempt never
-  starts while the previous one may still run; this rule is for runs of other RQ worker
-  classes, which do not beat, and for runs executed outside RQ.
+  worker may still execute it (none beats for it, and liveness is known). A kumiko worker
+  ends an attempt that outlives its timeout itself (worker/heart.py's watchdog), so the next
+  attempt never starts while the previous one may still run; this rule is for runs of other
+  RQ worker classes, which do not beat, and for runs executed outside RQ.
 
 An abandoned run is retried when it has attempts left, otherwise it fails with a reason that
 says so. Workers run the sweep every ``MAINTENANCE_INTERVAL`` seconds (one at a time), and at once
@@ -245,7 +245,7 @@ def _may_still_run(run: JobRun, alive: transport.Liveness | None) -> bool:
     """Whether a kumiko worker may still be executing this run (so its timeout proves nothing).
 
     A kumiko worker that executes the run beats for it, and ends an attempt that outlives its
-    timeout itself (worker.py's watchdog), so the timeout rule waits for the beats to stop. It
+    timeout itself (worker/heart.py's watchdog), so the timeout rule waits for the beats to stop. It
     decides alone only for runs no kumiko worker beats for: executed outside RQ (a boot gate)
     or by a live RQ worker of another class.
     """

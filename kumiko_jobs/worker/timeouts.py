@@ -2,7 +2,7 @@
 
 RQ raises its timeout inside the job, and a job that catches ``Exception`` swallows it and
 would "succeed" late. ``FinalTimeout``, the workers' death penalty, therefore first notes on
-the run that its timeout fired (``runner.call_job`` reads the note), and cancels a statement the
+the run that its timeout fired (``run.entry.call_job`` reads the note), and cancels a statement the
 body waits in rather than abandoning it in PostgreSQL. An attempt that still runs
 ``TIMEOUT_KILL_AFTER`` seconds later (it caught the timeout, or sits in a call no signal
 interrupts) is ended by the worker's watchdog (heart.py); ``record_overrun`` records it.
@@ -33,7 +33,7 @@ class FinalTimeout(transport.DeathPenaltyBase):
     """RQ's SIGALRM death penalty, which first notes on the run that its timeout fired.
 
     RQ raises its timeout inside the job; a job that catches ``Exception`` swallows it and would
-    "succeed" late. The note, owned by the run, makes the timeout final (``runner.call_job``).
+    "succeed" late. The note, owned by the run, makes the timeout final (``run.entry.call_job``).
     RQ also uses this class for callbacks and for the forking worker's monitor; only the job's
     own timeout is noted. The runner cancels the alarm when the job body is done
     (``core.current.job_alarm``), so the timeout never interrupts the writes of the run's outcome.
@@ -74,7 +74,7 @@ class FinalTimeout(transport.DeathPenaltyBase):
                 # The body waits in a statement. Raising the timeout here would abandon
                 # psycopg's wait: the statement would run on in PostgreSQL (holding its locks)
                 # and the session would be left mid-query. Instead PostgreSQL cancels it, its
-                # error ends the body, and runner.call_job records the attempt as timed out
+                # error ends the body, and run.entry.call_job records the attempt as timed out
                 # (timeout_fired); the session is clean for the next run.
                 return
         super().handle_death_penalty(signum, frame)
@@ -125,7 +125,7 @@ class SlotTimeout:
     SetAsyncExc``, as RQ's ``TimerDeathPenalty``). The exception is made in that thread, in
     the run's own context, and its constructor notes the timeout on the run first, as
     ``FinalTimeout`` does from its signal handler: a job that catches it still ends timed out
-    (``runner.call_job``). Python delivers it at the thread's next bytecode: a slot waiting in
+    (``run.entry.call_job``). Python delivers it at the thread's next bytecode: a slot waiting in
     a SQL statement or a C call (``time.sleep``) sees it when that call returns, and the
     worker's watchdog (``TIMEOUT_KILL_AFTER``) bounds what never returns. The alarm is
     withdrawn under a lock, so a timeout that has not been delivered when the body ends is

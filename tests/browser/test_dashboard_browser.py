@@ -16,7 +16,7 @@ import pytest
 
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.browser.test_admin_browser import CHROMIUM, SCREENSHOTS, log_in
-from tests.conftest import work
+from tests.conftest import start_rqworker, work
 from tests.integration.test_dashboard import make_user
 from tests.testapp import jobs
 
@@ -58,6 +58,7 @@ def history(tenants: dict[str, Any]) -> dict[str, int]:
     jobs.flaky.enqueue(tenant="t2", tag="bad", fail_times=99)
     work(scheduler_rounds=8)
     make_user("public", "operator", ("view_all_tenants", "view_jobrun"))
+    make_user("public", "actor", ("view_all_tenants", "view_jobrun", "change_jobrun"))
     make_user("t1", "clerk", ("view_jobrun",))
     runs = JobRun.objects.all()
     return {
@@ -114,4 +115,43 @@ def test_charts_draw_the_history(server: int, browser: Any, history: dict[str, i
     assert sum(v or 0 for v in days["failed"]) == 0  # t2's failure is not t1's
     assert jobs.flaky.name not in page.content()
     page.screenshot(path=str(SCREENSHOTS / "kumiko_dashboard_tenant.png"), full_page=True)
+    context.close()
+
+
+def test_retry_all_of_a_failure_group_from_the_dashboard(
+    server: int, browser: Any, history: dict[str, int]
+) -> None:
+    """The failure group's "retry all…" link, the confirmation page's count, the confirm button,
+    the operation's progress page; the batch runs in a real ``rqworker --burst`` process."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    base = f"http://localhost:{server}"
+    log_in(page, base, "actor")
+    page.goto(base + DASHBOARD)
+    page.locator('[data-table="failures"] a', has_text="retry all").click()
+    page.wait_for_selector(".kj-bulk-count")
+    assert page.locator("#content-main").get_attribute("data-count") == str(history["failed"])
+    assert "1 run matches. Retry it?" in page.locator(".kj-bulk-count").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "kumiko_bulk_confirm.png"), full_page=True)
+    page.locator(".kj-bulk-confirm").click()
+    page.wait_for_url("**/kumiko_jobs/bulkoperation/*/change/")
+    assert "Started: retry of 1 run" in page.locator(".messagelist").inner_text()
+
+    worker = start_rqworker("default", "--burst")
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 0, output[-2000:]
+    page.reload()
+    fields = page.locator("fieldset").inner_text()
+    assert page.locator(".fieldBox.field-state .readonly").inner_text().strip() == "done", fields
+    assert page.locator(".fieldBox.field-done .readonly").inner_text().strip() == "1", fields
+    page.goto(base + "/admin/kumiko_jobs/bulkoperation/")
+    assert "1 / 1" in page.locator("#result_list").inner_text()
+    page.screenshot(path=str(SCREENSHOTS / "kumiko_bulk_operations.png"), full_page=True)
+
+    # An operator who may not act on runs sees no such link.
+    other = browser.new_context().new_page()
+    log_in(other, base, "operator")
+    other.goto(base + DASHBOARD)
+    other.locator('[data-table="failures"] a').first.wait_for()
+    assert other.locator('[data-table="failures"] a', has_text="retry all").count() == 0
     context.close()

@@ -4,10 +4,11 @@ in how their users are made and signed in.
 
 Each check walks the same pages: the admin's index, the run list and every run's page and
 history, the failure list and every failure's page, the rejected messages' and escape-hatch
-uses' lists and pages, "Run a job…" (GET and a valid POST), and both actions (a POST that would
-retry a failed run and cancel a waiting one). "Sees nothing" means no kumiko page answers 200
-and no row's data is in any answer, and nothing changes: no run is added, none is cancelled,
-no message is pushed.
+uses' lists and pages, "Run a job…" (GET and a valid POST), both actions (a POST that would
+retry a failed run and cancel a waiting one), and the bulk retry and cancel (their
+confirmation pages, a confirmed POST each, the bulk operations' list). "Sees nothing" means no
+kumiko page answers 200 and no row's data is in any answer, and nothing changes: no run is
+added, none is cancelled, no message is pushed, no bulk operation is started.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from django.test import Client
 from django.utils import timezone
 
 from kumiko_jobs import transport
-from kumiko_jobs.models import EscapeHatchUse, JobFailure, JobRun, RejectedMessage, RunStatus
+from kumiko_jobs.models import (
+    BulkOperation,
+    EscapeHatchUse,
+    JobFailure,
+    JobRun,
+    RejectedMessage,
+    RunStatus,
+)
 from tests.conftest import work
 from tests.testapp import jobs
 
@@ -30,6 +38,8 @@ FAILURES = "/admin/kumiko_jobs/jobfailure/"
 REJECTED = "/admin/kumiko_jobs/rejectedmessage/"
 HATCHES = "/admin/kumiko_jobs/escapehatchuse/"
 RUN_JOB = "/admin/kumiko_jobs/jobrun/run-job/"
+BULK_RETRY, BULK_CANCEL = f"{RUNS}bulk/retry/", f"{RUNS}bulk/cancel/"
+BULK_OPERATIONS = "/admin/kumiko_jobs/bulkoperation/"
 SECRETS = {"t1": "s3cr3t-of-t1", "t2": "s3cr3t-of-t2"}
 HATCH_REASONS = {"t1": "reason-of-t1", "t2": "reason-of-t2"}
 REJECTED_REASON = "rejected-for-a-test"
@@ -90,7 +100,8 @@ def make_history() -> History:
 
 def _pages(history: History) -> list[str]:
     """Every kumiko GET page of the history's rows."""
-    pages = [RUNS, FAILURES, REJECTED, HATCHES, RUN_JOB]
+    pages = [RUNS, FAILURES, REJECTED, HATCHES, RUN_JOB, BULK_OPERATIONS]
+    pages += [BULK_RETRY, BULK_CANCEL, f"{BULK_RETRY}?status__exact=failed"]
     for run in history.runs.values():
         pages += [f"{RUNS}{run.pk}/change/", f"{RUNS}{run.pk}/history/"]
     pages += [f"{FAILURES}{f.pk}/change/" for f in history.failures.values()]
@@ -111,7 +122,7 @@ def _data_of(history: History, schemas: tuple[str, ...]) -> list[str]:
 
 def _snapshot() -> tuple[Any, ...]:
     rows = tuple(JobRun.objects.order_by("pk").values_list("pk", "status", "cancel_requested_at"))
-    return rows, transport.queue_length("default")
+    return rows, transport.queue_length("default"), BulkOperation.objects.count()
 
 
 def _try_to_act(client: Client, history: History) -> None:
@@ -123,6 +134,10 @@ def _try_to_act(client: Client, history: History) -> None:
     ):
         client.post(RUNS, {"action": action, "index": 0, "_selected_action": [str(run.pk)]})
     client.post(RUN_JOB, MANUAL)
+    # A bulk retry of every failed run and a bulk cancel of every run, confirmed.
+    as_of = timezone.now().isoformat()
+    client.post(BULK_RETRY, {"query": "status__exact=failed", "confirmed": "10", "as_of": as_of})
+    client.post(BULK_CANCEL, {"query": "", "confirmed": "10", "as_of": as_of})
 
 
 def assert_sees_nothing(client: Client, history: History) -> None:
@@ -172,7 +187,7 @@ def assert_member_sees_only(client: Client, history: History, schema: str) -> No
     for failure in history.failures.values():
         response = client.get(f"{FAILURES}{failure.pk}/change/")
         assert response.status_code == (200 if failure.schema_name == schema else 302)
-    for page in (REJECTED, HATCHES, RUN_JOB):
+    for page in (REJECTED, HATCHES, RUN_JOB, BULK_RETRY, BULK_CANCEL, BULK_OPERATIONS):
         assert client.get(page).status_code == 403, page
     _try_to_act(client, history)
     assert _snapshot() == before
@@ -196,6 +211,10 @@ def assert_operator_sees_all(client: Client, history: History) -> None:
     hatches = client.get(HATCHES).content.decode()
     assert HATCH_REASONS["t1"] in hatches and HATCH_REASONS["t2"] in hatches
     assert client.get(RUN_JOB).status_code == 200
+    assert 'name="confirmed" value="2"' in client.get(
+        f"{BULK_RETRY}?status__exact=failed"
+    ).content.decode()
+    assert client.get(BULK_OPERATIONS).status_code == 200
 
     runs_before = JobRun.objects.count()
     response = client.post(RUN_JOB, MANUAL)
@@ -226,5 +245,6 @@ OPERATOR_MODEL_PERMS = (
     "view_jobfailure",
     "view_rejectedmessage",
     "view_escapehatchuse",
+    "view_bulkoperation",
 )
 OPERATOR_PERMS = ("view_all_tenants", *OPERATOR_MODEL_PERMS)

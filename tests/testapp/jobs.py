@@ -469,3 +469,29 @@ def rate_probe(ctx, *, tag: str) -> str:
 def tenant_rate_probe(ctx, *, tag: str) -> str:
     _probe(ctx, tag)
     return tag
+
+
+# Flow control end to end (tests/integration/test_flow_end_to_end*.py): a retry with a real
+# backoff (so rq-scheduler moves it) under a rate limit, and a unique job that defers once.
+@job(retries=1, backoff={"type": "fixed", "delay": 1}, rate_limit="3/s")
+def flow_retried(ctx, *, tag: str) -> str:
+    _probe(ctx, tag, note=f"a{ctx.attempt}")
+    if ctx.attempt == 1:
+        raise RuntimeError("the first attempt fails; the retry waits a second in rq-scheduler")
+    return tag
+
+
+@job(unique=["invoice_id"], rate_limit="3/s")
+def flow_unique_defers(ctx, *, invoice_id: int, tag: str) -> object:
+    if not Probe.objects.filter(tag=tag, note="deferring").exists():
+        _probe(ctx, tag, note="deferring")
+        return ctx.defer(1)
+    _probe(ctx, tag, note="resumed")
+    return None
+
+
+@job(rate_limit="2/h", rate_limit_by="account")
+def per_account(ctx, *, account: str, tag: str) -> str:
+    """Two starts an hour per external account, across tenants (``rate_limit_by``)."""
+    _probe(ctx, tag, note=account)
+    return tag

@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
         "tasks",
         "testing",
         "jobs",
+        "bulk",
         "__init__",
         "runner",
         "context",

@@ -39,12 +39,47 @@ class Queue:
     name: str
     batches: list[list[Any]] = field(default_factory=list)
     calls: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
+    pipelines: list[QueuePipeline] = field(default_factory=list)
 
-    def enqueue_many(self, data: list[Any]) -> None:
+    def enqueue_many(self, data: list[Any], pipeline: QueuePipeline | None = None) -> None:
+        assert pipeline is not None and not pipeline.executed  # in the push's own pipeline
+        pipeline.commands.append(("enqueue_many", len(data)))
         self.batches.append(list(data))
+
+    @property
+    def connection(self) -> Queue:
+        return self
+
+    def pipeline(self) -> QueuePipeline:
+        pipe = QueuePipeline()
+        self.pipelines.append(pipe)
+        return pipe
 
     def enqueue_call(self, func: Any, **kwargs: Any) -> None:
         self.calls.append((func, kwargs))
+
+
+@dataclass
+class QueuePipeline:
+    """A queue's pipeline: the batch and its doorbell ring, executed together."""
+
+    commands: list[tuple[Any, ...]] = field(default_factory=list)
+    executed: bool = False
+
+    def __enter__(self) -> QueuePipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def lpush(self, key: str, *values: str) -> None:
+        self.commands.append(("lpush", key, len(values)))
+
+    def ltrim(self, key: str, start: int, end: int) -> None:
+        self.commands.append(("ltrim", key, start, end))
+
+    def execute(self) -> None:
+        self.executed = True
 
 
 @dataclass
@@ -159,6 +194,19 @@ def test_thousands_go_in_slices_of_500(redis: Handles) -> None:
     batches = redis.queues["default"].batches
     assert [len(b) for b in batches] == [500, 500, 201]
     assert [d.job_id for b in batches for d in b] == [f"kj-{n}" for n in range(1201)]
+
+
+def test_each_slice_rings_its_queues_doorbell_in_the_same_pipeline(redis: Handles) -> None:
+    """One ring per message, capped (doorbell.BELL_SIZE), executed with the slice."""
+    pushing.push_many([message(1), message(2, queue="mail"), message(3)])
+    bell = "kumiko:fair:default:bell"
+    [pipe] = redis.queues["default"].pipelines
+    assert pipe.executed
+    assert pipe.commands == [("enqueue_many", 2), ("lpush", bell, 2), ("ltrim", bell, 0, 63)]
+    [mail] = redis.queues["mail"].pipelines
+    assert mail.commands[1] == ("lpush", "kumiko:fair:mail:bell", 1)
+    pushing.push_many(message(n) for n in range(100))
+    assert redis.queues["default"].pipelines[-1].commands[1] == ("lpush", bell, 64)
 
 
 @override_settings(KUMIKO_JOBS=TTLS)

@@ -42,6 +42,7 @@ class FakeRedis:
         self.keys: set[str] = set()
         self.expiring: dict[str, int] = {}
         self.commands: list[str] = []
+        self.lists: dict[str, list[str]] = {}
         self.connection_pool = SimpleNamespace(
             connection_kwargs={"host": "redis", "port": 6379, "db": 0}
         )
@@ -114,6 +115,16 @@ class FakeRedis:
     def pipeline(self, transaction: bool = True) -> Pipeline:
         return Pipeline(self)
 
+    # lists (the queues' doorbells)
+    def lpush(self, key: str, *values: str) -> int:
+        self.commands.append(f"lpush {key}")
+        self.lists.setdefault(key, [])[:0] = reversed(values)
+        return len(self.lists[key])
+
+    def ltrim(self, key: str, start: int, end: int) -> bool:
+        self.lists[key] = self.lists.get(key, [])[start : end + 1]
+        return True
+
 
 class Pipeline:
     """Queues calls and runs them on ``execute``, as redis-py's pipeline does."""
@@ -173,9 +184,10 @@ class Hooks:
 
 @dataclass
 class Alarm:
-    """A due job as rq-scheduler hands it to ``enqueue_job`` (only its id is read)."""
+    """A due job as rq-scheduler hands it to ``enqueue_job`` (its id and queue are read)."""
 
     id: str
+    origin: str = "default"
 
 
 def install(monkeypatch: pytest.MonkeyPatch, hooks: Hooks) -> Hooks:
@@ -269,9 +281,12 @@ def test_any_other_due_job_is_rq_schedulers_move(
     hooks = install(monkeypatch, Hooks())
     moved: list[str] = []
     monkeypatch.setattr(queues.DelayedSet, "enqueue_job", lambda self, job: moved.append(job.id))
-    make_scheduler(redis).enqueue_job(Alarm("kj-run-1"))  # type: ignore[arg-type]
+    make_scheduler(redis).enqueue_job(Alarm("kj-run-1", origin="mail"))  # type: ignore[arg-type]
     assert moved == ["kj-run-1"]
     assert hooks.fired == []
+    # ... and rings its queue's doorbell after RQ's push (transport/doorbell.py)
+    assert redis.commands[-1:] == ["lpush kumiko:fair:mail:bell"]
+    assert redis.lists["kumiko:fair:mail:bell"] == ["1"]
 
 
 def test_each_round_restores_deleted_cron_entries_first(

@@ -127,8 +127,10 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
-def operator_data(params: Any, runs_url: str) -> dict[str, Any]:
-    """Everything the operators' dashboard shows, for its filters (``params``)."""
+def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, Any]:
+    """Everything the operators' dashboard shows, for its filters (``params``). With
+    ``retry_url`` (the bulk retry page, for operators who may use it), each failure group
+    links to the retry of all its runs too."""
     window, scope = window_of(params), operator_scope(params)
     now = timezone.now()
     points = history_points(window, scope, now)
@@ -140,6 +142,7 @@ def operator_data(params: Any, runs_url: str) -> dict[str, Any]:
     )
     for group in failures:
         group["link"] = failure_link(runs_url, group, scope)
+        group["retry_link"] = failure_link(retry_url, group, scope) if retry_url else ""
     series = [{k: v for k, v in p.items() if k != "failures"} for p in points]
     return {
         "generated_at": now.isoformat(),
@@ -163,8 +166,8 @@ def operator_data(params: Any, runs_url: str) -> dict[str, Any]:
 
 
 def failure_link(runs_url: str, group: dict[str, Any], scope: stats.Scope) -> str:
-    """The run list filtered to one failure group (job and error type), and the dashboard's
-    tenant when one is chosen."""
+    """The run list (or its bulk retry page) filtered to one failure group (job and error type),
+    and the dashboard's tenant when one is chosen."""
     query: dict[str, str] = {"status__exact": "failed", "job": group["job"]}
     query["error_type__exact"] = group["error_type"]
     if scope.tenant is not None:

@@ -14,6 +14,7 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
+from django.utils.cache import add_never_cache_headers
 from django.utils.translation import gettext
 
 from ...core.audience import tenant_schema
@@ -21,6 +22,7 @@ from ...history import stats
 from ...transport import RedisError
 from . import data, metrics
 from .access import console_schema, is_operator
+from .metrics_access import TokenVerdict, judge
 
 REFRESH_SECONDS = 5
 
@@ -34,7 +36,6 @@ class DashboardViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's ad
         views = (
             ("dashboard/", self.dashboard_view, "dashboard"),
             ("dashboard/data/", self.dashboard_data, "dashboard_data"),
-            ("dashboard/metrics/", self.metrics_view, "metrics"),
             ("console/", self.console_view, "console"),
             ("console/data/", self.console_data, "console_data"),
         )
@@ -43,11 +44,21 @@ class DashboardViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's ad
                 path(url, self.admin_site.admin_view(view), name=f"{prefix}_{name}")
                 for url, view, name in views
             ),
+            # Not behind admin_view: a scraper with METRICS_TOKEN has no session to log in.
+            path("dashboard/metrics/", self.metrics_entry, name=f"{prefix}_metrics"),
             *super().get_urls(),
         ]
 
     def _url(self, name: str) -> str:
         return reverse(f"{self.admin_site.name}:kumiko_jobs_jobrun_{name}")
+
+    def _url_with(self, name: str, *args: str) -> str:
+        return reverse(f"{self.admin_site.name}:kumiko_jobs_jobrun_{name}", args=args)
+
+    def _may_bulk(self, request: HttpRequest) -> bool:
+        # The run admin's BulkViews decides; a subclass without it offers no bulk links.
+        may = getattr(self, "may_bulk", None)
+        return bool(may and may(request))
 
     def _page(self, request: HttpRequest, template: str, title: str, **extra: Any) -> HttpResponse:
         context = {
@@ -94,15 +105,37 @@ class DashboardViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's ad
         if not is_operator(request):
             raise PermissionDenied
         try:
-            payload = data.operator_data(request.GET, self._url("changelist"))
+            retry = self._url_with("bulk", "retry") if self._may_bulk(request) else ""
+            payload = data.operator_data(request.GET, self._url("changelist"), retry)
         except data.BadFilter as exc:
             return JsonResponse({"error": str(exc)}, status=400)
         return JsonResponse(payload)
 
+    def metrics_entry(self, request: HttpRequest) -> HttpResponse:
+        """The metrics URL: a bearer token (``METRICS_TOKEN``) decides when one is sent, else the
+        admin's login and ``metrics_view``'s operator check, as every other dashboard page."""
+        verdict = judge(request)
+        if verdict is TokenVerdict.ABSENT:
+            return self.admin_site.admin_view(self.metrics_view)(request)
+        if verdict is TokenVerdict.INVALID:
+            response = HttpResponse(
+                "# The bearer token is not METRICS_TOKEN (or no token is configured).\n",
+                status=401,
+                content_type=metrics.CONTENT_TYPE,
+            )
+            response["WWW-Authenticate"] = 'Bearer realm="kumiko_jobs metrics"'
+        else:
+            response = self._metrics_response(request)
+        add_never_cache_headers(response)
+        return response
+
     def metrics_view(self, request: HttpRequest) -> HttpResponse:
-        """Prometheus' text format, for operators (a scraper logs in as one)."""
+        """Prometheus' text format, for operators' sessions."""
         if not is_operator(request):
             raise PermissionDenied
+        return self._metrics_response(request)
+
+    def _metrics_response(self, request: HttpRequest) -> HttpResponse:
         try:
             body = metrics.exposition()
         except (RedisError, OSError) as exc:

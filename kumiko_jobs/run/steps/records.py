@@ -207,7 +207,7 @@ def _finish(state: RunState) -> None:
         run_update["error_type"] = ""
         run_update["error_message"] = ""
     if outcome is Outcome.SUCCEEDED:
-        # Already plain JSON (or a marker), made in runner.call_job; in the same statement.
+        # Already plain JSON (or a marker), made in run.entry.call_job; in the same statement.
         run_update["result"] = state.ending.result
     if outcome is Outcome.DROPPED:
         run_update["error_message"] = state.ending.drop_reason

@@ -80,8 +80,12 @@
       data.workers.listed.map(function (w) {
         return [w.name + (w.kumiko ? "" : " (no kumiko beat)"), w.queues.join(", "), w.state, w.run_id || w.rq_job_id, w.busy_for_s, w.heartbeat_ago_s];
       }));
-    table(q('[data-table="failures"]'), ["job", "error", "runs", "last"],
-      data.failures.map(function (f) { return [{href: f.link, text: f.job}, f.error_type || "—", f.count, when(f.last)]; }));
+    var canRetry = data.failures.some(function (f) { return f.retry_link; });
+    table(q('[data-table="failures"]'), ["job", "error", "runs", "last"].concat(canRetry ? ["act"] : []),
+      data.failures.map(function (f) {
+        var row = [{href: f.link, text: f.job}, f.error_type || "—", f.count, when(f.last)];
+        return canRetry ? row.concat([{href: f.retry_link, text: "retry all…"}]) : row;
+      }));
   }
 
   function console_(data) {

@@ -8,7 +8,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("kumiko_jobs", "0021_flow_control"),
+        ("kumiko_jobs", "0022_bulk_operations"),
     ]
 
     operations = [
