@@ -12,6 +12,7 @@ from .core.exceptions import (
     KumikoJobsError,
     TenantVisibleError,
     Unrecoverable,
+    WaitTimeout,
 )
 from .definition.job import EscapeHatch
 from .enqueueing.api import (
@@ -36,6 +37,7 @@ __all__ = [
     "KumikoJobsError",
     "TenantVisibleError",
     "Unrecoverable",
+    "WaitTimeout",
     "cancel_workflow",
     "chain",
     "current_user",

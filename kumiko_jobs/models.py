@@ -138,6 +138,13 @@ class JobRun(models.Model):
     # control"), for the messages the relay and the sweep rebuild from this row. db_default:
     # a process of the previous release inserts rows without this column.
     priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
+    # What the job last said of how far it is (``ctx.progress``: a fraction 0..1 and a short
+    # text), written at most every PROGRESS_INTERVAL seconds while it runs and with its finish
+    # (run/progress.py). NULL: never reported. db_default: the previous release's inserts.
+    progress = models.FloatField(_("progress"), null=True, blank=True)
+    progress_message = models.CharField(
+        _("progress message"), max_length=200, default="", db_default="", blank=True
+    )
 
     class Meta:
         """Newest first, with the indexes that keep the admin's lists an index range read at
@@ -440,6 +447,11 @@ class Workflow(models.Model):
     # One active workflow of this name per tenant: a later one waits ``queued`` (its first
     # steps without runs) until the previous one has finished (docs/workflows.md).
     sequential = models.BooleanField(default=False)
+    # With ``sequential``: the turns are per (tenant, name, this key) instead of per (tenant,
+    # name): one active "sync" workflow per account, say (``workflow(sequential_key=...)``).
+    sequence_key = models.CharField(
+        _("sequence key"), max_length=200, default="", db_default="", blank=True
+    )
     created_at = models.DateTimeField(_("created"))
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
     correlation_id = models.CharField(max_length=64, blank=True)

@@ -180,6 +180,21 @@ class RunDisplay:
             sentence,
         )
 
+    @admin.display(description=_("progress"), ordering="progress")
+    def progress_cell(self, run: JobRun) -> SafeString | str:
+        """What the job last said of how far it is (``ctx.progress``): ``40 %`` and its text,
+        "—" for a run that never said."""
+        if run.progress is None:
+            return "—"
+        percent = f"{round(run.progress * 100)} %"
+        if not run.progress_message:
+            return percent
+        return format_html(
+            '{}<div class="kj-progress" style="font-size:0.85em">{}</div>',
+            percent,
+            run.progress_message,
+        )
+
     @admin.display(description=_("payload"))
     def payload_block(self, run: JobRun) -> SafeString:
         """The arguments the run was enqueued with, as indented JSON."""

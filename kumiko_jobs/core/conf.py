@@ -130,6 +130,12 @@ class KumikoSettings:
     GUARD_EXTRA_FUNCTIONS: tuple[str, ...] = ()
     # Bytes of JSON a job's return value may take on its run (history/results.py); 0 keeps none.
     MAX_RESULT_BYTES: int = 64 * 1024
+    # Seconds between two writes of a running run's ctx.progress() to its row (run/progress.py);
+    # the last report is written with the finish in any case. 0: only with the finish.
+    PROGRESS_INTERVAL: int = 5
+    # Seconds a handle.wait() blocks on the done signal before it reads the row again anyway
+    # (enqueueing/waiting.py): the bound for runs that end outside a worker's finish.
+    WAIT_RECHECK: float = 5.0
     # The second wall (docs/guard.md, "Two walls"): tenant job bodies log in as their tenant's
     # PostgreSQL role. Off by default: turning it on needs the operator's set-up steps.
     DB_ROLES: bool = False
@@ -211,6 +217,7 @@ _NON_NEGATIVE_INTS = (
     "SCHEDULER_OVERDUE_AFTER",
     "CRON_CATCH_UP",
     "MAX_RESULT_BYTES",
+    "PROGRESS_INTERVAL",
     "ADMIN_STATEMENT_TIMEOUT_MS",
 )
 
@@ -267,6 +274,15 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
         )
     if "SCHEDULER_LOCK_TTL" in values:
         values["SCHEDULER_LOCK_TTL"] = float(lock)
+    recheck = values.get("WAIT_RECHECK", 5.0)
+    if isinstance(recheck, bool) or not isinstance(recheck, int | float) or not recheck >= 0.1:
+        raise ImproperlyConfigured(
+            "settings.KUMIKO_JOBS['WAIT_RECHECK'] must be a number of seconds, at least 0.1 "
+            f"(5 by default: how often handle.wait() reads the row without a signal), got "
+            f"{recheck!r}."
+        )
+    if "WAIT_RECHECK" in values:
+        values["WAIT_RECHECK"] = float(recheck)
     defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
     beat = values.get("WORKER_HEARTBEAT", defaults["WORKER_HEARTBEAT"])
     if values.get("WORKER_DEAD_AFTER", defaults["WORKER_DEAD_AFTER"]) < 2 * beat:

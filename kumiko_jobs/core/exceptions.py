@@ -48,6 +48,10 @@ class BootGateFailed(KumikoJobsError):
     """A boot gate failed; the worker refuses to start (worker/boot.py)."""
 
 
+class WaitTimeout(KumikoJobsError, TimeoutError):
+    """``handle.wait(timeout)``: the run (or workflow) had not finished when the time was up."""
+
+
 class OperationRefused(KumikoJobsError):
     """An operator action that does not apply to this run (operations.py).
 

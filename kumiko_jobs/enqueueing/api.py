@@ -138,13 +138,25 @@ def group(parts: Any, *, then: Any = None) -> Any:
 
 
 def workflow(
-    part: Any, *, name: str, stop_on_failure: bool = False, sequential: bool = False
+    part: Any,
+    *,
+    name: str,
+    stop_on_failure: bool = False,
+    sequential: bool = False,
+    sequential_key: str | None = None,
 ) -> Any:
     """A workflow of steps, to ``.enqueue(tenant=...)`` as one unit (docs/workflows.md);
-    ``sequential``: one of this name per tenant at a time, the next waits its turn."""
+    ``sequential``: one of this name per tenant at a time, the next waits its turn;
+    ``sequential_key``: the same per tenant and key (``str(account.pk)``)."""
     from .workflows import workflow as make  # imports models: see the module docstring
 
-    return make(part, name=name, stop_on_failure=stop_on_failure, sequential=sequential)
+    return make(
+        part,
+        name=name,
+        stop_on_failure=stop_on_failure,
+        sequential=sequential,
+        sequential_key=sequential_key,
+    )
 
 
 def cancel_workflow(workflow_id: Any, *, by: Any = None) -> bool:

@@ -12,11 +12,13 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 
-from ..core.exceptions import InvalidJob
+from ..core import conf
+from ..core.exceptions import InvalidJob, KumikoJobsError
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
 from ..history import run_reads
-from ..models import REFUSED_STATUSES, JobRun, RunStatus
+from ..models import FINISHED_STATUSES, REFUSED_STATUSES, JobRun, RunStatus
+from . import waiting
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +82,33 @@ class RunHandle:
     async def arefresh(self) -> JobRun:
         """``refresh()`` for async code."""
         return await sync_to_async(self.refresh)()
+
+    def wait(self, timeout: float) -> RunHandle:
+        """Block until the run is final (succeeded, failed, cancelled), at most ``timeout``
+        seconds (``WaitTimeout`` then); returns this handle, refreshed: ``status``, ``result``.
+        Without polling (``enqueueing/waiting``); as ``refresh``, only the caller's tenant's
+        run (another's raises ``JobRun.DoesNotExist`` at once)."""
+        waiting.wait(self.run_id, self._queue(), timeout, self._final_now, self._what())
+        return self
+
+    async def await_result(self, timeout: float) -> RunHandle:
+        """``wait()`` for async code: ``handle = await handle.await_result(30)``."""
+        queue = await sync_to_async(self._queue)()
+        await waiting.await_(self.run_id, queue, timeout, self._final_now, self._what())
+        return self
+
+    def _final_now(self) -> bool:
+        return self.refresh().status in FINISHED_STATUSES
+
+    def _queue(self) -> str:
+        """The run's queue (its worker signals on that queue's Redis), from its definition."""
+        try:
+            return registry.get(self.job_name).queue_name
+        except KumikoJobsError:
+            return conf.get().DEFAULT_QUEUE
+
+    def _what(self) -> str:
+        return f"Run {self.run_id} of {self.job_name}"
 
 
 def resolve(job: JobDefinition | str) -> JobDefinition:

@@ -17,6 +17,7 @@ import inspect
 import json
 import logging
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +50,8 @@ class WorkflowLink:
 
     workflow_id: uuid.UUID | None = None
     released: list[transport.Message] = field(default_factory=list)
+    # The finish ended the workflow (its last step): handle.wait()'s signal is sent for it too.
+    ended: bool = False
 
 
 def advance(link: WorkflowLink, run_id: str, status: str) -> None:
@@ -61,13 +64,15 @@ def advance(link: WorkflowLink, run_id: str, status: str) -> None:
         return
     closed = sql.close(wf.workflow_id, uuid.UUID(run_id), sql.step_state_of(status), "")
     if closed is not None:
-        link.released.extend(_settle(wf, [closed]))
+        messages, link.ended = _settle(wf, [closed])
+        link.released.extend(messages)
 
 
-def _settle(wf: Workflow, closed: list[sql.Closed]) -> list[transport.Message]:
+def _settle(wf: Workflow, closed: list[sql.Closed]) -> tuple[list[transport.Message], bool]:
     """Count ``closed`` down in their dependents, release or skip the ready ones (a skip is
     final too, and counts down further), stop the workflow on a failure if it asks, end it."""
     final, failed = len(closed), sum(c.state != StepState.SUCCEEDED for c in closed)
+    # Returns the released steps' messages, and whether the workflow ended here.
     messages: list[transport.Message] = []
     todo = list(closed)
     while todo:
@@ -84,30 +89,31 @@ def _settle(wf: Workflow, closed: list[sql.Closed]) -> list[transport.Message]:
         stopped = _stop(wf, "stop_on_failure: a step did not succeed")
         final += stopped
         failed += stopped
-    _end_if_done(wf, *sql.count_final(wf.workflow_id, final, failed))
-    return messages
+    ended = _end_if_done(wf, *sql.count_final(wf.workflow_id, final, failed))
+    return messages, ended
 
 
-def _end_if_done(wf: Workflow, pending: int, failed: int) -> None:
+def _end_if_done(wf: Workflow, pending: int, failed: int) -> bool:
     """The last step is final: the workflow ends (cancelled, failed, or succeeded), and a
-    sequential one hands the turn to the next of its name and tenant."""
+    sequential one hands the turn to the next of its name and tenant. True when it ended."""
     if pending > 0:
-        return
+        return False
     if wf.status == RunStatus.CANCELLED:
         sql.end(wf, RunStatus.CANCELLED)
     else:
         sql.end(wf, RunStatus.FAILED if failed else RunStatus.SUCCEEDED)
     if wf.sequential:
         _start_next(wf)
+    return True
 
 
 def _start_next(ended: Workflow) -> None:
     """Start the oldest workflow waiting for this turn, if no other holds it: its first steps'
     runs are written here, chunk by chunk, and pushed from their rows after the commit."""
-    sql.turn_lock(ended.name, ended.schema_name)
-    if sql.has_turn_taken(ended.name, ended.schema_name, besides=ended.workflow_id):
+    sql.turn_lock(ended)
+    if sql.has_turn_taken(ended, besides=ended.workflow_id):
         return
-    nxt = sql.next_in_turn(ended.name, ended.schema_name)
+    nxt = sql.next_in_turn(ended)
     if nxt is None:
         return
     sql.end(nxt, RunStatus.RUNNING)
@@ -192,10 +198,16 @@ def _run_of(wf: Workflow, step: sql.Ready) -> tuple[transport.Message, JobRun]:
 def _results(workflow_id: uuid.UUID, key: str) -> dict[str, Any]:
     """The results of the steps ``key`` waits for (None for one that did not succeed), at most
     ``MAX_RESULT_BYTES`` in all: over that, a marker saying so instead."""
+    return bounded_results(sql.predecessor_results(workflow_id, key))
+
+
+def bounded_results(rows: Iterable[tuple[str, str, Any]]) -> dict[str, Any]:
+    """``{key: result}`` of ``(key, state, result)`` rows (None for a step that did not
+    succeed), at most ``MAX_RESULT_BYTES`` in all: over that, a marker saying so instead."""
     limit = conf.get().MAX_RESULT_BYTES
     results: dict[str, Any] = {}
     size = 2
-    for pred, state, result in sql.predecessor_results(workflow_id, key):
+    for pred, state, result in rows:
         value = result if state == StepState.SUCCEEDED else None
         size += len(json.dumps(pred)) + len(json.dumps(value)) + 2
         if size > limit:
@@ -243,7 +255,9 @@ def cancel(workflow_id: uuid.UUID, *, by: Any = None) -> bool:
         if wf is None or wf.status not in (RunStatus.RUNNING, RunStatus.QUEUED):
             return False
         stopped = _stop(wf, f"cancelled by {who}" if who else "cancelled")
-        _end_if_done(wf, *sql.count_final(workflow_id, stopped, stopped))
+        ended = _end_if_done(wf, *sql.count_final(workflow_id, stopped, stopped))
+    if ended:
+        transaction.on_commit(lambda: _signal_done(workflow_id), robust=True)
     return True
 
 
@@ -259,10 +273,21 @@ def reconcile(limit: int = 500) -> int:
             step = sql.close(workflow_id, run_id, sql.step_state_of(status), "")
             if step is None:
                 continue
-            messages = _settle(wf, [step])
+            messages, ended = _settle(wf, [step])
         closed += 1
         _push(messages)
+        if ended:
+            _signal_done(workflow_id)  # committed: the transaction above has ended
     return closed
+
+
+def _signal_done(workflow_id: uuid.UUID) -> None:
+    """The workflow ended outside a worker's finish (a cancel, the reconciler): wake its
+    waiters (``handle.wait``) now, after the commit."""
+    try:
+        transport.signal_done(workflow_id.hex, conf.get().DEFAULT_QUEUE)
+    except Exception as exc:
+        logger.warning("workflow %s ended; its waiters not woken (%r)", workflow_id, exc)
 
 
 def _push(messages: list[transport.Message]) -> None:

@@ -24,11 +24,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from .. import origin
+from ..core import conf
 from ..core.exceptions import InvalidJob
+from ..core.text import text_problem
 from ..definition.job import JobDefinition
 from ..history import workflows as history
 from ..models import JobRun, RunStatus, StepState, Workflow, WorkflowStep
-from . import followups
+from . import followups, waiting
 from .messages import message_for, new_envelope, row_for
 from .validate import check_size, resolve_schema, validated
 from .workflow_release import CHUNK, OUTCOMES_ARGUMENT, RESULTS_ARGUMENT, cancel, push_released
@@ -137,8 +139,12 @@ class WorkflowHandle:
     schema_name: str | None
 
     def refresh(self) -> Workflow:
-        """The workflow's row now (status, counters)."""
-        return Workflow.objects.get(pk=self.workflow_id)
+        """The workflow's row now (status, counters). From a tenant's context only that
+        tenant's workflow: another's raises ``Workflow.DoesNotExist``, as an unknown id."""
+        row = history.load(self.workflow_id)
+        if row is None:
+            raise Workflow.DoesNotExist(f"No workflow {self.workflow_id} in this tenant.")
+        return row
 
     @property
     def status(self) -> str:
@@ -147,8 +153,29 @@ class WorkflowHandle:
 
     def steps(self) -> dict[str, str]:
         """Each step's state, by key (for a group of thousands, read the counters instead)."""
+        self.refresh()  # the tenant's check
         rows = WorkflowStep.objects.filter(workflow_id=self.workflow_id).values_list("key", "state")
         return dict(rows)
+
+    def wait(self, timeout: float) -> WorkflowHandle:
+        """Block until the workflow has ended (every step final), at most ``timeout`` seconds
+        (``WaitTimeout`` then); ``status`` and ``steps()`` then say how. Without polling: the
+        finish that ends it signals (``enqueueing/waiting``)."""
+        waiting.wait(self.workflow_id, conf.get().DEFAULT_QUEUE, timeout, self._ended, self._what())
+        return self
+
+    async def await_result(self, timeout: float) -> WorkflowHandle:
+        """``wait()`` for async code."""
+        queue = conf.get().DEFAULT_QUEUE
+        await waiting.await_(self.workflow_id, queue, timeout, self._ended, self._what())
+        return self
+
+    def _ended(self) -> bool:
+        row = self.refresh()
+        return row.finished_at is not None and row.steps_pending == 0
+
+    def _what(self) -> str:
+        return f"Workflow {self.workflow_id} ({self.name})"
 
     def cancel(self, *, by: Any = None) -> bool:
         """Cancel every step that has not finished (``workflow_release.cancel``)."""
@@ -163,6 +190,7 @@ class WorkflowSpec:
     name: str
     stop_on_failure: bool = False
     sequential: bool = False
+    sequence_key: str = ""
 
     def enqueue(self, *, tenant: Any = None) -> WorkflowHandle:
         """Enqueue the workflow as one unit, on commit, in ``tenant`` (or the current one)."""
@@ -170,13 +198,30 @@ class WorkflowSpec:
 
 
 def workflow(
-    part: Step | Flow, *, name: str, stop_on_failure: bool = False, sequential: bool = False
+    part: Step | Flow,
+    *,
+    name: str,
+    stop_on_failure: bool = False,
+    sequential: bool = False,
+    sequential_key: str | None = None,
 ) -> WorkflowSpec:
     """``workflow(chain(a.step(), b.step()), name="import")``: see the module docstring.
-    ``sequential``: one workflow of this name per tenant at a time; a later one waits."""
+    ``sequential``: one workflow of this name per tenant at a time; a later one waits.
+    ``sequential_key``: the same, per key of the tenant (``str(account.pk)``): one workflow of
+    this name per tenant and key at a time (implies ``sequential``)."""
     if not isinstance(name, str) or not name or len(name) > 200:
         raise InvalidJob(f"workflow() needs a name of 1 to 200 characters, got {name!r}.")
-    return WorkflowSpec(_flow(part), name, stop_on_failure, sequential)
+    if sequential_key is None:
+        return WorkflowSpec(_flow(part), name, stop_on_failure, sequential)
+    if not isinstance(sequential_key, str) or not sequential_key or len(sequential_key) > 200:
+        raise InvalidJob(
+            "workflow(sequential_key=...) takes a text of 1 to 200 characters naming what the "
+            f"turns are per (str(account.pk), say), got {sequential_key!r}."
+        )
+    problem = text_problem(sequential_key)
+    if problem:
+        raise InvalidJob(f"workflow(sequential_key=...) {problem}; pass plain text.")
+    return WorkflowSpec(_flow(part), name, stop_on_failure, True, sequential_key)
 
 
 def _ordered(flow: Flow) -> list[Step]:
@@ -263,6 +308,7 @@ def enqueue(spec: WorkflowSpec, *, tenant: Any = None) -> WorkflowHandle:
         status=RunStatus.RUNNING,
         stop_on_failure=spec.stop_on_failure,
         sequential=spec.sequential,
+        sequence_key=spec.sequence_key,
         created_at=now,
         correlation_id=origin.correlation_id(),
         steps_total=len(steps),
@@ -270,8 +316,8 @@ def enqueue(spec: WorkflowSpec, *, tenant: Any = None) -> WorkflowHandle:
     )
     with transaction.atomic():
         if spec.sequential:
-            history.turn_lock(wf.name, wf.schema_name)
-            if history.has_turn_taken(wf.name, wf.schema_name):
+            history.turn_lock(wf)
+            if history.has_turn_taken(wf):
                 wf.status = RunStatus.QUEUED  # its first steps get runs when its turn comes
         wf.save(force_insert=True)
         for chunk in _chunks(steps):

@@ -1,7 +1,9 @@
 """How long history is kept, and what is left of a tenant's history once the tenant is gone.
 
 * Runs (``RETENTION_DAYS``) and rejected messages: finished ones older than the setting; the
-  run lists of bulk operations that ended before then (the operations' rows stay).
+  run lists of bulk operations that ended before then (the operations' rows stay); workflows
+  that ended before the same cutoff, with their steps (their steps' runs are finished runs of
+  that age too).
 * Tenant-visible failures (``JobFailure``): a failure is *resolved* once a later run of the
   same job and subject succeeded; resolved ones are deleted at the next sweep whatever their
   age (a success normally deletes its failure at once, but not when the job stopped declaring
@@ -48,7 +50,13 @@ from ..models import (
     JobRun,
     RejectedMessage,
     RunStatus,
+    Workflow,
+    WorkflowStep,
 )
+from .workflows import ended_workflows
+
+# Workflows per batch: BATCH_SIZE divided by this (each takes its steps along).
+WORKFLOW_BATCH_DIVISOR = 100
 
 logger = logging.getLogger("kumiko_jobs.retention")
 
@@ -64,6 +72,7 @@ class Deleted:
     failures: int = 0
     audit: int = 0
     bulk_items: int = 0
+    workflows: int = 0
 
 
 # Rows per DELETE: a batch of runs with their attempts holds its row locks about half a second
@@ -126,7 +135,7 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
     """
     settings = conf.get()
     now = timezone.now()
-    runs = rejections = bulk_items = 0
+    runs = rejections = bulk_items = workflows = 0
     if settings.RETENTION_DAYS:
         cutoff = now - timedelta(days=settings.RETENTION_DAYS)
         runs = delete_in_batches(
@@ -140,6 +149,11 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
         # the operation rows stay, with their counts: the operators' record.
         bulk_items = delete_in_batches(
             BulkItem.objects.filter(operation__finished_at__lt=cutoff), batch_size=batch_size
+        )
+        # A workflow's steps go with it (one level of cascade); fewer per batch, as each may
+        # have thousands of steps.
+        workflows = delete_in_batches(
+            ended_workflows(cutoff), batch_size=max(1, batch_size // WORKFLOW_BATCH_DIVISOR)
         )
     failures = delete_resolved_failures(batch_size=batch_size)
     if settings.FAILURE_RETENTION_DAYS:
@@ -161,7 +175,7 @@ def delete_expired(*, batch_size: int = BATCH_SIZE) -> Deleted:
         audit = delete_in_batches(
             EscapeHatchUse.objects.filter(last_seen__lt=cutoff), batch_size=batch_size
         )
-    return Deleted(runs, rejections, failures, audit, bulk_items)
+    return Deleted(runs, rejections, failures, audit, bulk_items, workflows)
 
 
 def delete_resolved_failures(*, batch_size: int = BATCH_SIZE) -> int:
@@ -191,11 +205,14 @@ def forget_tenant(schema: str) -> int:
         # In batches (a tenant may have millions of runs); fan-out children are among them.
         delete_in_batches(JobFailure.objects.filter(schema_name=schema))
         delete_in_batches(tenant_rejections(schema))
+        delete_in_batches(Workflow.objects.filter(schema_name=schema), batch_size=BATCH_SIZE // 100)
         touched = delete_in_batches(runs)
     else:
         with transaction.atomic():
             JobFailure.objects.filter(schema_name=schema).delete()
             tenant_rejections(schema).update(excerpt="", schema_name=schema)
+            # A step's arguments and reason are the tenant's data, as a run's payload is.
+            WorkflowStep.objects.filter(workflow__schema_name=schema).update(kwargs={}, reason="")
             JobAttempt.objects.filter(run__schema_name=schema).update(
                 error_message="", traceback="", log=[]
             )

@@ -341,6 +341,22 @@ def finish_in_transaction(
         also()
 
 
+def write_progress(
+    conn: Any, run_id: str, attempt: int, fraction: float | None, message: str
+) -> None:
+    """A running run's progress (``run/progress``: at most every ``PROGRESS_INTERVAL`` s), on
+    ``conn``, the project's connection, in its own implicit transaction; only while the row
+    still runs this attempt."""
+    qn = connection.ops.quote_name
+    with session.plain_cursor(conn) as cursor:
+        cursor.execute(
+            f"UPDATE {_qualified(JobRun._meta.db_table)} SET {qn('progress')} = %s, "
+            f"{qn('progress_message')} = %s "
+            f"WHERE {qn('run_id')} = %s AND {qn('status')} = %s AND {qn('attempts')} = %s",
+            [fraction, message, uuid.UUID(run_id), RunStatus.RUNNING.value, attempt],
+        )
+
+
 # --- atomic runs (docs/reliability.md, "Exactly once for database-only jobs") ------------------
 
 

@@ -21,6 +21,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from ..models import FINISHED_STATUSES, JobRun, RunStatus, StepState, Workflow, WorkflowStep
+from .run_reads import reader_schema
 
 _STEP = WorkflowStep._meta.db_table
 _RUN = JobRun._meta.db_table
@@ -66,6 +67,28 @@ class Ready:
     preds_succeeded: int
     preds_failed: int
     preds_cancelled: int
+
+
+def load(workflow_id: Any) -> Workflow | None:
+    """The workflow, for a handle: from a tenant's context only that tenant's (another's is
+    None, as an id no workflow has: ``run_reads.reader_schema``); operators read any."""
+    rows = Workflow.objects.filter(pk=workflow_id)
+    schema = reader_schema()
+    if schema is not None:
+        rows = rows.filter(schema_name=schema)
+    return rows.first()
+
+
+def ended_workflows(cutoff: Any) -> QuerySet[Workflow]:
+    """Workflows that ended before ``cutoff`` (every step final), for retention: a running,
+    waiting or still winding-down one is kept whatever its age."""
+    return Workflow.objects.filter(
+        # created_at comes first, so kj_wf_status (status, created_at) narrows the read.
+        created_at__lt=cutoff,
+        finished_at__lt=cutoff,
+        steps_pending__lte=0,
+        status__in=(RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED),
+    )
 
 
 def lock(workflow_id: uuid.UUID) -> Workflow | None:
@@ -223,6 +246,23 @@ def predecessor_results(workflow_id: uuid.UUID, key: str) -> list[tuple[str, str
         return [(k, st, _json(res)) for k, st, res in cursor.fetchall()]
 
 
+def step_results(workflow_id: uuid.UUID) -> tuple[str, list[tuple[str, str, Any]]]:
+    """The workflow's tenant ("" for a system workflow) and (key, state, result) of each of
+    its steps, in order (``ctx.workflow_results``: a system step's fan-in, with its grant);
+    ``("", [])`` for an id no workflow has."""
+    schema = Workflow.objects.filter(pk=workflow_id).values_list("schema_name", flat=True).first()
+    if schema is None:
+        return "", []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT s.key, s.state, r.result FROM {_STEP} AS s "
+            f"LEFT JOIN {_RUN} AS r ON r.run_id = s.run_id "
+            f"WHERE s.workflow_id = %s ORDER BY s.id",
+            [workflow_id],
+        )
+        return schema, [(k, st, _json(res)) for k, st, res in cursor.fetchall()]
+
+
 def _quoted(key: str) -> str:
     return key.replace("\\", "\\\\").replace('"', '\\"')
 
@@ -243,37 +283,40 @@ def stranded(limit: int) -> list[tuple[uuid.UUID, uuid.UUID, str]]:
         return [(w, r, st) for w, r, st in cursor.fetchall()]
 
 
-def turn_lock(name: str, schema: str) -> None:
-    """Serialize the turns of a sequential workflow's name in a tenant (until the transaction
-    ends): an enqueue deciding to wait and a finish looking for the next one never miss each
-    other."""
+def turn_lock(wf: Workflow) -> None:
+    """Serialize the turns of a sequential workflow's name (and key) in a tenant (until the
+    transaction ends): an enqueue deciding to wait and a finish looking for the next one never
+    miss each other."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            [f"kumiko_jobs.workflow:{schema}:{name}"],
+            [f"kumiko_jobs.workflow:{wf.schema_name}:{wf.name}:{wf.sequence_key}"],
         )
 
 
-def _sequential(name: str, schema: str) -> QuerySet[Workflow]:
-    return Workflow.objects.filter(name=name, schema_name=schema, sequential=True)
+def _sequential(wf: Workflow) -> QuerySet[Workflow]:
+    return Workflow.objects.filter(
+        name=wf.name, schema_name=wf.schema_name, sequence_key=wf.sequence_key, sequential=True
+    )
 
 
-def has_turn_taken(name: str, schema: str, *, besides: uuid.UUID | None = None) -> bool:
-    """A sequential workflow of this name and tenant is running, still winding down (cancelled
-    with steps running) or, for an enqueue, waiting its turn."""
+def has_turn_taken(wf: Workflow, *, besides: uuid.UUID | None = None) -> bool:
+    """A sequential workflow of ``wf``'s name, key and tenant is running, still winding down
+    (cancelled with steps running) or, for an enqueue, waiting its turn."""
     active = Q(status=RunStatus.RUNNING) | Q(status=RunStatus.CANCELLED, steps_pending__gt=0)
     if besides is None:
         active |= Q(status=RunStatus.QUEUED)
-    found = _sequential(name, schema).filter(active)
+    found = _sequential(wf).filter(active)
     if besides is not None:
         found = found.exclude(pk=besides)
     return found.exists()
 
 
-def next_in_turn(name: str, schema: str) -> Workflow | None:
-    """The oldest sequential workflow of this name and tenant waiting its turn, locked."""
+def next_in_turn(wf: Workflow) -> Workflow | None:
+    """The oldest sequential workflow of ``wf``'s name, key and tenant waiting its turn,
+    locked."""
     return (
-        _sequential(name, schema)
+        _sequential(wf)
         .filter(status=RunStatus.QUEUED)
         .select_for_update()
         .order_by("created_at")

@@ -19,9 +19,11 @@ from ..core import current
 from ..core.exceptions import InvalidJob, JobCancelled
 from ..core.grants import Grant
 from ..enqueueing.followups import prepare_followup
+from ..enqueueing.workflow_release import bounded_results
 from ..guard.connections import project_identity, read_identity, writer_identity
-from ..history import audit
-from . import cancellation
+from ..history import audit, workflows
+from ..history.run_reads import parse_id
+from . import cancellation, progress
 from .joblog import JobLog
 from .state import Deferral, RunState
 
@@ -86,6 +88,34 @@ class JobContext:
             )
 
         return prepare_followup(self._state.followups, job, kwargs)
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Say how far the run is: ``fraction`` from 0 to 1, and a short text (at most 200
+        characters) for the admin. Cheap to call often: kept in memory, written on the run at
+        most every ``PROGRESS_INTERVAL`` seconds and with its finish (run/progress.py)."""
+        state = self._state
+        env = state.envelope
+        progress.report(state.progress, state.watch, env.run_id, env.attempt, fraction, message)
+
+    def workflow_results(self, workflow_id: Any) -> dict[str, Any]:
+        """A system step's fan-in from tenants' workflows: ``{key: result}`` of the steps of
+        the workflow ``workflow_id`` (None for a step that did not succeed), whatever its
+        tenant, at most ``MAX_RESULT_BYTES`` in all. Only for a system job that declares the
+        ``cross_tenant_reads`` grant; reported to the audit like any use of it."""
+        if not self._state.definition.system:
+            raise InvalidJob(
+                f"ctx.workflow_results() in {self.job_name!r}: reading workflows' results is a "
+                "system job's fan-in (@job(system=True)). A tenant's step receives its own "
+                "predecessors' results as workflow_results=."
+            )
+        self._require(Grant.CROSS_TENANT_READS.value)
+        found = parse_id(workflow_id)
+        if found is None:
+            raise InvalidJob(f"ctx.workflow_results() takes a workflow id, got {workflow_id!r}.")
+        audit.record_use(self._state, Grant.CROSS_TENANT_READS.value)
+        with self._state.watch.stepped_aside():  # kumiko's own read of its tables
+            _, rows = workflows.step_results(found)
+        return bounded_results(rows)
 
     # --- escape hatches -------------------------------------------------------------------
 

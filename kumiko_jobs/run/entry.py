@@ -138,6 +138,11 @@ def execute(message: object) -> str:
     )
     state = RunState(delivery)
     run_state(state)
+    if state.ending.outcome is not None and state.ending.outcome.final:
+        # handle.wait()'s signal, sent by the worker's finish pipeline (no round trip more).
+        link = state.workflow
+        ended = [link.workflow_id.hex] if link.ended and link.workflow_id else []
+        transport.note_done(env.run_id, *ended)
     # A plain string for RQ's result, as before the enum ("" if no step decided).
     return str(state.ending.outcome or "")
 

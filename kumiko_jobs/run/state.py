@@ -31,6 +31,7 @@ from ..enqueueing.workflow_release import WorkflowLink
 from ..guard.watch import Watch, watching
 from ..history import audit
 from .joblog import AttemptLog
+from .progress import Progress
 
 if TYPE_CHECKING:
     from ..core.envelope import Envelope
@@ -316,6 +317,8 @@ class RunState:
     # The workflow the run is a step of (set by records from its start statement) and the
     # steps its finish released, pushed by the runner's dispatch (enqueueing/workflow_release).
     workflow: WorkflowLink = field(default_factory=WorkflowLink)
+    # The job's last ctx.progress() and whether the row has it (run/progress).
+    progress: Progress = field(default_factory=Progress)
     # The guard's part: grants open, violations, session marks, the installed guard, the
     # body's database identity (guard_watch). Built from the envelope and the definition.
     watch: Watch = field(init=False)

@@ -27,6 +27,7 @@ them in ``pushing`` too, which the scheduler's cron firing calls.
 
 from __future__ import annotations
 
+from .done import note_done, signal_done, wait_for
 from .errors import RedisConnectionError, RedisError, RedisTimeoutError
 from .fair_policy import bucket_of, valid_priority, valid_weight
 from .keys import (
@@ -34,6 +35,7 @@ from .keys import (
     CANCEL_KEY,
     CRON_PREFIX,
     DEAD_SWEEP_LOCK,
+    DONE_KEY,
     LIVE_WORKERS,
     MAINTENANCE_LOCK,
     RELAY_TAKEN,
@@ -109,6 +111,7 @@ __all__ = [
     "CANCEL_KEY",
     "CRON_PREFIX",
     "DEAD_SWEEP_LOCK",
+    "DONE_KEY",
     "HOOK_FIELDS",
     "JSON_SERIALIZER_PATH",
     "LIVE_WORKERS",
@@ -167,6 +170,7 @@ __all__ = [
     "liveness",
     "missing_cron_entries",
     "move_due_scheduled_jobs",
+    "note_done",
     "push",
     "push_many",
     "queue_length",
@@ -179,11 +183,13 @@ __all__ = [
     "scheduled_job_ids",
     "scheduler_for",
     "scheduler_lag",
+    "signal_done",
     "taken_for",
     "timeout_of_job",
     "utcnow",
     "valid_priority",
     "valid_weight",
     "vanished_workers",
+    "wait_for",
     "waiting_job_ids",
 ]

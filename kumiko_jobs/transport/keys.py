@@ -30,6 +30,8 @@ RELAY_TAKEN = "kumiko:relay:taken:"
 # is in one file) --------------------------------------------------------------------------------
 # + run id (hex) -> who asked to cancel the running run (operations; run/cancellation reads it).
 CANCEL_KEY = "kumiko:cancel:"
+# + run or workflow id (hex) -> a short list, the "done" signal of handle.wait() (transport/done).
+DONE_KEY = "kumiko:done:"
 # One worker at a time runs the maintenance round (worker/maintenance).
 MAINTENANCE_LOCK = "kumiko:maintenance"
 # One worker at a time sweeps when a worker's beat key expired (worker/maintenance).

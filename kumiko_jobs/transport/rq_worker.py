@@ -28,7 +28,7 @@ from rq.worker import Worker as RQForkingWorker
 from rq.worker import WorkerStatus
 
 from ..core import conf
-from . import doorbell, fair
+from . import done, doorbell, fair
 
 # Re-exported for the worker package, which adds per-run hygiene to RQ's worker classes.
 SimpleWorkerBase = RQSimpleWorker
@@ -357,6 +357,7 @@ class BookkeepingSimpleWorker(RQSimpleWorker):
             self.cleanup_execution(job, pipeline=pipeline, execution=execution)
             # SimpleWorker.execute_job sets it right after; here it costs no round trip.
             self.set_state(WorkerStatus.IDLE, pipeline=pipeline)
+            done.done_on(pipeline, job)  # handle.wait()'s signal, for a final run (done.py)
             charge = getattr(job, "kumiko_charge", None)
             if charge is not None:  # the fair dequeue's estimate, corrected (fair.py)
                 fair.charge_on(pipeline, charge, (job.ended_at - job.started_at).total_seconds())  # type: ignore[operator]

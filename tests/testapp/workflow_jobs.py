@@ -4,11 +4,13 @@ workers know them too. Each writes a Probe row in the schema it ran in."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from typing import Any
 
 from django.db import connection
 
-from kumiko_jobs import Unrecoverable, job
+from kumiko_jobs import EscapeHatch, Unrecoverable, job
 
 from .models import Probe
 
@@ -81,3 +83,52 @@ def tamper(ctx: Any, *, tag: str) -> int:
     from kumiko_jobs.models import WorkflowStep
 
     return WorkflowStep.objects.filter(state="waiting").update(waiting_on=0, state="released")
+
+
+@job(name="wf.progressing")
+def progressing(
+    ctx: Any, *, tag: str, reports: int, hold: str = "", fraction: Any = None, message: Any = None
+) -> None:
+    """Reports its progress ``reports`` times ("row i of n"); with ``hold``, waits after the
+    first report until that file exists (a test reads the row meanwhile); with ``fraction``,
+    reports that (and ``message``) once instead: a bad value fails the run."""
+    if fraction is not None or message is not None:
+        # "<NUL>" stands for a NUL character, which no argument may hold.
+        text = message.replace("<NUL>", "\x00") if isinstance(message, str) else message
+        ctx.progress(fraction, text)
+        return
+    for i in range(1, reports + 1):
+        ctx.progress(i / reports, f"row {i} of {reports}")
+        if hold and i == 1:
+            deadline = time.monotonic() + 20
+            while not os.path.exists(hold) and time.monotonic() < deadline:
+                time.sleep(0.05)
+    _probe(ctx, tag)
+
+
+_FAN_IN = EscapeHatch(
+    reason="tests: a system step fans in tenants' workflow results",
+    grants=["cross_tenant_reads"],
+)
+
+
+def _fan_in(ctx: Any, workflow_ids: list[str]) -> dict[str, Any]:
+    return {wid: ctx.workflow_results(wid) for wid in workflow_ids}
+
+
+@job(name="wf.fan_in", system=True, escape_hatch=_FAN_IN)
+def fan_in(ctx: Any, *, workflow_ids: list[str]) -> dict[str, Any]:
+    """A system step that reads tenants' workflows' results, with the grant declared."""
+    return _fan_in(ctx, workflow_ids)
+
+
+@job(name="wf.fan_in_undeclared", system=True)
+def fan_in_undeclared(ctx: Any, *, workflow_ids: list[str]) -> dict[str, Any]:
+    """The same without the grant: refused."""
+    return _fan_in(ctx, workflow_ids)
+
+
+@job(name="wf.fan_in_tenant", escape_hatch=_FAN_IN)
+def fan_in_tenant(ctx: Any, *, workflow_ids: list[str]) -> dict[str, Any]:
+    """A tenant job with the grant: refused too (a system job's fan-in only)."""
+    return _fan_in(ctx, workflow_ids)

@@ -211,6 +211,8 @@ def _finish(state: RunState) -> None:
         run_update["result"] = state.ending.result
     if outcome is Outcome.DROPPED:
         run_update["error_message"] = state.ending.drop_reason
+    # The job's last ctx.progress() the row lacks, in the same statement (none: no column more).
+    run_update.update(state.progress.finish_columns())
     attempt = {
         "run": uuid.UUID(env.run_id),
         "number": env.attempt,
