@@ -22,7 +22,7 @@ from django.utils.module_loading import import_string
 from django_tenants.utils import get_tenant_model
 
 from .. import origin, transport
-from ..core import conf, project_settings
+from ..core import conf
 from ..core.envelope import Envelope, encode, new_run_id
 from ..definition.job import JobDefinition
 from ..models import DeferralKind, JobRun, RunStatus
@@ -111,9 +111,9 @@ def message_for(
     definition: JobDefinition, envelope: Envelope, delay: float, *, priority: int | None = None
 ) -> transport.Message:
     """The queue message of ``envelope``: signed now, due after ``delay`` seconds, on the job's
-    queue, with its timeout, rate limit, and what the fair dequeue files it by (the tenant's
-    bucket and weight, the priority: ``priority`` when given, else the job's)."""
-    key, limit = rate_limit_of(definition, envelope.schema)
+    queue, with its timeout, and what the fair dequeue files it by (the tenant's bucket and
+    weight, the priority: ``priority`` when given, else the job's) and holds it back by (its
+    rate windows and caps)."""
     return transport.Message(
         # Signed now, due after the delay: the message expires MESSAGE_MAX_AGE after that.
         body=encode(envelope, delay=delay),
@@ -121,13 +121,12 @@ def message_for(
         job_id=envelope.rq_job_id,
         timeout=definition.timeout_seconds,
         delay=delay,
-        rate_limit_key=key,
-        rate_limit=limit,
         bucket=transport.bucket_of(envelope.schema),
         weight=weight_of(envelope.schema),
         priority=priority if priority is not None else priority_of(definition, envelope),
         job=definition.name,
         rates=rates_of(definition, envelope),
+        caps=caps_of(definition, envelope.schema),
     )
 
 
@@ -199,26 +198,30 @@ def weight_of(schema: str | None) -> float:
     return weight
 
 
-def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, int]:
-    """RQ RateLimit of a run: sequential per (job, tenant), else the tenant's cap.
+def caps_of(definition: JobDefinition, schema: str | None) -> tuple[tuple[str, int, str], ...]:
+    """The concurrency caps a run's start takes a slot of, as (key, limit, scope), which the
+    fair dequeue enforces (transport/fair_caps.py): the job's own per tenant (scope ``j``:
+    ``sequential`` is 1, ``tenant_concurrency=N`` is N; only that job's messages wait), else
+    the tenant's ``TENANT_CONCURRENCY`` across its jobs (scope ``t``: the tenant's messages
+    wait). A job's own cap replaces the tenant's, as its per-job override.
 
     Keyed per tenant, never per job only, so one busy tenant cannot hold back the others. The
-    tenant of a system job is the system, keyed as the public schema (no tenant has it).
-    ``TENANT_CONCURRENCY`` is a fairness cap between tenants and does not hold system runs
-    back; a system job's own ``tenant_concurrency=`` caps the system's runs.
+    tenant of a system job is the system (its bucket); ``TENANT_CONCURRENCY`` is a fairness cap
+    between tenants and does not hold system runs back; a system job's own
+    ``tenant_concurrency=`` caps the system's runs. A fan-out parent has no tenant: no cap.
     """
-    owner = concurrency_owner(definition, schema)
-    if owner is None:
-        return "", 0
-    key_owner = owner or project_settings.public_schema_name()
+    if concurrency_owner(definition, schema) is None:
+        return ()
+    bucket = transport.bucket_of(schema)
+    limits = [n for n in (definition.tenant_concurrency,) if n]
     if definition.concurrency == "sequential":
-        return f"{transport.SEQUENTIAL_LIMIT}{definition.name}:{key_owner}", 1
-    limit = definition.tenant_concurrency
-    if limit is None and schema is not None:
-        limit = conf.get().TENANT_CONCURRENCY
-    if limit:
-        return f"{transport.TENANT_LIMIT}{key_owner}", limit
-    return "", 0
+        limits.append(1)
+    if limits:
+        return ((f"j:{definition.name}\t{bucket}", min(limits), "j"),)
+    tenant_limit = conf.get().TENANT_CONCURRENCY
+    if tenant_limit and schema is not None:
+        return ((f"t:{bucket}", tenant_limit, "t"),)
+    return ()
 
 
 def pending_counters(
