@@ -243,3 +243,35 @@ def test_a_job_s_own_cap_allows_that_many_per_tenant(tenants: Any) -> None:
     picks = [transport.decoded(dequeue()[0]) for _ in range(4)]
     ids = [JobRun.objects.get(pk=h.run_id).rq_job_id for h in handles]
     assert picks == [ids[0], ids[3], ids[1], ""]  # (fair: t2's between t1's)
+
+
+def test_the_relay_frees_a_cap_slot_whose_release_redis_lost(tenants: Any) -> None:
+    """A sequential run was taken (its slot with it) and is recorded finished, but its finish
+    never reached Redis (a failover): the next run, set aside for the slot, would wait for
+    ever. The relay's lost-slot repair sees a finished holder of a cap with waiters and frees
+    it. Proven able to fail: the calibration below (no repair) leaves the second run waiting."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from kumiko_jobs.worker import relay
+
+    first = jobs.one_at_a_time.enqueue(tenant="t1", tag="first")
+    second = jobs.one_at_a_time.enqueue(tenant="t1", tag="second")
+    taken = dequeue()
+    assert transport.decoded(taken[0]) == JobRun.objects.get(pk=first.run_id).rq_job_id
+    assert [transport.decoded(v) for v in dequeue()[:2]] == ["", "paused"]  # set aside
+    queue = transport.get_queue("default")
+    queue.connection.lrem(queue.intermediate_queue_key, 0, taken[0])
+    JobRun.objects.filter(pk=first.run_id).update(
+        status=RunStatus.SUCCEEDED, attempts=1, finished_at=timezone.now() - timedelta(seconds=5)
+    )
+    work()  # calibration: the slot is still taken, so the second run does not start
+    assert JobRun.objects.get(pk=second.run_id).status == RunStatus.QUEUED
+
+    assert relay.release_lost_slots(timezone.now() - timedelta(seconds=60)) == 0  # too young
+    assert relay.release_lost_slots(timezone.now() - timedelta(seconds=1)) == 1
+    assert relay.release_lost_slots(timezone.now()) == 0  # nothing left to free
+    work()
+    assert JobRun.objects.get(pk=second.run_id).status == RunStatus.SUCCEEDED
+    assert [p.tag for p in probes("t1")] == ["second"]  # the first "ran" only in its row
