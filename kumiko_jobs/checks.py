@@ -76,9 +76,30 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     errors += _message_age_errors(settings)
+    errors += _tenant_rate_errors(settings)
     errors += _queue_errors(settings.DEFAULT_QUEUE)
     errors += _rq_class_errors()
     return errors
+
+
+def _tenant_rate_errors(settings: conf.KumikoSettings) -> list[checks.CheckMessage]:
+    """A ``TENANT_RATE_LIMIT`` callable that cannot be imported fails here, at start-up, not at
+    the first enqueue (E016)."""
+    from .enqueueing.messages import import_rate_callable
+
+    if not isinstance(settings.TENANT_RATE_LIMIT, str):
+        return []
+    try:
+        import_rate_callable(settings.TENANT_RATE_LIMIT)
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Fix settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] (see docs/settings.md).",
+                id="kumiko_jobs.E016",
+            )
+        ]
+    return []
 
 
 def _message_age_errors(settings: conf.KumikoSettings) -> list[checks.CheckMessage]:

@@ -24,6 +24,7 @@ from django_tenants.utils import get_tenant_model
 from .. import origin, transport
 from ..core import conf
 from ..core.envelope import Envelope, encode, new_run_id
+from ..core.rates import Rate, parse_rate
 from ..definition.job import JobDefinition
 from ..models import DeferralKind, JobRun, RunStatus
 from . import unique
@@ -146,10 +147,54 @@ def rates_of(definition: JobDefinition, envelope: Envelope) -> tuple[tuple[str, 
     if definition.tenant_rate_limit is not None:
         limit = definition.tenant_rate_limit
         rates.append((f"jt:{definition.name}\t{bucket}", limit.limit, limit.per))
-    tenant_limit = conf.get().TENANT_RATE_LIMIT
-    if tenant_limit is not None and envelope.schema is not None:
+    tenant_limit = tenant_rate_of(envelope.schema) if envelope.schema is not None else None
+    if tenant_limit is not None:
         rates.append((f"t:{bucket}", tenant_limit.limit, tenant_limit.per))
     return tuple(rates)
+
+
+_rate_callables: dict[str, Callable[[str], Any]] = {}
+
+
+def tenant_rate_of(schema: str) -> Rate | None:
+    """A tenant's ``TENANT_RATE_LIMIT``: the fixed rate, or what the configured callable says
+    for ``schema`` ("100/m", a ``Rate``, or None for no limit), resolved at every push as
+    ``TENANT_WEIGHT`` is, so a plan change applies to the next message."""
+    setting = conf.get().TENANT_RATE_LIMIT
+    if not isinstance(setting, str):
+        return setting
+    func = _rate_callables.get(setting)
+    if func is None:
+        func = _rate_callables[setting] = import_rate_callable(setting)
+    value = func(schema)
+    if value is None:
+        return None
+    try:
+        return parse_rate(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] ({setting}) returned {value!r} for tenant "
+            f"{schema!r}: {exc}; or None for no limit."
+        ) from exc
+
+
+def import_rate_callable(path: str) -> Callable[[str], Any]:
+    """The callable ``TENANT_RATE_LIMIT`` names; ImproperlyConfigured naming the fix (the
+    system check ``kumiko_jobs.E016`` says the same at start-up)."""
+    try:
+        func = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] = {path!r} cannot be imported ({exc}); "
+            "name a callable that takes a schema name and returns a rate such as '100/m' or "
+            "None, or give a fixed rate."
+        ) from exc
+    if not callable(func):
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] = {path!r} is not callable; name a "
+            "function that takes a schema name and returns a rate such as '100/m' or None."
+        )
+    return func  # type: ignore[no-any-return]
 
 
 def priority_of(definition: JobDefinition, envelope: Envelope) -> int:

@@ -7,9 +7,12 @@ under ``kumiko:fair:<queue>:``): ``levels`` (zset of priority levels with ready 
 -level), ``seq`` (arrival numbers), and per lane ``<level>:``: ``ready`` and ``parked``
 (zsets of buckets), ``b:<bucket>`` (the bucket's messages, ``<arrival>:<job id>``), ``vt``
 (virtual time), ``fin``, ``mean``, ``w`` (hashes per bucket), ``held:<job>\t<bucket>``
-(messages of a paused job), ``mode`` (the ``FAIRNESS`` the scores mean); per queue ``rwait``
-(zset of ``<level>\t<bucket>`` waiting for a rate window, scored by when it reopens); the
-windows under ``RATE_PREFIX``; and two sets across
+(messages of a paused job), ``aside:<job>\t<bucket>`` (a job's messages set aside by its
+cap or rate limit), ``cwait`` (buckets held by their tenant's cap), ``mode`` (the
+``FAIRNESS`` the scores mean); per queue ``rwait`` (zset of ``<level>\t<bucket>``, or
+``<level>\t<bucket>\t<job>`` for a job's set-aside messages, waiting for a rate window,
+scored by when it reopens); the windows under ``RATE_PREFIX``; the caps' sets under
+``fair_caps.CAP_PREFIX``; and two sets across
 queues: ``kumiko:fair:lanes`` and ``kumiko:fair:holds`` (``pausing.py`` releases from them).
 
 The script names keys it was not passed: like RQ's own, it needs one Redis, not a cluster.
