@@ -12,6 +12,7 @@ from django.utils.module_loading import import_string
 from . import transport
 from .core import conf, project_settings
 from .definition.registry import registry
+from .enqueueing.messages import import_rate_callable
 from .guard import role_sync
 from .transport.scheduler_liveness import overdue_problem
 from .urls import is_guarded
@@ -85,8 +86,6 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 def _tenant_rate_errors(settings: conf.KumikoSettings) -> list[checks.CheckMessage]:
     """A ``TENANT_RATE_LIMIT`` callable that cannot be imported fails here, at start-up, not at
     the first enqueue (E016)."""
-    from .enqueueing.messages import import_rate_callable
-
     if not isinstance(settings.TENANT_RATE_LIMIT, str):
         return []
     try:
