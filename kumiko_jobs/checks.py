@@ -12,6 +12,7 @@ from django.utils.module_loading import import_string
 from . import transport
 from .core import conf, project_settings
 from .definition.registry import registry
+from .enqueueing.messages import import_rate_callable
 from .guard import role_sync
 from .transport.scheduler_liveness import overdue_problem
 from .urls import is_guarded
@@ -76,9 +77,28 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     errors += _message_age_errors(settings)
+    errors += _tenant_rate_errors(settings)
     errors += _queue_errors(settings.DEFAULT_QUEUE)
     errors += _rq_class_errors()
     return errors
+
+
+def _tenant_rate_errors(settings: conf.KumikoSettings) -> list[checks.CheckMessage]:
+    """A ``TENANT_RATE_LIMIT`` callable that cannot be imported fails here, at start-up, not at
+    the first enqueue (E017)."""
+    if not isinstance(settings.TENANT_RATE_LIMIT, str):
+        return []
+    try:
+        import_rate_callable(settings.TENANT_RATE_LIMIT)
+    except ImproperlyConfigured as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Fix settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] (see docs/settings.md).",
+                id="kumiko_jobs.E017",
+            )
+        ]
+    return []
 
 
 def _message_age_errors(settings: conf.KumikoSettings) -> list[checks.CheckMessage]:

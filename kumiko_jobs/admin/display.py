@@ -123,7 +123,7 @@ class RunDisplay:
                 status_badge(run.status),
                 gettext("paused (%(what)s)") % {"what": held},
             )
-        reopens = rate_wait_until(run.queue, run.schema_name or None, run.priority)
+        reopens = rate_wait_until(run.queue, run.schema_name or None, run.priority, run.job_name)
         if run.status == RunStatus.QUEUED and reopens is not None:
             # Its tenant's messages wait for a rate window (transport/fair.py): not stuck.
             return format_html(

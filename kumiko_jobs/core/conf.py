@@ -165,8 +165,10 @@ class KumikoSettings:
     # ``KUMIKO_JOBS_WORKER_CONCURRENCY`` in the environment overrides it (worker_concurrency).
     WORKER_CONCURRENCY: int = 1
     # A rate limit per tenant across all its jobs ("100/m": at most 100 starts in any minute;
-    # docs/design.md, "Flow control: rate limits"); None: no such limit. Parsed at load.
-    TENANT_RATE_LIMIT: Rate | None = None
+    # docs/design.md, "Flow control: rate limits"), parsed at load; or the dotted path of a
+    # callable (schema name -> "100/m" or None), resolved at every push as TENANT_WEIGHT is;
+    # None: no such limit.
+    TENANT_RATE_LIMIT: Rate | str | None = None
     # A secret a scraper sends as ``Authorization: Bearer <token>`` to read the metrics page
     # without an operator's session (admin/dashboard/metrics_access.py); None: operators only.
     METRICS_TOKEN: str | None = None
@@ -330,12 +332,15 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
             "settings.KUMIKO_JOBS['TENANT_WEIGHT'] must be the dotted path of a callable that "
             "takes a tenant's schema name and returns its weight (a number > 0), or None."
         )
-    if values.get("TENANT_RATE_LIMIT") is not None:
+    tenant_rate = values.get("TENANT_RATE_LIMIT")
+    if tenant_rate is not None and not _is_dotted_path(tenant_rate):
         try:
-            values["TENANT_RATE_LIMIT"] = parse_rate(values["TENANT_RATE_LIMIT"])
+            values["TENANT_RATE_LIMIT"] = parse_rate(tenant_rate)
         except ValueError as exc:
             raise ImproperlyConfigured(
-                f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT']: {exc}; or None for no limit."
+                f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT']: {exc}; or the dotted path of a "
+                "callable taking a tenant's schema name and returning such a rate or None "
+                "(e.g. by plan); or None for no limit."
             ) from exc
     token = values.get("METRICS_TOKEN")
     if token is not None and (not isinstance(token, str) or not token or token != token.strip()):
@@ -472,3 +477,13 @@ def crash_hook() -> CrashHook | None:
             "switch the hook off."
         )
     return CrashHook(probability, log_path)
+
+
+def _is_dotted_path(value: object) -> bool:
+    """A dotted path ("myproject.plans.rate"), not a rate ("100/m"): names, dots, no slash."""
+    return (
+        isinstance(value, str)
+        and "/" not in value
+        and "." in value
+        and all(part.isidentifier() for part in value.split("."))
+    )

@@ -22,8 +22,9 @@ from django.utils.module_loading import import_string
 from django_tenants.utils import get_tenant_model
 
 from .. import origin, transport
-from ..core import conf, project_settings
+from ..core import conf
 from ..core.envelope import Envelope, encode, new_run_id
+from ..core.rates import Rate, parse_rate
 from ..definition.job import JobDefinition
 from ..models import DeferralKind, JobRun, RunStatus
 from . import unique
@@ -111,9 +112,9 @@ def message_for(
     definition: JobDefinition, envelope: Envelope, delay: float, *, priority: int | None = None
 ) -> transport.Message:
     """The queue message of ``envelope``: signed now, due after ``delay`` seconds, on the job's
-    queue, with its timeout, rate limit, and what the fair dequeue files it by (the tenant's
-    bucket and weight, the priority: ``priority`` when given, else the job's)."""
-    key, limit = rate_limit_of(definition, envelope.schema)
+    queue, with its timeout, and what the fair dequeue files it by (the tenant's bucket and
+    weight, the priority: ``priority`` when given, else the job's) and holds it back by (its
+    rate windows and caps)."""
     return transport.Message(
         # Signed now, due after the delay: the message expires MESSAGE_MAX_AGE after that.
         body=encode(envelope, delay=delay),
@@ -121,13 +122,12 @@ def message_for(
         job_id=envelope.rq_job_id,
         timeout=definition.timeout_seconds,
         delay=delay,
-        rate_limit_key=key,
-        rate_limit=limit,
         bucket=transport.bucket_of(envelope.schema),
         weight=weight_of(envelope.schema),
         priority=priority if priority is not None else priority_of(definition, envelope),
         job=definition.name,
         rates=rates_of(definition, envelope),
+        caps=caps_of(definition, envelope.schema),
     )
 
 
@@ -147,10 +147,54 @@ def rates_of(definition: JobDefinition, envelope: Envelope) -> tuple[tuple[str, 
     if definition.tenant_rate_limit is not None:
         limit = definition.tenant_rate_limit
         rates.append((f"jt:{definition.name}\t{bucket}", limit.limit, limit.per))
-    tenant_limit = conf.get().TENANT_RATE_LIMIT
-    if tenant_limit is not None and envelope.schema is not None:
+    tenant_limit = tenant_rate_of(envelope.schema) if envelope.schema is not None else None
+    if tenant_limit is not None:
         rates.append((f"t:{bucket}", tenant_limit.limit, tenant_limit.per))
     return tuple(rates)
+
+
+_rate_callables: dict[str, Callable[[str], Any]] = {}
+
+
+def tenant_rate_of(schema: str) -> Rate | None:
+    """A tenant's ``TENANT_RATE_LIMIT``: the fixed rate, or what the configured callable says
+    for ``schema`` ("100/m", a ``Rate``, or None for no limit), resolved at every push as
+    ``TENANT_WEIGHT`` is, so a plan change applies to the next message."""
+    setting = conf.get().TENANT_RATE_LIMIT
+    if not isinstance(setting, str):
+        return setting
+    func = _rate_callables.get(setting)
+    if func is None:
+        func = _rate_callables[setting] = import_rate_callable(setting)
+    value = func(schema)
+    if value is None:
+        return None
+    try:
+        return parse_rate(value)
+    except ValueError as exc:
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] ({setting}) returned {value!r} for tenant "
+            f"{schema!r}: {exc}; or None for no limit."
+        ) from exc
+
+
+def import_rate_callable(path: str) -> Callable[[str], Any]:
+    """The callable ``TENANT_RATE_LIMIT`` names; ImproperlyConfigured naming the fix (the
+    system check ``kumiko_jobs.E017`` says the same at start-up)."""
+    try:
+        func = import_string(path)
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] = {path!r} cannot be imported ({exc}); "
+            "name a callable that takes a schema name and returns a rate such as '100/m' or "
+            "None, or give a fixed rate."
+        ) from exc
+    if not callable(func):
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] = {path!r} is not callable; name a "
+            "function that takes a schema name and returns a rate such as '100/m' or None."
+        )
+    return func  # type: ignore[no-any-return]
 
 
 def priority_of(definition: JobDefinition, envelope: Envelope) -> int:
@@ -199,26 +243,30 @@ def weight_of(schema: str | None) -> float:
     return weight
 
 
-def rate_limit_of(definition: JobDefinition, schema: str | None) -> tuple[str, int]:
-    """RQ RateLimit of a run: sequential per (job, tenant), else the tenant's cap.
+def caps_of(definition: JobDefinition, schema: str | None) -> tuple[tuple[str, int, str], ...]:
+    """The concurrency caps a run's start takes a slot of, as (key, limit, scope), which the
+    fair dequeue enforces (transport/fair_caps.py): the job's own per tenant (scope ``j``:
+    ``sequential`` is 1, ``tenant_concurrency=N`` is N; only that job's messages wait), else
+    the tenant's ``TENANT_CONCURRENCY`` across its jobs (scope ``t``: the tenant's messages
+    wait). A job's own cap replaces the tenant's, as its per-job override.
 
     Keyed per tenant, never per job only, so one busy tenant cannot hold back the others. The
-    tenant of a system job is the system, keyed as the public schema (no tenant has it).
-    ``TENANT_CONCURRENCY`` is a fairness cap between tenants and does not hold system runs
-    back; a system job's own ``tenant_concurrency=`` caps the system's runs.
+    tenant of a system job is the system (its bucket); ``TENANT_CONCURRENCY`` is a fairness cap
+    between tenants and does not hold system runs back; a system job's own
+    ``tenant_concurrency=`` caps the system's runs. A fan-out parent has no tenant: no cap.
     """
-    owner = concurrency_owner(definition, schema)
-    if owner is None:
-        return "", 0
-    key_owner = owner or project_settings.public_schema_name()
+    if concurrency_owner(definition, schema) is None:
+        return ()
+    bucket = transport.bucket_of(schema)
+    limits = [n for n in (definition.tenant_concurrency,) if n]
     if definition.concurrency == "sequential":
-        return f"{transport.SEQUENTIAL_LIMIT}{definition.name}:{key_owner}", 1
-    limit = definition.tenant_concurrency
-    if limit is None and schema is not None:
-        limit = conf.get().TENANT_CONCURRENCY
-    if limit:
-        return f"{transport.TENANT_LIMIT}{key_owner}", limit
-    return "", 0
+        limits.append(1)
+    if limits:
+        return ((f"j:{definition.name}\t{bucket}", min(limits), "j"),)
+    tenant_limit = conf.get().TENANT_CONCURRENCY
+    if tenant_limit and schema is not None:
+        return ((f"t:{bucket}", tenant_limit, "t"),)
+    return ()
 
 
 def pending_counters(

@@ -17,8 +17,10 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 - ``scheduler_liveness``: is delayed work overdue because no scheduler runs?
 - ``rq_worker``: RQ's worker bases and the batched per-message bookkeeping.
 - ``live_workers``: which kumiko worker executes which RQ job (the beats that say so).
-- ``fair`` and ``fair_policy``: the fair dequeue's script and its policy as pure code.
-- ``rate_limits`` and ``registries``: what the relay reads and frees of RQ's bookkeeping.
+- ``fair``, ``fair_caps`` and ``fair_policy``: the fair dequeue's script, its caps, and its
+  policy as pure code.
+- ``rate_limits`` and ``registries``: the slots the sweep and the relay free, and what the
+  relay reads of RQ's bookkeeping.
 - ``depths``: queue depths and the registered workers, for the dashboard and its metrics.
 
 Tests and ``kumiko_jobs.testing`` replace ``push``/``push_many`` here; ``testing`` replaces
@@ -67,7 +69,12 @@ from .queues import (
     utcnow,
     waiting_job_ids,
 )
-from .rate_limits import SlotHolder, rate_limit_slot_holders, release_rate_limit_slot
+from .rate_limits import (
+    SlotHolder,
+    rate_limit_slot_holders,
+    release_caps_of,
+    release_rate_limit_slot,
+)
 from .rate_windows import rate_wait_until
 from .registries import HeldMessage, forget_messages, held_messages, taken_for
 from .rq_job import (
@@ -178,6 +185,7 @@ __all__ = [
     "rate_wait_until",
     "redis_identity",
     "register_cron",
+    "release_caps_of",
     "release_rate_limit_slot",
     "request_cancel",
     "scheduled_job_ids",

@@ -7,9 +7,12 @@ under ``kumiko:fair:<queue>:``): ``levels`` (zset of priority levels with ready 
 -level), ``seq`` (arrival numbers), and per lane ``<level>:``: ``ready`` and ``parked``
 (zsets of buckets), ``b:<bucket>`` (the bucket's messages, ``<arrival>:<job id>``), ``vt``
 (virtual time), ``fin``, ``mean``, ``w`` (hashes per bucket), ``held:<job>\t<bucket>``
-(messages of a paused job), ``mode`` (the ``FAIRNESS`` the scores mean); per queue ``rwait``
-(zset of ``<level>\t<bucket>`` waiting for a rate window, scored by when it reopens); the
-windows under ``RATE_PREFIX``; and two sets across
+(messages of a paused job), ``aside:<job>\t<bucket>`` (a job's messages set aside by its
+cap or rate limit), ``cwait`` (buckets held by their tenant's cap), ``mode`` (the
+``FAIRNESS`` the scores mean); per queue ``rwait`` (zset of ``<level>\t<bucket>``, or
+``<level>\t<bucket>\t<job>`` for a job's set-aside messages, waiting for a rate window,
+scored by when it reopens); the windows under ``RATE_PREFIX``; the caps' sets under
+``fair_caps.CAP_PREFIX``; and two sets across
 queues: ``kumiko:fair:lanes`` and ``kumiko:fair:holds`` (``pausing.py`` releases from them).
 
 The script names keys it was not passed: like RQ's own, it needs one Redis, not a cluster.
@@ -24,6 +27,7 @@ from typing import Any
 from redis import Redis
 from redis.commands.core import Script
 
+from .fair_caps import CAPS
 from .fair_policy import DEFAULT_ESTIMATE, MEAN_ALPHA, OTHER_BUCKET
 from .keys import FAIR_PREFIX, FAIR_TOKEN, PAUSE_PREFIX
 
@@ -47,9 +51,10 @@ local function fair_of(meta)
   if not weight or weight <= 0 then weight = 1 end
   if not level then level = 0 end
   if type(job) ~= 'string' then job = '' end
-  local rates = f[5]
+  local rates, caps = f[5], f[6]
   if type(rates) ~= 'table' then rates = nil end
-  return bucket, weight, math.floor(level), job, rates
+  if type(caps) ~= 'table' then caps = nil end
+  return bucket, weight, math.floor(level), job, rates, caps
 end
 local function head_seq(L, bucket)
   local head = redis.call('LINDEX', L .. 'b:' .. bucket, 0)
@@ -66,8 +71,11 @@ end
 local function activate(prefix, pause, level, bucket, mode)
   local L = prefix .. level .. ':'
   if redis.call('ZSCORE', L .. 'ready', bucket) or redis.call('ZSCORE', L .. 'parked', bucket)
-      or redis.call('ZSCORE', prefix .. 'rwait', level .. '\\t' .. bucket) then
-    return  -- (already in; or waiting for a rate window, which re-activates it when it opens)
+      or redis.call('ZSCORE', prefix .. 'rwait', level .. '\\t' .. bucket)
+      or redis.call('SISMEMBER', L .. 'cwait', bucket) == 1 then
+    -- (already in; or waiting for a rate window or a tenant's cap, whose reopening or
+    -- release re-activates it)
+    return
   end
   local score = entry_score(L, bucket, mode)
   if redis.call('SISMEMBER', pause .. 'tenants', bucket) == 1 then
@@ -82,6 +90,7 @@ end
 
 _DEQUEUE = (
     COMMON
+    + CAPS
     + """
 local inbox, taken = KEYS[1], KEYS[2]
 local job_prefix, prefix, mode, pause, qname = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -175,10 +184,12 @@ local function each_rate(rates, fn)
     end
   end
 end
--- nil when every window has room for one more start now; else when all of them will have.
-local function rate_block(rates)
+-- nil when every window of the scope asked for (the tenant's, ``t:``, or the job's, ``j:`` and
+-- ``jt:``) has room for one more start now; else when all of them will have.
+local function rate_block(rates, tenant_wide)
   local reopen = nil
   each_rate(rates, function(k, limit, per)
+    if (string.sub(k, #RATE + 1, #RATE + 2) == 't:') ~= tenant_wide then return end
     redis.call('ZREMRANGEBYSCORE', k, '-inf', NOW - per)
     local n = redis.call('ZCARD', k)
     if n >= limit then
@@ -197,13 +208,21 @@ local function rate_count(rates, id)
   end)
 end
 -- Buckets whose window has reopened go back to their lane (at max(F, V): waiting banks no
--- credit), at most 100 per call (the next calls take the rest).
+-- credit), and a job's set-aside messages (member <level> TAB <bucket> TAB <job>) their
+-- oldest to its bucket's head; at most 100 per call (the next calls take the rest).
 local function reopen_due()
   local due = redis.call('ZRANGEBYSCORE', prefix .. 'rwait', '-inf', NOW, 'LIMIT', 0, 100)
   for _, member in ipairs(due) do
     redis.call('ZREM', prefix .. 'rwait', member)
-    local level, bucket = string.match(member, '^(%-?%d+)\\t(.*)$')
-    if level then activate(prefix, pause, tonumber(level), bucket, mode) end
+    local level, rest = string.match(member, '^(%-?%d+)\\t(.*)$')
+    if level then
+      local bucket, job = string.match(rest, '^(.-)\\t(.*)$')
+      if bucket then
+        wake(prefix .. level .. ':', bucket, job)
+      else
+        activate(prefix, pause, tonumber(level), rest, mode)
+      end
+    end
   end
 end
 
@@ -249,8 +268,9 @@ local function pick()
           redis.call('RPUSH', taken, id)
           return {id, 0}
         end
-        local _, weight, _, job, rates = fair_of(field(fields, 'meta'))
-        local reopen, start = nil, false
+        local _, weight, _, job, rates, caps = fair_of(field(fields, 'meta'))
+        local aside = aside_key(L, job, bucket)
+        local start = false
         if #fields == 0 then
           -- The job hash is gone (deleted from django-rq's pages): so is its token.
           redis.call('LPOP', inbox)
@@ -262,18 +282,72 @@ local function pick()
           redis.call('SADD', HOLDS, held)
           requeue(L, bucket, score)
         else
-          reopen = rate_block(rates)
-          start = not reopen
+          -- The job's set-aside messages and its messages in the bucket are each in order:
+          -- the older of their heads is the job's next (a set-aside one, unless it was
+          -- pushed to the front).
+          -- `later`: the bucket's head, when a set-aside message goes before it.
+          local later = nil
+          local first = redis.call('LINDEX', aside, 0)
+          if first and seq_of(first) < seq_of(entry) then
+            later = entry
+            entry = redis.call('LPOP', aside)
+            id = string.match(entry, '^%d+:(.*)$') or entry
+            fields = redis.pcall('HGETALL', job_prefix .. id)
+            if fields.err then
+              redis.call('LPUSH', L .. 'b:' .. bucket, later)
+              redis.call('LPOP', inbox)
+              redis.call('RPUSH', taken, id)
+              return {id, 0}
+            end
+            _, weight, _, job, rates, caps = fair_of(field(fields, 'meta'))
+          end
+          if #fields == 0 then
+            if later then redis.call('LPUSH', L .. 'b:' .. bucket, later) end
+            redis.call('LPOP', inbox)
+          else
+            local tcap = cap_block(caps, true, id)
+            local trate = (not tcap) and rate_block(rates, true)
+            local jcap = not (tcap or trate) and cap_block(caps, false, id)
+            local jrate = not (tcap or trate or jcap) and rate_block(rates, false)
+            if tcap or trate then
+              -- The tenant is at its cap or over its rate: the message keeps its place at its
+              -- bucket's head, and the bucket leaves the ready set until the cap frees or the
+              -- window reopens (skipped once, not at every dequeue); the pick goes on to the
+              -- next bucket: work-conserving.
+              if later then redis.call('LPUSH', L .. 'b:' .. bucket, later) end
+              redis.call('LPUSH', L .. 'b:' .. bucket, entry)
+              redis.call('ZREM', L .. 'ready', bucket)
+              if tcap then
+                redis.call('SADD', L .. 'cwait', bucket)
+                cap_wait(tcap, L, bucket, '')
+              else
+                redis.call('ZADD', prefix .. 'rwait', trate, level .. '\\t' .. bucket)
+              end
+            elseif jcap or jrate then
+              -- The job is at its cap or over its rate: only its messages of this bucket
+              -- wait (set aside, in order: the head behind the set-aside ones, which are
+              -- older); the bucket goes on with its other jobs.
+              redis.call('LPUSH', aside, entry)
+              if later then redis.call('RPUSH', aside, later) end
+              if jcap then
+                cap_wait(jcap, L, bucket, job)
+              else
+                redis.call('ZADD', prefix .. 'rwait', jrate,
+                  level .. '\\t' .. bucket .. '\\t' .. job)
+              end
+              requeue(L, bucket, score)
+            else
+              if later then redis.call('LPUSH', L .. 'b:' .. bucket, later) end
+              start = true
+            end
+          end
         end
-        if reopen then
-          -- Over a rate limit: the message keeps its place at its bucket's head, the bucket
-          -- leaves the ready set until the window reopens (skipped once per window, not at
-          -- every dequeue) and the pick goes on to the next bucket: work-conserving.
-          redis.call('LPUSH', L .. 'b:' .. bucket, entry)
-          redis.call('ZREM', L .. 'ready', bucket)
-          redis.call('ZADD', prefix .. 'rwait', reopen, level .. '\\t' .. bucket)
-        elseif start then
+        if start then
           rate_count(rates, id)
+          cap_count(caps, id)
+          -- The job's next set-aside message comes forward: it starts next if it may.
+          local after = redis.call('LPOP', aside)
+          if after then redis.call('LPUSH', L .. 'b:' .. bucket, after) end
           local estimate = 0
           if mode == 'fifo' then
             requeue(L, bucket, score)
@@ -288,7 +362,9 @@ local function pick()
           end
           redis.call('LPOP', inbox)
           redis.call('RPUSH', taken, id)
-          return {id, fields, L, bucket, tostring(estimate), tostring(weight)}
+          local held_caps = ''
+          if caps then held_caps = cjson.encode(caps) end
+          return {id, fields, L, bucket, tostring(estimate), tostring(weight), held_caps}
         end
       end
     end
@@ -301,9 +377,17 @@ return pick()
 """
 )
 
-_CHARGE = f"""
+# The finish's script (in its own transaction): the caps' release, then the charge.
+_CHARGE = (
+    COMMON
+    + CAPS
+    + f"""
 local L, bucket, mode = ARGV[1], ARGV[2], ARGV[6]
 local actual, estimate, weight = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if ARGV[8] and ARGV[8] ~= '' then
+  local ok, caps = pcall(cjson.decode, ARGV[8])
+  if ok then release_caps(ARGV[7], caps) end
+end
 local function mean(name)
   local m = tonumber(redis.call('HGET', L .. 'mean', name) or '')
   if m then m = {1 - MEAN_ALPHA} * m + {MEAN_ALPHA} * actual else m = actual end
@@ -322,6 +406,7 @@ for _, set in ipairs({{'ready', 'parked'}}) do
 end
 return 1
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +418,10 @@ class Charge:
     estimate: float
     weight: float
     mode: str
+    # The RQ job id and the caps (JSON, as the fair field has them) its start took a slot of;
+    # the finish releases them in the same script.
+    job_id: str = ""
+    caps: str = ""
 
 
 def prefix_of(queue: str) -> str:
@@ -343,9 +432,10 @@ def prefix_of(queue: str) -> str:
 def dequeue(
     connection: Redis, queue: str, inbox: str, taken: str, job_prefix: str, mode: str
 ) -> list[Any]:
-    """Run the dequeue script: ``[job id, fields, lane, bucket, estimate, weight]`` for a
+    """Run the dequeue script: ``[job id, fields, lane, bucket, estimate, weight, caps]`` for a
     pick, ``[job id, 0]`` for a key that is not a hash, ``["", why]`` for none ("empty",
-    "paused": nothing eligible, "busy": more than 1000 ineligible heads met at once), and
+    "paused": nothing eligible (paused, or held by a cap), "busy": more than 1000 ineligible
+    heads met at once), and
     ``["", "rate", seconds]`` when only work over its rate limit waits: the soonest window
     reopens in ``seconds``."""
     script = _scripts.get(connection)
@@ -387,6 +477,8 @@ def charge_on(pipeline: Any, charge: Charge, actual: float) -> None:
         charge.estimate,
         charge.weight,
         charge.mode,
+        charge.job_id,
+        charge.caps,
     )
 
 
@@ -394,7 +486,8 @@ def waiting_job_ids(connection: Redis, queue: str, inbox: str) -> list[str]:
     """Every job id waiting on ``queue``: the inbox's unsorted ones, then each bucket's, held
     ones included (SCAN: for tests and operators' tools, never on a worker's path)."""
     ids = [i for i in (_text(v) for v in connection.lrange(inbox, 0, -1)) if i != FAIR_TOKEN]
-    for pattern in (f"{prefix_of(queue)}*:b:*", f"{prefix_of(queue)}*:held:*"):
+    for kind in ("b", "held", "aside"):
+        pattern = f"{prefix_of(queue)}*:{kind}:*"
         for key in connection.scan_iter(match=pattern, count=1000):
             ids += [_text(e).split(":", 1)[1] for e in connection.lrange(key, 0, -1)]
     return ids

@@ -158,3 +158,17 @@ def window_reopens(starts: list[float], limit: int, per: float, now: float) -> f
     if len(inside) < limit:
         return None
     return inside[len(inside) - limit] + per
+
+
+def cap_admits(in_flight: frozenset[str] | set[str], limit: int, job_id: str) -> bool:
+    """The script's cap check (``cap_block``, fair_caps.py) for one cap: may ``job_id`` start
+    with these ids in flight? A message delivered again holds its own slot already."""
+    return job_id in in_flight or len(in_flight) < limit
+
+
+def set_aside_goes_first(aside_head: int | None, bucket_head: int) -> bool:
+    """Is a job's set-aside message (arrival number ``aside_head``) its next, before its
+    message at the bucket's head (``bucket_head``)? Both lists are FIFO; the older head goes
+    first, so the job's order holds whatever moved between them (docs/design.md, "Per-job
+    constraints")."""
+    return aside_head is not None and aside_head < bucket_head

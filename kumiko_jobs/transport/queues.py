@@ -50,6 +50,8 @@ class Message:
     job: str = ""
     # Rate-limit windows its start counts in (key, starts, seconds; fair.py enforces them).
     rates: tuple[tuple[str, int, int], ...] = ()
+    # Concurrency caps its run takes a slot of (key, limit, scope "t" or "j"; fair_caps.py).
+    caps: tuple[tuple[str, int, str], ...] = ()
 
     @property
     def meta(self) -> dict[str, Any] | None:
@@ -57,8 +59,10 @@ class Message:
         if not self.bucket:
             return None
         fair: list[Any] = [self.bucket, self.weight, self.priority, self.job]
-        if self.rates:
+        if self.rates or self.caps:
             fair.append([list(rate) for rate in self.rates])
+        if self.caps:
+            fair.append([list(cap) for cap in self.caps])
         return {"kumiko_fair": fair}
 
 

@@ -2,8 +2,9 @@
 
 The fair dequeue (``fair.py``) moves a bucket whose head is over a rate limit into its queue's
 ``rwait`` set until the window reopens; every queued message of that bucket and priority level
-waits for it (the head for its window, the others behind the head, FIFO). Read at most once a
-second per queue and process, so a list page costs one round trip per queue shown.
+waits for it (the head for its window, the others behind the head, FIFO). Over a per-job limit
+only that job's messages of the bucket wait (member ``<level>\t<bucket>\t<job>``). Read at
+most once a second per queue and process, so a list page costs one round trip per queue shown.
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ from .fair import prefix_of
 from .fair_policy import bucket_of
 from .queues import connection_for
 
-_cache: dict[str, tuple[float, dict[tuple[int, str], float]]] = {}
+_cache: dict[str, tuple[float, dict[tuple[int, str, str], float]]] = {}
 
 
-def rate_wait_until(queue: str, schema: str | None, priority: int) -> float | None:
+def rate_wait_until(queue: str, schema: str | None, priority: int, job: str = "") -> float | None:
     """When (epoch seconds, Redis's clock) the window holding back this tenant's messages of
-    ``priority`` on ``queue`` reopens; None when none does (or Redis cannot say)."""
+    ``priority`` on ``queue`` (or those of ``job`` only) reopens; None when none does (or Redis
+    cannot say)."""
     read_at, waiting = _cache.get(queue, (0.0, {}))
     if time.monotonic() - read_at > 1.0:
         try:
@@ -34,7 +36,10 @@ def rate_wait_until(queue: str, schema: str | None, priority: int) -> float | No
         for row in rows:
             member, score = row[0], row[1]
             text = member.decode() if isinstance(member, bytes) else str(member)
-            level, _, bucket = text.partition("\t")
-            waiting[(int(level), bucket)] = float(score)
+            level, _, rest = text.partition("\t")
+            bucket, _, name = rest.partition("\t")
+            waiting[(int(level), bucket, name)] = float(score)
         _cache[queue] = (time.monotonic(), waiting)
-    return waiting.get((priority, bucket_of(schema)))
+    bucket = bucket_of(schema)
+    tenant_wide = waiting.get((priority, bucket, ""))
+    return tenant_wide if tenant_wide is not None else waiting.get((priority, bucket, job))

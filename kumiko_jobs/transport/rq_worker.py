@@ -9,6 +9,7 @@ that re-implements RQ internals and must be re-read on every RQ upgrade.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, cast
 
@@ -29,6 +30,7 @@ from rq.worker import WorkerStatus
 
 from ..core import conf
 from . import done, doorbell, fair
+from .rate_limits import release_caps
 
 # Re-exported for the worker package, which adds per-run hygiene to RQ's worker classes.
 SimpleWorkerBase = RQSimpleWorker
@@ -156,6 +158,8 @@ class _OneTripDequeue:
             estimate=float(popped[4]),
             weight=float(popped[5]),
             mode=conf.get().FAIRNESS,
+            job_id=job_id,
+            caps=as_text(popped[6]) if len(popped) > 6 else "",
         )
         return job, found
 
@@ -362,11 +366,31 @@ class BookkeepingSimpleWorker(RQSimpleWorker):
             if charge is not None:  # the fair dequeue's estimate, corrected (fair.py)
                 fair.charge_on(pipeline, charge, (job.ended_at - job.started_at).total_seconds())  # type: ignore[operator]
             dependents, suspended = pipeline.execute()[:2]
+        job.kumiko_caps_released = True  # type: ignore[attr-defined]  # (by charge_on)
         self._suspension_checked = not suspended
         if dependents:
             queue.enqueue_ready_jobs_by_queue(queue.move_dependents_to_ready(job))
         release_slot(job)
         job.send_webhooks(JobStatus.FINISHED)  # none on a kumiko message (refused), as RQ does
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """RQ's execution; then the release of the run's caps when the finish did not send it
+        (RQ's own finish or failure path: a ``Retry``, a timeout, an unreadable job)."""
+        try:
+            super().execute_job(job, queue)
+        finally:
+            if not getattr(job, "kumiko_caps_released", False):
+                _release_caps(self.connection, job)
+
+
+def _release_caps(connection: Redis, job: Job) -> None:
+    """Free the caps' slots this worker's pick took for ``job``, in a round trip of its own."""
+    charge = getattr(job, "kumiko_charge", None)
+    if charge is None or not charge.caps:
+        return
+    # Redis away: the sweep's or the relay's repair frees the slot (rate_limits.py).
+    with contextlib.suppress(RedisError):
+        release_caps(connection, charge.job_id, charge.caps)
 
 
 class ForkingWorkerBase(RQForkingWorker):

@@ -184,6 +184,11 @@ def _hand_back(
         )
         if claimed is None:
             return None
+        # The attempt's cap slots (transport/rate_limits.py), before the retry's push below.
+        transaction.on_commit(
+            functools.partial(transport.release_caps_of, claimed.queue, claimed.rq_job_id),
+            robust=True,
+        )
         if claimed.cancel_requested_at is not None:
             # An operator asked to cancel it: whatever ended the attempt, nothing retries it.
             return _end_cancelled(claimed, error_type, reason, now)

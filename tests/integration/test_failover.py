@@ -447,19 +447,35 @@ def test_primary_fails_three_ways_under_load_and_nothing_committed_is_lost(clust
 # --------------------------------------------------------------------------- lost slot releases
 
 
+def _old_release_message(definition: Any, envelope: Any, delay: float, **kwargs: Any) -> Any:
+    """A message as a release before the caps moved into the dequeue pushed it: behind an RQ
+    ``RateLimit`` (per job and tenant for a sequential job), no caps in its fair field."""
+    import dataclasses
+
+    from kumiko_jobs.enqueueing import messages
+
+    message = messages.message_for(definition, envelope, delay, **kwargs)
+    key = f"{transport.SEQUENTIAL_LIMIT}{definition.name}:{envelope.schema}"
+    return dataclasses.replace(message, caps=(), rate_limit_key=key, rate_limit=1)
+
+
 def test_relay_frees_a_rate_limit_slot_whose_release_redis_lost(redis_conn, monkeypatch):
     """The failover test's stall, in slow motion: a sequential job's run finished and was
     recorded, then Redis lost RQ's bookkeeping of it (status ``started``, its slot taken), so
-    the next run's message waits for a slot nobody will free until the job's timeout."""
+    the next run's message waits for a slot nobody will free until the job's timeout. The
+    messages are an older release's (a rolling deploy): RQ ``RateLimit``s, which this
+    release's workers and relay still serve."""
     from datetime import timedelta
 
     from django.utils import timezone
 
+    from kumiko_jobs.enqueueing import submit
     from kumiko_jobs.worker import relay
     from kumiko_jobs.worker.relay import pending_rq_job_ids, relay_pending
     from tests.conftest import work
     from tests.integration.test_reliability import status
 
+    monkeypatch.setattr(submit, "message_for", _old_release_message)
     first = jobs.one_at_a_time.enqueue(tenant="t1", tag="first")
     second = jobs.one_at_a_time.enqueue(tenant="t1", tag="second")
     first_id = pending_rq_job_ids(JobRun.objects.get(pk=first.run_id))[0]

@@ -70,8 +70,8 @@ def _saw_a_sibling(run: JobRun) -> bool:
 
 def test_a_sequential_system_cron_does_not_overlap_itself():
     run_ids = _fire_two_ticks(jobs.sequential_system_cron)
-    # RQ's RateLimit, keyed for the system: one tick on the queue, the other held back.
-    assert transport.queue_length("default") == 1
+    # The sequential cap, keyed for the system: both ticks queued, the dequeue holds one back.
+    assert transport.queue_length("default") == 2
     first, second = _run_with_two_workers(run_ids)
     assert second.started_at >= first.finished_at
     assert not _saw_a_sibling(first) and not _saw_a_sibling(second)

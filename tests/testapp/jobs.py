@@ -495,3 +495,19 @@ def per_account(ctx, *, account: str, tag: str) -> str:
     """Two starts an hour per external account, across tenants (``rate_limit_by``)."""
     _probe(ctx, tag, note=account)
     return tag
+
+
+# Caps in the fair dequeue (tests/integration/test_fair_caps.py): a sequential job whose first
+# attempt takes ``seconds``, and a job of its own cap per tenant.
+@job(concurrency="sequential", retries=2, backoff={"type": "fixed", "delay": 0})
+def sequential_sleeper(ctx, *, tag: str, seconds: float = 0.0) -> None:
+    if ctx.attempt == 1:
+        time.sleep(seconds)
+    _probe(ctx, tag)
+
+
+@job(tenant_concurrency=2, retries=2, backoff={"type": "fixed", "delay": 0})
+def two_per_tenant(ctx, *, tag: str, seconds: float = 0.0) -> None:
+    if ctx.attempt == 1:
+        time.sleep(seconds)
+    _probe(ctx, tag)
