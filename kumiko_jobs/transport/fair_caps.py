@@ -25,6 +25,7 @@ whole backlog). docs/design.md, "Flow control: caps".
 
 from __future__ import annotations
 
+from .doorbell import BELL_SIZE
 from .keys import PAUSE_PREFIX
 
 # + cap key: the SET of job ids in flight; + ":w" its waiters, + ":n" its limit.
@@ -33,7 +34,8 @@ CAP_PREFIX = "kumiko:cap:"
 CAP_WAITING = CAP_PREFIX + "waiting"
 
 # After fair.COMMON (fair_of, head_seq, activate). Plain text, not an f-string: Lua tables.
-CAPS = """
+CAPS = (
+    """
 local CAP = '@CAP@'
 local PAUSE = '@PAUSE@'
 local function seq_of(entry)
@@ -93,6 +95,9 @@ local function wake(L, bucket, job)
     end
   end
   activate(prefix, PAUSE, tonumber(level), bucket, lane_mode)
+  -- Its work is ready again: wake a worker waiting on the queue's doorbell (doorbell.py).
+  redis.call('LPUSH', prefix .. 'bell', '1')
+  redis.call('LTRIM', prefix .. 'bell', 0, @BELL_LAST@)
 end
 -- Free job id's slot of cap key (idempotent); when the cap has room, wake all its waiters
 -- (a few: the lanes of one tenant, or of one job in one tenant).
@@ -113,4 +118,7 @@ end
 local function release_caps(id, caps)
   each_cap(caps, function(key, limit) cap_release(id, key, limit) end)
 end
-""".replace("@CAP@", CAP_PREFIX).replace("@PAUSE@", PAUSE_PREFIX)
+""".replace("@CAP@", CAP_PREFIX)
+    .replace("@PAUSE@", PAUSE_PREFIX)
+    .replace("@BELL_LAST@", str(BELL_SIZE - 1))
+)
