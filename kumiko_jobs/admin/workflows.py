@@ -28,13 +28,17 @@ _OPERATOR_STEP_FIELDS = (
     "key",
     "job_name",
     "state",
+    "leads_to",
     "progress",
     "waiting_on",
     "run_id",
     "reason",
     "finished_at",
 )
-_TENANT_STEP_FIELDS = ("key", "job", "state", "progress", "finished_at")
+_TENANT_STEP_FIELDS = ("key", "job", "state", "leads_to", "progress", "finished_at")
+# Dependents named per step in the list: a group's callback is one name, a fan-out of
+# thousands a count.
+_DEPENDENTS_SHOWN = 5
 
 
 class WorkflowStepInline(admin.TabularInline):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
@@ -44,6 +48,7 @@ class WorkflowStepInline(admin.TabularInline):  # type: ignore[type-arg]  # Djan
     model = WorkflowStep
     fields = _OPERATOR_STEP_FIELDS
     readonly_fields = (*_OPERATOR_STEP_FIELDS, "job")
+    ordering = ("id",)  # the order the workflow was built in: a chain reads top to bottom
     extra = 0
     max_num = 0
     can_delete = False
@@ -84,6 +89,17 @@ class WorkflowStepInline(admin.TabularInline):  # type: ignore[type-arg]  # Djan
     def job(self, step: WorkflowStep) -> str:
         """The job's title, as a tenant reads it (the first line of its description)."""
         return job_title(step.job_name)
+
+    @admin.display(description=_("then"))
+    def leads_to(self, step: WorkflowStep) -> str:
+        """The steps that wait for this one (the workflow's edges, read as a list: "→ b, c"),
+        or "—" for a last step."""
+        keys = [str(k) for k in step.dependents or ()]
+        if not keys:
+            return "—"
+        shown = ", ".join(keys[:_DEPENDENTS_SHOWN])
+        more = len(keys) - _DEPENDENTS_SHOWN
+        return f"→ {shown}" + (f" (+{more})" if more > 0 else "")
 
     @admin.display(description=_("progress"))
     def progress(self, step: WorkflowStep) -> str:

@@ -75,6 +75,9 @@ def test_a_tenants_staff_sees_its_own_workflows_and_steps_only(planted: dict[str
     # The tree: each step's key, state and progress; a failed step stays visible as failed.
     assert "rows-of-t1" in text and "100 % · row 2 of 2" in text
     assert "broken-of-t1" in text and "failed" in text
+    # ... and its edges: the chain's first step leads to the second, in the order built.
+    assert "→ broken-of-t1" in text
+    assert text.index("rows-of-t1") < text.index("→ broken-of-t1")
     # No operator's column: no reason, no run id, no tenant's schema column, no cancel action.
     assert "cancel_selected" not in listing.content.decode()
     assert "Reason" not in text and "Run id" not in text
@@ -128,6 +131,7 @@ def test_an_operator_sees_every_tenants_workflows_and_may_cancel(
     }
     page = client.get(f"{WORKFLOWS}{planted['t2'][0].workflow_id}/change/").content.decode()
     assert "broken-of-t2" in page and "Reason" in page
+    assert "→ broken-of-t2" in page  # the operator's steps show the edges too
     waiting = planted["t2"][1]
     client.post(WORKFLOWS, {"action": "cancel_selected", "_selected_action": [waiting.workflow_id]})
     assert Workflow.objects.get(pk=waiting.workflow_id).status == RunStatus.CANCELLED
