@@ -7,21 +7,18 @@ gets, and this module how each column reads.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.timezone import now
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from ..core.audience import is_operator_request
-from ..models import JobAttempt, JobRun, RunStatus
-from ..transport import rate_wait_until
-from ..worker.pauses import paused_by_rule
+from ..models import JobAttempt, JobRun
+from ..worker.holds import hold_of
 from .audiences import ReadOnly
 from .render import (
     failure_sentence,
@@ -95,6 +92,17 @@ class JobAttemptInline(ReadOnly, admin.StackedInline):  # type: ignore[type-arg]
         return log_table(attempt.log or [])
 
 
+# The status column's class per hold (tests and the browser's CSS read them), and whether
+# the note may wrap.
+_HOLD_CSS = {
+    "paused": ("kj-paused", False),
+    "rate": ("kj-rate", True),
+    "cap": ("kj-cap", False),
+    "until": ("kj-until", True),
+    "deferral": ("kj-waiting-for", False),
+}
+
+
 class RunDisplay:
     """Column and field renderers shared by the run list and detail pages."""
 
@@ -112,43 +120,27 @@ class RunDisplay:
 
     @admin.display(description=_("status"), ordering="status")
     def status_label(self, run: JobRun) -> SafeString:
-        """The status badge, plus "until <time>" for a queued run that is not due yet (a retry's
-        back-off or an ``enqueue_in`` delay), so a waiting run does not look stuck, and what a
-        deferred run waits for.
+        """The status badge, plus what holds a waiting run back (worker/holds.py) so that it
+        does not look stuck: a pause, a rate window or a concurrency cap; "until <time>" for a
+        queued run that is not due yet (a retry's back-off or an ``enqueue_in`` delay: the
+        same word, "queued", as in code and the CLI); what a deferred run waits for.
         """
-        held = paused_by_rule(run)
-        if held:  # an operator's pause holds it (worker/pauses.py): not stuck, paused
-            return format_html(
-                '{} <span class="kj-paused" style="font-size:0.85em">{}</span>',
-                status_badge(run.status),
-                gettext("paused (%(what)s)") % {"what": held},
-            )
-        reopens = rate_wait_until(run.queue, run.schema_name or None, run.priority, run.job_name)
-        if run.status == RunStatus.QUEUED and reopens is not None:
-            # Its tenant's messages wait for a rate window (transport/fair.py): not stuck.
-            return format_html(
-                '{} <span class="kj-rate" style="font-size:0.85em;white-space:nowrap">{}</span>',
-                status_badge(run.status),
-                gettext("waiting for a rate limit (until %(time)s)")
-                % {"time": short_time(datetime.fromtimestamp(reopens, UTC))},
-            )
-        # A run waiting for a retry's back-off or an enqueue_in delay is "queued" (the same
-        # word as in code and the CLI); the time says it is not due yet.
-        if run.status == RunStatus.QUEUED and run.scheduled_for and run.scheduled_for > now():
-            return format_html(
-                '{} <span class="kj-until" style="font-size:0.85em;white-space:nowrap">{}</span>',
-                status_badge(run.status),
-                gettext("until %(time)s") % {"time": short_time(run.scheduled_for)},
-            )
-        if run.status == RunStatus.DEFERRED and run.waiting_for:
-            # Which deferral (recorded since migration 0012): the job's own delay, or the
-            # inactive-tenant gate, which an operator resolves by reactivating the tenant.
-            return format_html(
-                '{} <span class="kj-waiting-for" style="font-size:0.85em">{}</span>',
-                status_badge(run.status),
-                gettext("waiting for %(what)s") % {"what": run.get_waiting_for_display()},
-            )
-        return status_badge(run.status)
+        hold = hold_of(run)
+        if hold is None:
+            return status_badge(run.status)
+        if hold.kind == "rate":
+            text = gettext("waiting for a rate limit (until %(time)s)") % {
+                "time": short_time(hold.at)
+            }
+        elif hold.kind == "until":
+            text = gettext("until %(time)s") % {"time": short_time(hold.at)}
+        else:
+            text = hold.text
+        css, nowrap = _HOLD_CSS[hold.kind]
+        style = "font-size:0.85em;white-space:nowrap" if nowrap else "font-size:0.85em"
+        return format_html(
+            '{} <span class="{}" style="{}">{}</span>', status_badge(run.status), css, style, text
+        )
 
     @admin.display(description=_("attempts"))
     def attempts_of(self, run: JobRun) -> str:

@@ -29,6 +29,7 @@ them in ``pushing`` too, which the scheduler's cron firing calls.
 
 from __future__ import annotations
 
+from .cap_waits import held_by_cap
 from .done import note_done, signal_done, wait_for
 from .errors import RedisConnectionError, RedisError, RedisTimeoutError
 from .fair_policy import bucket_of, valid_priority, valid_weight
@@ -171,6 +172,7 @@ __all__ = [
     "forget_queues",
     "get_queue",
     "goodbye",
+    "held_by_cap",
     "held_messages",
     "install_cron_hooks",
     "is_json_serializer",

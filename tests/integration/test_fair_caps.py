@@ -9,12 +9,14 @@ freed after the finish is recorded, so two runs of one capped tenant never overl
 
 from __future__ import annotations
 
+import io
 import signal
 from datetime import datetime
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.test import override_settings
 
 from bench import soak
@@ -275,3 +277,36 @@ def test_the_relay_frees_a_cap_slot_whose_release_redis_lost(tenants: Any) -> No
     work()
     assert JobRun.objects.get(pk=second.run_id).status == RunStatus.SUCCEEDED
     assert [p.tag for p in probes("t1")] == ["second"]  # the first "ran" only in its row
+
+
+def test_a_run_held_by_a_cap_says_so_in_the_cli_and_the_admin_and_stops_saying_it(
+    tenants: Any,
+) -> None:
+    """worker/holds.py: a queued run a full cap holds back reads "waiting for a free slot
+    (concurrency cap)" in ``kumiko_jobs runs`` and in the admin's status column; its
+    neighbour of another tenant, not held, reads "queued"; once the slot is free, neither.
+    Seen failing with held_by_cap answering False (the runs read "queued" only)."""
+    from kumiko_jobs.admin.display import RunDisplay
+    from kumiko_jobs.transport import cap_waits
+
+    with override_settings(KUMIKO_JOBS=kumiko(TENANT_CONCURRENCY=1)):
+        held = [jobs.probe.enqueue(tenant="t1", tag=f"held-{i}") for i in range(2)]
+        free = jobs.probe.enqueue(tenant="t2", tag="free")
+        taken = dequeue()  # t1's first run starts: its slot is taken
+        assert transport.decoded(taken[0]) == JobRun.objects.get(pk=held[0].run_id).rq_job_id
+        dequeue()  # t2's starts; t1's second meets the full cap and waits for it
+        assert [transport.decoded(v) for v in dequeue()[:2]] == ["", "paused"]
+        cap_waits._cache.clear()  # (read at most once a second: the state just changed)
+        waiting = JobRun.objects.get(pk=held[1].run_id)
+        out = io.StringIO()
+        call_command("kumiko_jobs", "runs", "--tenant", "t1", stdout=out)
+        line = next(row for row in out.getvalue().splitlines() if str(waiting.run_id) in row)
+        assert "queued, waiting for a free slot (concurrency cap)" in line
+        assert "concurrency cap" in str(RunDisplay().status_label(waiting))
+        assert transport.held_by_cap("default", "t2", 0, jobs.probe.name) is False
+        assert JobRun.objects.get(pk=free.run_id).status == RunStatus.QUEUED  # (not started)
+
+        connection = transport.get_queue("default").connection
+        release_caps(connection, transport.decoded(taken[0]), transport.decoded(taken[6]))
+        cap_waits._cache.clear()
+        assert "concurrency cap" not in str(RunDisplay().status_label(waiting))

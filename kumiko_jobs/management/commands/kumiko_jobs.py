@@ -28,6 +28,7 @@ from ...guard import role_grants, role_names, role_sync
 from ...models import JobRun, RunStatus
 from ...operations import CANCELLED, cancel_run, retry_run
 from ...worker import pauses
+from ...worker.holds import hold_of
 from ...worker.relay import relay_pending
 from ...worker.sweep import sweep
 
@@ -260,7 +261,7 @@ class Command(BaseCommand):
                     str(run.run_id),
                     run.job_name,
                     run.schema_name or "-",
-                    run.status,
+                    _status_of(run),
                     str(run.attempts),
                     timezone.localtime(run.queued_at).strftime("%Y-%m-%d %H:%M:%S"),
                     error[:60] or "-",
@@ -451,3 +452,17 @@ def _drop_roles(command: BaseCommand, yes: bool, dropped_database: str | None) -
 def _role_exists(cursor: Any, role: str) -> bool:
     cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
     return cursor.fetchone() is not None
+
+
+def _status_of(run: JobRun) -> str:
+    """The run's status, and for a waiting run what holds it back (as the admin says it):
+    ``queued, paused (tenant acme)``, ``queued, waiting for a rate limit until 12:00:03``,
+    ``queued, due at 12:05:00``."""
+    hold = hold_of(run)
+    if hold is None:
+        return str(run.status)
+    at = f"{timezone.localtime(hold.at):%H:%M:%S}" if hold.at else ""
+    if hold.kind == "until":
+        return f"{run.status}, due at {at}"
+    return f"{run.status}, {hold.text}" + (f" until {at}" if at else "")
+
