@@ -1,7 +1,10 @@
 """The fair dequeue: one Lua script that sorts new arrivals into per-tenant lanes and picks
-the next message, and the finish's charge that corrects its estimate.
+the next message.
 
-The policy is ``fair_policy``'s (pure, unit-tested); this script is its one executor, and the
+Its parts: ``fair_common`` (the fair field, a bucket's entry into its lane), ``fair_caps``
+(concurrency caps), ``fair_rates`` (rate windows), and ``fair_charge`` (the finish's correction
+of the pick's estimate, and the caps' release). The policy is ``fair_policy``'s (pure,
+unit-tested); this script is its one executor, and the
 design and its invariants are in docs/design.md, "Flow control: the fair dequeue". Keys (all
 under ``kumiko:fair:<queue>:``): ``levels`` (zset of priority levels with ready work, score
 -level), ``seq`` (arrival numbers), and per lane ``<level>:``: ``ready`` and ``parked``
@@ -21,76 +24,35 @@ The script names keys it was not passed: like RQ's own, it needs one Redis, not 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
 from redis.commands.core import Script
 
 from .fair_caps import CAPS
-from .fair_policy import DEFAULT_ESTIMATE, MEAN_ALPHA, OTHER_BUCKET
+from .fair_charge import Charge, charge_on
+from .fair_common import COMMON
+from .fair_policy import DEFAULT_ESTIMATE
+from .fair_rates import RATE_PREFIX, RATES
 from .keys import FAIR_PREFIX, FAIR_TOKEN, PAUSE_PREFIX
 
-# Rate-limit windows (zsets of start times), by the keys the push wrote into the fair field:
-# ``j:<job>`` (``:k:<argument value>``), ``jt:<job>\t<bucket>``, ``t:<bucket>``.
-RATE_PREFIX = "kumiko:rate:"
+# The finish's half (fair_charge.py) and the pieces every script shares (fair_common.py), at
+# the paths the worker, the tests and the benches use.
+__all__ = [
+    "COMMON",
+    "RATE_PREFIX",
+    "Charge",
+    "charge_on",
+    "dequeue",
+    "prefix_of",
+    "waiting_job_ids",
+]
 
-# The pieces both scripts share: how a message's fair field reads, how a bucket enters a lane.
-COMMON = f"""
-local TOKEN = '{FAIR_TOKEN}'
-local OTHER = '{OTHER_BUCKET}'
-local HOLDS = '{FAIR_PREFIX}holds'
-local function fair_of(meta)
-  if not meta then return OTHER, 1, 0, '' end
-  local ok, decoded = pcall(cjson.decode, meta)
-  if not ok or type(decoded) ~= 'table' then return OTHER, 1, 0, '' end
-  local f = decoded['kumiko_fair']
-  if type(f) ~= 'table' then return OTHER, 1, 0, '' end
-  local bucket, weight, level, job = f[1], tonumber(f[2]), tonumber(f[3]), f[4]
-  if type(bucket) ~= 'string' or bucket == '' then bucket = OTHER end
-  if not weight or weight <= 0 then weight = 1 end
-  if not level then level = 0 end
-  if type(job) ~= 'string' then job = '' end
-  local rates, caps = f[5], f[6]
-  if type(rates) ~= 'table' then rates = nil end
-  if type(caps) ~= 'table' then caps = nil end
-  return bucket, weight, math.floor(level), job, rates, caps
-end
-local function head_seq(L, bucket)
-  local head = redis.call('LINDEX', L .. 'b:' .. bucket, 0)
-  if not head then return nil end
-  return tonumber(string.match(head, '^(%d+):'))
-end
--- The score a bucket (re-)enters its lane's ready set with.
-local function entry_score(L, bucket, mode)
-  if mode == 'fifo' then return head_seq(L, bucket) or 0 end
-  local v = tonumber(redis.call('GET', L .. 'vt') or '0')
-  local f = tonumber(redis.call('HGET', L .. 'fin', bucket) or '0')
-  return math.max(v, f)
-end
-local function activate(prefix, pause, level, bucket, mode)
-  local L = prefix .. level .. ':'
-  if redis.call('ZSCORE', L .. 'ready', bucket) or redis.call('ZSCORE', L .. 'parked', bucket)
-      or redis.call('ZSCORE', prefix .. 'rwait', level .. '\\t' .. bucket)
-      or redis.call('SISMEMBER', L .. 'cwait', bucket) == 1 then
-    -- (already in; or waiting for a rate window or a tenant's cap, whose reopening or
-    -- release re-activates it)
-    return
-  end
-  local score = entry_score(L, bucket, mode)
-  if redis.call('SISMEMBER', pause .. 'tenants', bucket) == 1 then
-    redis.call('ZADD', L .. 'parked', score, bucket)
-  else
-    redis.call('ZADD', L .. 'ready', score, bucket)
-    redis.call('ZADD', prefix .. 'levels', -level, level)
-  end
-  redis.call('SADD', '{FAIR_PREFIX}lanes', L)
-end
-"""
 
 _DEQUEUE = (
     COMMON
     + CAPS
+    + RATES
     + """
 local inbox, taken = KEYS[1], KEYS[2]
 local job_prefix, prefix, mode, pause, qname = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
@@ -168,45 +130,6 @@ local function requeue(L, bucket, score)
   end
 end
 
--- Rate limits (docs/design.md, "Flow control: rate limits"): a window is a zset of the start
--- times of the last `per` seconds, pruned here, on Redis's clock (one clock for all workers).
-local RATE = ARGV[7]
-local clock = redis.call('TIME')
-local NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
-local function each_rate(rates, fn)
-  if not rates then return end
-  for _, r in ipairs(rates) do
-    if type(r) == 'table' then
-      local key, limit, per = r[1], tonumber(r[2]), tonumber(r[3])
-      if type(key) == 'string' and limit and per and limit >= 1 and per > 0 then
-        fn(RATE .. key, limit, per)
-      end
-    end
-  end
-end
--- nil when every window of the scope asked for (the tenant's, ``t:``, or the job's, ``j:`` and
--- ``jt:``) has room for one more start now; else when all of them will have.
-local function rate_block(rates, tenant_wide)
-  local reopen = nil
-  each_rate(rates, function(k, limit, per)
-    if (string.sub(k, #RATE + 1, #RATE + 2) == 't:') ~= tenant_wide then return end
-    redis.call('ZREMRANGEBYSCORE', k, '-inf', NOW - per)
-    local n = redis.call('ZCARD', k)
-    if n >= limit then
-      local frees = redis.call('ZRANGE', k, n - limit, n - limit, 'WITHSCORES')
-      -- (+1 us, TIME's grain: at `at`, NOW - per is past the start despite float rounding)
-      local at = tonumber(frees[2]) + per + 0.000001
-      if not reopen or at > reopen then reopen = at end
-    end
-  end)
-  return reopen
-end
-local function rate_count(rates, id)
-  each_rate(rates, function(k, _, per)
-    redis.call('ZADD', k, NOW, id .. '@' .. NOW)
-    redis.call('PEXPIRE', k, math.ceil(per * 1000) + 1000)
-  end)
-end
 -- Buckets whose window has reopened go back to their lane (at max(F, V): waiting banks no
 -- credit), and a job's set-aside messages (member <level> TAB <bucket> TAB <job>) their
 -- oldest to its bucket's head; at most 100 per call (the next calls take the rest).
@@ -377,52 +300,6 @@ return pick()
 """
 )
 
-# The finish's script (in its own transaction): the caps' release, then the charge.
-_CHARGE = (
-    COMMON
-    + CAPS
-    + f"""
-local L, bucket, mode = ARGV[1], ARGV[2], ARGV[6]
-local actual, estimate, weight = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-if ARGV[8] and ARGV[8] ~= '' then
-  local ok, caps = pcall(cjson.decode, ARGV[8])
-  if ok then release_caps(ARGV[7], caps) end
-end
-local function mean(name)
-  local m = tonumber(redis.call('HGET', L .. 'mean', name) or '')
-  if m then m = {1 - MEAN_ALPHA} * m + {MEAN_ALPHA} * actual else m = actual end
-  redis.call('HSET', L .. 'mean', name, m)
-end
-mean(bucket)
-mean('~lane')
-if mode ~= 'tenant' then return 0 end
-local delta = (actual - estimate) / weight
-local f = tonumber(redis.call('HGET', L .. 'fin', bucket) or '')
-if f then redis.call('HSET', L .. 'fin', bucket, f + delta) end
-for _, set in ipairs({{'ready', 'parked'}}) do
-  if redis.call('ZSCORE', L .. set, bucket) then
-    redis.call('ZINCRBY', L .. set, delta, bucket)
-  end
-end
-return 1
-"""
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Charge:
-    """What the finish needs to correct a pick's estimate (from the dequeue's reply)."""
-
-    lane: str
-    bucket: str
-    estimate: float
-    weight: float
-    mode: str
-    # The RQ job id and the caps (JSON, as the fair field has them) its start took a slot of;
-    # the finish releases them in the same script.
-    job_id: str = ""
-    caps: str = ""
-
 
 def prefix_of(queue: str) -> str:
     """The key prefix of ``queue``'s lanes."""
@@ -459,27 +336,6 @@ def dequeue(
 # The dequeue script per client, so that its SHA1 (of some 6 KB) is computed once, not at
 # every dequeue; an unknown script is loaded on the first NOSCRIPT, as redis-py does.
 _scripts: weakref.WeakKeyDictionary[Redis, Script] = weakref.WeakKeyDictionary()
-
-
-def charge_on(pipeline: Any, charge: Charge, actual: float) -> None:
-    """Queue the finish's correction on ``pipeline`` (the finish's own transaction).
-
-    ``EVAL`` with the script's text, not ``EVALSHA``: a script unknown to the server (after a
-    restart or failover) would fail inside the transaction, and redis-py's pre-loading of
-    scripts for a pipeline costs a round trip of its own.
-    """
-    pipeline.eval(
-        _CHARGE,
-        0,
-        charge.lane,
-        charge.bucket,
-        max(actual, 0.0),
-        charge.estimate,
-        charge.weight,
-        charge.mode,
-        charge.job_id,
-        charge.caps,
-    )
 
 
 def waiting_job_ids(connection: Redis, queue: str, inbox: str) -> list[str]:

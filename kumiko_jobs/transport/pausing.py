@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from redis import Redis
 
 from .doorbell import BELL_SIZE
-from .fair import COMMON
+from .fair_common import COMMON
 from .keys import FAIR_PREFIX, PAUSE_PREFIX
 
 # Sets of the dequeue script; members: queue names, bucket names, job names, job TAB bucket.

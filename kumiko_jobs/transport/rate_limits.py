@@ -23,8 +23,8 @@ from redis.commands.core import Script
 from rq.job import Job
 from rq.rate_limit import RateLimitRegistry
 
-from .fair import COMMON
 from .fair_caps import CAP_PREFIX, CAP_WAITING, CAPS
+from .fair_common import COMMON
 from .queues import get_queue
 
 # ARGV: job id, then either the caps (JSON, as the fair field has them), or "" and the job

@@ -1,0 +1,59 @@
+"""Rate limits by time window as eligibility in the fair dequeue: the Lua of the windows.
+
+A window is a sorted set of the start times of the last ``per`` seconds (members
+``<job id>@<time>``), one per key the push wrote into the message's fair field: ``j:<job>``
+(``:k:<argument value>`` with ``rate_limit_by``), ``jt:<job>\t<bucket>`` (a job's limit per
+tenant), ``t:<bucket>`` (``TENANT_RATE_LIMIT``). The dequeue script (``fair.py``) checks a
+head's windows before it starts (``rate_block``) and counts the start in the same call
+(``rate_count``), on Redis's clock (``TIME``: one clock for every worker), so no window ever
+admits more than its limit. What waits for a window, and how it comes back, is the dequeue's
+(``rwait``; docs/design.md, "Flow control: rate limits").
+"""
+
+from __future__ import annotations
+
+# The windows' keys: + "j:<job>", "jt:<job>\t<bucket>", "t:<bucket>".
+RATE_PREFIX = "kumiko:rate:"
+
+# After fair.COMMON; the dequeue passes RATE_PREFIX as ARGV[7]. Plain text: Lua tables.
+RATES = """
+-- Rate limits (docs/design.md, "Flow control: rate limits"): a window is a zset of the start
+-- times of the last `per` seconds, pruned here, on Redis's clock (one clock for all workers).
+local RATE = ARGV[7]
+local clock = redis.call('TIME')
+local NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local function each_rate(rates, fn)
+  if not rates then return end
+  for _, r in ipairs(rates) do
+    if type(r) == 'table' then
+      local key, limit, per = r[1], tonumber(r[2]), tonumber(r[3])
+      if type(key) == 'string' and limit and per and limit >= 1 and per > 0 then
+        fn(RATE .. key, limit, per)
+      end
+    end
+  end
+end
+-- nil when every window of the scope asked for (the tenant's, ``t:``, or the job's, ``j:`` and
+-- ``jt:``) has room for one more start now; else when all of them will have.
+local function rate_block(rates, tenant_wide)
+  local reopen = nil
+  each_rate(rates, function(k, limit, per)
+    if (string.sub(k, #RATE + 1, #RATE + 2) == 't:') ~= tenant_wide then return end
+    redis.call('ZREMRANGEBYSCORE', k, '-inf', NOW - per)
+    local n = redis.call('ZCARD', k)
+    if n >= limit then
+      local frees = redis.call('ZRANGE', k, n - limit, n - limit, 'WITHSCORES')
+      -- (+1 us, TIME's grain: at `at`, NOW - per is past the start despite float rounding)
+      local at = tonumber(frees[2]) + per + 0.000001
+      if not reopen or at > reopen then reopen = at end
+    end
+  end)
+  return reopen
+end
+local function rate_count(rates, id)
+  each_rate(rates, function(k, _, per)
+    redis.call('ZADD', k, NOW, id .. '@' .. NOW)
+    redis.call('PEXPIRE', k, math.ceil(per * 1000) + 1000)
+  end)
+end
+"""
