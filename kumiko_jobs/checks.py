@@ -1,4 +1,13 @@
-"""System checks: configuration mistakes fail at ``manage.py check``, naming the fix."""
+"""System checks: configuration mistakes fail at ``manage.py check``, naming the fix.
+
+Each layer's checks live beside the rules they check, as Django registers checks per app:
+the guard's roles and poolers in ``guard/checks.py``, Redis and the scheduler in
+``transport/checks.py``, the admin's audiences in ``admin/checks.py`` (registered with the
+admin), the metrics token in ``admin/dashboard/metrics_access.py``. This module holds the
+checks of the settings and the wiring that span the layers (queues known to the registry,
+RQ's classes, django-rq's routes), and imports the others so that ``apps.ready`` registers
+every check by importing it.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +15,27 @@ from typing import Any
 
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 from django.utils.module_loading import import_string
 
 from . import transport
 from .core import conf, project_settings
 from .definition.registry import registry
 from .enqueueing.messages import import_rate_callable
-from .guard import role_sync
-from .transport.scheduler_liveness import overdue_problem
+from .guard.checks import check_db_roles, check_db_roles_in_step, check_project_user_not_superuser
+from .transport.checks import check_redis_sentinel, check_scheduler_running
 from .urls import is_guarded
+
+# Registered where they are defined; named here too, at the paths tests and users know.
+__all__ = [
+    "check_db_roles",
+    "check_db_roles_in_step",
+    "check_django_rq_exposure",
+    "check_project_user_not_superuser",
+    "check_queue_serializers",
+    "check_redis_sentinel",
+    "check_scheduler_running",
+    "check_settings",
+]
 
 TENANT_ENGINE = "django_tenants.postgresql_backend"
 
@@ -292,184 +312,3 @@ def check_queue_serializers(app_configs: Any = None, **kwargs: Any) -> list[chec
                 )
             )
     return errors
-
-
-@checks.register(checks.Tags.compatibility, deploy=True)
-def check_scheduler_running(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """``manage.py check --deploy``: delayed work overdue because no rqscheduler moves it.
-
-    A deploy check because it reads Redis, which a plain ``check`` (run by every command)
-    should not need; it says nothing when Redis cannot be read.
-    """
-
-    if conf.get_or_none() is None:
-        return []  # E001 says why
-    problem = overdue_problem()
-    if not problem:
-        return []
-    return [
-        checks.Warning(
-            problem,
-            hint="Run `python manage.py rqscheduler` next to the workers (README, Quickstart); "
-            "KUMIKO_JOBS['SCHEDULER_OVERDUE_AFTER'] sets how late is overdue.",
-            id="kumiko_jobs.W003",
-        )
-    ]
-
-
-@checks.register(checks.Tags.security)
-def check_db_roles(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """The database guard's posture: a transaction pooler (unsafe without ``DB_ROLES``, fragile with
-    it) and ``DB_ROLES`` off in production, where isolation would rest on the guard's classifier
-    alone.
-    """
-    try:
-        settings = conf.get()
-    except ImproperlyConfigured:
-        return []  # E001 says so
-    found: list[checks.CheckMessage] = []
-    if settings.DB_POOLER == "transaction":
-        if not settings.DB_ROLES:
-            found.append(
-                checks.Error(
-                    "KUMIKO_JOBS['DB_POOLER'] is 'transaction' without DB_ROLES: the pooler "
-                    "hands one server session to many clients, so a search path or setting a "
-                    "run left in its session reaches the statements of another tenant's run.",
-                    hint="Point the workers at PostgreSQL directly or through session pooling, "
-                    "or turn DB_ROLES on (docs/guard.md, 'Poolers').",
-                    id="kumiko_jobs.E013",
-                )
-            )
-        else:
-            found.append(
-                checks.Warning(
-                    "KUMIKO_JOBS['DB_POOLER'] is 'transaction': tenant isolation holds (the "
-                    "pooler keeps a pool per login role), but django-tenants' search path and "
-                    "kumiko's session reset are per session and may land on another one.",
-                    hint="Use session pooling for workers (docs/guard.md, 'Poolers').",
-                    id="kumiko_jobs.W004",
-                )
-            )
-    if not settings.DB_ROLES:
-        if project_settings.debug() or settings.DB_GUARD == "off":
-            return found
-        found.append(
-            checks.Warning(
-                "KUMIKO_JOBS['DB_ROLES'] is off: tenant isolation rests on the DB guard's "
-                "classifier alone; job bodies run as the project's database user.",
-                hint="Follow docs/guard.md ('Two walls', set-up) and set "
-                "KUMIKO_JOBS['DB_ROLES'] = True.",
-                id="kumiko_jobs.W005",
-            )
-        )
-    return found
-
-
-@checks.register(checks.Tags.database)
-def check_db_roles_in_step(
-    app_configs: Any = None, databases: Any = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
-    """Tenants whose role is missing or lacks a grant (one catalog query; ``--database``)."""
-    if not databases or "default" not in databases:
-        return []
-    try:
-        if not conf.get().DB_ROLES:
-            return []
-    except ImproperlyConfigured:
-        return []
-
-    try:
-        # In a savepoint, so that a failed statement leaves no caller's transaction aborted.
-        with transaction.atomic(using=DEFAULT_DB_ALIAS):
-            stale = role_sync.out_of_date()  # no tenant table yet (not migrated): []
-    except DatabaseError as exc:
-        # Say what can be said and let the command go on: `migrate` runs this check first.
-        return [
-            checks.Warning(
-                f"Could not read the tenants' database roles: {exc}".strip(),
-                hint="Run `manage.py migrate_schemas --shared` and `manage.py kumiko_jobs roles`.",
-                id="kumiko_jobs.W008",
-            )
-        ]
-    if not stale:
-        return []
-    shown = ", ".join(stale[:10]) + (f" and {len(stale) - 10} more" if len(stale) > 10 else "")
-    return [
-        checks.Error(
-            f"{len(stale)} tenant database role(s) missing or out of date: {shown}. Their "
-            "runs would fail with 'permission denied' or a failed login.",
-            hint="Run `manage.py kumiko_jobs roles` (safe on every deploy).",
-            id="kumiko_jobs.E012",
-        )
-    ]
-
-
-@checks.register(checks.Tags.compatibility)
-def check_redis_sentinel(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """A queue behind Sentinel without a socket timeout hangs on a frozen primary.
-
-    A primary that is gone refuses connections, and redis-py asks the Sentinels again; one that
-    is frozen (a stopped process, a paused VM, a partition) keeps the TCP connection open and
-    answers nothing, so a client without ``SOCKET_TIMEOUT`` waits forever and never learns of
-    the promotion (docs/reliability.md, "Redis failover").
-    """
-    found: list[checks.CheckMessage] = []
-    for name in project_settings.rq_queue_names():
-        config = project_settings.rq_queue_config(name)
-        if "SENTINELS" not in config or config.get("SOCKET_TIMEOUT"):
-            continue
-        found.append(
-            checks.Warning(
-                f"RQ_QUEUES[{name!r}] uses Sentinel without SOCKET_TIMEOUT: a frozen primary "
-                "holds every client of this queue (requests that enqueue, rqscheduler, the "
-                "workers' bookkeeping) until it wakes up, whatever the Sentinels promoted.",
-                hint=f'Add "SOCKET_TIMEOUT": 2 (seconds) to RQ_QUEUES[{name!r}], and '
-                '"SENTINEL_KWARGS": {"socket_timeout": 2} (docs/settings.md, "Redis behind '
-                'Sentinel").',
-                id="kumiko_jobs.W006",
-            )
-        )
-    return found
-
-
-@checks.register(checks.Tags.security, checks.Tags.database)
-def check_project_user_not_superuser(
-    app_configs: Any = None, databases: Any = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
-    """``DB_ROLES`` with a superuser as the project user (``--database``, as E012).
-
-    docs/guard.md ("Two walls", set-up) forbids it: a superuser passes every privilege check,
-    so a job body that reaches the project's connection (``ctx.system_db()``, a connection
-    opened by hand) holds every tenant's data and the server's files, and the tenant roles it
-    creates are all the wall there is.
-    """
-    if not databases or "default" not in databases:
-        return []
-    try:
-        if not conf.get().DB_ROLES:
-            return []
-    except ImproperlyConfigured:
-        return []  # E001 says why
-    from django.db import DatabaseError, connections
-
-    try:
-        with connections["default"].cursor() as cursor:
-            # current_user: the identity that holds the privileges (after "assume_role")
-            cursor.execute(
-                "SELECT current_user, rolsuper FROM pg_roles WHERE rolname = current_user"
-            )
-            row = cursor.fetchone()
-    except DatabaseError:
-        return []  # no database to ask: Django's own checks and E012 report it
-    if row is None or not row[1]:
-        return []
-    return [
-        checks.Warning(
-            f"KUMIKO_JOBS['DB_ROLES'] is on and the project's database user {row[0]!r} is a "
-            "superuser: it passes every privilege check, so whatever a job reaches with the "
-            "project's credentials is outside the second wall.",
-            hint="Connect as a user with LOGIN and CREATEROLE that owns the database, not a "
-            "superuser (docs/guard.md, 'Two walls', set-up).",
-            id="kumiko_jobs.W007",
-        )
-    ]

@@ -1,0 +1,63 @@
+"""System checks of Redis and the scheduler: a queue behind Sentinel without a socket timeout,
+and (``check --deploy``) delayed work overdue because no ``rqscheduler`` moves it.
+Registered at import (``kumiko_jobs.checks`` imports this module at start-up)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+
+from ..core import conf, project_settings
+from .scheduler_liveness import overdue_problem
+
+
+@checks.register(checks.Tags.compatibility, deploy=True)
+def check_scheduler_running(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``manage.py check --deploy``: delayed work overdue because no rqscheduler moves it.
+
+    A deploy check because it reads Redis, which a plain ``check`` (run by every command)
+    should not need; it says nothing when Redis cannot be read.
+    """
+
+    if conf.get_or_none() is None:
+        return []  # E001 says why
+    problem = overdue_problem()
+    if not problem:
+        return []
+    return [
+        checks.Warning(
+            problem,
+            hint="Run `python manage.py rqscheduler` next to the workers (README, Quickstart); "
+            "KUMIKO_JOBS['SCHEDULER_OVERDUE_AFTER'] sets how late is overdue.",
+            id="kumiko_jobs.W003",
+        )
+    ]
+
+
+@checks.register(checks.Tags.compatibility)
+def check_redis_sentinel(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A queue behind Sentinel without a socket timeout hangs on a frozen primary.
+
+    A primary that is gone refuses connections, and redis-py asks the Sentinels again; one that
+    is frozen (a stopped process, a paused VM, a partition) keeps the TCP connection open and
+    answers nothing, so a client without ``SOCKET_TIMEOUT`` waits forever and never learns of
+    the promotion (docs/reliability.md, "Redis failover").
+    """
+    found: list[checks.CheckMessage] = []
+    for name in project_settings.rq_queue_names():
+        config = project_settings.rq_queue_config(name)
+        if "SENTINELS" not in config or config.get("SOCKET_TIMEOUT"):
+            continue
+        found.append(
+            checks.Warning(
+                f"RQ_QUEUES[{name!r}] uses Sentinel without SOCKET_TIMEOUT: a frozen primary "
+                "holds every client of this queue (requests that enqueue, rqscheduler, the "
+                "workers' bookkeeping) until it wakes up, whatever the Sentinels promoted.",
+                hint=f'Add "SOCKET_TIMEOUT": 2 (seconds) to RQ_QUEUES[{name!r}], and '
+                '"SENTINEL_KWARGS": {"socket_timeout": 2} (docs/settings.md, "Redis behind '
+                'Sentinel").',
+                id="kumiko_jobs.W006",
+            )
+        )
+    return found
