@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -224,6 +225,37 @@ _NON_NEGATIVE_INTS = (
 )
 
 
+# Settings in seconds that take fractions: (lowest, highest, what the default is and does).
+_SECONDS: dict[str, tuple[float, float, str]] = {
+    "SCHEDULER_POLL": (
+        0.0,
+        60.0,
+        "0.1 by default; 0 moves delayed messages only every rqscheduler --interval",
+    ),
+    "SCHEDULER_LOCK_TTL": (
+        0.2,
+        60.0,
+        "1 by default: how long a killed rqscheduler holds up the others",
+    ),
+    "WAIT_RECHECK": (
+        0.1,
+        math.inf,
+        "5 by default: how often handle.wait() reads the row without a signal",
+    ),
+}
+
+
+def _seconds(key: str, value: Any, low: float, high: float, why: str) -> float:
+    """``value`` as seconds within [low, high], or the error that names the range."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        bounds = f"at least {low:g}" if high == math.inf else f"from {low:g} to {high:g}"
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS[{key!r}] must be a number of seconds, {bounds} ({why}), "
+            f"got {value!r}."
+        )
+    return float(value)
+
+
 def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     if not isinstance(raw, Mapping):
         raise ImproperlyConfigured("settings.KUMIKO_JOBS must be a dict.")
@@ -258,33 +290,9 @@ def _validate(raw: Mapping[str, Any]) -> KumikoSettings:
     for key in ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT", "DB_ROLES"):
         if not isinstance(values.get(key, True), bool):
             raise ImproperlyConfigured(f"settings.KUMIKO_JOBS[{key!r}] must be True or False.")
-    poll = values.get("SCHEDULER_POLL", 0.0)
-    if isinstance(poll, bool) or not isinstance(poll, int | float) or not 0 <= poll <= 60:
-        raise ImproperlyConfigured(
-            "settings.KUMIKO_JOBS['SCHEDULER_POLL'] must be a number of seconds from 0 to 60 "
-            f"(0.1 by default; 0 moves delayed messages only every rqscheduler --interval), "
-            f"got {poll!r}."
-        )
-    if "SCHEDULER_POLL" in values:
-        values["SCHEDULER_POLL"] = float(poll)
-    lock = values.get("SCHEDULER_LOCK_TTL", 1.0)
-    if isinstance(lock, bool) or not isinstance(lock, int | float) or not 0.2 <= lock <= 60:
-        raise ImproperlyConfigured(
-            "settings.KUMIKO_JOBS['SCHEDULER_LOCK_TTL'] must be a number of seconds from 0.2 "
-            f"to 60 (1 by default: how long a killed rqscheduler holds up the others), got "
-            f"{lock!r}."
-        )
-    if "SCHEDULER_LOCK_TTL" in values:
-        values["SCHEDULER_LOCK_TTL"] = float(lock)
-    recheck = values.get("WAIT_RECHECK", 5.0)
-    if isinstance(recheck, bool) or not isinstance(recheck, int | float) or not recheck >= 0.1:
-        raise ImproperlyConfigured(
-            "settings.KUMIKO_JOBS['WAIT_RECHECK'] must be a number of seconds, at least 0.1 "
-            f"(5 by default: how often handle.wait() reads the row without a signal), got "
-            f"{recheck!r}."
-        )
-    if "WAIT_RECHECK" in values:
-        values["WAIT_RECHECK"] = float(recheck)
+    for key, (low, high, why) in _SECONDS.items():
+        if key in values:
+            values[key] = _seconds(key, values[key], low, high, why)
     defaults = {f.name: f.default for f in dataclasses.fields(KumikoSettings)}
     beat = values.get("WORKER_HEARTBEAT", defaults["WORKER_HEARTBEAT"])
     if values.get("WORKER_DEAD_AFTER", defaults["WORKER_DEAD_AFTER"]) < 2 * beat:
