@@ -5,10 +5,12 @@ One row per (grain, bucket, queue, job): the runs started, retried, deferred, su
 failed and cancelled in that bucket, counted as history/stats.py counts them, plus sparse
 log-scale histograms (``{bucket index: runs}``, four buckets per doubling, so a percentile read
 from them is within about 9% of the exact one) of wait and duration, and the failures by error
-type. The grains are the dashboard's steps (a minute for the hour, 15 minutes for the day, an
-hour for the week), each kept only over its window's span. No tenant key: at the history's
-density a per-tenant row per minute would be one row per run; a tenant-filtered chart reads
-the raw history (the tenant's index bounds it).
+type (``[job, error type, runs, last finished in µs since the epoch]``), and per bucket and
+queue one row more with ``job_name`` ``''`` for all of its jobs, which is what a chart without
+a job filter reads. The grains are the dashboard's steps (a minute for the hour, 15 minutes
+for the day, an hour for the week), each kept only over its window's span. No tenant key: at
+the history's density a per-tenant row per minute would be one row per run; a tenant-filtered
+chart reads the raw history (the tenant's index bounds it).
 
 Never written on a run's path: the workers' maintenance round (worker/maintenance.py, under
 its lock) calls ``roll_up``, which recomputes whole buckets that have ended since the last one
@@ -94,7 +96,8 @@ def aggregate(
         f"NULL FROM (SELECT b, queue, job_name, d, count(*) AS n FROM f "
         f"WHERE d IS NOT NULL GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3"
         f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, NULL, "
-        f"jsonb_agg(jsonb_build_array(error_type, n, last)) FROM (SELECT b, queue, job_name, "
+        f"jsonb_agg(jsonb_build_array(job_name, error_type, n, last)) "
+        f"FROM (SELECT b, queue, job_name, "
         f"error_type, count(*) AS n, "
         f"(EXTRACT(EPOCH FROM max(finished_at)) * 1000000)::bigint AS last FROM f "
         f"WHERE status = '{RunStatus.FAILED.value}' GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3) "
@@ -115,6 +118,34 @@ def aggregate(
         until,
         *params,
     ]
+
+
+def merged(keys: str) -> str:
+    """The rollup rows of a CTE ``parts`` (``COLUMNS``) summed by ``keys``: counts added,
+    histograms added bucket by bucket, failures added by job and error type. Selects ``keys``,
+    the six counts, ``wh``, ``dh``, ``fl``."""
+    counts = ", ".join(
+        f"sum({c}) AS {c}"
+        for c in ("started", "retried", "deferred", "succeeded", "failed", "cancelled")
+    )
+
+    def histogram(column: str) -> str:
+        return (
+            f"SELECT {keys}, jsonb_object_agg(k, n) AS h FROM (SELECT {keys}, e.key AS k, "
+            f"sum(e.value::bigint) AS n FROM parts, jsonb_each_text({column}) AS e "
+            f"GROUP BY {keys}, e.key) AS x GROUP BY {keys}"
+        )
+
+    return (
+        f"c AS (SELECT {keys}, {counts} FROM parts GROUP BY {keys}), "
+        f"w AS ({histogram('wait_hist')}), d AS ({histogram('duration_hist')}), "
+        f"fl AS (SELECT {keys}, jsonb_agg(jsonb_build_array(j, err, n, last)) AS f FROM "
+        f"(SELECT {keys}, e->>0 AS j, e->>1 AS err, sum((e->>2)::bigint) AS n, "
+        f"max((e->>3)::bigint) AS last FROM parts, jsonb_array_elements(failures) AS e "
+        f"GROUP BY {keys}, j, err) AS x GROUP BY {keys}) "
+        f"SELECT c.*, w.h AS wh, d.h AS dh, fl.f AS fl FROM c LEFT JOIN w USING ({keys}) "
+        f"LEFT JOIN d USING ({keys}) LEFT JOIN fl USING ({keys})"
+    )
 
 
 def floor_to(moment: datetime, grain: int) -> datetime:
@@ -157,6 +188,14 @@ def roll_up(now: datetime | None = None) -> int:
                 f"INSERT INTO {table(ROLLUP_TABLE)} (grain, {COLUMNS}) "
                 f"SELECT %s, * FROM ({select}) AS computed",
                 [grain, *params],
+            )
+            # Every job of a queue in one row (job_name ''): what an unfiltered chart reads.
+            cursor.execute(
+                f"INSERT INTO {table(ROLLUP_TABLE)} (grain, {COLUMNS}) SELECT %s, bucket, queue, "
+                f"'', started, retried, deferred, succeeded, failed, cancelled, wh, dh, fl FROM "
+                f"(WITH parts AS (SELECT {COLUMNS} FROM {table(ROLLUP_TABLE)} WHERE grain = %s "
+                f"AND bucket >= %s AND bucket < %s), {merged('bucket, queue')}) AS summed",
+                [grain, grain, start, end],
             )
             cursor.execute(
                 f"INSERT INTO {table(MARK_TABLE)} (grain, rolled_until) VALUES (%s, %s) "

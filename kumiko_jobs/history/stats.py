@@ -172,31 +172,20 @@ def summed_points(
     window: Window, scope: Scope, since: datetime, until: datetime, *, use_rollup: bool = True
 ) -> dict[str, Any]:
     """``points`` from rollup rows: the stored ones before the rollup's end, rows computed from
-    the raw history (the same ``rollup.aggregate``) after it; one statement."""
+    the raw history (the same ``rollup.aggregate``) after it, summed by ``rollup.merged``; one
+    statement."""
     grain = int(window.step.total_seconds())
     where, params = scope.where()
     split = since
     if use_rollup and (end := rollup.rolled_until(grain)) is not None:
         split = min(max(end, since), until)
     computed, computed_params = rollup.aggregate(grain, split, until, where, params)
+    # A job's own rows, or the rows of all jobs ('') when no job is chosen.
+    which = "" if scope.job else " AND job_name = ''"
     rows = _rows(
         f"WITH parts AS MATERIALIZED (SELECT {rollup.COLUMNS} FROM "
         f"{rollup.table(rollup.ROLLUP_TABLE)} WHERE grain = %s AND bucket >= %s AND bucket < %s"
-        f"{where} UNION ALL ({computed})), "
-        f"c AS (SELECT bucket, sum(started), sum(retried), sum(deferred), sum(succeeded), "
-        f"sum(failed), sum(cancelled) FROM parts GROUP BY bucket), "
-        f"w AS (SELECT bucket, jsonb_object_agg(k, n) AS h FROM (SELECT bucket, e.key AS k, "
-        f"sum(e.value::bigint) AS n FROM parts, jsonb_each_text(wait_hist) AS e "
-        f"GROUP BY 1, 2) AS x GROUP BY bucket), "
-        f"d AS (SELECT bucket, jsonb_object_agg(k, n) AS h FROM (SELECT bucket, e.key AS k, "
-        f"sum(e.value::bigint) AS n FROM parts, jsonb_each_text(duration_hist) AS e "
-        f"GROUP BY 1, 2) AS x GROUP BY bucket), "
-        f"fl AS (SELECT bucket, jsonb_agg(jsonb_build_array(job_name, err, n, last)) AS f FROM "
-        f"(SELECT bucket, job_name, e->>0 AS err, sum((e->>1)::bigint) AS n, "
-        f"max((e->>2)::bigint) AS last FROM parts, jsonb_array_elements(failures) AS e "
-        f"GROUP BY 1, 2, 3) AS x GROUP BY bucket) "
-        f"SELECT c.*, w.h, d.h, fl.f FROM c LEFT JOIN w USING (bucket) "
-        f"LEFT JOIN d USING (bucket) LEFT JOIN fl USING (bucket)",
+        f"{where}{which} UNION ALL ({computed})), {rollup.merged('bucket')}",
         [grain, since, split, *params, *computed_params],
     )
     out = _empty_points(window, since, until)
