@@ -5,8 +5,10 @@ Builds the same history as ``bench/history_scale.py`` (its ``build``: ``--tenant
 operators' JSON (hour, day, week; filtered by job, tenant, queue), the metrics page and the
 busy tenant's console, ``--requests`` times each after a warm-up, twice: **cold**, with the
 dashboard's cache off (admin/dashboard/data.py: ``POINT_CACHE``, ``CACHE_SECONDS``), so every
-request computes every point (a first visit, or a new filter); then **warm**, as the page's
-refresh finds it: the settled points kept, the current one read.
+request computes every point (a first visit, or a new filter), first from the raw history
+alone (**cold, raw**: the dashboard before its rollup), then, after rolling the history up as
+the workers' maintenance would (history/rollup.py, timed), through the rollup (**cold**);
+then **warm**, as the page's refresh finds it: the settled points kept, the current one read.
 
     python -m bench.dashboard_scale [--runs 10000000] [--tenants 1000] [--requests 10]
                                     [--reuse] [--drop] [--json]
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -81,14 +84,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["build_seconds"] = build(args.runs, args.tenants, datetime.now(UTC), upgrade=False)
     migrate_latest()
     from kumiko_jobs.admin.dashboard import data
+    from kumiko_jobs.history import rollup, stats
 
     made = clients()
     measured = []
-    for mode in ("cold", "warm"):
+    with_rollup = stats.points
+    for mode in ("cold, raw", "cold", "warm"):
+        if mode == "cold, raw":
+            stats.points = lambda w, s, since, until, **_: stats.raw_points(w, s, since, until)
+        else:
+            stats.points = with_rollup
+        if mode == "cold":
+            from django.db import connection
+
+            with connection.cursor() as cursor:  # from nothing, as after deploying it
+                cursor.execute(f"TRUNCATE {rollup.ROLLUP_TABLE}, {rollup.MARK_TABLE}")
+            started = time.perf_counter()
+            results["rollup_buckets"] = rollup.catch_up()
+            results["rollup_seconds"] = round(time.perf_counter() - started, 1)
+            print(
+                f"\nrolled up {results['rollup_buckets']} buckets in {results['rollup_seconds']} s"
+            )
         data.POINT_CACHE = mode == "warm"
         data.CACHE_SECONDS.update(dict.fromkeys(("console", "worker_time"), 60 * (mode == "warm")))
         print(f"\n{mode}, {args.requests} requests each (budget p95 < {BUDGET_MS:.0f} ms):")
-        for page in pages():
+        for page in pages() if mode != "cold, raw" else pages()[:6]:
             page.name = f"{mode}: {page.name}"
             measure_page(page, made[page.audience], args.requests, lambda html: "")
             print_page(page)

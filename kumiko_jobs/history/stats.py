@@ -24,14 +24,16 @@ which every query then compares with ``schema_name``.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connection
 
 from ..core import project_settings
 from ..models import JobRun, RunStatus
+from . import rollup
 
 PERCENTILES = (0.5, 0.95, 0.99)
 
@@ -102,12 +104,24 @@ def _rows(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
         return list(cursor.fetchall())
 
 
-_WAIT_MS = "EXTRACT(EPOCH FROM (started_at - queued_at)) * 1000"
-_FIRST_START = "attempts = 1 AND defer_count = 0 AND gate_defer_count = 0"
-_RAN = f"status IN ('{RunStatus.SUCCEEDED.value}', '{RunStatus.FAILED.value}')"
+_WAIT_MS, _FIRST_START, _RAN = rollup.WAIT_MS, rollup.FIRST_START, rollup.RAN
 
 
-def points(window: Window, scope: Scope, since: datetime, until: datetime) -> dict[str, Any]:
+def points(
+    window: Window, scope: Scope, since: datetime, until: datetime, *, use_rollup: bool = True
+) -> dict[str, Any]:
+    """Every point of ``window``'s step from ``since`` to ``until`` (see ``raw_points``).
+
+    Without a tenant filter, from the rollup (history/rollup.py) for the points it holds and
+    the raw history, summed the same way, for the rest (``use_rollup=False``: all of them):
+    the wait and duration percentiles are then read from log-scale histograms (within ~9%).
+    A tenant's points are computed from the raw history, exact."""
+    if scope.tenant is not None or int(window.step.total_seconds()) not in rollup.GRAINS:
+        return raw_points(window, scope, since, until)
+    return summed_points(window, scope, since, until, use_rollup=use_rollup)
+
+
+def raw_points(window: Window, scope: Scope, since: datetime, until: datetime) -> dict[str, Any]:
     """Every point of ``window``'s step from ``since`` (a point's start, see ``bucket_start``)
     to ``until``, by its start (ISO): runs started, retried, deferred, succeeded, failed and
     cancelled; wait and duration p50/p95/p99 (ms, None without runs); its failures by job and
@@ -134,11 +148,7 @@ def points(window: Window, scope: Scope, since: datetime, until: datetime) -> di
         f"FROM {_table()} WHERE finished_at >= %s AND finished_at < %s{where} GROUP BY point",
         [step, since, since, until, *params],
     )
-    out: dict[str, Any] = {}
-    at = since
-    while at < until:
-        out[at.isoformat()] = _empty_point()
-        at += window.step
+    out = _empty_points(window, since, until)
     for point, n, retried, deferred, wait in started:
         out[point.isoformat()].update(
             started=n, retried=retried, deferred=deferred, wait_ms=_three(wait)
@@ -155,6 +165,77 @@ def points(window: Window, scope: Scope, since: datetime, until: datetime) -> di
         [step, since, since, until, RunStatus.FAILED.value, *params],
     ):
         out[point.isoformat()]["failures"].append([job, error, n, last.isoformat()])
+    return out
+
+
+def summed_points(
+    window: Window, scope: Scope, since: datetime, until: datetime, *, use_rollup: bool = True
+) -> dict[str, Any]:
+    """``points`` from rollup rows: the stored ones before the rollup's end, rows computed from
+    the raw history (the same ``rollup.aggregate``) after it, summed by ``rollup.merged``; one
+    statement."""
+    grain = int(window.step.total_seconds())
+    where, params = scope.where()
+    split = since
+    if use_rollup and (end := rollup.rolled_until(grain)) is not None:
+        split = min(max(end, since), until)
+    computed, computed_params = rollup.aggregate(grain, split, until, where, params)
+    # A job's own rows, or the rows of all jobs ('') when no job is chosen.
+    which = "" if scope.job else " AND job_name = ''"
+    rows = _rows(
+        f"WITH parts AS MATERIALIZED (SELECT {rollup.COLUMNS} FROM "
+        f"{rollup.table(rollup.ROLLUP_TABLE)} WHERE grain = %s AND bucket >= %s AND bucket < %s"
+        f"{where}{which} UNION ALL ({computed})), {rollup.merged('bucket')}",
+        [grain, since, split, *params, *computed_params],
+    )
+    out = _empty_points(window, since, until)
+    for bucket, started, retried, deferred, ok, failed, cancelled, wait, took, fails in rows:
+        point = out[bucket.isoformat()]
+        point.update(
+            started=int(started),
+            retried=int(retried),
+            deferred=int(deferred),
+            succeeded=int(ok),
+            failed=int(failed),
+            cancelled=int(cancelled),
+            wait_ms=histogram_percentiles(_json(wait)),
+            duration_ms=histogram_percentiles(_json(took)),
+        )
+        for job, error, n, last in sorted(_json(fails) or [], key=lambda f: (f[0], f[1])):
+            at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(last))
+            point["failures"].append([job, error, int(n), at.isoformat()])
+    return out
+
+
+def _json(value: Any) -> Any:
+    # Django has psycopg hand jsonb over as text (its JSONField decodes it itself).
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def histogram_percentiles(histogram: dict[str, int] | None) -> list[float] | None:
+    """p50/p95/p99 (ms) of a rollup histogram: for each, the bucket holding the run at
+    ``percentile_cont``'s rank, read as its geometric middle."""
+    if not histogram:
+        return None
+    counts = sorted((int(index), int(n)) for index, n in histogram.items())
+    total = sum(n for _, n in counts)
+    out = []
+    for q in PERCENTILES:
+        rank, seen = q * (total - 1), 0
+        for index, n in counts:
+            seen += n
+            if seen > rank:
+                out.append(round(2 ** ((index + 0.5) / rollup.PER_DOUBLING), 1))
+                break
+    return out
+
+
+def _empty_points(window: Window, since: datetime, until: datetime) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    at = since
+    while at < until:
+        out[at.isoformat()] = _empty_point()
+        at += window.step
     return out
 
 

@@ -20,6 +20,7 @@ from django.db import connections
 from .. import transport
 from ..core import conf
 from ..enqueueing import workflow_release
+from ..history import rollup
 from .relay import relay_pending
 from .sweep import sweep_abandoned
 
@@ -27,11 +28,13 @@ logger = logging.getLogger("kumiko_jobs.worker")
 
 
 def run_maintenance() -> None:
-    """One round of what workers do in the background: sweep, then relay."""
+    """One round of what workers do in the background: sweep, relay, then the rollup."""
     sweep_abandoned()
     # Workflow steps whose runs ended outside a finish (the sweep's, a cancellation's).
     workflow_release.reconcile()
     relay_pending()
+    # The dashboard's rollup of the buckets that ended (history/rollup.py); never a run's path.
+    rollup.roll_up()
 
 
 def maintain(name: str, stop: threading.Event) -> None:

@@ -1,0 +1,214 @@
+"""The dashboard's rollup: the run history summed per chart point, so a cold week is a read of
+a few thousand rows instead of every run of the week (docs/observability.md, "The rollup").
+
+One row per (grain, bucket, queue, job): the runs started, retried, deferred, succeeded,
+failed and cancelled in that bucket, counted as history/stats.py counts them, plus sparse
+log-scale histograms (``{bucket index: runs}``, four buckets per doubling, so a percentile read
+from them is within about 9% of the exact one) of wait and duration, and the failures by error
+type (``[job, error type, runs, last finished in µs since the epoch]``), and per bucket and
+queue one row more with ``job_name`` ``''`` for all of its jobs, which is what a chart without
+a job filter reads. The grains are the dashboard's steps (a minute for the hour, 15 minutes
+for the day, an hour for the week), each kept only over its window's span. No tenant key: at
+the history's density a per-tenant row per minute would be one row per run; a tenant-filtered
+chart reads the raw history (the tenant's index bounds it).
+
+Never written on a run's path: the workers' maintenance round (worker/maintenance.py, under
+its lock) calls ``roll_up``, which recomputes whole buckets that have ended since the last one
+it rolled up (delete and insert in one transaction: idempotent, and a key that vanished from
+a bucket vanishes from the rollup), reading at most ``ROUND_SPAN`` of history per grain per
+round. A bucket is rolled up once: a run that changes after that (a retry moves its start to
+its last attempt; a deferred run starts later) is counted where it was at the time, in the
+rollup, and where it is now, in the raw history, until the bucket leaves the window.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from ..core import conf, project_settings
+from ..models import JobRun, RunStatus
+
+# grain (seconds) -> how far back it is kept: history/stats.py WINDOWS' steps and spans.
+GRAINS = {60: timedelta(hours=1), 900: timedelta(days=1), 3600: timedelta(days=7)}
+# History read per grain per round: a week's backfill at the hour grain takes 14 rounds.
+ROUND_SPAN = timedelta(hours=12)
+ROLLUP_TABLE = "kumiko_jobs_runrollup"
+MARK_TABLE = "kumiko_jobs_runrollupmark"
+COLUMNS = (
+    "bucket, queue, job_name, started, retried, deferred, succeeded, failed, cancelled, "
+    "wait_hist, duration_hist, failures"
+)
+# Buckets per doubling of the histograms; bucket i holds values in [2^(i/4), 2^((i+1)/4)) ms.
+PER_DOUBLING = 4
+_ORIGIN = "TIMESTAMPTZ '1970-01-01 00:00:00+00'"
+WAIT_MS = "EXTRACT(EPOCH FROM (started_at - queued_at)) * 1000"
+FIRST_START = "attempts = 1 AND defer_count = 0 AND gate_defer_count = 0"
+RAN = f"status IN ('{RunStatus.SUCCEEDED.value}', '{RunStatus.FAILED.value}')"
+
+
+def table(name: str) -> str:
+    """``name`` in the public schema: the console's search path starts elsewhere."""
+    qn = connection.ops.quote_name
+    return f"{qn(project_settings.public_schema_name())}.{qn(name)}"
+
+
+def _index(expression: str) -> str:
+    return f"floor(ln(greatest(({expression})::float8, 1.0)) * {PER_DOUBLING} / ln(2.0))::int"
+
+
+def aggregate(
+    grain: int, since: datetime, until: datetime, where: str, params: list[Any]
+) -> tuple[str, list[Any]]:
+    """A SELECT of rollup rows (``COLUMNS``) computed from the raw history for the buckets of
+    ``grain`` seconds in [since, until), narrowed by ``where`` (history/stats.py ``Scope``):
+    what ``roll_up`` stores, and what the dashboard reads for the buckets not rolled up yet."""
+    runs = table(JobRun._meta.db_table)
+    step = f"{grain} seconds"
+    zeros = "0, 0, 0"
+    sql = (
+        f"WITH s AS MATERIALIZED (SELECT date_bin(%s::interval, started_at, {_ORIGIN}) AS b, "
+        f"queue, job_name, status, attempts, "
+        f"CASE WHEN {FIRST_START} THEN {_index(WAIT_MS)} END AS w FROM {runs} "
+        f"WHERE status = ANY(%s) AND started_at >= %s AND started_at < %s{where}), "
+        f"f AS MATERIALIZED (SELECT date_bin(%s::interval, finished_at, {_ORIGIN}) AS b, "
+        f"queue, job_name, status, error_type, finished_at, "
+        f"CASE WHEN {RAN} AND duration_ms IS NOT NULL THEN {_index('duration_ms')} END AS d "
+        f"FROM {runs} WHERE finished_at >= %s AND finished_at < %s{where}), "
+        f"parts AS ("
+        f"SELECT b, queue, job_name, count(*) AS started, "
+        f"count(*) FILTER (WHERE attempts > 1) AS retried, "
+        f"count(*) FILTER (WHERE status = '{RunStatus.DEFERRED.value}') AS deferred, "
+        f"0 AS succeeded, 0 AS failed, 0 AS cancelled, "
+        f"NULL::jsonb AS wh, NULL::jsonb AS dh, NULL::jsonb AS fl FROM s GROUP BY 1, 2, 3"
+        f" UNION ALL SELECT b, queue, job_name, {zeros}, "
+        f"count(*) FILTER (WHERE status = '{RunStatus.SUCCEEDED.value}'), "
+        f"count(*) FILTER (WHERE status = '{RunStatus.FAILED.value}'), "
+        f"count(*) FILTER (WHERE status = '{RunStatus.CANCELLED.value}'), NULL, NULL, NULL "
+        f"FROM f GROUP BY 1, 2, 3"
+        f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, jsonb_object_agg(w, n), "
+        f"NULL, NULL FROM (SELECT b, queue, job_name, w, count(*) AS n FROM s "
+        f"WHERE w IS NOT NULL GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3"
+        f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, jsonb_object_agg(d, n), "
+        f"NULL FROM (SELECT b, queue, job_name, d, count(*) AS n FROM f "
+        f"WHERE d IS NOT NULL GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3"
+        f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, NULL, "
+        f"jsonb_agg(jsonb_build_array(job_name, error_type, n, last)) "
+        f"FROM (SELECT b, queue, job_name, "
+        f"error_type, count(*) AS n, "
+        f"(EXTRACT(EPOCH FROM max(finished_at)) * 1000000)::bigint AS last FROM f "
+        f"WHERE status = '{RunStatus.FAILED.value}' GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3) "
+        f"SELECT b, queue, job_name, sum(started)::int, sum(retried)::int, sum(deferred)::int, "
+        f"sum(succeeded)::int, sum(failed)::int, sum(cancelled)::int, "
+        f"(array_agg(wh) FILTER (WHERE wh IS NOT NULL))[1], "
+        f"(array_agg(dh) FILTER (WHERE dh IS NOT NULL))[1], "
+        f"(array_agg(fl) FILTER (WHERE fl IS NOT NULL))[1] FROM parts GROUP BY 1, 2, 3"
+    )
+    return sql, [
+        step,
+        [s.value for s in RunStatus],
+        since,
+        until,
+        *params,
+        step,
+        since,
+        until,
+        *params,
+    ]
+
+
+def merged(keys: str) -> str:
+    """The rollup rows of a CTE ``parts`` (``COLUMNS``) summed by ``keys``: counts added,
+    histograms added bucket by bucket, failures added by job and error type. Selects ``keys``,
+    the six counts, ``wh``, ``dh``, ``fl``."""
+    counts = ", ".join(
+        f"sum({c}) AS {c}"
+        for c in ("started", "retried", "deferred", "succeeded", "failed", "cancelled")
+    )
+
+    def histogram(column: str) -> str:
+        return (
+            f"SELECT {keys}, jsonb_object_agg(k, n) AS h FROM (SELECT {keys}, e.key AS k, "
+            f"sum(e.value::bigint) AS n FROM parts, jsonb_each_text({column}) AS e "
+            f"GROUP BY {keys}, e.key) AS x GROUP BY {keys}"
+        )
+
+    return (
+        f"c AS (SELECT {keys}, {counts} FROM parts GROUP BY {keys}), "
+        f"w AS ({histogram('wait_hist')}), d AS ({histogram('duration_hist')}), "
+        f"fl AS (SELECT {keys}, jsonb_agg(jsonb_build_array(j, err, n, last)) AS f FROM "
+        f"(SELECT {keys}, e->>0 AS j, e->>1 AS err, sum((e->>2)::bigint) AS n, "
+        f"max((e->>3)::bigint) AS last FROM parts, jsonb_array_elements(failures) AS e "
+        f"GROUP BY {keys}, j, err) AS x GROUP BY {keys}) "
+        f"SELECT c.*, w.h AS wh, d.h AS dh, fl.f AS fl FROM c LEFT JOIN w USING ({keys}) "
+        f"LEFT JOIN d USING ({keys}) LEFT JOIN fl USING ({keys})"
+    )
+
+
+def floor_to(moment: datetime, grain: int) -> datetime:
+    """``moment`` rounded down to a multiple of ``grain`` seconds since the epoch (UTC)."""
+    epoch = moment.timestamp()
+    return datetime.fromtimestamp(epoch - epoch % grain, tz=UTC)
+
+
+def rolled_until(grain: int) -> datetime | None:
+    """Where the rollup of ``grain`` ends: every bucket before it is rolled up (within its
+    span), none from it on."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT rolled_until FROM {table(MARK_TABLE)} WHERE grain = %s", [grain])
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def roll_up(now: datetime | None = None) -> int:
+    """Roll up the buckets that ended since the last round, at most ``ROUND_SPAN`` of history
+    per grain, and drop the buckets past their span or the runs' retention. Returns the
+    buckets rolled up (0 once caught up)."""
+    now = now or timezone.now()
+    retention = now - timedelta(days=conf.get().RETENTION_DAYS)
+    done = 0
+    for grain, span in GRAINS.items():
+        step = timedelta(seconds=grain)
+        ended = floor_to(now, grain)
+        start = max(filter(None, (rolled_until(grain), ended - span)))
+        end = min(ended, start + max(ROUND_SPAN, step))
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {table(ROLLUP_TABLE)} WHERE grain = %s AND (bucket < %s "
+                f"OR bucket >= %s AND bucket < %s)",
+                [grain, max(ended - span, retention), start, end],
+            )
+            if start >= end:
+                continue
+            select, params = aggregate(grain, start, end, "", [])
+            cursor.execute(
+                f"INSERT INTO {table(ROLLUP_TABLE)} (grain, {COLUMNS}) "
+                f"SELECT %s, * FROM ({select}) AS computed",
+                [grain, *params],
+            )
+            # Every job of a queue in one row (job_name ''): what an unfiltered chart reads.
+            cursor.execute(
+                f"INSERT INTO {table(ROLLUP_TABLE)} (grain, {COLUMNS}) SELECT %s, bucket, queue, "
+                f"'', started, retried, deferred, succeeded, failed, cancelled, wh, dh, fl FROM "
+                f"(WITH parts AS (SELECT {COLUMNS} FROM {table(ROLLUP_TABLE)} WHERE grain = %s "
+                f"AND bucket >= %s AND bucket < %s), {merged('bucket, queue')}) AS summed",
+                [grain, grain, start, end],
+            )
+            cursor.execute(
+                f"INSERT INTO {table(MARK_TABLE)} (grain, rolled_until) VALUES (%s, %s) "
+                f"ON CONFLICT (grain) DO UPDATE SET rolled_until = EXCLUDED.rolled_until",
+                [grain, end],
+            )
+        done += int((end - start) / step)
+    return done
+
+
+def catch_up(now: datetime | None = None) -> int:
+    """Roll up until nothing is left (tests, benches, a first deployment by hand)."""
+    total = 0
+    while rolled := roll_up(now):
+        total += rolled
+    return total
