@@ -288,6 +288,7 @@ class SoakReport:
     hook_kills: int = 0  # workers that exited between a body and its success (crash hook)
     redis_restarts: int = 0
     scheduler_restarts: int = 0
+    worker_exits: int = 0  # workers that ended on their own (not killed) and were restarted
     abandoned_attempts: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     committed_by_job: dict[str, int] = field(default_factory=dict)
@@ -296,6 +297,8 @@ class SoakReport:
     termination_rounds: int = 0
     network_cuts: int = 0  # rounds of cutting every proxied connection
     connections_cut: int = 0
+    # The attempts of each duplicated run, as "number outcome error" (what repeated the effect).
+    duplicate_attempts: list[str] = field(default_factory=list)
 
     def ok(self) -> bool:
         # An atomic job's effect commits with its success: a duplicate is a failure there.
@@ -319,6 +322,7 @@ class SoakReport:
                 ("stuck", self.stuck),
                 ("wrong schema", self.wrong_schema),
                 ("worker SIGKILLs", self.kills),
+                ("workers ended alone", self.worker_exits),
                 ("Redis restarts", self.redis_restarts),
                 ("PG sessions ended", self.sessions_terminated),
                 ("network cuts", self.network_cuts),
@@ -338,12 +342,14 @@ class SoakReport:
             f"chaos: {self.kills} worker kills (SIGKILL), {self.hook_kills} worker exits between "
             f"a body and its success's commit (crash hook), {self.redis_restarts} Redis "
             f"restart(s) losing its data, scheduler restarted {self.scheduler_restarts} time(s), "
+            f"{self.worker_exits} worker(s) ended on their own, "
             f"{self.sessions_terminated} PostgreSQL sessions of the workers ended in "
             f"{self.termination_rounds} round(s), {self.network_cuts} network cut(s) "
             f"({self.connections_cut} connections)",
             f"statuses: {dict(sorted(self.statuses.items()))}; failures: {self.failures or '-'}",
             f"lost = {self.lost}, stuck = {self.stuck}, wrong schema = {self.wrong_schema}",
             *(f"  stuck: {line}" for line in self.stuck_runs),
+            *(f"  duplicated: {line}" for line in self.duplicate_attempts[:20]),
             f"duplicated: {self.duplicated_runs} run(s) had their effect more than once "
             f"({self.duplicate_executions} extra execution(s) of {self.effects} effects; "
             f"at-least-once); {self.abandoned_attempts} attempt(s) abandoned by killed workers",
@@ -458,6 +464,7 @@ def run_soak(
                 raise RuntimeError("enqueueing failed") from enqueue_error[0]
             for child in workers:
                 if not child.alive():
+                    report.worker_exits += 1
                     child.start()  # a worker that ended on its own is restarted too
             if not scheduler.alive():
                 report.scheduler_restarts += 1
@@ -576,6 +583,16 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
     for run_id, count in effects.items():
         if count > 1:
             report.duplicated_by_job[job_of[run_id]] += 1
+            attempts = JobAttempt.objects.filter(run=uuid.UUID(run_id)).order_by("number")
+            report.duplicate_attempts.append(
+                f"{run_id} ({job_of[run_id]}): "
+                + "; ".join(
+                    f"{number} {outcome} {error}"
+                    for number, outcome, error in attempts.values_list(
+                        "number", "outcome", "error_type"
+                    )
+                )
+            )
     report.duplicate_executions = sum(count - 1 for count in effects.values() if count > 1)
     report.abandoned_attempts = JobAttempt.objects.filter(
         run__in=[uuid.UUID(r) for r in run_ids], error_type="Abandoned"
