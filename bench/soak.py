@@ -203,6 +203,13 @@ class Child:
                 start_new_session=True,
             )
 
+    def log_tail(self, lines: int = 15) -> str:
+        """The end of this child's log, and how its process ended (for the report)."""
+        path = self.log_dir / f"{self.name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        code = self.process.returncode if self.process is not None else None
+        return f"{self.name} exited {code}:\n" + "\n".join(text.splitlines()[-lines:])
+
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -289,6 +296,7 @@ class SoakReport:
     redis_restarts: int = 0
     scheduler_restarts: int = 0
     worker_exits: int = 0  # workers that ended on their own (not killed) and were restarted
+    exit_logs: list[str] = field(default_factory=list)  # the end of each such worker's log
     abandoned_attempts: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     committed_by_job: dict[str, int] = field(default_factory=dict)
@@ -350,6 +358,7 @@ class SoakReport:
             f"lost = {self.lost}, stuck = {self.stuck}, wrong schema = {self.wrong_schema}",
             *(f"  stuck: {line}" for line in self.stuck_runs),
             *(f"  duplicated: {line}" for line in self.duplicate_attempts[:20]),
+            *(f"  ended on its own: {text}" for text in self.exit_logs[:5]),
             f"duplicated: {self.duplicated_runs} run(s) had their effect more than once "
             f"({self.duplicate_executions} extra execution(s) of {self.effects} effects; "
             f"at-least-once); {self.abandoned_attempts} attempt(s) abandoned by killed workers",
@@ -465,6 +474,7 @@ def run_soak(
             for child in workers:
                 if not child.alive():
                     report.worker_exits += 1
+                    report.exit_logs.append(child.log_tail())
                     child.start()  # a worker that ended on its own is restarted too
             if not scheduler.alive():
                 report.scheduler_restarts += 1
