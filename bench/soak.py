@@ -361,7 +361,8 @@ class SoakReport:
             *(f"  ended on its own: {text}" for text in self.exit_logs[:5]),
             f"duplicated: {self.duplicated_runs} run(s) had their effect more than once "
             f"({self.duplicate_executions} extra execution(s) of {self.effects} effects; "
-            f"at-least-once); {self.abandoned_attempts} attempt(s) abandoned by killed workers",
+            f"at-least-once); {self.abandoned_attempts} attempt(s) abandoned (killed workers, "
+            "finishes cut off)",
             f"succeeded {done} of {self.committed}",
         ]
 
