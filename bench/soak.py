@@ -63,6 +63,7 @@ FAST_RECOVERY = {
 EFFECT = "soak"  # the ActivityLog.job of soak.work's effect rows
 JOBS = {"plain": "soak.work", "atomic": "soak.work_atomic"}
 ATOMIC_JOB = JOBS["atomic"]
+CHILD_APP = "kumiko-soak-child"  # the application_name of the soak's workers' sessions
 
 
 # --------------------------------------------------------------------------- jobs
@@ -86,6 +87,12 @@ def manage(argv: Sequence[str]) -> None:
     overrides = json.loads(os.environ.get(SETTINGS_ENV) or "{}")
     if overrides:
         settings.KUMIKO_JOBS = {**getattr(settings, "KUMIKO_JOBS", {}), **overrides}
+    databases: dict[str, dict[str, Any]] = settings.DATABASES
+    for database in databases.values():
+        # Every session of a soak child (tenant logins copy these OPTIONS) says whose it is,
+        # so that the soak's terminations end the workers' sessions and never its own.
+        options: dict[str, Any] = dict(database.get("OPTIONS") or {})
+        database["OPTIONS"] = {**options, "application_name": CHILD_APP}
     from example_project import telemetry
 
     telemetry.configure()  # as manage.py does
@@ -196,6 +203,13 @@ class Child:
                 start_new_session=True,
             )
 
+    def log_tail(self, lines: int = 15) -> str:
+        """The end of this child's log, and how its process ended (for the report)."""
+        path = self.log_dir / f"{self.name}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        code = self.process.returncode if self.process is not None else None
+        return f"{self.name} exited {code}:\n" + "\n".join(text.splitlines()[-lines:])
+
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
@@ -232,6 +246,32 @@ class SoakConfig:
     # Share of successful runs whose worker exits between the body and the commit of its
     # success (kumiko_jobs.core.conf.crash_hook): where a non-atomic run's effect is duplicated.
     crash_before_outcome: float = 0.0
+    # Both soak.work and soak.work_atomic, batch by batch, on the same schedule (``job`` unused).
+    mixed: bool = False
+    # pg_terminate_backend of every session of the workers and the scheduler, every MIN-MAX s.
+    terminate_every: tuple[float, float] | None = None
+    # Through tests/chaos/proxy.py: every connection cut every MIN-MAX s; latency per chunk,
+    # each way, for the first ``latency_for`` seconds (a slow spell: at 2 CPUs a whole soak
+    # at tens of ms per round trip would be mostly waiting).
+    cut_every: tuple[float, float] | None = None
+    latency: tuple[float, float] | None = None
+    latency_for: float = 15.0
+
+    def job_names(self) -> tuple[str, ...]:
+        return (JOBS["plain"], ATOMIC_JOB) if self.mixed else (self.job,)
+
+
+# The short soak, every fault kind mixed (tests/integration/test_soak_short.py, ``--short``).
+SHORT = {
+    "jobs": 2000,
+    "mixed": True,
+    "kill_every": (4.0, 8.0),
+    "terminate_every": (3.0, 6.0),
+    "cut_every": (4.0, 8.0),
+    "latency": (0.02, 0.06),
+    "latency_for": 15.0,
+    "timeout": 300.0,
+}
 
 
 @dataclass
@@ -255,13 +295,49 @@ class SoakReport:
     hook_kills: int = 0  # workers that exited between a body and its success (crash hook)
     redis_restarts: int = 0
     scheduler_restarts: int = 0
+    worker_exits: int = 0  # workers that ended on their own (not killed) and were restarted
+    exit_logs: list[str] = field(default_factory=list)  # the end of each such worker's log
     abandoned_attempts: int = 0
     failures: dict[str, int] = field(default_factory=dict)
+    committed_by_job: dict[str, int] = field(default_factory=dict)
+    duplicated_by_job: dict[str, int] = field(default_factory=dict)
+    sessions_terminated: int = 0  # pg_terminate_backend of the children's sessions
+    termination_rounds: int = 0
+    network_cuts: int = 0  # rounds of cutting every proxied connection
+    connections_cut: int = 0
+    # The attempts of each duplicated run, as "number outcome error" (what repeated the effect).
+    duplicate_attempts: list[str] = field(default_factory=list)
 
     def ok(self) -> bool:
         # An atomic job's effect commits with its success: a duplicate is a failure there.
-        exactly_once = self.job != ATOMIC_JOB or self.duplicated_runs == 0
+        exactly_once = self.duplicated_by_job.get(ATOMIC_JOB, 0) == 0
         return self.lost == 0 and self.stuck == 0 and self.wrong_schema == 0 and exactly_once
+
+    def table(self) -> list[str]:
+        """The figures as a table, one column per job (a mixed soak has two)."""
+        names = sorted(self.committed_by_job) or [self.job]
+        rows = [
+            ("committed", [self.committed_by_job.get(n, 0) for n in names]),
+            ("duplicated runs", [self.duplicated_by_job.get(n, 0) for n in names]),
+        ]
+        width = max(len(n) for n in names) + 2
+        out = [f"{'':<22}" + "".join(f"{n:>{width}}" for n in names)]
+        out += [f"{label:<22}" + "".join(f"{v:>{width}}" for v in values) for label, values in rows]
+        out += [
+            f"{label:<22}{value:>{width}}"
+            for label, value in (
+                ("lost", self.lost),
+                ("stuck", self.stuck),
+                ("wrong schema", self.wrong_schema),
+                ("worker SIGKILLs", self.kills),
+                ("workers ended alone", self.worker_exits),
+                ("Redis restarts", self.redis_restarts),
+                ("PG sessions ended", self.sessions_terminated),
+                ("network cuts", self.network_cuts),
+                ("seconds", round(self.seconds)),
+            )
+        ]
+        return out
 
     def lines(self) -> list[str]:
         done = self.statuses.get("succeeded", 0)
@@ -273,13 +349,20 @@ class SoakReport:
             f"job {self.job}",
             f"chaos: {self.kills} worker kills (SIGKILL), {self.hook_kills} worker exits between "
             f"a body and its success's commit (crash hook), {self.redis_restarts} Redis "
-            f"restart(s) losing its data, scheduler restarted {self.scheduler_restarts} time(s)",
+            f"restart(s) losing its data, scheduler restarted {self.scheduler_restarts} time(s), "
+            f"{self.worker_exits} worker(s) ended on their own, "
+            f"{self.sessions_terminated} PostgreSQL sessions of the workers ended in "
+            f"{self.termination_rounds} round(s), {self.network_cuts} network cut(s) "
+            f"({self.connections_cut} connections)",
             f"statuses: {dict(sorted(self.statuses.items()))}; failures: {self.failures or '-'}",
             f"lost = {self.lost}, stuck = {self.stuck}, wrong schema = {self.wrong_schema}",
             *(f"  stuck: {line}" for line in self.stuck_runs),
+            *(f"  duplicated: {line}" for line in self.duplicate_attempts[:20]),
+            *(f"  ended on its own: {text}" for text in self.exit_logs[:5]),
             f"duplicated: {self.duplicated_runs} run(s) had their effect more than once "
             f"({self.duplicate_executions} extra execution(s) of {self.effects} effects; "
-            f"at-least-once); {self.abandoned_attempts} attempt(s) abandoned by killed workers",
+            f"at-least-once); {self.abandoned_attempts} attempt(s) abandoned (killed workers, "
+            "finishes cut off)",
             f"succeeded {done} of {self.committed}",
         ]
 
@@ -304,13 +387,13 @@ def _enqueue_batch(
     return ids
 
 
-def _status_counts(job_name: str = "soak.work") -> list[tuple[str, int]]:
+def _status_counts(job_names: Sequence[str] = ("soak.work",)) -> list[tuple[str, int]]:
     from django.db.models import Count
 
     from kumiko_jobs.models import JobRun
 
     return list(
-        JobRun.objects.filter(job_name=job_name)
+        JobRun.objects.filter(job_name__in=job_names)
         .values_list("status")
         .annotate(n=Count("pk"))
         .values_list("status", "n")
@@ -327,15 +410,30 @@ def run_soak(
     """The soak itself; Django must already point at the soak's database and ``redis``."""
     from django.db import connections
 
+    from bench.soak_faults import Network, Terminator
     from kumiko_jobs.core import conf
     from kumiko_jobs.models import FINISHED_STATUSES
 
     rng = random.Random(config.seed)
+    names = config.job_names()
     report = SoakReport(
-        jobs=config.jobs, tenants=len(schemas), workers=config.workers, job=config.job
+        jobs=config.jobs,
+        tenants=len(schemas),
+        workers=config.workers,
+        job="+".join(names),
     )
     log_dir = Path(tempfile.mkdtemp(prefix="kumiko-soak-logs-"))
     crash_log = log_dir / "crashes.log"
+    network = Network(
+        config.cut_every, config.latency, config.latency_for, random.Random(config.seed + 1)
+    )
+    terminator = (
+        Terminator(config.terminate_every, CHILD_APP, random.Random(config.seed + 2))
+        if config.terminate_every
+        else None
+    )
+    if config.cut_every or config.latency:
+        child_env = network.start(child_env, redis.port, time.monotonic())
     worker_env = dict(child_env)
     if config.crash_before_outcome:
         worker_env[conf.CRASH_HOOK_ENV] = f"{config.crash_before_outcome}:{crash_log}"
@@ -351,9 +449,9 @@ def run_soak(
 
     def enqueue_all() -> None:
         try:
-            for start in range(0, config.jobs, config.batch):
+            for batch, start in enumerate(range(0, config.jobs, config.batch)):
                 numbers = range(start, min(start + config.batch, config.jobs))
-                run_ids.extend(_enqueue_batch(schemas, numbers, config.job))
+                run_ids.extend(_enqueue_batch(schemas, numbers, names[batch % len(names)]))
         except BaseException as exc:  # reported by the main thread
             enqueue_error.append(exc)
         finally:
@@ -364,6 +462,8 @@ def run_soak(
         child.start()
     enqueuer = threading.Thread(target=enqueue_all, name="soak-enqueue")
     enqueuer.start()
+    if terminator is not None:
+        terminator.start(time.monotonic())
     next_kill = time.monotonic() + rng.uniform(*config.kill_every)
     last_report = 0.0
     try:
@@ -374,6 +474,8 @@ def run_soak(
                 raise RuntimeError("enqueueing failed") from enqueue_error[0]
             for child in workers:
                 if not child.alive():
+                    report.worker_exits += 1
+                    report.exit_logs.append(child.log_tail())
                     child.start()  # a worker that ended on its own is restarted too
             if not scheduler.alive():
                 report.scheduler_restarts += 1
@@ -384,7 +486,10 @@ def run_soak(
                 report.kills += 1
                 victim.start()
                 next_kill = now + rng.uniform(*config.kill_every)
-            counts = Counter(dict(_status_counts(config.job)))
+            if terminator is not None:
+                terminator.tick(now)
+            network.tick(now)
+            counts = Counter(dict(_status_counts(names)))
             finished = sum(counts[s] for s in FINISHED_STATUSES)
             enqueued = not enqueuer.is_alive()
             if (
@@ -398,13 +503,14 @@ def run_soak(
                 report.redis_restarts += 1
                 if config.outage_enqueues:
                     # Committed while Redis is down: the push fails, the row is the outbox.
-                    outage = _enqueue_batch(
-                        schemas,
-                        range(config.jobs, config.jobs + config.outage_enqueues),
-                        config.job,
-                    )
-                    run_ids.extend(outage)
-                    report.committed_during_outage = len(outage)
+                    for name in names:
+                        outage = _enqueue_batch(
+                            schemas,
+                            range(config.jobs, config.jobs + config.outage_enqueues),
+                            name,
+                        )
+                        run_ids.extend(outage)
+                        report.committed_during_outage += len(outage)
                 time.sleep(config.redis_downtime)
                 redis.start()
             total = config.jobs + report.committed_during_outage
@@ -423,6 +529,13 @@ def run_soak(
         for child in (*workers, scheduler):
             child.stop()
         enqueuer.join()
+        network.close()
+        if terminator is not None:
+            report.sessions_terminated = terminator.sessions_ended
+            report.termination_rounds = terminator.rounds
+            terminator.close()
+        report.network_cuts = network.cuts
+        report.connections_cut = network.connections_cut
     report.seconds = time.monotonic() - started
     if crash_log.exists():
         report.hook_kills = len(crash_log.read_text().splitlines())
@@ -441,12 +554,14 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
 
     report.committed = len(run_ids)
     ours = set(run_ids)  # another variant's runs may share the tenants' tables
-    runs = {
-        pk.hex: (status, schema, error_type)
-        for pk, status, schema, error_type in JobRun.objects.filter(
-            pk__in=[uuid.UUID(r) for r in run_ids]
-        ).values_list("pk", "status", "schema_name", "error_type")
-    }
+    runs: dict[str, tuple[Any, Any, Any]] = {}
+    job_of: dict[str, str] = {}
+    for pk, status, schema, error_type, job_name in JobRun.objects.filter(
+        pk__in=[uuid.UUID(r) for r in run_ids]
+    ).values_list("pk", "status", "schema_name", "error_type", "job_name"):
+        runs[pk.hex] = (status, schema, error_type)
+        job_of[pk.hex] = job_name
+    report.committed_by_job = dict(Counter(job_of.values()))
     report.statuses = dict(Counter(status for status, _, _ in runs.values()))
     report.failures = dict(
         Counter(error for status, _, error in runs.values() if status == "failed")
@@ -475,9 +590,23 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
             report.stuck += 1
             report.stuck_runs.append(_waits_for(run_id))
     report.duplicated_runs = sum(1 for count in effects.values() if count > 1)
+    report.duplicated_by_job = {name: 0 for name in report.committed_by_job}
+    for run_id, count in effects.items():
+        if count > 1:
+            report.duplicated_by_job[job_of[run_id]] += 1
+            attempts = JobAttempt.objects.filter(run=uuid.UUID(run_id)).order_by("number")
+            report.duplicate_attempts.append(
+                f"{run_id} ({job_of[run_id]}): "
+                + "; ".join(
+                    f"{number} {outcome} {error}"
+                    for number, outcome, error in attempts.values_list(
+                        "number", "outcome", "error_type"
+                    )
+                )
+            )
     report.duplicate_executions = sum(count - 1 for count in effects.values() if count > 1)
     report.abandoned_attempts = JobAttempt.objects.filter(
-        run__job_name=report.job, error_type="Abandoned"
+        run__in=[uuid.UUID(r) for r in run_ids], error_type="Abandoned"
     ).count()
 
 
@@ -527,6 +656,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="share of successful runs whose worker exits between the body and the commit of "
         "its success (the crash hook; 0: off)",
     )
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="the short soak with every fault kind mixed, as in CI (tests/integration/"
+        "test_soak_short.py): 2,000 runs of both jobs, worker kills, a Redis restart, "
+        "PostgreSQL sessions ended, network latency and cuts; other options are ignored",
+    )
     parser.add_argument("--database", default=SOAK_DATABASE, help="created, then dropped")
     parser.add_argument("--keep-database", action="store_true")
     parser.add_argument("--json", action="store_true", help="also print the report as JSON")
@@ -547,22 +683,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         from django.test.utils import override_settings
 
         variants = ["atomic", "plain"] if args.variant == "both" else [args.variant]
+        if args.short:
+            variants = ["mixed"]
         reports = []
         for variant in variants:
-            config = SoakConfig(
-                jobs=args.jobs,
-                workers=args.workers,
-                kill_every=(args.kill_every[0], args.kill_every[1]),
-                timeout=args.timeout,
-                job=JOBS[variant],
-                crash_before_outcome=args.crash_before_outcome,
-            )
+            if args.short:
+                config = SoakConfig(workers=args.workers, **SHORT)  # type: ignore[arg-type]
+            else:
+                config = SoakConfig(
+                    jobs=args.jobs,
+                    workers=args.workers,
+                    kill_every=(args.kill_every[0], args.kill_every[1]),
+                    timeout=args.timeout,
+                    job=JOBS[variant],
+                    crash_before_outcome=args.crash_before_outcome,
+                )
             # The enqueuing side uses the same fast settings as the workers (sweep, relay).
             with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, **FAST_RECOVERY}):
                 report = run_soak(config, [t.schema_name for t in tenants], redis, env)
             reports.append(report)
             print()
-            for line in report.lines():
+            for line in [*report.lines(), "", *report.table()]:
                 print("  " + line)
             print("  verdict: " + ("OK" if report.ok() else "NOT OK"))
             if args.json:

@@ -1,0 +1,78 @@
+"""The short chaos soak in CI (issue 28): about 2,000 runs with every fault kind mixed.
+
+bench/soak.py's ``SHORT`` profile (``python -m bench.soak --short`` standalone): plain and
+atomic soak runs, batch by batch, over this suite's tenants, drained by two real workers and a
+real rqscheduler while, all at once:
+
+* a random worker is SIGKILLed every few seconds and started again;
+* Redis (a server of the test's own, on a port of its own) restarts once, losing everything it
+  held, while runs are committed;
+* every PostgreSQL session of the workers and the scheduler is ended (``pg_terminate_backend``)
+  every few seconds;
+* the workers reach PostgreSQL and Redis through tests/chaos/proxy.py, which adds latency per
+  chunk until the Redis restart and cuts every connection every few seconds throughout.
+
+At the end, from PostgreSQL and the jobs' own execution log: lost 0, stuck 0 (none left
+``running`` or waiting), wrong schema 0, atomic duplicates 0, and each plain duplicate a run
+whose attempt a fault ended between its effect and its success (see the assertion).
+The figures are printed as a table (``-s``, or on failure). No assertion on time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+
+from bench import soak
+from tests.conftest import TENANTS, worker_env
+
+pytestmark = pytest.mark.usefixtures("live_db")
+
+
+def test_short_soak_with_every_fault_mixed(tenants: dict[str, Any]) -> None:
+    redis = soak.OwnRedis().start()
+    db = os.environ["KUMIKO_TEST_REDIS_DB"]
+    env = worker_env()
+    env["REDIS_URL"] = redis.url(db)
+    env[soak.SETTINGS_ENV] = json.dumps({**settings.KUMIKO_JOBS, **soak.FAST_RECOVERY})
+    env.setdefault("KUMIKO_LOG", "ERROR")
+    queues = {name: {**cfg, "URL": redis.url(db)} for name, cfg in settings.RQ_QUEUES.items()}
+    config = soak.SoakConfig(workers=2, **soak.SHORT)  # type: ignore[arg-type]
+    lines: list[str] = []
+    try:
+        with override_settings(
+            RQ_QUEUES=queues, KUMIKO_JOBS={**settings.KUMIKO_JOBS, **soak.FAST_RECOVERY}
+        ):
+            report = soak.run_soak(config, list(TENANTS), redis, env, log=lines.append)
+    finally:
+        redis.close()
+    summary = "\n".join([*lines, *report.lines(), "", *report.table()])
+    print(summary)  # the figures, in the CI log (-s) or on failure
+
+    plain, atomic = soak.JOBS["plain"], soak.ATOMIC_JOB
+    assert report.committed == config.jobs + report.committed_during_outage, summary
+    assert report.committed_by_job[plain] > 0 and report.committed_by_job[atomic] > 0, summary
+    # Every fault kind did happen.
+    assert report.committed_during_outage > 0 and report.redis_restarts == 1, summary
+    assert report.kills > 0, summary
+    assert report.sessions_terminated > 0, summary
+    assert report.network_cuts > 0 and report.connections_cut > 0, summary
+    # What survives them.
+    assert (report.lost, report.stuck, report.wrong_schema) == (0, 0, 0), summary
+    assert report.statuses == {"succeeded": report.committed}, summary  # none running
+    assert report.duplicated_by_job[atomic] == 0, summary
+    # A plain run repeats its effect only when its attempt ended between the body's commit and
+    # the success's: a worker killed there, or a finish PostgreSQL or the network cut off (the
+    # run stays running under a live worker doing something else, and the sweep abandons it:
+    # docs/reliability.md, rule 1). Either way an attempt was abandoned, by a fault: no more
+    # duplicates than fault events. Their share is printed, not bounded at 0.1 %: at this
+    # fault rate over ~1,000 plain runs it is 0.2-0.6 % (docs/reliability.md, "The short
+    # soak").
+    faults = report.kills + report.worker_exits + report.termination_rounds + report.network_cuts
+    assert all("failed Abandoned" in line for line in report.duplicate_attempts), summary
+    assert report.duplicated_by_job[plain] <= faults, summary
