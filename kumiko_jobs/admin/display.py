@@ -18,7 +18,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..core.audience import is_operator_request
 from ..models import JobAttempt, JobRun
-from ..worker.holds import hold_of
+from ..worker.holds import HoldKind, hold_of
 from .audiences import ReadOnly
 from .render import (
     failure_sentence,
@@ -95,11 +95,11 @@ class JobAttemptInline(ReadOnly, admin.StackedInline):  # type: ignore[type-arg]
 # The status column's class per hold (tests and the browser's CSS read them), and whether
 # the note may wrap.
 _HOLD_CSS = {
-    "paused": ("kj-paused", False),
-    "rate": ("kj-rate", True),
-    "cap": ("kj-cap", False),
-    "until": ("kj-until", True),
-    "deferral": ("kj-waiting-for", False),
+    HoldKind.PAUSED: ("kj-paused", False),
+    HoldKind.RATE: ("kj-rate", True),
+    HoldKind.CAP: ("kj-cap", False),
+    HoldKind.UNTIL: ("kj-until", True),
+    HoldKind.DEFERRAL: ("kj-waiting-for", False),
 }
 
 
@@ -128,11 +128,11 @@ class RunDisplay:
         hold = hold_of(run)
         if hold is None:
             return status_badge(run.status)
-        if hold.kind == "rate":
+        if hold.kind == HoldKind.RATE:
             text = gettext("waiting for a rate limit (until %(time)s)") % {
                 "time": short_time(hold.at)
             }
-        elif hold.kind == "until":
+        elif hold.kind == HoldKind.UNTIL:
             text = gettext("until %(time)s") % {"time": short_time(hold.at)}
         else:
             text = hold.text

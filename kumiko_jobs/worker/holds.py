@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 
 from django.utils.timezone import now
 from django.utils.translation import gettext
@@ -21,12 +22,22 @@ from ..models import JobRun, RunStatus
 from .pauses import paused_by_rule
 
 
+class HoldKind(StrEnum):
+    """What holds a waiting run back."""
+
+    PAUSED = "paused"  # an operator's pause (FlowPause)
+    RATE = "rate"  # a rate window, until it reopens
+    CAP = "cap"  # a concurrency cap, until a slot frees
+    UNTIL = "until"  # a delay not yet due (a retry's back-off, enqueue_in)
+    DEFERRAL = "deferral"  # a deferral's kind (the job's own, the inactive-tenant gate)
+
+
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """Why a run waits: ``kind`` (``paused``, ``rate``, ``cap``, ``until``, ``deferral``) and
-    the sentence to show; ``at``, when it lifts by itself (a window, a delay)."""
+    """Why a run waits: its ``kind``, the sentence to show, and ``at``, when it lifts by
+    itself (a window, a delay)."""
 
-    kind: str
+    kind: HoldKind
     text: str
     at: datetime | None = None
 
@@ -35,20 +46,20 @@ def hold_of(run: JobRun) -> Hold | None:
     """What holds ``run`` back, or None (it is not waiting, or nothing but its turn)."""
     held = paused_by_rule(run)
     if held:
-        return Hold("paused", gettext("paused (%(what)s)") % {"what": held})
+        return Hold(HoldKind.PAUSED, gettext("paused (%(what)s)") % {"what": held})
     if run.status == RunStatus.QUEUED:
         schema = run.schema_name or None
         reopens = transport.rate_wait_until(run.queue, schema, run.priority, run.job_name)
         if reopens is not None:
             at = datetime.fromtimestamp(reopens, UTC)
-            return Hold("rate", gettext("waiting for a rate limit"), at)
+            return Hold(HoldKind.RATE, gettext("waiting for a rate limit"), at)
         if transport.held_by_cap(run.queue, schema, run.priority, run.job_name):
-            return Hold("cap", gettext("waiting for a free slot (concurrency cap)"))
+            return Hold(HoldKind.CAP, gettext("waiting for a free slot (concurrency cap)"))
         if run.scheduled_for and run.scheduled_for > now():
-            return Hold("until", "", run.scheduled_for)
+            return Hold(HoldKind.UNTIL, "", run.scheduled_for)
     if run.status == RunStatus.DEFERRED and run.waiting_for:
         # Which deferral (recorded since migration 0012): the job's own delay, or the
         # inactive-tenant gate, which an operator resolves by reactivating the tenant.
         what = run.get_waiting_for_display()
-        return Hold("deferral", gettext("waiting for %(what)s") % {"what": what})
+        return Hold(HoldKind.DEFERRAL, gettext("waiting for %(what)s") % {"what": what})
     return None

@@ -28,7 +28,7 @@ from ...guard import role_grants, role_names, role_sync
 from ...models import JobRun, RunStatus
 from ...operations import CANCELLED, cancel_run, retry_run
 from ...worker import pauses
-from ...worker.holds import hold_of
+from ...worker.holds import HoldKind, hold_of
 from ...worker.relay import relay_pending
 from ...worker.sweep import sweep
 
@@ -462,7 +462,7 @@ def _status_of(run: JobRun) -> str:
     if hold is None:
         return str(run.status)
     at = f"{timezone.localtime(hold.at):%H:%M:%S}" if hold.at else ""
-    if hold.kind == "until":
+    if hold.kind == HoldKind.UNTIL:
         return f"{run.status}, due at {at}"
     return f"{run.status}, {hold.text}" + (f" until {at}" if at else "")
 
