@@ -15,6 +15,8 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 
 from kumiko_jobs import transport
 from kumiko_jobs.core.envelope import tick_run_id
@@ -44,12 +46,17 @@ def test_a_dead_holders_lock_expires_within_the_ttl(redis_conn):
     assert not redis_conn.exists(LOCK)
 
 
+# The renewal's test with a TTL of 3 s (renewed every second): what it shows does not depend on
+# the TTL, and a 1 s TTL made it fail on a machine that stalled the process for a second (a
+# stall longer than the TTL loses a live holder's lock by design: its round then stops).
+@override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "SCHEDULER_LOCK_TTL": 3.0})
 def test_a_live_holder_keeps_renewing_its_lock(redis_conn):
     holder = transport.scheduler_for("low")
     holder._renews_lock = True  # as in its own loop (serve)
     assert holder.acquire_lock()
     try:
-        time.sleep(2.5)  # more than twice the TTL: only renewal keeps it
+        assert 2000 < redis_conn.pttl(LOCK) <= 3000
+        time.sleep(7)  # more than twice the TTL: only renewal keeps it
         assert not transport.scheduler_for("low").acquire_lock()
         assert not holder.lock_lost()
     finally:
