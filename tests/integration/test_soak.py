@@ -20,7 +20,9 @@ from tests.conftest import TENANTS, worker_env
 pytestmark = pytest.mark.usefixtures("live_db")
 
 
-def test_short_soak_loses_nothing_and_never_crosses_tenants(tenants: dict[str, Any]) -> None:
+def run_soak_in_suite(config: soak.SoakConfig) -> tuple[Any, list[str]]:
+    """``config``'s soak on a Redis server of its own (restartable), with the suite's database
+    and settings plus the soak's fast recovery; returns the report and its progress lines."""
     redis = soak.OwnRedis().start()
     db = os.environ["KUMIKO_TEST_REDIS_DB"]
     env = worker_env()
@@ -28,7 +30,6 @@ def test_short_soak_loses_nothing_and_never_crosses_tenants(tenants: dict[str, A
     env[soak.SETTINGS_ENV] = json.dumps({**settings.KUMIKO_JOBS, **soak.FAST_RECOVERY})
     env.setdefault("KUMIKO_LOG", "ERROR")
     queues = {name: {**cfg, "URL": redis.url(db)} for name, cfg in settings.RQ_QUEUES.items()}
-    config = soak.SoakConfig(jobs=1000, workers=2, kill_every=(2.0, 4.0), timeout=240)
     lines: list[str] = []
     try:
         with override_settings(
@@ -37,6 +38,12 @@ def test_short_soak_loses_nothing_and_never_crosses_tenants(tenants: dict[str, A
             report = soak.run_soak(config, list(TENANTS), redis, env, log=lines.append)
     finally:
         redis.close()
+    return report, lines
+
+
+def test_short_soak_loses_nothing_and_never_crosses_tenants(tenants: dict[str, Any]) -> None:
+    config = soak.SoakConfig(jobs=1000, workers=2, kill_every=(2.0, 4.0), timeout=240)
+    report, lines = run_soak_in_suite(config)
     summary = "\n".join([*lines, *report.lines()])
     print(summary)  # the figures, in the CI log (-s) or on failure
 

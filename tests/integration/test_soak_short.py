@@ -20,37 +20,19 @@ The figures are printed as a table (``-s``, or on failure). No assertion on time
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import pytest
-from django.conf import settings
-from django.test import override_settings
 
 from bench import soak
-from tests.conftest import TENANTS, worker_env
+from tests.integration.test_soak import run_soak_in_suite
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
 
 def test_short_soak_with_every_fault_mixed(tenants: dict[str, Any]) -> None:
-    redis = soak.OwnRedis().start()
-    db = os.environ["KUMIKO_TEST_REDIS_DB"]
-    env = worker_env()
-    env["REDIS_URL"] = redis.url(db)
-    env[soak.SETTINGS_ENV] = json.dumps({**settings.KUMIKO_JOBS, **soak.FAST_RECOVERY})
-    env.setdefault("KUMIKO_LOG", "ERROR")
-    queues = {name: {**cfg, "URL": redis.url(db)} for name, cfg in settings.RQ_QUEUES.items()}
     config = soak.SoakConfig(workers=2, **soak.SHORT)  # type: ignore[arg-type]
-    lines: list[str] = []
-    try:
-        with override_settings(
-            RQ_QUEUES=queues, KUMIKO_JOBS={**settings.KUMIKO_JOBS, **soak.FAST_RECOVERY}
-        ):
-            report = soak.run_soak(config, list(TENANTS), redis, env, log=lines.append)
-    finally:
-        redis.close()
+    report, lines = run_soak_in_suite(config)
     summary = "\n".join([*lines, *report.lines(), "", *report.table()])
     print(summary)  # the figures, in the CI log (-s) or on failure
 
