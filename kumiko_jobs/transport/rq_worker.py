@@ -10,6 +10,7 @@ that re-implements RQ internals and must be re-read on every RQ upgrade.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from typing import Any, cast
 
@@ -195,6 +196,29 @@ def _wait_for_window(
     return deadline is None or time.monotonic() < deadline
 
 
+class _StopsPubSubFirst:
+    """Mixed into both worker bases: the command channel's thread told to stop *before* the
+    ``UNSUBSCRIBE`` whose reply wakes it.
+
+    RQ's ``unsubscribe`` sends ``UNSUBSCRIBE`` and then stops the thread. When the thread reads
+    the reply before the stop flag is cleared, it loops into another ``get_message`` with RQ's
+    ``sleep_time`` of 60 s; since redis-py 8.2 ``PubSubWorkerThread.stop()`` joins the thread,
+    so every such teardown (each burst worker's end, each shutdown) waited a full minute.
+    Cleared first, the flag is seen as soon as the reply arrives.
+    """
+
+    pubsub_thread: Any
+
+    def unsubscribe(self) -> None:
+        thread = getattr(self, "pubsub_thread", None)
+        # redis-py's thread has kept its loop flag in ``_running`` (an Event) since 3.x; if a
+        # release drops it, RQ's own order below still works, only slower.
+        running = getattr(thread, "_running", None)
+        if isinstance(running, threading.Event):
+            running.clear()
+        super().unsubscribe()  # type: ignore[misc]
+
+
 _one_trip_queue_classes: dict[type, type] = {}
 
 
@@ -209,7 +233,7 @@ def _one_trip_dequeue(queue_class: Any) -> Any:
     return cls
 
 
-class BookkeepingSimpleWorker(RQSimpleWorker):
+class BookkeepingSimpleWorker(_StopsPubSubFirst, RQSimpleWorker):
     """RQ's ``SimpleWorker`` with its per-message bookkeeping in fewer Redis round trips.
 
     RQ 3's ``SimpleWorker`` sends, per message, besides the dequeue (``LMOVE``, then
@@ -393,7 +417,7 @@ def _release_caps(connection: Redis, job: Job) -> None:
         release_caps(connection, charge.job_id, charge.caps)
 
 
-class ForkingWorkerBase(RQForkingWorker):
+class ForkingWorkerBase(_StopsPubSubFirst, RQForkingWorker):
     """RQ's forking worker with the fair dequeue. Its start and finish stay RQ's own, in the
     work horse; the parent charges the run's worker time (the horse's life) once the horse
     is gone, one round trip more per message (RQ's own finish sends many)."""

@@ -465,4 +465,3 @@ def _status_of(run: JobRun) -> str:
     if hold.kind == HoldKind.UNTIL:
         return f"{run.status}, due at {at}"
     return f"{run.status}, {hold.text}" + (f" until {at}" if at else "")
-
