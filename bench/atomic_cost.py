@@ -34,7 +34,9 @@ SEND_METHODS += ("send_query_prepared", "send_prepare")
 
 
 @contextmanager
-def counting() -> Iterator[dict[str, int]]:
+def counting(statements: list[str] | None = None) -> Iterator[dict[str, int]]:
+    """Counts of what this process sends; with ``statements``, each PostgreSQL query's text
+    (its first 200 characters) is appended to it as well."""
     from psycopg.pq import pq_ctypes
     from redis.client import Pipeline, Redis
 
@@ -46,6 +48,9 @@ def counting() -> Iterator[dict[str, int]]:
             text = bytes(command).strip().upper() if isinstance(command, bytes | bytearray) else b""
             counts["pg_commits"] += text == b"COMMIT"
             counts["pg_begins"] += text.startswith(b"BEGIN")
+            if statements is not None:
+                shown = bytes(command) if isinstance(command, bytes | bytearray) else command
+                statements.append(" ".join(str(shown, "utf-8", "replace").split())[:200])
             return original(self, command, *args, **kwargs)
 
         return wrapper
@@ -71,7 +76,9 @@ def counting() -> Iterator[dict[str, int]]:
             setattr(cls, name, original)
 
 
-def per_run(job: Any, tenants: Sequence[Any], jobs: int) -> dict[str, float]:
+def per_run(
+    job: Any, tenants: Sequence[Any], jobs: int, statements: list[str] | None = None
+) -> dict[str, float]:
     from bench.throughput import QUEUE, drain, reset, succeeded_runs, written_rows
     from kumiko_jobs import transport
     from kumiko_jobs.worker import Worker
@@ -84,7 +91,7 @@ def per_run(job: Any, tenants: Sequence[Any], jobs: int) -> dict[str, float]:
     reset(tenants)
     for n in range(jobs):
         job.enqueue(tenant=tenants[n % len(tenants)], n=n)
-    with counting() as counts:
+    with counting(statements) as counts:
         drain(Worker, queue)
     if succeeded_runs() != jobs or written_rows(tenants) != jobs:
         raise SystemExit(f"{job.name}: expected {jobs} succeeded runs and rows")
@@ -97,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--db-roles", choices=("on", "off"), default="on")
     parser.add_argument("--database", default="kumiko_soak")
+    parser.add_argument(
+        "--show", action="store_true", help="also print the statements of one run of each job"
+    )
     args = parser.parse_args(argv)
     from bench.soak import OwnRedis
 
@@ -123,6 +133,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"  {name:<34}{c['pg_queries']:>11.2f}{c['pg_begins']:>7.2f}"
                 f"{c['pg_commits']:>8.2f}{c['redis']:>7.2f}"
             )
+        if args.show:
+            for job in (bench_write, bench_write_atomic):
+                statements: list[str] = []
+                per_run(job, tenants[:1], 1, statements)
+                print(f"\nthe PostgreSQL queries of one run of {job.name}:")
+                for text in statements:
+                    print(f"  {text}")
         return 0
     finally:
         from django.db import connections

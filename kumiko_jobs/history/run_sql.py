@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import secrets
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -134,7 +133,8 @@ def _start_sql(commit_mode: str) -> str:
         f"WITH started AS (UPDATE {_qualified(JobRun._meta.db_table)} SET "
         f"{col('status')} = %s, {col('attempts')} = %s, {col('started_at')} = %s, "
         f"{col('finished_at')} = NULL, {col('scheduled_for')} = NULL, "
-        f"{col('defer_count')} = %s, {col('gate_defer_count')} = %s, {col('rq_job_id')} = %s "
+        f"{col('defer_count')} = %s, {col('gate_defer_count')} = %s, {col('rq_job_id')} = %s, "
+        f"{col('atomic_key')} = %s "
         # Only the message the run waits for (enqueueing.messages.pending_counters states the
         # same rule): a queued run waits for the attempt after its last, with its deferral
         # counts; a deferred one for the same attempt with one more deferral of either kind.
@@ -174,6 +174,7 @@ def start(
     gate_defers: int,
     rq_job_id: str,
     schema: str | None,
+    atomic_key: str = "",
 ) -> Started:
     """Mark the run ``running`` if it waits for this message, and load its tenant, in one
     round trip.
@@ -185,6 +186,9 @@ def start(
 
     The tenant is looked up by ``schema_name`` in the tenant table itself; a custom default
     manager's filters do not hide a tenant from its runs (``TENANT_ACTIVE_FIELD`` does).
+
+    ``atomic_key`` (an ``atomic=True`` run's ``atomic_digest``, else ``""``) is written with the
+    start, so the attempt's success can be recorded only by this delivery (``atomic_success``).
     """
     params = [
         RunStatus.RUNNING.value,
@@ -193,6 +197,7 @@ def start(
         defers,
         gate_defers,
         rq_job_id,
+        atomic_key,
         uuid.UUID(run_id),
         RunStatus.QUEUED.value,
         attempt,
@@ -219,10 +224,12 @@ def run_row(run_id: str) -> tuple[str, int] | None:
     return None if row is None else (row["status"], row["attempts"])
 
 
-def take_over(run_id: str, attempt: int, started_at: datetime) -> None:
+def take_over(run_id: str, attempt: int, started_at: datetime, atomic_key: str = "") -> None:
     """The run is ``running`` an earlier attempt whose worker died after scheduling this one:
-    it runs ``attempt`` from now on."""
-    JobRun.objects.filter(pk=run_id).update(attempts=attempt, started_at=started_at)
+    it runs ``attempt`` from now on (with this delivery's ``atomic_key``, as ``start``)."""
+    JobRun.objects.filter(pk=run_id).update(
+        attempts=attempt, started_at=started_at, atomic_key=atomic_key
+    )
 
 
 def find_tenant(schema: str) -> Any:
@@ -390,24 +397,14 @@ def atomic_begin() -> str:
     return str(row[0])
 
 
-def atomic_key(project: Any, *, run_id: str, attempt: int) -> str | None:
-    """A fresh secret for the atomic attempt the runner is about to run; its SHA-256 is written
-    on the run's row, on the project's connection ``project``, before the body's transaction
-    opens (committed at once, so the success function sees it at any isolation level). Tenant
-    logins cannot write that column (no privilege on kumiko's tables; the classifier refuses
-    it), and only this runner holds the secret: migration 0017's function accepts the success
-    of this attempt only with it. None when the run does not run this attempt (any more)."""
-    secret = secrets.token_hex(32)
-    digest = hashlib.sha256(secret.encode()).hexdigest()
-    qn = connection.ops.quote_name
-    with session.plain_cursor(project) as cursor:
-        cursor.execute(
-            f"UPDATE {_qualified(JobRun._meta.db_table)} SET {qn('atomic_key')} = %s "
-            f"WHERE {qn('run_id')} = %s AND {qn('status')} = %s AND {qn('attempts')} = %s",
-            [digest, uuid.UUID(run_id), RunStatus.RUNNING.value, attempt],
-        )
-        written = cursor.rowcount == 1
-    return secret if written else None
+def atomic_digest(secret: str) -> str:
+    """What the run's row holds of an atomic delivery's secret (``Delivery.atomic_secret``):
+    its SHA-256, written with the start (``start``, ``take_over``), before the body's
+    transaction opens and committed with the start, so the success function sees it at any
+    isolation level. Tenant logins cannot write that column (no privilege on kumiko's tables;
+    the classifier refuses it), and only the runner holds the secret: migration 0017's function
+    accepts the success of this attempt only with it."""
+    return hashlib.sha256(secret.encode()).hexdigest()
 
 
 def atomic_success(
@@ -417,7 +414,7 @@ def atomic_success(
     body's login may hold no privilege on kumiko's tables (DB_ROLES). The function also sets
     ``synchronous_commit = on`` for the transaction and refuses when the job ended the
     transaction the runner opened (``xid``), without the attempt's secret (``key``, see
-    ``atomic_key``), or when the run no longer runs this attempt."""
+    ``atomic_digest``), or when the run no longer runs this attempt."""
     from psycopg.types.json import Jsonb
 
     with public_cursor() as cursor:

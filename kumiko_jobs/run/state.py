@@ -14,6 +14,7 @@ for the run side and above (the worker's timeout, the Django tasks backend)."""
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 import time
 import traceback
@@ -119,6 +120,10 @@ class Delivery:
     # connection as the project user (no tenant login). Set here, by whoever starts the run,
     # and never read from a context variable that job code could set for later runs.
     in_callers_transaction: bool = False
+    # An ``atomic=True`` run's secret for this delivery: the records step writes its hash on
+    # the run's row with the start, the atomic step hands it to the success function, which
+    # refuses without it (history/run_sql.py, ``atomic_digest``). Only this process holds it.
+    atomic_secret: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
 
 @dataclass(slots=True)

@@ -35,8 +35,6 @@ class Transaction:
 
     def __init__(self, refuse: bool = False) -> None:
         self.refuse = refuse
-        self.key: str | None = "attempt-key"  # None: the run no longer runs the attempt
-        self.keyed: list[tuple[str, int]] = []
         self.events: list[str] = []
         self.successes: list[dict[str, Any]] = []
         self._rollback = False
@@ -50,10 +48,6 @@ class Transaction:
             self.events.append("rollback")
             raise
         self.events.append("rollback" if self._rollback else "commit")
-
-    def atomic_key(self, project: Any, *, run_id: str, attempt: int) -> str | None:
-        self.keyed.append((run_id, attempt))
-        return self.key
 
     def atomic_roll_back(self) -> None:
         self._rollback = True
@@ -74,7 +68,6 @@ def install(monkeypatch: pytest.MonkeyPatch, tx: Transaction) -> Transaction:
     monkeypatch.setattr(run_sql, "atomic_transaction", tx.atomic_transaction)
     monkeypatch.setattr(run_sql, "atomic_roll_back", tx.atomic_roll_back)
     monkeypatch.setattr(run_sql, "atomic_success", tx.atomic_success)
-    monkeypatch.setattr(run_sql, "atomic_key", tx.atomic_key)
     return tx
 
 
@@ -99,17 +92,20 @@ def test_a_success_is_recorded_in_the_bodys_transaction(tx: Transaction) -> None
     [success] = tx.successes
     assert success["run_id"] == state.envelope.run_id
     assert (success["attempt"], success["xid"], success["result"]) == (2, "xid-42", {"n": 1})
-    # With the secret whose hash the runner wrote for this attempt, before the transaction.
-    assert success["key"] == "attempt-key"
-    assert tx.keyed == [(state.envelope.run_id, 2)]
+    # With this delivery's secret, whose hash the records step wrote with the start.
+    assert success["key"] == state.delivery.atomic_secret
+    assert len(success["key"]) == 64
     assert state.atomicity.committed
 
 
-def test_an_attempt_whose_key_cannot_be_written_opens_no_transaction(tx: Transaction) -> None:
-    tx.key = None
-    with pytest.raises(Unrecoverable, match="no longer runs attempt"):
-        atomic(atomic_run(), body(tx, lambda s: s.ending.succeed(1)))
-    assert tx.events == []
+def test_every_delivery_has_a_secret_of_its_own() -> None:
+    """Two deliveries of the same message (a redelivery, a retry) hold different secrets: the
+    hash the first one's start wrote does not let the second record a success, and back."""
+    run_id = "01a2425dd9bc7000b9d8013469eed276"
+    first, second = atomic_run(attempt=1, run_id=run_id), atomic_run(attempt=1, run_id=run_id)
+    assert first.envelope == second.envelope
+    assert first.delivery.atomic_secret != second.delivery.atomic_secret
+    assert "atomic_secret" not in repr(first.delivery)
 
 
 @pytest.mark.parametrize(

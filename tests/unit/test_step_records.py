@@ -15,6 +15,7 @@ The step reaches the run history only through ``history.run_sql`` (and refused m
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -71,9 +72,12 @@ class History:
     def run_row(self, run_id: str) -> tuple[str, int] | None:
         return self.row
 
-    def take_over(self, run_id: str, attempt: int, started_at: datetime) -> None:
+    def take_over(
+        self, run_id: str, attempt: int, started_at: datetime, atomic_key: str = ""
+    ) -> None:
         self.writes.append("take_over")
         self.took_over = (run_id, attempt, started_at)
+        self.took_over_key = atomic_key
 
     def record_rejection(
         self, message: object, reason: str, rq_job_id: str, queue: str, *, schema: str | None = None
@@ -193,10 +197,30 @@ def test_the_awaited_message_starts_the_run_with_its_tenant(history: History, se
     assert (params["attempt"], params["defers"], params["gate_defers"]) == (2, 1, 3)
     assert (params["rq_job_id"], params["schema"]) == ("kj-abc", "t1")
     assert params["started_at"] == state.timing.started_at
+    assert params["atomic_key"] == ""  # not an atomic job: the column is cleared
     assert state.tenancy.lookup == Found(TENANT)
     assert history.writes == ["start", "finish"]
     assert sent.names() == ["job_started", "job_succeeded"]
     assert sent.events[0][1]["attempt"] == 2
+
+
+def test_an_atomic_runs_start_writes_the_hash_of_its_deliverys_secret(history: History) -> None:
+    """The atomic step's key is written by the start itself (no statement of its own)."""
+    state = make_state("t1", atomic=True)
+    records(state, succeeding())
+    key = history.start_params["atomic_key"]
+    assert key == hashlib.sha256(state.delivery.atomic_secret.encode()).hexdigest()
+    assert key != state.delivery.atomic_secret  # the row holds the hash, never the secret
+
+
+def test_a_taken_over_atomic_run_gets_the_new_deliverys_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    history = install(monkeypatch, History(updated=False, row=("running", 1)))
+    state = make_state(attempt=2, atomic=True)
+    records(state, succeeding())
+    assert history.took_over_key == run_sql.atomic_digest(state.delivery.atomic_secret)
+    assert history.start_params["atomic_key"] == history.took_over_key
 
 
 def test_a_missing_tenant_is_noted_for_the_gates(monkeypatch: pytest.MonkeyPatch) -> None:

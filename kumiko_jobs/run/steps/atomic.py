@@ -1,9 +1,10 @@
 """``@job(atomic=True)``: the body's writes and the run's success commit in one transaction.
 
 Between the tenancy step (the body's connection: under DB_ROLES the tenant's login) and the
-guard. First the runner writes, on the project's connection, the hash of a secret only it holds
-for this attempt (``run_sql.atomic_key``). The transaction is opened on the default alias of the
-body's connection; the runner reads its id before the body runs, and after a successful body
+guard. The records step has already written, with the run's start, the hash of a secret only
+this delivery holds (``Delivery.atomic_secret``, ``run_sql.atomic_digest``). The transaction is
+opened on the default alias of the body's connection; the runner reads its id before the body
+runs, and after a successful body
 records the success through migration 0017's SECURITY DEFINER function in the same
 transaction, which refuses without the attempt's secret (a job calling it for its own run or
 another running run of its tenant: issue 22) and if the body ended the transaction itself (a
@@ -38,16 +39,9 @@ def atomic(state: RunState, call_next: Next) -> None:
     if not state.definition.atomic or state.tenant is None:
         call_next(state)
         return
-    identity = state.watch.db_identity
-    project = (
-        identity.project_wrapper(DEFAULT_DB_ALIAS) if identity else connections[DEFAULT_DB_ALIAS]
-    )
-    key = run_sql.atomic_key(project, run_id=state.envelope.run_id, attempt=state.envelope.attempt)
-    if key is None:
-        raise Unrecoverable(
-            f"the atomic run {state.envelope.run_id} no longer runs attempt "
-            f"{state.envelope.attempt}: its success could not be prepared"
-        )
+    # The secret whose hash the start wrote (records step): without that start (a pipeline
+    # without the records step) the success function refuses, and the body is rolled back.
+    key = state.delivery.atomic_secret
     # The body's search path, set (if it must be) before the transaction: kept for later runs.
     search_path.settle(connections[DEFAULT_DB_ALIAS])
     with run_sql.atomic_transaction() as xid:

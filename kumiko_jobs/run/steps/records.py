@@ -84,6 +84,8 @@ def _start(state: RunState) -> bool:
     env = state.envelope
     now = timezone.now()
     state.timing = Timing(started_at=now)
+    # An atomic run's key rides on the start: no statement of its own (the atomic step).
+    key = run_sql.atomic_digest(state.delivery.atomic_secret) if state.definition.atomic else ""
     started = run_sql.start(
         run_id=env.run_id,
         attempt=env.attempt,
@@ -92,6 +94,7 @@ def _start(state: RunState) -> bool:
         gate_defers=env.gate_defers,
         rq_job_id=state.delivery.rq_job_id,
         schema=env.schema,
+        atomic_key=key,
     )
     # The gates step decides what a missing or inactive tenant means; it was loaded here
     # because it costs nothing more in the same round trip.
@@ -106,7 +109,7 @@ def _start(state: RunState) -> bool:
         status, attempts = row
         if status == RunStatus.RUNNING and attempts < env.attempt:
             # The previous attempt's worker died after scheduling this one: take over.
-            run_sql.take_over(env.run_id, env.attempt, now)
+            run_sql.take_over(env.run_id, env.attempt, now, key)
         else:
             why = _why_not_waiting(state, status, attempts)
             logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
