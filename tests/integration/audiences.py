@@ -211,9 +211,10 @@ def assert_operator_sees_all(client: Client, history: History) -> None:
     hatches = client.get(HATCHES).content.decode()
     assert HATCH_REASONS["t1"] in hatches and HATCH_REASONS["t2"] in hatches
     assert client.get(RUN_JOB).status_code == 200
-    assert 'name="confirmed" value="2"' in client.get(
-        f"{BULK_RETRY}?status__exact=failed"
-    ).content.decode()
+    assert (
+        'name="confirmed" value="2"'
+        in client.get(f"{BULK_RETRY}?status__exact=failed").content.decode()
+    )
     assert client.get(BULK_OPERATIONS).status_code == 200
 
     runs_before = JobRun.objects.count()

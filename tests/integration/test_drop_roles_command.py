@@ -109,9 +109,7 @@ def test_drop_roles_lists_then_drops_this_databases_roles_only(
     assert roles_of(observer, database) == ours
 
 
-def test_drop_roles_of_a_dropped_database(
-    observer: Observer, decoys: dict[str, list[str]]
-) -> None:
+def test_drop_roles_of_a_dropped_database(observer: Observer, decoys: dict[str, list[str]]) -> None:
     listed = manage("drop-roles", "--of-dropped-database", GONE)
     assert listed.returncode != 0 and "pass --yes" in listed.stderr
     assert sorted(line.split(": ", 1)[1] for line in listed.stdout.splitlines()) == sorted(

@@ -36,8 +36,19 @@ def test_the_example_projects_tests_pass_with_the_plugin_alone_and_leave_no_role
     observer = Observer()
     try:
         ran = subprocess.run(
-            [sys.executable, "-m", "pytest", "example_project", "--ds", "example_project.settings",
-             "-p", "tests.integration.roles_witness", "-p", "no:cacheprovider", "-q"],
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "example_project",
+                "--ds",
+                "example_project.settings",
+                "-p",
+                "tests.integration.roles_witness",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+            ],
             cwd=ROOT,
             env=env,
             capture_output=True,

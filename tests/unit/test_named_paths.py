@@ -68,9 +68,7 @@ def package_modules() -> list[Path]:
 @cache
 def file_names() -> frozenset[str]:
     skip = {".git", ".venv", ".venv-django52", "node_modules", "__pycache__"}
-    return frozenset(
-        p.name for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.parts)
-    )
+    return frozenset(p.name for p in ROOT.rglob("*") if p.is_file() and not skip & set(p.parts))
 
 
 def resolves(path: str, named_in: Path) -> bool:
