@@ -53,6 +53,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -64,6 +65,7 @@ from django.utils import timezone
 
 from bench import soak
 from example_project.devservices import free_port
+from kumiko_jobs.core.envelope import tick_run_id
 from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
 from tests.chaos.workers import Processes
 from tests.conftest import probes
@@ -224,6 +226,19 @@ def _runs(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, str]]:
     return {uuid.UUID(run).hex: (status, job) for run, status, job in rows}
 
 
+def _ticks(conn: psycopg.Connection[Any]) -> set[str]:
+    """Run ids of the one-second cron's ticks on one server."""
+    rows = conn.execute("SELECT run_id FROM kumiko_jobs_jobrun WHERE job_name = %s", [CRON_JOB])
+    return {uuid.UUID(str(run)).hex for (run,) in rows.fetchall()}
+
+
+def _due_ticks(start: datetime, end: datetime) -> dict[str, datetime]:
+    first = start.replace(microsecond=0) + timedelta(seconds=1)
+    seconds = int((end - first).total_seconds())
+    ticks = [first + timedelta(seconds=i) for i in range(seconds + 1)]
+    return {tick_run_id(CRON_JOB, tick): tick for tick in ticks}
+
+
 def _effects() -> list[tuple[str, str, str]]:
     """(run id hex, tenant schema, schema written in) of every soak effect on the new primary."""
     out = []
@@ -259,6 +274,7 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
 
         load = Load()
         load.start()
+        ticks_from = timezone.now()
         try:
             _wait("runs before the failure", lambda: load.count() >= 30, 60, why)
             _wait("successes before the failure", lambda: _succeeded(primary) >= 10, 60, why)
@@ -271,6 +287,7 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
             cut = time.monotonic()
             with _raw(replica) as conn:
                 at_promotion = _runs(conn)
+                ticks_there = _ticks(conn)
                 replayed = _one(conn, "SELECT pg_last_wal_replay_lsn()::text")
             unfinished_there = [r for r, (st, _job) in at_promotion.items() if st != "succeeded"]
 
@@ -282,7 +299,8 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
                         "WHERE status = 'succeeded' AND run_id = ANY(%s)",
                         [[uuid.UUID(r) for r in unfinished_there]],
                     )
-                return load.count(since=cut) >= 2 * BATCH and done >= 3
+                    ticked = _ticks(conn) - ticks_there
+                return load.count(since=cut) >= 2 * BATCH and done >= 3 and bool(ticked)
 
             _wait("commits and successes the replica does not get", progressed, 60, why)
             # 2. The primary dies.
@@ -357,6 +375,8 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
         assert scheduler.poll() is None and relay.poll() is None, procs.logs()
         with _raw(replica) as conn:
             final = _runs(conn)
+            ticks_new = _ticks(conn)
+        ticks_to = timezone.now() - timedelta(seconds=3)
         rejected = list(RejectedMessage.objects.values_list("rq_job_id", "reason"))
         found = _effects()
         probed = {
@@ -372,6 +392,7 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
     primary.start()
     with _raw(primary) as conn:
         on_old = _runs(conn)
+        ticks_old = _ticks(conn)
         old_end = _one(conn, "SELECT redo_lsn::text FROM pg_control_checkpoint()")
     primary.stop("fast")
 
@@ -383,6 +404,15 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
         for run, (status, _job) in at_promotion.items()
         if status != RunStatus.SUCCEEDED and on_old[run][0] == RunStatus.SUCCEEDED
     }
+    due = _due_ticks(ticks_from, ticks_to)
+    missing = set(due) - ticks_new
+    lost_ticks = ticks_old - ticks_there  # rung on the old primary after the cut
+    print(
+        f"\ncron: {len(due)} due ticks, {len(missing)} missing on the new primary "
+        f"({len(lost_ticks)} rung on the old primary only: "
+        f"{sorted(due[t].strftime('%X') for t in lost_ticks if t in due)}; never written: "
+        f"{sorted(due[t].strftime('%X') for t in missing - lost_ticks)})"
+    )
     print(
         f"\nfailover: {len(committed)} runs committed ({len(load.uncertain)} uncertain, "
         f"{load.errors} batches refused); the replica lacked {len(lacked)} runs at promotion "
@@ -401,6 +431,10 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
     assert _lsn(old_end) > _lsn(replayed), "the old primary wrote WAL the replica never got"
     assert lost, "the replica fell behind: some committed runs must be missing"
     assert behind, "the replica fell behind: some successes must be missing"
+    # Cron ticks written on the old primary only are lost too: the scheduler's alarm has moved
+    # on, and none of them rings again on the new primary.
+    assert lost_ticks, "the primary rang a tick after the cut"
+    assert lost_ticks <= missing and not lost_ticks & ticks_new
     # Lost runs are not recreated: no row, no effect; their messages are refused.
     lost_hex = lost
     assert not lost_hex & {run for run, _schema, _where in found}, "a lost run ran again"
