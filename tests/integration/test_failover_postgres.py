@@ -26,8 +26,12 @@ this test commits plain and atomic soak runs in batches. Then:
    writes for a while (until three of this test's enqueuing transactions have been refused);
 3. ``pg_ctl promote``: every process must write to the new primary within ``FOLLOW_WITHIN``
    (30 s), the same processes, none restarted;
-4. the load stops; every run the new primary holds must succeed; afterwards the old primary is
-   started alone on a port nobody else knows, to read what it had committed.
+4. the load stops; every run the new primary holds must succeed. Then back again, the workers
+   idle: a new standby of the new primary takes the old primary's port, the new primary is
+   stopped (immediate) and the standby promoted; the next run of each tenant must succeed on
+   its first attempt (the workers' kept sessions and pooled tenant logins died while idle);
+5. the old primary is started alone on a port nobody else knows, to read what it had
+   committed.
 
 What asynchronous replication loses, asserted exactly:
 
@@ -47,6 +51,7 @@ What asynchronous replication loses, asserted exactly:
 
 from __future__ import annotations
 
+import functools
 import io
 import threading
 import time
@@ -215,6 +220,12 @@ def _caught_up(replica: OwnPostgres) -> bool:
         received = _one(conn, "SELECT pg_last_wal_receive_lsn()::text")
         replayed = _one(conn, "SELECT pg_last_wal_replay_lsn()::text")
     return bool(streaming == 0 and _lsn(replayed) >= _lsn(received))
+
+
+def _caught_up_to(standby: OwnPostgres, lsn: str) -> bool:
+    with _raw(standby) as conn:
+        replayed = _one(conn, "SELECT pg_last_wal_replay_lsn()::text")
+    return replayed is not None and _lsn(replayed) >= _lsn(lsn)
 
 
 def _runs(conn: psycopg.Connection[Any]) -> dict[str, tuple[str, str]]:
@@ -386,8 +397,61 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
             if p.tag.startswith("seq-")
         }
 
+        # 4. Back again, with the workers idle: the old primary's place (its port) is taken by
+        # a new standby of the new primary, which is stopped and the standby promoted. The
+        # workers' kept sessions, tenant logins included, died while idle: the next run of
+        # every tenant must succeed on its first attempt (core.idle_connections).
+        back = replica.replica("back", port=primary.port)
+        try:
+            with _raw(replica) as conn:
+                target = _one(conn, "SELECT pg_current_wal_lsn()::text")
+            _wait(
+                "the new standby to catch up",
+                lambda: _caught_up_to(back, target),
+                60,
+                why,
+            )
+            connections["default"].close()
+            replica.stop("immediate")
+            back.promote()
+            promoted_back = time.monotonic()
+            idle_after: list[str] = []
+
+            def enqueued(schema: str) -> bool:
+                idle_after.append(str(jobs.probe.enqueue(tenant=schema, tag="back").run_id))
+                return True
+
+            for schema in SCHEMAS:
+                _wait(
+                    f"an enqueue for {schema} after failing back",
+                    functools.partial(enqueued, schema),
+                    FOLLOW_WITHIN,
+                    why,
+                )
+
+            def back_done() -> bool:
+                waiting = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.DEFERRED)
+                return not JobRun.objects.filter(pk__in=idle_after, status__in=waiting).exists()
+
+            _wait("the runs after failing back", back_done, FOLLOW_WITHIN, why)
+            followed["failing back (idle): a run of each tenant done"] = round(
+                time.monotonic() - promoted_back, 1
+            )
+            after_back = list(
+                JobRun.objects.filter(pk__in=idle_after).values_list("status", "attempts")
+            )
+            assert after_back == [(RunStatus.SUCCEEDED, 1)] * len(SCHEMAS), (
+                after_back,
+                procs.logs(),
+            )
+            assert all(w.poll() is None for w in workers), procs.logs()
+            assert scheduler.poll() is None and relay.poll() is None, procs.logs()
+        finally:
+            connections["default"].close()
+            back.close()
+
     procs.stop_all()
-    # 4. What the old primary had committed: itself, started alone on a port of its own.
+    # 5. What the old primary had committed: itself, started alone on a port of its own.
     primary.port = free_port()
     primary.start()
     with _raw(primary) as conn:

@@ -79,6 +79,7 @@ class OwnPostgres:
         # ...: Permission denied", the restart tests' flake). A directory of our own keeps the
         # permissions the start gave its prefix.
         self._root = Path(tempfile.mkdtemp(prefix="kumiko-own-pg-"))
+        self._owns_root = True
         self.server = EmbeddedPostgres.start(self._root / "pg")
         self.port = self.server.port
         self.data_dir = self.server.data_dir
@@ -94,6 +95,7 @@ class OwnPostgres:
             pytest.skip(f"Debian's PostgreSQL 15 is not installed ({cls.DEBIAN_BIN})")
         self = cls.__new__(cls)
         self._root = root
+        self._owns_root = False  # a replica's: the primary's root, removed with the primary
         self.server = None
         self.port = free_port()
         self.data_dir = root / name
@@ -109,15 +111,17 @@ class OwnPostgres:
         if os.geteuid() == 0:
             shutil.chown(root, cls.DEBIAN_USER, cls.DEBIAN_USER)
         self = cls._debian(root, "primary")
+        self._owns_root = True
         self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust")
         self.start()
         return self
 
-    def replica(self) -> OwnPostgres:
-        """A streaming replica of this (running) cluster, started: ``pg_basebackup -R`` writes
-        ``standby.signal`` and a ``primary_conninfo`` naming our port; replication is
-        asynchronous (no ``synchronous_standby_names``)."""
-        replica = type(self)._debian(self._root, "replica")
+    def replica(self, name: str = "replica", port: int | None = None) -> OwnPostgres:
+        """A streaming replica of this (running) cluster, started (on ``port``, else a free
+        one): ``pg_basebackup -R`` writes ``standby.signal`` and a ``primary_conninfo`` naming
+        our port; replication is asynchronous (no ``synchronous_standby_names``)."""
+        replica = type(self)._debian(self._root, name)
+        replica.port = port or replica.port
         replica._run(
             "pg_basebackup",
             *("-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"),
@@ -162,7 +166,7 @@ class OwnPostgres:
         elif (self.data_dir / "postmaster.pid").exists():
             with contextlib.suppress(subprocess.SubprocessError):
                 self.stop("immediate")
-        shutil.rmtree(self._root, ignore_errors=True)
+        shutil.rmtree(self._root if self._owns_root else self.data_dir, ignore_errors=True)
 
 
 def _pg_tool(name: str, server_major: int) -> str:
