@@ -5,23 +5,25 @@ A primary and an asynchronous streaming replica of Debian's PostgreSQL 15 on por
 holding a copy of this suite's test database. Every process names both hosts, the libpq way:
 
 * the workers, the scheduler and the relay loop get ``DATABASE_URL=postgres://postgres@
-  127.0.0.1:P1,127.0.0.1:P2/NAME?target_session_attrs=read-write``, which
+  127.0.0.1:P1,127.0.0.1:P2/NAME?target_session_attrs=read-write&connect_timeout=5``, which
   example_project/settings.py turns into ``HOST="127.0.0.1,127.0.0.1"``, ``PORT="P1,P2"``,
-  ``OPTIONS={"target_session_attrs": "read-write"}``; Django passes the three to psycopg as they
-  are, and libpq (psycopg, for each host in turn) takes the first host that accepts writes;
+  ``OPTIONS={"target_session_attrs": "read-write", "connect_timeout": "5"}``; Django passes
+  the three to psycopg as they are, and libpq (psycopg, for each host in turn) takes the first
+  host that accepts writes;
 * the tenant logins (DB_ROLES) copy the alias's settings (guard/connections.py), hosts and
   options included;
 * this process's own ``default`` connection the same way (``default_connection_on``).
 
 Two real workers, an ``rqscheduler`` ringing a one-second cron (tests/chaos/cron_app: every
 tick is a run row it writes) and ``manage.py kumiko_jobs relay --loop`` run while a thread of
-this test commits plain and atomic soak runs in batches. Then:
+this test commits plain and atomic soak runs and ``sequential`` ones in batches. Then:
 
 1. the replica is cut off from the primary under load (``primary_conninfo`` emptied and
    reloaded: its WAL receiver ends, as on a broken link) and replays what it received; the test
    reads what it holds, the state the promotion keeps (the replay LSN is checked again after
    it). The primary goes on committing (asynchronous replication does not wait for a
-   replica) until it has committed new runs and finished some the replica holds unfinished;
+   replica) until it has committed new runs, finished some the replica holds unfinished and
+   rung a cron tick;
 2. the primary stops, ``immediate`` (its processes die, as in a crash), and nothing takes
    writes for a while (until three of this test's enqueuing transactions have been refused);
 3. ``pg_ctl promote``: every process must write to the new primary within ``FOLLOW_WITHIN``
@@ -46,7 +48,9 @@ What asynchronous replication loses, asserted exactly:
   back); either way they run again and succeed. An atomic run's effect committed with its
   success, so it was lost with it and is written once more: atomic effects exist exactly once.
   A plain run's effect may have reached the replica without its success: it then exists twice
-  (at least once, as with any plain run whose success is lost).
+  (at least once, as with any plain run whose success is lost);
+* **cron ticks rung on the old primary only**: gone, and never rung again (the scheduler's
+  alarm has moved on).
 """
 
 from __future__ import annotations
@@ -317,7 +321,7 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
             # 2. The primary dies.
             connections["default"].close()
             primary.stop("immediate")
-            # Some seconds with no primary, as failover tooling takes to decide: the workers
+            # A while with no primary, as failover tooling takes to decide: the workers
             # take messages they cannot start, this process's enqueues are refused.
             errors = load.errors
             _wait("enqueues refused with no primary", lambda: load.errors >= errors + 3, 60, why)
