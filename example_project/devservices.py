@@ -90,8 +90,18 @@ def _tcp_open(host: str, port: int, timeout: float = CONNECT_TIMEOUT) -> bool:
 
 
 def _host_port(url: str, default_port: int) -> tuple[str, int]:
-    parts = urlsplit(url)
-    return parts.hostname or "127.0.0.1", parts.port or default_port
+    """The (first) host and port of ``url``; a libpq multi-host URL (``h1:p1,h2:p2``, a failover
+    pair) names several, and ``urlsplit``'s ``port`` refuses those."""
+    netloc = urlsplit(url).netloc.rpartition("@")[2]
+    if "," not in netloc:
+        parts = urlsplit(url)
+        return parts.hostname or "127.0.0.1", parts.port or default_port
+    first = urlsplit(f"//{netloc.split(',')[0]}")
+    return first.hostname or "127.0.0.1", first.port or default_port
+
+
+def _several_hosts(url: str) -> bool:
+    return "," in urlsplit(url).netloc.rpartition("@")[2]
 
 
 def _database_name(url: str) -> str:
@@ -493,7 +503,8 @@ def ensure_services(
     host, port = _host_port(db_url, 5432)
     if error is None:
         _log(verbose, f"PostgreSQL: {host}:{port} (running)")
-    elif _tcp_open(host, port):
+    elif _several_hosts(db_url) or _tcp_open(host, port):
+        # (Several hosts: a failover pair, never replaced by an embedded server.)
         raise ServiceUnavailable(f"PostgreSQL at {host}:{port} refuses the connection: {error}")
     else:
         pg = EmbeddedPostgres.start(pg_data_dir)

