@@ -46,21 +46,22 @@ def _wait(what: str, check: Any, deadline: float = 120.0) -> Any:
 
 
 def _beating(redis: Any, names: list[str]) -> bool:
-    from kumiko_jobs import transport
+    from kumiko_jobs.transport import keys as transport_keys
 
-    return all(redis.exists(transport.WORKER_KEY + n) for n in names)
+    return all(redis.exists(transport_keys.WORKER_KEY + n) for n in names)
 
 
 def _executing_worker(redis: Any, run_id: str) -> str | None:
     from kumiko_jobs import transport
     from kumiko_jobs.models import JobRun, RunStatus
+    from kumiko_jobs.transport import keys as transport_keys
 
     row = JobRun.objects.filter(pk=run_id, status=RunStatus.RUNNING, attempts=1).first()
     if row is None or not row.rq_job_id:
         return None
     worker = transport.decoded(redis.hget(f"rq:job:{row.rq_job_id}", "worker_name"))
     # The worker's beat names the job: it is in the body now, not still taking the message.
-    if worker and transport.decoded(redis.get(transport.WORKER_KEY + worker)) == row.rq_job_id:
+    if worker and transport.decoded(redis.get(transport_keys.WORKER_KEY + worker)) == row.rq_job_id:
         return worker
     return None
 

@@ -45,7 +45,7 @@ logger = logging.getLogger("kumiko_jobs.schedules")
 
 def schedule_id(definition: JobDefinition) -> str:
     """The id of a cron job's alarm with rq-scheduler (``kj-cron-<name>``)."""
-    return transport.CRON_PREFIX + definition.name.replace(".", "_").replace(":", "_")
+    return transport.cron_entry_id(definition.name)
 
 
 @dataclass(frozen=True, slots=True)

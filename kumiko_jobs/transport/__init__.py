@@ -8,7 +8,8 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 ``transport.push(...)``); the modules behind it own one concern each:
 
 - ``errors``: Redis's errors, for the worker to catch (only the transport imports redis).
-- ``keys``: every Redis key, prefix and hash field kumiko adds to RQ's.
+- ``keys``: every Redis key, prefix and hash field kumiko adds to RQ's; private to the
+  transport (not on this face): other packages call the functions that use them.
 - ``rq_job``: how a message is stored (``RUNNER``, the JSON job classes, hook fields).
 - ``queues``: handles on the queues, their Redis, rq-scheduler's delayed set; ``Message``.
 - ``pushing``: ``push`` and ``push_many``, the one way a message reaches Redis.
@@ -22,6 +23,9 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 - ``rate_limits`` and ``registries``: the slots the sweep and the relay free, and what the
   relay reads of RQ's bookkeeping.
 - ``depths``: queue depths and the registered workers, for the dashboard and its metrics.
+- ``maintenance_turns``: the locks that give one worker at a time the maintenance round.
+- ``worker_commands``: the Redis commands of the worker mixins (the kumiko mark, the heartbeat
+  in one round trip, refused and unreadable messages).
 
 Tests and ``kumiko_jobs.testing`` replace ``push``/``push_many`` here; ``testing`` replaces
 them in ``pushing`` too, which the scheduler's cron firing calls.
@@ -33,33 +37,18 @@ from .cap_waits import held_by_cap
 from .done import note_done, signal_done, wait_for
 from .errors import RedisConnectionError, RedisError, RedisTimeoutError
 from .fair_policy import bucket_of, valid_priority, valid_weight
-from .keys import (
-    BOOT_DATASET_KEY,
-    CANCEL_KEY,
-    CRON_PREFIX,
-    DEAD_SWEEP_LOCK,
-    DONE_KEY,
-    LIVE_WORKERS,
-    MAINTENANCE_LOCK,
-    RELAY_TAKEN,
-    RQ_WORKER_MARK,
-    SEQUENTIAL_LIMIT,
-    TENANT_LIMIT,
-    TZ_META,
-    WORKER_KEY,
-    WORKERS_SINCE_KEY,
-)
 from .live_workers import Liveness, beat, goodbye, liveness, request_cancel, vanished_workers
+from .maintenance_turns import take_dead_sweep_turn, take_maintenance_turn
 from .pausing import assert_pauses
 from .pushing import push, push_many
 from .queues import (
     DelayedSet,
     Message,
+    boot_dataset_token,
     connection_for,
     current_job_id,
     current_job_origin,
     current_priority,
-    dataset_token,
     decoded,
     delayed_set,
     django_rq_urlpatterns,
@@ -104,6 +93,7 @@ from .scheduler import (
     acquire_scheduler_lock,
     cancel_scheduled,
     cron_entries,
+    cron_entry_id,
     cron_hooks,
     install_cron_hooks,
     missing_cron_entries,
@@ -113,25 +103,20 @@ from .scheduler import (
     scheduler_for,
     scheduler_lag,
 )
+from .worker_commands import (
+    fail_refused,
+    hooks_in_hash,
+    is_registered,
+    mark_kumiko_worker,
+    one_round_trip,
+    remove_unreadable_job,
+    unreadable_job_dump,
+)
 
 __all__ = [
-    "BOOT_DATASET_KEY",
-    "CANCEL_KEY",
-    "CRON_PREFIX",
-    "DEAD_SWEEP_LOCK",
-    "DONE_KEY",
     "HOOK_FIELDS",
     "JSON_SERIALIZER_PATH",
-    "LIVE_WORKERS",
-    "MAINTENANCE_LOCK",
-    "RELAY_TAKEN",
-    "RQ_WORKER_MARK",
     "RUNNER",
-    "SEQUENTIAL_LIMIT",
-    "TENANT_LIMIT",
-    "TZ_META",
-    "WORKERS_SINCE_KEY",
-    "WORKER_KEY",
     "BookkeepingSimpleWorker",
     "CronFiring",
     "CronHooks",
@@ -156,30 +141,36 @@ __all__ = [
     "acquire_scheduler_lock",
     "assert_pauses",
     "beat",
+    "boot_dataset_token",
     "bucket_of",
     "cancel_scheduled",
     "connection_for",
     "cron_entries",
+    "cron_entry_id",
     "cron_hooks",
     "current_job_id",
     "current_job_origin",
     "current_priority",
-    "dataset_token",
     "decoded",
     "delayed_set",
     "django_rq_urlpatterns",
+    "fail_refused",
     "forget_messages",
     "forget_queues",
     "get_queue",
     "goodbye",
     "held_by_cap",
     "held_messages",
+    "hooks_in_hash",
     "install_cron_hooks",
     "is_json_serializer",
+    "is_registered",
     "liveness",
+    "mark_kumiko_worker",
     "missing_cron_entries",
     "move_due_scheduled_jobs",
     "note_done",
+    "one_round_trip",
     "push",
     "push_many",
     "queue_length",
@@ -189,13 +180,17 @@ __all__ = [
     "register_cron",
     "release_caps_of",
     "release_rate_limit_slot",
+    "remove_unreadable_job",
     "request_cancel",
     "scheduled_job_ids",
     "scheduler_for",
     "scheduler_lag",
     "signal_done",
+    "take_dead_sweep_turn",
+    "take_maintenance_turn",
     "taken_for",
     "timeout_of_job",
+    "unreadable_job_dump",
     "utcnow",
     "valid_priority",
     "valid_weight",

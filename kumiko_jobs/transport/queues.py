@@ -24,6 +24,7 @@ from rq.serializers import JSONSerializer
 
 from ..core import conf
 from . import fair
+from .keys import BOOT_DATASET_KEY
 from .rq_job import JsonJob
 
 
@@ -126,13 +127,13 @@ def connection_for(queue: str) -> Redis:
     return get_queue(queue).connection
 
 
-def dataset_token(key: str, candidate: str) -> str:
-    """The value of ``key``, set to ``candidate`` first if it has none (one round trip): a
-    token that identifies this Redis dataset until it is flushed."""
+def boot_dataset_token(candidate: str) -> str:
+    """The token of this Redis dataset for the boot jobs (worker/boot.py), set to ``candidate``
+    first if it has none (one round trip): it identifies the dataset until it is flushed."""
     redis = get_queue(conf.get().DEFAULT_QUEUE).connection
     with redis.pipeline(transaction=True) as pipe:
-        pipe.set(key, candidate, nx=True)
-        pipe.get(key)
+        pipe.set(BOOT_DATASET_KEY, candidate, nx=True)
+        pipe.get(BOOT_DATASET_KEY)
         _, value = pipe.execute()
     return value.decode() if isinstance(value, bytes) else str(value)
 

@@ -224,6 +224,12 @@ def scheduler_for(queue: str) -> Scheduler:
     return Scheduler(queue_name=queue, queue=q, connection=q.connection)
 
 
+def cron_entry_id(job_name: str) -> str:
+    """The id of a cron job's entry (its alarm) with rq-scheduler: ``kj-cron-<name>``, the
+    name's dots and colons made underscores."""
+    return CRON_PREFIX + job_name.replace(".", "_").replace(":", "_")
+
+
 def cron_entries() -> dict[str, CronSpec]:
     """kumiko's cron entries currently registered with rq-scheduler, by schedule id."""
     scheduler = scheduler_for(conf.get().DEFAULT_QUEUE)

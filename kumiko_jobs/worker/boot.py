@@ -10,13 +10,13 @@
   worker waits ``delay`` and runs the gate again, within its ``max_defers``; a gate's retries
   run inline too. Nothing of a gate is ever pushed to a queue.
 * ``run_on_boot=True``: enqueued once per Redis dataset. The dataset is identified by a token
-  set once (``SET NX``) in Redis; the boot run's id is derived from (job, token). A
-  ``BootMarker`` with that id is written in the transaction that writes the run's row, the
-  outbox: ten workers starting together write it once (the marker's primary key makes the
-  others wait, then skip), a worker that dies between the commit and the push leaves the push
-  to the relay, and a flushed or new Redis (a new token) enqueues it again. The marker, not
-  the run row, says "enqueued": retention deletes old runs and never markers, so a boot job
-  does not run again once its run has expired.
+  set once (``SET NX``) in Redis (``transport.boot_dataset_token``); the boot run's id is
+  derived from (job, token). A ``BootMarker`` with that id is written in the transaction that
+  writes the run's row, the outbox: ten workers starting together write it once (the marker's
+  primary key makes the others wait, then skip), a worker that dies between the commit and
+  the push leaves the push to the relay, and a flushed or new Redis (a new token) enqueues it
+  again. The marker, not the run row, says "enqueued": retention deletes old runs and never
+  markers, so a boot job does not run again once its run has expired.
 """
 
 from __future__ import annotations
@@ -46,8 +46,6 @@ from ..run.state import Delivery, RunState
 
 logger = logging.getLogger("kumiko_jobs.boot")
 
-# The Redis key whose value identifies the dataset boot jobs were enqueued for.
-DATASET_KEY = transport.BOOT_DATASET_KEY
 _BOOT_NAMESPACE = uuid.UUID("3c8f8a52-6a55-4c35-9d2e-8c1b6b2f5a10")
 
 # A context manager factory (seconds) -> bounds one gate attempt; the worker passes its death
@@ -145,7 +143,7 @@ def enqueue_boot_jobs() -> list[str]:
     boot_jobs = [d for d in registry if d.run_on_boot]
     if not boot_jobs:
         return []
-    dataset = transport.dataset_token(DATASET_KEY, uuid.uuid4().hex)
+    dataset = transport.boot_dataset_token(uuid.uuid4().hex)
     started = []
     for definition in boot_jobs:
         run_id = boot_run_id(definition.name, dataset)

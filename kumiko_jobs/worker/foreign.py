@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from .. import transport
 from ..history.rejections import record_rejection
-from ..transport import HOOK_FIELDS, RUNNER, Serializer, WorkerJob
+from ..transport import RUNNER, Serializer, WorkerJob
 
 logger = logging.getLogger("kumiko_jobs.worker")
 
@@ -78,9 +79,7 @@ def refusal(job: Any, redis: Any) -> str | None:
     if isinstance(job, WorkerJob):
         hooks: Any = job.hook_fields
     else:  # loaded by another job class: read the fields from Redis
-        hooks = [
-            f for f, v in zip(HOOK_FIELDS, redis.hmget(job.key, HOOK_FIELDS), strict=True) if v
-        ]
+        hooks = transport.hooks_in_hash(redis, job)
     if hooks:
         return f"the message sets RQ {', '.join(hooks)}, which kumiko never uses"
     return None
@@ -116,13 +115,7 @@ class RefusesForeignMessages:
             super().execute_job(job, queue)  # type: ignore[misc]
             return
         _record(_raw_text(job.data), reason, job.id, queue.name)
-        with self.connection.pipeline() as pipe:
-            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-            job.set_status("failed", pipeline=pipe)
-            queue.failed_job_registry.add(
-                job, ttl=job.failure_ttl, exc_string=reason, pipeline=pipe
-            )
-            pipe.execute()
+        transport.fail_refused(self.connection, job, queue, reason)
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -142,14 +135,7 @@ class RefusesForeignMessages:
                 self._remove_unreadable(str(job_id), queue, exc)
 
     def _remove_unreadable(self, job_id: str, queue: Any, exc: Exception) -> None:
-        key = queue.job_class.key_for(job_id)
-        try:
-            raw = repr(self.connection.hgetall(key))
-        except Exception:
-            raw = f"<a Redis {_raw_text(self.connection.type(key))} where a job hash belongs>"
+        raw = transport.unreadable_job_dump(self.connection, queue, job_id)
         reason = f"RQ cannot load the job ({type(exc).__name__}: {exc})"
         _record(raw, reason, job_id, queue.name)
-        with self.connection.pipeline() as pipe:
-            pipe.lrem(queue.intermediate_queue_key, 1, job_id)
-            pipe.delete(key)
-            pipe.execute()
+        transport.remove_unreadable_job(self.connection, queue, job_id)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import transport
-from ..transport import RQ_WORKER_MARK, RedisConnectionError, RedisError, RedisTimeoutError
+from ..transport import RedisConnectionError, RedisError, RedisTimeoutError
 from .heart import Heart
 
 logger = logging.getLogger("kumiko_jobs.worker")
@@ -63,7 +63,7 @@ class KeepsRunsAlive:
         kumiko worker from another class whose runs only the timeout rule may end.
         """
         super().register_birth()  # type: ignore[misc]
-        self.connection.hset(self.key, RQ_WORKER_MARK, "1")
+        transport.mark_kumiko_worker(self.connection, self.key)
 
     def execute_job(self, job: Any, queue: Any) -> None:
         """Execute with the heart watching the job's timeout and cancellation; a Redis outage in
@@ -125,9 +125,8 @@ class KeepsRunsAlive:
         try:
             # RQ sends a heartbeat's three commands one by one, three times per message; one
             # pipeline makes each heartbeat a single round trip, with the same commands.
-            with self.connection.pipeline(transaction=False) as pipe:
+            with transport.one_round_trip(self.connection) as pipe:
                 super().heartbeat(timeout, pipe)  # type: ignore[misc]
-                pipe.execute()
         except _REDIS_DOWN as exc:
             self._redis_down(exc)
             return
@@ -183,5 +182,5 @@ class KeepsRunsAlive:
         logger.warning("worker %s: Redis reachable again", self.name)
         # A restart without persistence forgot this worker: register it again.
         with contextlib.suppress(RedisError, ValueError):
-            if not self.connection.exists(self.key):
+            if not transport.is_registered(self.connection, self.key):
                 self.register_birth()

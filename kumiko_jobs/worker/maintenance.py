@@ -60,7 +60,7 @@ def maintain(name: str, stop: threading.Event) -> None:
                 if time.monotonic() >= next_round:
                     next_round = time.monotonic() + interval
                     # The lock is left to expire: one round per interval among all workers.
-                    if redis.set(transport.MAINTENANCE_LOCK, name, nx=True, ex=interval):
+                    if transport.take_maintenance_turn(redis, name, interval):
                         run_maintenance()
                 elif time.monotonic() >= quiet_until:
                     sweep_if_dead(redis, name, every)
@@ -82,7 +82,7 @@ def sweep_if_dead(redis: Any, name: str, every: int) -> bool:
     hands back only runs no live worker beats for (sweep.py).
     """
     dead = transport.vanished_workers(redis)
-    if not dead or not redis.set(transport.DEAD_SWEEP_LOCK, name, nx=True, ex=every):
+    if not dead or not transport.take_dead_sweep_turn(redis, name, every):
         return False
     logger.info("worker %s: worker(s) %s stopped beating; sweeping", name, ", ".join(dead))
     sweep_abandoned()

@@ -97,12 +97,13 @@ class Processes:
         """Until ``workers`` kumiko workers beat (and an rqscheduler is registered): a process
         still starting up is not what a chaos test means to disturb."""
         from kumiko_jobs import transport
+        from kumiko_jobs.transport import keys as transport_keys
 
         redis = transport.connection_for("default")
 
         def ready() -> bool:
-            names = list(redis.smembers(transport.LIVE_WORKERS))
-            keys = [transport.WORKER_KEY + (transport.decoded(n) or "") for n in names]
+            names = list(redis.smembers(transport_keys.LIVE_WORKERS))
+            keys = [transport_keys.WORKER_KEY + (transport.decoded(n) or "") for n in names]
             beating = sum(1 for v in (redis.mget(keys) if keys else []) if v is not None)
             beating_enough = beating >= workers
             return beating_enough and (not scheduler or bool(redis.keys("rq:scheduler_instance:*")))

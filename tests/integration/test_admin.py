@@ -21,6 +21,7 @@ from django_tenants.utils import schema_context
 
 from kumiko_jobs import InvalidJob, operations, transport
 from kumiko_jobs.models import JobFailure, JobRun, RunStatus
+from kumiko_jobs.transport import keys as transport_keys
 from tests.conftest import probes, work
 from tests.testapp import jobs
 
@@ -547,8 +548,8 @@ def test_cancel_action_asks_a_running_run_to_stop(operator, history, redis_conn)
     # Still running: the worker's beat carries the request to the job, which ends the run.
     assert run.status == RunStatus.RUNNING
     assert run.cancel_requested_by == "operator" and run.cancel_requested_at is not None
-    assert redis_conn.get(transport.CANCEL_KEY + run_id) == b"operator"
-    assert redis_conn.ttl(transport.CANCEL_KEY + run_id) > 0
+    assert redis_conn.get(transport_keys.CANCEL_KEY + run_id) == b"operator"
+    assert redis_conn.ttl(transport_keys.CANCEL_KEY + run_id) > 0
 
 
 def test_a_tenants_breadcrumb_names_the_run_by_its_jobs_title(clerk, operator):

@@ -92,7 +92,8 @@ def test_boot_options_are_validated():
 
 
 def test_a_boot_job_survives_a_worker_that_died_before_its_push(tenants, declare, redis_conn):
-    from kumiko_jobs.worker.boot import DATASET_KEY, boot_run_id
+    from kumiko_jobs.transport.keys import BOOT_DATASET_KEY as DATASET_KEY
+    from kumiko_jobs.worker.boot import boot_run_id
     from kumiko_jobs.worker.relay import relay_pending
 
     definition = declare(_on_boot, per_tenant=True, run_on_boot=True)
@@ -116,11 +117,10 @@ def test_a_boot_job_survives_a_worker_that_died_before_its_push(tenants, declare
 def test_a_boot_job_is_enqueued_by_the_next_worker_if_the_first_died_before_its_row(
     tenants, declare, redis_conn
 ):
-    from kumiko_jobs.worker.boot import DATASET_KEY
 
     declare(_on_boot, per_tenant=True, run_on_boot=True)
     # The first worker got as far as identifying the dataset, then died.
-    transport.dataset_token(DATASET_KEY, "first-worker")
+    transport.boot_dataset_token("first-worker")
     assert len(enqueue_boot_jobs()) == 1
     assert enqueue_boot_jobs() == []
 

@@ -22,8 +22,9 @@ from django.utils import timezone
 from kumiko_jobs import transport
 from kumiko_jobs.history.retention import delete_expired
 from kumiko_jobs.models import BootMarker, JobRun, RunStatus
+from kumiko_jobs.transport.keys import BOOT_DATASET_KEY as DATASET_KEY
 from kumiko_jobs.worker import Worker
-from kumiko_jobs.worker.boot import DATASET_KEY, boot_run_id
+from kumiko_jobs.worker.boot import boot_run_id
 
 pytestmark = pytest.mark.usefixtures("live_db")
 

@@ -25,6 +25,7 @@ from rq.utils import utcformat
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from kumiko_jobs.transport import RedisConnectionError
+from kumiko_jobs.transport import keys as transport_keys
 from kumiko_jobs.worker import Worker
 from kumiko_jobs.worker.relay import pending_rq_job_ids, relay_pending
 from tests.chaos.workers import chaos_settings
@@ -58,7 +59,7 @@ def _cut_start(tag: str) -> tuple[str, str, str]:
 
 def _alive(redis: Any, worker: str, executing: str) -> None:
     """``worker`` beats as a live kumiko worker executing ``executing`` ("" when idle)."""
-    redis.set(transport.WORKERS_SINCE_KEY, time.time() - 100)  # liveness known for long
+    redis.set(transport_keys.WORKERS_SINCE_KEY, time.time() - 100)  # liveness known for long
     transport.beat(redis, worker, executing, 30)
 
 

@@ -27,6 +27,7 @@ from bench import soak
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.transport import JsonJob
+from kumiko_jobs.transport import keys as transport_keys
 from kumiko_jobs.worker.maintenance import sweep_if_dead
 from kumiko_jobs.worker.sweep import sweep_abandoned
 from tests.chaos.workers import Processes, chaos_settings
@@ -66,19 +67,19 @@ def test_an_expired_beat_key_makes_the_next_look_sweep_its_run(tenants, redis_co
     sweeps nothing and the run stays running.
     """
     transport.get_queue("default").empty()
-    redis_conn.set(transport.WORKERS_SINCE_KEY, time.time() - 100)  # liveness is known
+    redis_conn.set(transport_keys.WORKERS_SINCE_KEY, time.time() - 100)  # liveness is known
     handle = jobs.flaky.enqueue(tenant="t1", tag="dead", fail_times=0)
     job_id = f"kj-{handle.run_id.replace('-', '')}-a1-d0-g0"
     _running(handle, job_id, "victim", started_ago=60)
     transport.beat(redis_conn, "victim", job_id, DEAD_AFTER)
     # The bound: Redis drops the key DEAD_AFTER s after the last beat, whoever's clock is late.
-    assert 0 < redis_conn.pttl(transport.WORKER_KEY + "victim") <= DEAD_AFTER * 1000
+    assert 0 < redis_conn.pttl(transport_keys.WORKER_KEY + "victim") <= DEAD_AFTER * 1000
 
     assert transport.vanished_workers(redis_conn) == []
     assert sweep_if_dead(redis_conn, "observer", 1) is False
     assert status(handle.run_id) == RunStatus.RUNNING
 
-    redis_conn.delete(transport.WORKER_KEY + "victim")  # what the TTL does DEAD_AFTER s later
+    redis_conn.delete(transport_keys.WORKER_KEY + "victim")  # what the TTL does DEAD_AFTER s later
     assert transport.vanished_workers(redis_conn) == ["victim"]
     assert sweep_if_dead(redis_conn, "observer", 1) is True
     run = JobRun.objects.get(pk=handle.run_id)
@@ -91,8 +92,8 @@ def test_an_expired_beat_key_makes_the_next_look_sweep_its_run(tenants, redis_co
 
 @override_settings(KUMIKO_JOBS=chaos_settings(WORKER_HEARTBEAT=1, WORKER_DEAD_AFTER=DEAD_AFTER))
 def test_one_worker_sweeps_per_beat_however_many_look(tenants, redis_conn):
-    redis_conn.set(transport.WORKERS_SINCE_KEY, time.time() - 100)
-    redis_conn.sadd(transport.LIVE_WORKERS, "gone")  # its key already expired
+    redis_conn.set(transport_keys.WORKERS_SINCE_KEY, time.time() - 100)
+    redis_conn.sadd(transport_keys.LIVE_WORKERS, "gone")  # its key already expired
     looks = [sweep_if_dead(redis_conn, f"w{i}", 30) for i in range(5)]
     assert looks == [True, False, False, False, False]
 

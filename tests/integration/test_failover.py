@@ -45,7 +45,7 @@ from kumiko_jobs import transport
 from kumiko_jobs.definition.registry import registry
 from kumiko_jobs.enqueueing.schedules import schedule_id
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.worker import boot
+from kumiko_jobs.transport import keys as transport_keys
 from tests.conftest import TENANTS, probes
 from tests.integration.test_outages import _start_scheduler
 from tests.integration.test_reliability import Workers, fast_settings
@@ -375,10 +375,10 @@ def _check_round(
     assert client.scard("rq:workers") >= 2, "the workers are registered on the new primary"
     assert client.keys("rq:scheduler_instance:*"), f"no scheduler registered\n{why()}"
     # kumiko's other keys go through the same Sentinel-built clients, to the new primary.
-    token = transport.dataset_token(boot.DATASET_KEY, "after-failover")
-    assert client.get(boot.DATASET_KEY) == token.encode()
+    token = transport.boot_dataset_token("after-failover")
+    assert client.get(transport_keys.BOOT_DATASET_KEY) == token.encode()
     transport.request_cancel(transport.connection_for("default"), "f" * 32, "operator", 60)
-    assert client.get(transport.CANCEL_KEY + "f" * 32) == b"operator"
+    assert client.get(transport_keys.CANCEL_KEY + "f" * 32) == b"operator"
     assert transport.scheduler_lag(60).overdue == 0
 
 
@@ -455,7 +455,7 @@ def _old_release_message(definition: Any, envelope: Any, delay: float, **kwargs:
     from kumiko_jobs.enqueueing import messages
 
     message = messages.message_for(definition, envelope, delay, **kwargs)
-    key = f"{transport.SEQUENTIAL_LIMIT}{definition.name}:{envelope.schema}"
+    key = f"{transport_keys.SEQUENTIAL_LIMIT}{definition.name}:{envelope.schema}"
     return dataclasses.replace(message, caps=(), rate_limit_key=key, rate_limit=1)
 
 

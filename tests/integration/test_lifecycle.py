@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from kumiko_jobs import signals, transport
 from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
+from kumiko_jobs.transport import keys as transport_keys
 from kumiko_jobs.worker.sweep import sweep
 from tests.conftest import probes, work
 from tests.testapp import jobs
@@ -24,7 +25,7 @@ def _no_worker_beats_for_it() -> None:
     proof the sweep needs that its worker is gone (an overdue run a worker may still execute
     is left to that worker; docs/reliability.md, Timeouts)."""
 
-    transport.connection_for("default").set(transport.WORKERS_SINCE_KEY, time.time() - 3600)
+    transport.connection_for("default").set(transport_keys.WORKERS_SINCE_KEY, time.time() - 3600)
 
 
 def test_deferral_resumes_the_same_run_in_the_same_tenant(tenants):

@@ -28,6 +28,7 @@ from django.utils import timezone
 from bench import soak
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
+from kumiko_jobs.transport import keys as transport_keys
 from kumiko_jobs.worker.relay import pending_rq_job_ids, relay_pending
 from kumiko_jobs.worker.sweep import sweep_abandoned
 from tests.conftest import ROOT, probes, work, worker_env
@@ -248,7 +249,7 @@ def test_relay_command(tenants, redis_conn, capsys):
 
 
 def _liveness_data(redis: Any, *, age: float = 100.0) -> None:
-    redis.set(transport.WORKERS_SINCE_KEY, time.time() - age)
+    redis.set(transport_keys.WORKERS_SINCE_KEY, time.time() - age)
 
 
 def _running(handle: Any, rq_job_id: str, worker_name: str, started_ago: float = 10.0) -> None:
@@ -278,8 +279,8 @@ def test_sweep_tells_dead_live_and_foreign_workers_apart(tenants, redis_conn):
     prefix = transport.SimpleWorkerBase.redis_worker_namespace_prefix
     redis_conn.hset(prefix + "ghost", mapping={"birth": "then", "kumiko": "1"})  # killed
     redis_conn.hset(prefix + "plain-rq", mapping={"birth": "then"})  # alive, no liveness beats
-    redis_conn.set(transport.WORKER_KEY + "busy", f"kj-{live.run_id}-a1-d0-g0", ex=30)
-    redis_conn.sadd(transport.LIVE_WORKERS, "busy")
+    redis_conn.set(transport_keys.WORKER_KEY + "busy", f"kj-{live.run_id}-a1-d0-g0", ex=30)
+    redis_conn.sadd(transport_keys.LIVE_WORKERS, "busy")
 
     assert sweep_abandoned() == (1, 0)
 
@@ -306,20 +307,20 @@ def test_a_beat_names_the_job_and_brings_its_runs_cancellation(redis_conn):
     run_hex = "a" * 32
     job_id = f"kj-{run_hex}-a1-d0-g0"
     assert transport.beat(redis_conn, "w1", "", 30) is None  # idle: no run to cancel
-    assert redis_conn.get(transport.WORKER_KEY + "w1") == b""
+    assert redis_conn.get(transport_keys.WORKER_KEY + "w1") == b""
     assert transport.beat(redis_conn, "w1", job_id, 30) is None  # nobody asked
-    assert redis_conn.get(transport.WORKER_KEY + "w1") == job_id.encode()
-    assert 0 < redis_conn.ttl(transport.WORKER_KEY + "w1") <= 30
-    assert redis_conn.smembers(transport.LIVE_WORKERS) == {b"w1"}
-    assert redis_conn.exists(transport.WORKERS_SINCE_KEY)
+    assert redis_conn.get(transport_keys.WORKER_KEY + "w1") == job_id.encode()
+    assert 0 < redis_conn.ttl(transport_keys.WORKER_KEY + "w1") <= 30
+    assert redis_conn.smembers(transport_keys.LIVE_WORKERS) == {b"w1"}
+    assert redis_conn.exists(transport_keys.WORKERS_SINCE_KEY)
     transport.request_cancel(redis_conn, run_hex, "operator", 30)
     assert transport.beat(redis_conn, "w1", job_id, 30) == "operator"
     transport.request_cancel(redis_conn, "b" * 32, "", 30)  # who asked is unknown: "-"
     assert transport.beat(redis_conn, "w1", f"kj-{'b' * 32}-a2-d0-g0", 30) == "-"
 
     transport.goodbye(redis_conn, "w1")
-    assert not redis_conn.exists(transport.WORKER_KEY + "w1")
-    assert redis_conn.smembers(transport.LIVE_WORKERS) == set()
+    assert not redis_conn.exists(transport_keys.WORKER_KEY + "w1")
+    assert redis_conn.smembers(transport_keys.LIVE_WORKERS) == set()
 
 
 def _crash_mid_run(workers: Workers, job_name: str, tag: str) -> str:

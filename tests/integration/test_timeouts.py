@@ -178,6 +178,7 @@ def test_the_timeout_rule_waits_while_a_kumiko_worker_still_executes_the_run(ten
     """Past its timeout and grace: a run a kumiko worker beats for is left alone until the
     beats stop; a run of a live RQ worker of another class (no beats) is handed back."""
     from kumiko_jobs import transport
+    from kumiko_jobs.transport import keys as transport_keys
 
     transport.get_queue("default").empty()
     _liveness_data(redis_conn)
@@ -189,8 +190,8 @@ def test_the_timeout_rule_waits_while_a_kumiko_worker_still_executes_the_run(ten
     prefix = transport.SimpleWorkerBase.redis_worker_namespace_prefix
     redis_conn.hset(prefix + "plain-rq", mapping={"birth": "then"})  # alive, no liveness beats
     redis_conn.hset(prefix + "busy", mapping={"birth": "then", "kumiko": "1"})
-    redis_conn.set(transport.WORKER_KEY + "busy", live_job, ex=30)
-    redis_conn.sadd(transport.LIVE_WORKERS, "busy")
+    redis_conn.set(transport_keys.WORKER_KEY + "busy", live_job, ex=30)
+    redis_conn.sadd(transport_keys.LIVE_WORKERS, "busy")
 
     assert sweep_abandoned() == (1, 0)
     assert status(live.run_id) == RunStatus.RUNNING
@@ -198,7 +199,7 @@ def test_the_timeout_rule_waits_while_a_kumiko_worker_still_executes_the_run(ten
     assert handed_back.status == RunStatus.QUEUED
     assert "running for more than 1 s" in handed_back.error_message
 
-    redis_conn.delete(transport.WORKER_KEY + "busy")  # its beats stopped: proof it is gone
+    redis_conn.delete(transport_keys.WORKER_KEY + "busy")  # its beats stopped: proof it is gone
     assert sweep_abandoned() == (1, 0)
     assert status(live.run_id) == RunStatus.QUEUED
 

@@ -21,6 +21,7 @@ import kumiko_jobs
 from kumiko_jobs import WaitTimeout, transport
 from kumiko_jobs.models import JobRun, RunStatus, Workflow
 from kumiko_jobs.operations import cancel_run
+from kumiko_jobs.transport import keys as transport_keys
 from tests.conftest import work
 from tests.testapp import jobs
 from tests.testapp import workflow_jobs as wf
@@ -205,7 +206,7 @@ def test_a_final_run_leaves_a_short_lived_signal(tenants: Any, redis_conn: Any) 
     final = jobs.probe.enqueue(tenant="t1", tag="f")
     work()
     waiting = jobs.probe.enqueue(tenant="t1", tag="w")
-    key = f"{transport.DONE_KEY}{final.run_id.replace('-', '')}"
+    key = f"{transport_keys.DONE_KEY}{final.run_id.replace('-', '')}"
     assert redis_conn.lrange(key, 0, -1) == [b"1"]
     assert 0 < redis_conn.ttl(key) <= 60
-    assert not redis_conn.exists(f"{transport.DONE_KEY}{waiting.run_id.replace('-', '')}")
+    assert not redis_conn.exists(f"{transport_keys.DONE_KEY}{waiting.run_id.replace('-', '')}")

@@ -10,6 +10,7 @@ from django.core.exceptions import ImproperlyConfigured
 from kumiko_jobs import transport
 from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.enqueueing import schedules
+from kumiko_jobs.transport import keys as transport_keys
 from kumiko_jobs.transport import scheduler
 
 
@@ -26,7 +27,7 @@ def test_without_hooks_the_scheduler_names_the_fix(monkeypatch: pytest.MonkeyPat
 
 def test_cron_entries_keep_their_redis_prefix() -> None:
     # Stored in Redis by every deployed scheduler: the prefix never changes.
-    assert transport.CRON_PREFIX == "kj-cron-"
+    assert transport_keys.CRON_PREFIX == "kj-cron-"
     nightly = build_definition(
         _nightly, {"name": "billing.nightly", "system": True, "cron": "0 3 * * *"}
     )

@@ -215,6 +215,91 @@ def test_only_the_transport_imports_redis_and_rq() -> None:
     assert offenders == []
 
 
+# Redis commands that mean nothing else in the package: called on anything outside the
+# transport, they are Redis spoken directly.
+REDIS_ONLY_COMMANDS = frozenset(
+    {
+        "blmove", "evalsha", "expire", "hdel", "hexists", "hget", "hgetall", "hincrby", "hmget",
+        "hset", "incrby", "llen", "lmove", "lpop", "lpush", "lrange", "lrem", "pexpire",
+        "pipeline", "pttl", "publish", "pubsub", "register_script", "rpop", "rpush", "sadd",
+        "scan_iter", "scard", "setex", "setnx", "sismember", "smembers", "srem", "ttl", "zadd",
+        "zcard", "zincrby", "zrange", "zrangebyscore", "zrem", "zscore",
+    }
+)  # fmt: skip
+# Commands whose names other objects share (dicts, Django's connection, a ContextVar): Redis
+# only when called on something named like a Redis client.
+REDIS_SHARED_COMMANDS = frozenset({"delete", "eval", "exists", "get", "mget", "set", "type"})
+REDIS_CLIENT_NAMES = frozenset({"client", "connection", "pipe", "pipeline", "redis"})
+# Where a Redis key's text starts: kumiko's keys (transport/keys.py) and RQ's own. (Not all of
+# "kumiko_jobs:": the package's docstring and admission's PostgreSQL lock names start so.)
+REDIS_KEY_START = ("kumiko:", "kumiko_jobs:boot:", "kj-cron-", "rq:")
+
+
+def _outside_transport() -> Iterator[tuple[str, ast.AST]]:
+    """Every AST node of the modules outside the transport (migrations are not read at all)."""
+    for name, path in _modules().items():
+        if name == "kumiko_jobs.transport" or name.startswith("kumiko_jobs.transport."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            yield name, node
+
+
+def _receiver_name(node: ast.expr) -> str:
+    """``redis`` for ``redis.set``, ``connection`` for ``self.connection.hset``."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return ""
+
+
+def _redis_calls(found: Iterator[tuple[str, ast.AST]]) -> list[str]:
+    offenders = []
+    for name, node in found:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        command, receiver = node.func.attr, _receiver_name(node.func.value)
+        if command in REDIS_ONLY_COMMANDS or (
+            command in REDIS_SHARED_COMMANDS and receiver in REDIS_CLIENT_NAMES
+        ):
+            offenders.append(f"{name}:{node.lineno} calls {receiver}.{command}")
+    return offenders
+
+
+def _key_texts(found: Iterator[tuple[str, ast.AST]]) -> list[str]:
+    return [
+        f"{name}:{node.lineno} writes {node.value!r}"
+        for name, node in found
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.startswith(REDIS_KEY_START)
+    ]
+
+
+def test_only_the_transport_sends_redis_commands() -> None:
+    """Every Redis command is a named function of the transport (docs/design.md, "The map"):
+    no module outside it calls a Redis command on a client or a pipeline."""
+    assert _redis_calls(_outside_transport()) == []
+
+
+def test_only_the_transport_knows_redis_keys() -> None:
+    """Key constants are private to the transport: ``transport.keys`` is imported only inside
+    it, the transport's face re-exports none of them, and no module outside it writes a key's
+    text (``"kumiko:..."``, ``"rq:..."``)."""
+    keys = "kumiko_jobs.transport.keys"
+    offenders = [
+        f"{imp.source}:{imp.line} imports {imp.target}"
+        for imp in _imports()
+        if imp.target == keys
+        and (
+            imp.source == "kumiko_jobs.transport"
+            or not imp.source.startswith("kumiko_jobs.transport.")
+        )
+    ]
+    assert offenders == []
+    assert _key_texts(_outside_transport()) == []
+
+
 def test_no_module_imports_another_modules_private_names() -> None:
     offenders = [
         f"{imp.source}:{imp.line} takes {name} from {imp.target}"
@@ -247,3 +332,8 @@ def test_the_checks_themselves_can_fail() -> None:
     assert ("run", "core") in seen and ("worker", "run") in seen
     late = [imp for imp in _imports() if imp.in_function]
     assert late, "the package has no import inside a function at all: the reader is blind"
+    # The Redis rules see a command on a client and a key's text (a file that breaks them).
+    bad = ast.parse('redis.set("kumiko:x", 1, nx=True)\nself.connection.hset(k, f, 1)\nd.get(1)')
+    walked = [("bad", node) for node in ast.walk(bad)]
+    assert _redis_calls(iter(walked)) == ["bad:1 calls redis.set", "bad:2 calls connection.hset"]
+    assert _key_texts(iter(walked)) == ["bad:1 writes 'kumiko:x'"]

@@ -27,7 +27,8 @@ from django.test import override_settings
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from kumiko_jobs import testing
-from kumiko_jobs.transport import CRON_PREFIX, Message, queues, scheduler, scheduler_loop
+from kumiko_jobs.transport import Message, queues, scheduler, scheduler_loop
+from kumiko_jobs.transport.keys import CRON_PREFIX
 from kumiko_jobs.transport.scheduler import Scheduler
 
 SCHEDULED = Scheduler.scheduled_jobs_key

@@ -13,18 +13,23 @@ from typing import Any
 import pytest
 
 from kumiko_jobs import testing, transport
+from kumiko_jobs.transport import keys as transport_keys
 from kumiko_jobs.transport import live_workers, pushing, queues, scheduler
 
 
 def test_stored_keys_never_change() -> None:
-    assert (transport.LIVE_WORKERS, transport.WORKER_KEY, transport.WORKERS_SINCE_KEY) == (
+    assert (
+        transport_keys.LIVE_WORKERS,
+        transport_keys.WORKER_KEY,
+        transport_keys.WORKERS_SINCE_KEY,
+    ) == (
         "kumiko:workers",
         "kumiko:worker:",
         "kumiko:workers:since",
     )
-    assert transport.RQ_WORKER_MARK == "kumiko"
-    assert transport.RELAY_TAKEN == "kumiko:relay:taken:"
-    assert transport.TZ_META == "kumiko_timezone"
+    assert transport_keys.RQ_WORKER_MARK == "kumiko"
+    assert transport_keys.RELAY_TAKEN == "kumiko:relay:taken:"
+    assert transport_keys.TZ_META == "kumiko_timezone"
     assert transport.RUNNER == "kumiko_jobs.runner.execute"
 
 
@@ -86,7 +91,7 @@ def test_a_cron_tick_is_captured_by_the_testing_helpers(monkeypatch: pytest.Monk
     monkeypatch.setattr(scheduler, "_cron_hooks", _Hooks(_Firing(message, 1234.0)))
     redis: Any = _Redis()
     rq_scheduler = transport.Scheduler(queue_name="default", connection=redis)
-    alarm: Any = _Alarm(transport.CRON_PREFIX + "nightly")
+    alarm: Any = _Alarm(transport_keys.CRON_PREFIX + "nightly")
     with testing.captured_pushes() as pushes:
         rq_scheduler.enqueue_job(alarm)
     assert pushes.messages == [message]

@@ -1,0 +1,72 @@
+"""The Redis commands of the worker mixins (worker/keeps_alive.py, worker/foreign.py).
+
+RQ's own protocol, as the worker adds to it: the kumiko mark in RQ's worker hash, whether that
+hash still exists, RQ's heartbeat sent as one round trip, and what becomes of a message the
+worker refuses (failed in RQ, never called) or of a job hash RQ cannot load (removed). Each is
+the same commands, in the same round trips, as the mixins sent themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from .keys import RQ_WORKER_MARK
+from .queues import decoded
+from .rq_job import HOOK_FIELDS
+
+
+def mark_kumiko_worker(redis: Any, worker_key: str) -> None:
+    """Set the kumiko mark in RQ's hash of a worker (``worker_key``), by which liveness tells a
+    kumiko worker from another class (``Liveness.is_gone``)."""
+    redis.hset(worker_key, RQ_WORKER_MARK, "1")
+
+
+def is_registered(redis: Any, worker_key: str) -> bool:
+    """Whether RQ's hash of a worker still exists (a restart without persistence forgets it)."""
+    return bool(redis.exists(worker_key))
+
+
+@contextmanager
+def one_round_trip(redis: Any) -> Iterator[Any]:
+    """A pipeline (no transaction) for RQ's commands, sent as one round trip when the block
+    ends without an error (nothing is sent when it raises)."""
+    with redis.pipeline(transaction=False) as pipe:
+        yield pipe
+        pipe.execute()
+
+
+def hooks_in_hash(redis: Any, job: Any) -> list[str]:
+    """The RQ hook fields (``HOOK_FIELDS``) set in ``job``'s hash, read from Redis: for a job
+    loaded by another class than ``WorkerJob``, which notes them while loading."""
+    return [f for f, v in zip(HOOK_FIELDS, redis.hmget(job.key, HOOK_FIELDS), strict=True) if v]
+
+
+def fail_refused(redis: Any, job: Any, queue: Any, reason: str) -> None:
+    """A refused message taken off ``queue``'s intermediate list and failed in RQ, with
+    ``reason`` as its error, without being called (one transaction)."""
+    with redis.pipeline() as pipe:
+        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        job.set_status("failed", pipeline=pipe)
+        queue.failed_job_registry.add(job, ttl=job.failure_ttl, exc_string=reason, pipeline=pipe)
+        pipe.execute()
+
+
+def unreadable_job_dump(redis: Any, queue: Any, job_id: str) -> str:
+    """What Redis holds under the job hash RQ could not load, for the rejection record: the
+    hash's fields, or what else is stored where a job hash belongs."""
+    key = queue.job_class.key_for(job_id)
+    try:
+        return repr(redis.hgetall(key))
+    except Exception:
+        return f"<a Redis {decoded(redis.type(key))} where a job hash belongs>"
+
+
+def remove_unreadable_job(redis: Any, queue: Any, job_id: str) -> None:
+    """The job hash RQ could not load removed, and its id from ``queue``'s intermediate list
+    (one transaction), so that it stops no other worker."""
+    with redis.pipeline() as pipe:
+        pipe.lrem(queue.intermediate_queue_key, 1, job_id)
+        pipe.delete(queue.job_class.key_for(job_id))
+        pipe.execute()
