@@ -196,6 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--database", default=BENCH_DATABASE)
     parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
+    parser.add_argument(
+        "--fifo",
+        action="store_true",
+        help="also drain the many tenants with FAIRNESS='fifo' each round: the same PostgreSQL "
+        "work (a table per tenant), so many/fifo is the fair dequeue's own cost",
+    )
     args = parser.parse_args(argv)
     total = args.tenants * args.per_tenant
     if args.measure > total:
@@ -220,11 +226,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         [first] = create_tenants(1)
         many = [first, *create_light_tenants(first, args.tenants - 1)]
         one_case("warm", [first], 1, 200, 200)  # connections, imports, the first tenant
-        results: dict[str, list[dict[str, float]]] = {"one": [], "many": []}
+        results: dict[str, list[dict[str, float]]] = {"one": [], "many": [], "fifo": []}
+        fifo = {**settings.KUMIKO_JOBS, "DB_ROLES": False, "FAIRNESS": "fifo"}
         for round_ in range(args.rounds):
             print(f"round {round_ + 1}:", flush=True)
             results["one"].append(one_case("one", [first], total, total, args.measure))
             results["many"].append(one_case("many", many, args.per_tenant, total, args.measure))
+            if args.fifo:
+                with override_settings(KUMIKO_JOBS=fifo):
+                    case = one_case("fifo", many, args.per_tenant, total, args.measure)
+                results["fifo"].append(case)
         one = statistics.median(r["rate"] for r in results["one"])
         spread = statistics.median(r["rate"] for r in results["many"])
         ratios = [
@@ -240,6 +251,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{statistics.median(r['db_cpu_ms'] for r in results['one']):.2f} / "
             f"{statistics.median(r['db_cpu_ms'] for r in results['many']):.2f} ms (one / many)"
         )
+        if results["fifo"]:
+            fair_over_fifo = [
+                m["rate"] / f["rate"] for m, f in zip(results["many"], results["fifo"], strict=True)
+            ]
+            print(
+                f"the same {args.tenants} tenants drained FIFO: "
+                f"{statistics.median(r['rate'] for r in results['fifo']):.1f} runs/s; fair/FIFO "
+                f"{statistics.median(fair_over_fifo):.3f} (per round "
+                f"{', '.join(f'{r:.3f}' for r in fair_over_fifo)}); CPU/run worker "
+                f"{statistics.median(r['cpu_ms'] for r in results['fifo']):.2f} ms, PostgreSQL "
+                f"{statistics.median(r['db_cpu_ms'] for r in results['fifo']):.2f} ms"
+            )
     finally:
         clean_up(admin_url, args.database, keep_database=False)
     print(f"load average at end {os.getloadavg()[0]:.2f}")

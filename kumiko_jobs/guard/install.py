@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import pickle
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -137,22 +138,19 @@ class _ConnectionObjects:
         self.wrappers = conn.execute_wrappers
         self.wrappers_before = list(self.wrappers)
         self.settings = conn.settings_dict
-        self.settings_before = _comparable(self.settings)
+        self.settings_before = _Snapshot.of(self.settings)
 
     def restore(self) -> None:
         conn = self.conn
         conn.execute_wrappers = self.wrappers
         if self.wrappers != self.wrappers_before:
             self.wrappers[:] = self.wrappers_before
-        if (
-            conn.settings_dict is self.settings
-            and _comparable(self.settings) == self.settings_before
-        ):
+        if conn.settings_dict is self.settings and self.settings_before.matches(self.settings):
             return
         conn.settings_dict = self.settings
         schema = self.settings.get(_TENANTS_OWN_KEY)
         self.settings.clear()
-        self.settings.update(copy.deepcopy(self.settings_before))
+        self.settings.update(self.settings_before.copy())
         if schema is not None:
             self.settings[_TENANTS_OWN_KEY] = schema
         logger.warning(
@@ -168,8 +166,39 @@ class _ConnectionObjects:
 _TENANTS_OWN_KEY = "SCHEMA"
 
 
-def _comparable(settings: dict[str, Any]) -> dict[str, Any]:
-    return copy.deepcopy({k: v for k, v in settings.items() if k != _TENANTS_OWN_KEY})
+class _Snapshot:
+    """A connection's settings as they were, to compare with and restore from.
+
+    Taken twice per run and connection, so it is the settings pickled (a few microseconds:
+    the nested dicts hold strings, numbers and classes) rather than deep-copied (tens of
+    them); a value pickle refuses is deep-copied instead."""
+
+    __slots__ = ("_copied", "_pickled")
+
+    def __init__(self, pickled: bytes | None, copied: dict[str, Any] | None) -> None:
+        self._pickled, self._copied = pickled, copied
+
+    @classmethod
+    def of(cls, settings: dict[str, Any]) -> _Snapshot:
+        own = {k: v for k, v in settings.items() if k != _TENANTS_OWN_KEY}
+        try:
+            return cls(pickle.dumps(own, pickle.HIGHEST_PROTOCOL), None)
+        except Exception:  # an unpicklable value (a project's own object in OPTIONS)
+            return cls(None, copy.deepcopy(own))
+
+    def matches(self, settings: dict[str, Any]) -> bool:
+        now = _Snapshot.of(settings)
+        if self._pickled is not None and now._pickled == self._pickled:
+            return True  # equal bytes: equal settings (the usual answer, and the cheap one)
+        # Unequal bytes may still be equal settings (a key removed and put back moves in the
+        # dict's order): compared as values.
+        return now.copy() == self.copy()
+
+    def copy(self) -> dict[str, Any]:
+        """A fresh copy of the settings as they were."""
+        if self._pickled is not None:
+            return dict(pickle.loads(self._pickled))  # our own bytes, from of()
+        return copy.deepcopy(self._copied or {})
 
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
