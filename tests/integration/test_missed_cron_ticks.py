@@ -46,16 +46,23 @@ def test_ticks_missed_for_seconds_start_one_late_run_for_the_latest(redis_conn):
     _stop_the_clock_for(redis_conn, job, 11.0)  # five ticks fell meanwhile
     sync_schedules()  # the scheduler starts again: the unchanged entry keeps its score
     assert _score(redis_conn, job) < time.time() - 10
+    before = datetime.now(UTC)
     _one_round("low")
-    now = datetime.now(UTC)
+    after = datetime.now(UTC)
     [run] = JobRun.objects.filter(job_name=job.name)
-    latest = latest_tick(job.cron, job.timezone, now)
-    assert run.run_id.hex == tick_run_id(job.name, latest)
+    # The latest tick at the moment of the round, which lies between ``before`` and ``after``
+    # (a round on a loaded machine may straddle a two-second tick).
+    rung = {tick_run_id(job.name, latest_tick(job.cron, job.timezone, t)) for t in (before, after)}
+    assert run.run_id.hex in rung
     assert transport.queue_length("low") == 1
-    # Re-armed at the next tick, which is after now; the next round rings nothing.
-    assert _score(redis_conn, job) > now.timestamp()
+    # Re-armed at the next tick after the round; a round before that tick rings nothing.
+    armed = _score(redis_conn, job)
+    assert armed > before.timestamp()
     _one_round("low")
-    assert JobRun.objects.filter(job_name=job.name).count() == 1
+    if time.time() < armed:
+        assert JobRun.objects.filter(job_name=job.name).count() == 1
+    else:  # the machine was slower than one tick: that tick rang, and only it
+        assert JobRun.objects.filter(job_name=job.name).count() <= 2
 
 
 def test_days_of_missed_daily_ticks_start_one_run(redis_conn):
