@@ -58,11 +58,9 @@ RAN = f"status IN ('{RunStatus.SUCCEEDED.value}', '{RunStatus.FAILED.value}')"
 # A failure group's last failure, as the rollup keeps it: µs since the epoch.
 LAST_US = "(EXTRACT(EPOCH FROM max(finished_at)) * 1000000)::bigint"
 # Worker time (history/stats.py ``worker_time``): per UTC day, queue and tenant, the summed
-# ``duration_ms`` of the runs that finished then. A window's raw edges are summed in the same
-# groups (float8, as fast as before), and the groups are added as numeric (exact), so the sum
-# does not depend on which groups came from the rollup. Its end is the mark table's row of
-# grain ``DAY``; kept ``DAY_SPAN``, a day more than the week window, whose first whole day
-# starts less than 7 days back.
+# ``duration_ms`` of the runs that finished then (stored as numeric, so the days add up
+# without rounding). Its end is the mark table's row of grain ``DAY``; kept ``DAY_SPAN``, a
+# day more than the week window, whose first whole day starts less than 7 days back.
 DAY = 86400
 DAY_SPAN = timedelta(days=8)
 WORKER_TIME_TABLE = "kumiko_jobs_workertimerollup"
@@ -260,7 +258,7 @@ def _store_worker_time(cursor: Any, start: datetime, end: datetime, keep_from: d
     )
     if start >= end:
         return
-    select, params = worker_time_rows(start, end, "", [])
+    select, params = worker_time_rows(start, end)
     cursor.execute(
         f"INSERT INTO {table(WORKER_TIME_TABLE)} (bucket, queue, schema_name, worker_ms, runs) "
         f"{select}",
@@ -268,20 +266,17 @@ def _store_worker_time(cursor: Any, start: datetime, end: datetime, keep_from: d
     )
 
 
-def worker_time_rows(
-    since: datetime, until: datetime | None, where: str, params: list[Any]
-) -> tuple[str, list[Any]]:
+def worker_time_rows(since: datetime, until: datetime) -> tuple[str, list[Any]]:
     """A SELECT of worker-time rows (day, queue, schema_name, worker_ms, runs) computed from
-    the raw history for the runs finished in [since, until) (``until`` None: from ``since``
-    on), narrowed by ``where``: what ``roll_up`` stores, and the raw edges of a window
-    (``kj_run_finished``'s range)."""
-    bound = "" if until is None else " AND finished_at < %s"
+    the raw history for the runs finished in [since, until) (``kj_run_finished``'s range):
+    what ``roll_up`` stores."""
     sql = (
         f"SELECT date_bin(%s::interval, finished_at, {_ORIGIN}), queue, schema_name, "
         f"sum(duration_ms)::numeric, count(*) FROM {table(JobRun._meta.db_table)} "
-        f"WHERE finished_at >= %s{bound} AND duration_ms IS NOT NULL{where} GROUP BY 1, 2, 3"
+        f"WHERE finished_at >= %s AND finished_at < %s AND duration_ms IS NOT NULL "
+        f"GROUP BY 1, 2, 3"
     )
-    return sql, [f"{DAY} seconds", since, *([] if until is None else [until]), *params]
+    return sql, [f"{DAY} seconds", since, until]
 
 
 def catch_up(now: datetime | None = None) -> int:
