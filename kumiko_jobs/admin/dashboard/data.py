@@ -2,7 +2,8 @@
 aggregates (history/stats.py) and the load Redis reports (transport/depths.py).
 
 A chart's points that have ended are kept in Django's cache (``history_points``), so a refresh
-reads the history of the current point only, and the live parts (queues, workers, scheduler,
+reads the history of the current point only, the window's failure groups (the rollup's, and
+the raw history after it: one statement), and the live parts (queues, workers, scheduler,
 running runs) from Redis; the console's numbers are kept for ``CACHE_SECONDS``.
 """
 
