@@ -6,9 +6,10 @@ operators' JSON (hour, day, week; filtered by job, tenant, queue), the metrics p
 busy tenant's console, ``--requests`` times each after a warm-up, twice: **cold**, with the
 dashboard's cache off (admin/dashboard/data.py: ``POINT_CACHE``, ``CACHE_SECONDS``), so every
 request computes every point (a first visit, or a new filter), first from the raw history
-alone (**cold, raw**: the dashboard before its rollup), then, after rolling the history up as
-the workers' maintenance would (history/rollup.py, timed), through the rollup (**cold**);
-then **warm**, as the page's refresh finds it: the settled points kept, the current one read.
+alone (**cold, raw**: the dashboard before its rollup; points, failure groups and worker time
+all raw), then, after rolling the history up from nothing as the workers' maintenance would
+(history/rollup.py, timed), through the rollup (**cold**); then **warm**, as the page's
+refresh finds it: the settled points kept, the current one read.
 
     python -m bench.dashboard_scale [--runs 10000000] [--tenants 1000] [--requests 10]
                                     [--reuse] [--drop] [--json]
@@ -21,6 +22,7 @@ a Seq Scan.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -88,17 +90,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     made = clients()
     measured = []
-    with_rollup = stats.points
+    with_rollup = stats.points, stats.failure_groups, stats.worker_time
     for mode in ("cold, raw", "cold", "warm"):
-        if mode == "cold, raw":
+        if mode == "cold, raw":  # every part from the raw history, whatever the rollup holds
             stats.points = lambda w, s, since, until, **_: stats.raw_points(w, s, since, until)
+            stats.failure_groups = functools.partial(with_rollup[1], use_rollup=False)
+            stats.worker_time = functools.partial(with_rollup[2], use_rollup=False)
         else:
-            stats.points = with_rollup
+            stats.points, stats.failure_groups, stats.worker_time = with_rollup
         if mode == "cold":
             from django.db import connection
 
             with connection.cursor() as cursor:  # from nothing, as after deploying it
-                cursor.execute(f"TRUNCATE {rollup.ROLLUP_TABLE}, {rollup.MARK_TABLE}")
+                cursor.execute(
+                    f"TRUNCATE {rollup.ROLLUP_TABLE}, {rollup.WORKER_TIME_TABLE}, "
+                    f"{rollup.MARK_TABLE}"
+                )
             started = time.perf_counter()
             results["rollup_buckets"] = rollup.catch_up()
             results["rollup_seconds"] = round(time.perf_counter() - started, 1)

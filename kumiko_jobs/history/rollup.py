@@ -10,15 +10,22 @@ queue one row more with ``job_name`` ``''`` for all of its jobs, which is what a
 a job filter reads. The grains are the dashboard's steps (a minute for the hour, 15 minutes
 for the day, an hour for the week), each kept only over its window's span. No tenant key: at
 the history's density a per-tenant row per minute would be one row per run; a tenant-filtered
-chart reads the raw history (the tenant's index bounds it).
+chart reads the raw history (the tenant's index bounds it). The failures are merged and ranked
+over a whole window by the database (history/stats.py ``failure_groups``), not per point.
+
+The tenants' share of worker time has its own table (``WORKER_TIME_TABLE``, migration 0025):
+per UTC day, queue and tenant, the summed duration and the runs; a window reads the whole days
+from it and its edges raw (history/stats.py ``worker_time``): at most a row per tenant and
+queue a day, where a row per tenant and minute would be about a row per run.
 
 Never written on a run's path: the workers' maintenance round (worker/maintenance.py, under
 its lock) calls ``roll_up``, which recomputes whole buckets that have ended since the last one
 it rolled up (delete and insert in one transaction: idempotent, and a key that vanished from
 a bucket vanishes from the rollup), reading at most ``ROUND_SPAN`` of history per grain per
-round. A bucket is rolled up once: a run that changes after that (a retry moves its start to
-its last attempt; a deferred run starts later) is counted where it was at the time, in the
-rollup, and where it is now, in the raw history, until the bucket leaves the window.
+round (one day for the worker time's days). A bucket is rolled up once: a run that changes
+after that (a retry moves its start to its last attempt; a deferred run starts later; a retry
+of a finished run moves its finish) is counted where it was at the time, in the rollup, and
+where it is now, in the raw history, until the bucket leaves the window.
 """
 
 from __future__ import annotations
@@ -48,6 +55,15 @@ _ORIGIN = "TIMESTAMPTZ '1970-01-01 00:00:00+00'"
 WAIT_MS = "EXTRACT(EPOCH FROM (started_at - queued_at)) * 1000"
 FIRST_START = "attempts = 1 AND defer_count = 0 AND gate_defer_count = 0"
 RAN = f"status IN ('{RunStatus.SUCCEEDED.value}', '{RunStatus.FAILED.value}')"
+# A failure group's last failure, as the rollup keeps it: µs since the epoch.
+LAST_US = "(EXTRACT(EPOCH FROM max(finished_at)) * 1000000)::bigint"
+# Worker time (history/stats.py ``worker_time``): per UTC day, queue and tenant, the summed
+# ``duration_ms`` of the runs that finished then (stored as numeric, so the days add up
+# without rounding). Its end is the mark table's row of grain ``DAY``; kept ``DAY_SPAN``, a
+# day more than the week window, whose first whole day starts less than 7 days back.
+DAY = 86400
+DAY_SPAN = timedelta(days=8)
+WORKER_TIME_TABLE = "kumiko_jobs_workertimerollup"
 
 
 def table(name: str) -> str:
@@ -61,14 +77,29 @@ def _index(expression: str) -> str:
 
 
 def aggregate(
-    grain: int, since: datetime, until: datetime, where: str, params: list[Any]
+    grain: int,
+    since: datetime,
+    until: datetime,
+    where: str,
+    params: list[Any],
+    *,
+    failures: bool = True,
 ) -> tuple[str, list[Any]]:
     """A SELECT of rollup rows (``COLUMNS``) computed from the raw history for the buckets of
     ``grain`` seconds in [since, until), narrowed by ``where`` (history/stats.py ``Scope``):
-    what ``roll_up`` stores, and what the dashboard reads for the buckets not rolled up yet."""
+    what ``roll_up`` stores, and what the dashboard reads for the buckets not rolled up yet
+    (``failures`` False: their ``failures`` NULL, not computed)."""
     runs = table(JobRun._meta.db_table)
     step = f"{grain} seconds"
     zeros = "0, 0, 0"
+    fails = (
+        f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, NULL, "
+        f"jsonb_agg(jsonb_build_array(job_name, error_type, n, last)) "
+        f"FROM (SELECT b, queue, job_name, error_type, count(*) AS n, {LAST_US} AS last FROM f "
+        f"WHERE status = '{RunStatus.FAILED.value}' GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3"
+        if failures
+        else ""
+    )
     sql = (
         f"WITH s AS MATERIALIZED (SELECT date_bin(%s::interval, started_at, {_ORIGIN}) AS b, "
         f"queue, job_name, status, attempts, "
@@ -95,12 +126,7 @@ def aggregate(
         f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, jsonb_object_agg(d, n), "
         f"NULL FROM (SELECT b, queue, job_name, d, count(*) AS n FROM f "
         f"WHERE d IS NOT NULL GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3"
-        f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, NULL, "
-        f"jsonb_agg(jsonb_build_array(job_name, error_type, n, last)) "
-        f"FROM (SELECT b, queue, job_name, "
-        f"error_type, count(*) AS n, "
-        f"(EXTRACT(EPOCH FROM max(finished_at)) * 1000000)::bigint AS last FROM f "
-        f"WHERE status = '{RunStatus.FAILED.value}' GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3) "
+        f"{fails}) "
         f"SELECT b, queue, job_name, sum(started)::int, sum(retried)::int, sum(deferred)::int, "
         f"sum(succeeded)::int, sum(failed)::int, sum(cancelled)::int, "
         f"(array_agg(wh) FILTER (WHERE wh IS NOT NULL))[1], "
@@ -120,10 +146,10 @@ def aggregate(
     ]
 
 
-def merged(keys: str) -> str:
+def merged(keys: str, *, failures: bool = True) -> str:
     """The rollup rows of a CTE ``parts`` (``COLUMNS``) summed by ``keys``: counts added,
-    histograms added bucket by bucket, failures added by job and error type. Selects ``keys``,
-    the six counts, ``wh``, ``dh``, ``fl``."""
+    histograms added bucket by bucket, failures added by job and error type (``failures``
+    False: not read, ``fl`` NULL). Selects ``keys``, the six counts, ``wh``, ``dh``, ``fl``."""
     counts = ", ".join(
         f"sum({c}) AS {c}"
         for c in ("started", "retried", "deferred", "succeeded", "failed", "cancelled")
@@ -136,15 +162,19 @@ def merged(keys: str) -> str:
             f"GROUP BY {keys}, e.key) AS x GROUP BY {keys}"
         )
 
-    return (
+    head = (
         f"c AS (SELECT {keys}, {counts} FROM parts GROUP BY {keys}), "
-        f"w AS ({histogram('wait_hist')}), d AS ({histogram('duration_hist')}), "
-        f"fl AS (SELECT {keys}, jsonb_agg(jsonb_build_array(j, err, n, last)) AS f FROM "
-        f"(SELECT {keys}, e->>0 AS j, e->>1 AS err, sum((e->>2)::bigint) AS n, "
+        f"w AS ({histogram('wait_hist')}), d AS ({histogram('duration_hist')})"
+    )
+    joins = f"FROM c LEFT JOIN w USING ({keys}) LEFT JOIN d USING ({keys})"
+    if not failures:
+        return f"{head} SELECT c.*, w.h AS wh, d.h AS dh, NULL::jsonb AS fl {joins}"
+    return (
+        f"{head}, fl AS (SELECT {keys}, jsonb_agg(jsonb_build_array(j, err, n, last)) AS f "
+        f"FROM (SELECT {keys}, e->>0 AS j, e->>1 AS err, sum((e->>2)::bigint) AS n, "
         f"max((e->>3)::bigint) AS last FROM parts, jsonb_array_elements(failures) AS e "
         f"GROUP BY {keys}, j, err) AS x GROUP BY {keys}) "
-        f"SELECT c.*, w.h AS wh, d.h AS dh, fl.f AS fl FROM c LEFT JOIN w USING ({keys}) "
-        f"LEFT JOIN d USING ({keys}) LEFT JOIN fl USING ({keys})"
+        f"SELECT c.*, w.h AS wh, d.h AS dh, fl.f AS fl {joins} LEFT JOIN fl USING ({keys})"
     )
 
 
@@ -165,38 +195,24 @@ def rolled_until(grain: int) -> datetime | None:
 
 def roll_up(now: datetime | None = None) -> int:
     """Roll up the buckets that ended since the last round, at most ``ROUND_SPAN`` of history
-    per grain, and drop the buckets past their span or the runs' retention. Returns the
-    buckets rolled up (0 once caught up)."""
+    per grain (a day for the worker time's), and drop the buckets past their span or the
+    runs' retention. Returns the buckets rolled up (0 once caught up)."""
     now = now or timezone.now()
     retention = now - timedelta(days=conf.get().RETENTION_DAYS)
     done = 0
-    for grain, span in GRAINS.items():
+    for grain, span in (*GRAINS.items(), (DAY, DAY_SPAN)):
         step = timedelta(seconds=grain)
         ended = floor_to(now, grain)
         start = max(filter(None, (rolled_until(grain), ended - span)))
         end = min(ended, start + max(ROUND_SPAN, step))
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {table(ROLLUP_TABLE)} WHERE grain = %s AND (bucket < %s "
-                f"OR bucket >= %s AND bucket < %s)",
-                [grain, max(ended - span, retention), start, end],
-            )
+            keep_from = max(ended - span, retention)
+            if grain == DAY:
+                _store_worker_time(cursor, start, end, keep_from)
+            else:
+                _store_points(cursor, grain, start, end, keep_from)
             if start >= end:
                 continue
-            select, params = aggregate(grain, start, end, "", [])
-            cursor.execute(
-                f"INSERT INTO {table(ROLLUP_TABLE)} (grain, {COLUMNS}) "
-                f"SELECT %s, * FROM ({select}) AS computed",
-                [grain, *params],
-            )
-            # Every job of a queue in one row (job_name ''): what an unfiltered chart reads.
-            cursor.execute(
-                f"INSERT INTO {table(ROLLUP_TABLE)} (grain, {COLUMNS}) SELECT %s, bucket, queue, "
-                f"'', started, retried, deferred, succeeded, failed, cancelled, wh, dh, fl FROM "
-                f"(WITH parts AS (SELECT {COLUMNS} FROM {table(ROLLUP_TABLE)} WHERE grain = %s "
-                f"AND bucket >= %s AND bucket < %s), {merged('bucket, queue')}) AS summed",
-                [grain, grain, start, end],
-            )
             cursor.execute(
                 f"INSERT INTO {table(MARK_TABLE)} (grain, rolled_until) VALUES (%s, %s) "
                 f"ON CONFLICT (grain) DO UPDATE SET rolled_until = EXCLUDED.rolled_until",
@@ -204,6 +220,63 @@ def roll_up(now: datetime | None = None) -> int:
             )
         done += int((end - start) / step)
     return done
+
+
+def _store_points(
+    cursor: Any, grain: int, start: datetime, end: datetime, keep_from: datetime
+) -> None:
+    """The chart rows of ``grain`` for [start, end) recomputed, those before ``keep_from``
+    dropped."""
+    cursor.execute(
+        f"DELETE FROM {table(ROLLUP_TABLE)} WHERE grain = %s AND (bucket < %s "
+        f"OR bucket >= %s AND bucket < %s)",
+        [grain, keep_from, start, end],
+    )
+    if start >= end:
+        return
+    select, params = aggregate(grain, start, end, "", [])
+    cursor.execute(
+        f"INSERT INTO {table(ROLLUP_TABLE)} (grain, {COLUMNS}) "
+        f"SELECT %s, * FROM ({select}) AS computed",
+        [grain, *params],
+    )
+    # Every job of a queue in one row (job_name ''): what an unfiltered chart reads.
+    cursor.execute(
+        f"INSERT INTO {table(ROLLUP_TABLE)} (grain, {COLUMNS}) SELECT %s, bucket, queue, "
+        f"'', started, retried, deferred, succeeded, failed, cancelled, wh, dh, fl FROM "
+        f"(WITH parts AS (SELECT {COLUMNS} FROM {table(ROLLUP_TABLE)} WHERE grain = %s "
+        f"AND bucket >= %s AND bucket < %s), {merged('bucket, queue')}) AS summed",
+        [grain, grain, start, end],
+    )
+
+
+def _store_worker_time(cursor: Any, start: datetime, end: datetime, keep_from: datetime) -> None:
+    """The worker time's days in [start, end) recomputed, those before ``keep_from`` dropped."""
+    cursor.execute(
+        f"DELETE FROM {table(WORKER_TIME_TABLE)} WHERE bucket < %s OR bucket >= %s AND bucket < %s",
+        [keep_from, start, end],
+    )
+    if start >= end:
+        return
+    select, params = worker_time_rows(start, end)
+    cursor.execute(
+        f"INSERT INTO {table(WORKER_TIME_TABLE)} (bucket, queue, schema_name, worker_ms, runs) "
+        f"{select}",
+        params,
+    )
+
+
+def worker_time_rows(since: datetime, until: datetime) -> tuple[str, list[Any]]:
+    """A SELECT of worker-time rows (day, queue, schema_name, worker_ms, runs) computed from
+    the raw history for the runs finished in [since, until) (``kj_run_finished``'s range):
+    what ``roll_up`` stores."""
+    sql = (
+        f"SELECT date_bin(%s::interval, finished_at, {_ORIGIN}), queue, schema_name, "
+        f"sum(duration_ms)::numeric, count(*) FROM {table(JobRun._meta.db_table)} "
+        f"WHERE finished_at >= %s AND finished_at < %s AND duration_ms IS NOT NULL "
+        f"GROUP BY 1, 2, 3"
+    )
+    return sql, [f"{DAY} seconds", since, until]
 
 
 def catch_up(now: datetime | None = None) -> int:

@@ -124,10 +124,10 @@ def points(
 def raw_points(window: Window, scope: Scope, since: datetime, until: datetime) -> dict[str, Any]:
     """Every point of ``window``'s step from ``since`` (a point's start, see ``bucket_start``)
     to ``until``, by its start (ISO): runs started, retried, deferred, succeeded, failed and
-    cancelled; wait and duration p50/p95/p99 (ms, None without runs); its failures by job and
-    error type (``failures``: [count, last]). Each
-    point is complete in itself, so a point that has ended can be kept and summed with others
-    (admin/dashboard/data.py). Three statements, each a range of one time index."""
+    cancelled; wait and duration p50/p95/p99 (ms, None without runs). Each point is complete
+    in itself, so a point that has ended can be kept and summed with others
+    (admin/dashboard/data.py). Two statements, each a range of one time index. The window's
+    failures are not per point: ``failure_groups``."""
     where, params = scope.where()
     step = f"{int(window.step.total_seconds())} seconds"
     started = _rows(
@@ -157,14 +157,6 @@ def raw_points(window: Window, scope: Scope, since: datetime, until: datetime) -
         out[point.isoformat()].update(
             succeeded=succeeded, failed=failed, cancelled=cancelled, duration_ms=_three(duration)
         )
-    for point, job, error, n, last in _rows(
-        f"SELECT date_bin(%s::interval, finished_at, %s) AS point, job_name, error_type, "
-        f"count(*), max(finished_at) FROM {_table()} "
-        f"WHERE finished_at >= %s AND finished_at < %s AND status = %s{where} "
-        f"GROUP BY point, job_name, error_type",
-        [step, since, since, until, RunStatus.FAILED.value, *params],
-    ):
-        out[point.isoformat()]["failures"].append([job, error, n, last.isoformat()])
     return out
 
 
@@ -176,20 +168,17 @@ def summed_points(
     statement."""
     grain = int(window.step.total_seconds())
     where, params = scope.where()
-    split = since
-    if use_rollup and (end := rollup.rolled_until(grain)) is not None:
-        split = min(max(end, since), until)
-    computed, computed_params = rollup.aggregate(grain, split, until, where, params)
-    # A job's own rows, or the rows of all jobs ('') when no job is chosen.
-    which = "" if scope.job else " AND job_name = ''"
+    split = _split(grain, since, until, use_rollup)
+    computed, computed_params = rollup.aggregate(grain, split, until, where, params, failures=False)
     rows = _rows(
         f"WITH parts AS MATERIALIZED (SELECT {rollup.COLUMNS} FROM "
         f"{rollup.table(rollup.ROLLUP_TABLE)} WHERE grain = %s AND bucket >= %s AND bucket < %s"
-        f"{where}{which} UNION ALL ({computed})), {rollup.merged('bucket')}",
+        f"{where}{_which(scope)} UNION ALL ({computed})), "
+        f"{rollup.merged('bucket', failures=False)}",
         [grain, since, split, *params, *computed_params],
     )
     out = _empty_points(window, since, until)
-    for bucket, started, retried, deferred, ok, failed, cancelled, wait, took, fails in rows:
+    for bucket, started, retried, deferred, ok, failed, cancelled, wait, took, _ in rows:
         point = out[bucket.isoformat()]
         point.update(
             started=int(started),
@@ -201,10 +190,72 @@ def summed_points(
             wait_ms=histogram_percentiles(_json(wait)),
             duration_ms=histogram_percentiles(_json(took)),
         )
-        for job, error, n, last in sorted(_json(fails) or [], key=lambda f: (f[0], f[1])):
-            at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(last))
-            point["failures"].append([job, error, int(n), at.isoformat()])
     return out
+
+
+def _which(scope: Scope) -> str:
+    # A job's own rollup rows, or the rows of all jobs ('') when no job is chosen.
+    return "" if scope.job else " AND job_name = ''"
+
+
+def _split(grain: int, since: datetime, until: datetime, use_rollup: bool) -> datetime:
+    # Where the rollup's rows of ``grain`` end within [since, until): raw history after it.
+    if use_rollup and (end := rollup.rolled_until(grain)) is not None:
+        return min(max(end, since), until)
+    return since
+
+
+# The failure groups a dashboard shows (admin/dashboard/data.py).
+FAILURE_GROUPS = 20
+
+
+def failure_groups(
+    window: Window,
+    scope: Scope,
+    since: datetime,
+    until: datetime,
+    *,
+    limit: int = FAILURE_GROUPS,
+    use_rollup: bool = True,
+) -> list[dict[str, Any]]:
+    """The failures of the runs finished in [since, until) by job and error type, the ``limit``
+    most frequent (ties by job, then error type, in code-point order), each with its count and
+    last failure (ISO); merged and ranked in one statement, so only these groups leave the
+    database. Without a tenant filter the rollup's failures (history/rollup.py) for the buckets
+    it holds and the raw history's for the rest (``use_rollup=False``: all of it), as
+    ``points``; with one, the raw history."""
+    grain = int(window.step.total_seconds())
+    where, params = scope.where()
+    split = since
+    if scope.tenant is None and grain in rollup.GRAINS:
+        split = _split(grain, since, until, use_rollup)
+    rolled, rolled_params = "", []
+    if split > since:
+        rolled = (
+            f"SELECT e->>0 AS j, e->>1 AS err, (e->>2)::bigint AS n, (e->>3)::bigint AS last "
+            f"FROM {rollup.table(rollup.ROLLUP_TABLE)}, jsonb_array_elements(failures) AS e "
+            f"WHERE grain = %s AND bucket >= %s AND bucket < %s AND failures IS NOT NULL"
+            f"{where}{_which(scope)} UNION ALL "
+        )
+        rolled_params = [grain, since, split, *params]
+    c = 'COLLATE "C"'
+    rows = _rows(
+        f"SELECT j, err, sum(n), max(last) FROM ({rolled}"
+        f"SELECT job_name AS j, error_type AS err, count(*) AS n, {rollup.LAST_US} AS last "
+        f"FROM {_table()} WHERE finished_at >= %s AND finished_at < %s AND status = %s{where} "
+        f"GROUP BY 1, 2) AS parts GROUP BY j, err ORDER BY 3 DESC, j {c}, err {c} LIMIT %s",
+        [*rolled_params, split, until, RunStatus.FAILED.value, *params, limit],
+    )
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    return [
+        {
+            "job": job,
+            "error_type": error,
+            "count": int(n),
+            "last": (epoch + timedelta(microseconds=int(last))).isoformat(),
+        }
+        for job, error, n, last in rows
+    ]
 
 
 def _json(value: Any) -> Any:
@@ -249,7 +300,6 @@ def _empty_point() -> dict[str, Any]:
         "cancelled": 0,
         "wait_ms": None,
         "duration_ms": None,
-        "failures": [],
     }
 
 
@@ -258,18 +308,49 @@ def _three(values: list[float] | None) -> list[float] | None:
 
 
 def worker_time(
-    window: Window, scope: Scope, now: datetime, limit: int = 10
+    window: Window, scope: Scope, now: datetime, limit: int = 10, *, use_rollup: bool = True
 ) -> list[dict[str, Any]]:
     """The tenants whose runs finished in the window took the most worker time, with their share
-    of it (``kj_run_finished``'s range). Not per point: a tenant per point would keep as many
-    entries as there are runs."""
+    of it. Not per point: a tenant per point would keep as many entries as there are runs.
+
+    The window's whole UTC days that the rollup holds (history/rollup.py, ``DAY``: per day,
+    queue and tenant) are read from it, its edges (from the window's start to the first whole
+    day, from the rollup's end on) from the raw history (``kj_run_finished``'s range), and the
+    parts added as numeric. Without such a day (the hour and the day windows, a week before
+    the rollup reached it), with a job filter, or ``use_rollup=False``: one raw sum, as
+    before. Both give the same result to the 0.1 ms shown (float sums added in another order
+    may differ in their last bits)."""
+    since = bucket_start(window, now)
     where, params = scope.where()
-    rows = _rows(
-        f"SELECT schema_name, sum(duration_ms), sum(sum(duration_ms)) OVER () FROM {_table()} "
-        f"WHERE finished_at >= %s AND duration_ms IS NOT NULL{where} "
-        f"GROUP BY schema_name ORDER BY 2 DESC, 1 LIMIT %s",
-        [bucket_start(window, now), *params, limit],
-    )
+    first_day = rollup.floor_to(since, rollup.DAY)
+    if first_day < since:
+        first_day += timedelta(seconds=rollup.DAY)
+    last_day = rollup.rolled_until(rollup.DAY) if use_rollup and not scope.job else None
+    if last_day is None or last_day <= first_day:
+        rows = _rows(
+            f"SELECT schema_name, sum(duration_ms), sum(sum(duration_ms)) OVER () FROM "
+            f"{_table()} WHERE finished_at >= %s AND duration_ms IS NOT NULL{where} "
+            f"GROUP BY schema_name ORDER BY 2 DESC, 1 LIMIT %s",
+            [since, *params, limit],
+        )
+    else:
+        raw = (
+            f"SELECT schema_name, sum(duration_ms)::numeric AS ms FROM {_table()} "
+            f"WHERE finished_at >= %s{{}} AND duration_ms IS NOT NULL{where} GROUP BY 1"
+        )
+        rows = _rows(
+            f"SELECT schema_name, sum(ms)::float8, (sum(sum(ms)) OVER ())::float8 FROM ("
+            f"{raw.format(' AND finished_at < %s')} UNION ALL SELECT schema_name, "
+            f"sum(worker_ms) FROM {rollup.table(rollup.WORKER_TIME_TABLE)} "
+            f"WHERE bucket >= %s AND bucket < %s{where} GROUP BY 1 UNION ALL {raw.format('')}"
+            f") AS parts GROUP BY schema_name ORDER BY sum(ms) DESC, 1 LIMIT %s",
+            [
+                *(since, first_day, *params),
+                *(first_day, last_day, *params),
+                *(last_day, *params),
+                limit,
+            ],
+        )
     return [
         {"tenant": tenant, "ms": round(ms, 1), "share": round(ms / total, 4) if total else 0.0}
         for tenant, ms, total in rows

@@ -82,6 +82,14 @@ def chart(window: str, scope: stats.Scope, now: datetime, *, use_rollup: bool) -
     return stats.points(w, scope, since, since + w.span, use_rollup=use_rollup)
 
 
+def groups_of(
+    window: str, scope: stats.Scope, now: datetime, *, use_rollup: bool
+) -> list[dict[str, Any]]:
+    w = stats.WINDOWS[window]
+    since = stats.bucket_start(w, now)
+    return stats.failure_groups(w, scope, since, since + w.span, use_rollup=use_rollup)
+
+
 def rollup_rows() -> int:
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) FROM {rollup.ROLLUP_TABLE}")
@@ -101,8 +109,10 @@ def test_the_rollup_shows_what_the_raw_history_shows(window: str) -> None:
     plant(now)
     raw = {scope: chart(window, scope, now, use_rollup=False) for scope in SCOPES}
     assert rollup.catch_up(now) > 0 and rollup_rows() > 0
+    raw_groups = {scope: groups_of(window, scope, now, use_rollup=False) for scope in SCOPES}
     for scope in SCOPES:
         assert chart(window, scope, now, use_rollup=True) == raw[scope], scope
+        assert groups_of(window, scope, now, use_rollup=True) == raw_groups[scope], scope
     # Totals against the history itself, over the window's span.
     since = stats.bucket_start(stats.WINDOWS[window], now)
     points = list(raw[stats.Scope()].values())
@@ -112,12 +122,7 @@ def test_the_rollup_shows_what_the_raw_history_shows(window: str) -> None:
     done = JobRun.objects.filter(finished_at__gte=since)
     for field in ("succeeded", "failed", "cancelled"):
         assert sum(p[field] for p in points) == done.filter(status=field).count(), field
-    groups: dict[tuple[str, str], list[Any]] = {}
-    for point in points:
-        for job, error, n, last in point["failures"]:
-            group = groups.setdefault((job, error), [0, ""])
-            group[0] += n
-            group[1] = max(group[1], last)
+    groups = {(g["job"], g["error_type"]): [g["count"], g["last"]] for g in raw_groups[SCOPES[0]]}
     expected = {
         (run.job_name, run.error_type): [
             done.filter(
@@ -136,10 +141,13 @@ def test_the_chart_reads_the_rollup_for_rolled_up_buckets() -> None:
     now = timezone.now()
     plant(now)
     before = chart("week", stats.Scope(), now, use_rollup=False)
+    groups = groups_of("week", stats.Scope(), now, use_rollup=False)
     rollup.catch_up(now)
     JobRun.objects.filter(started_at__lt=now - timedelta(hours=2)).delete()
     assert chart("week", stats.Scope(), now, use_rollup=True) == before
     assert chart("week", stats.Scope(), now, use_rollup=False) != before
+    assert groups_of("week", stats.Scope(), now, use_rollup=True) == groups
+    assert groups_of("week", stats.Scope(), now, use_rollup=False) != groups
     tenant = chart("week", stats.Scope(tenant="t2"), now, use_rollup=True)
     assert sum(p["succeeded"] for p in tenant.values()) == 0  # t2's success was 4000 min ago
 
@@ -160,8 +168,9 @@ def test_rounds_are_bounded_repeatable_and_keep_only_the_span(monkeypatch: Any) 
     plant(now)
     monkeypatch.setattr(rollup, "ROUND_SPAN", timedelta(hours=1))
     first = rollup.roll_up(now)
-    # A round reads at most an hour per grain: 60 minutes, 4 quarters, 1 hour.
-    assert first == 60 + 4 + 1
+    # A round reads at most an hour per grain: 60 minutes, 4 quarters, 1 hour; and a day of
+    # the worker time's (its step).
+    assert first == 60 + 4 + 1 + 1
     marks = {grain: rollup.rolled_until(grain) for grain in rollup.GRAINS}
     assert marks[3600] == rollup.floor_to(now, 3600) - timedelta(days=7) + timedelta(hours=1)
     rollup.catch_up(now)

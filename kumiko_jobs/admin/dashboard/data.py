@@ -2,7 +2,8 @@
 aggregates (history/stats.py) and the load Redis reports (transport/depths.py).
 
 A chart's points that have ended are kept in Django's cache (``history_points``), so a refresh
-reads the history of the current point only, and the live parts (queues, workers, scheduler,
+reads the history of the current point only, the window's failure groups (the rollup's, and
+the raw history after it: one statement), and the live parts (queues, workers, scheduler,
 running runs) from Redis; the console's numbers are kept for ``CACHE_SECONDS``.
 """
 
@@ -80,7 +81,9 @@ def _cached(key: str, seconds: int, build: Any) -> Any:
 
 def _point_key(window: stats.Window, scope: stats.Scope, start: datetime) -> str:
     who = _digest(scope.queue, scope.job, scope.tenant)
-    return f"kumiko_jobs.dashboard:{int(window.step.total_seconds())}:{who}:{start.timestamp()}"
+    # v2: points without their failures (the window's groups are read whole, failure_groups).
+    step = int(window.step.total_seconds())
+    return f"kumiko_jobs.dashboard.v2:{step}:{who}:{start.timestamp()}"
 
 
 def history_points(window: stats.Window, scope: stats.Scope, now: datetime) -> list[dict[str, Any]]:
@@ -107,19 +110,13 @@ def history_points(window: stats.Window, scope: stats.Scope, now: datetime) -> l
     ]
 
 
-def failure_groups(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The window's failures by job and error type, the 20 most frequent, summed over its
-    points."""
-    groups: dict[tuple[str, str], list[Any]] = {}
-    for point in points:
-        for job, error, n, last in point["failures"]:
-            group = groups.setdefault((job, error), [0, last])
-            group[0] += n
-            group[1] = max(group[1], last)
-    return [
-        {"job": job, "error_type": error, "count": n, "last": last}
-        for (job, error), (n, last) in sorted(groups.items(), key=lambda g: (-g[1][0], g[0]))
-    ][:20]
+def failure_groups(window: stats.Window, scope: stats.Scope, now: datetime) -> list[dict[str, Any]]:
+    """The window's failures by job and error type, the ``stats.FAILURE_GROUPS`` most
+    frequent, merged and ranked by the database (``stats.failure_groups``: the rollup's
+    buckets and the raw history after them), not kept with the points: a week holds
+    thousands of (job, error, hour) groups, and the page shows 20."""
+    since = stats.bucket_start(window, now)
+    return stats.failure_groups(window, scope, since, since + window.span)
 
 
 def _digest(*parts: Any) -> str:
@@ -134,7 +131,7 @@ def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, 
     window, scope = window_of(params), operator_scope(params)
     now = timezone.now()
     points = history_points(window, scope, now)
-    failures = failure_groups(points)
+    failures = failure_groups(window, scope, now)
     shares = _cached(
         f"kumiko_jobs.worker_time:{window.name}:{_digest(scope.queue, scope.job, scope.tenant)}",
         CACHE_SECONDS["worker_time"],
@@ -143,7 +140,6 @@ def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, 
     for group in failures:
         group["link"] = failure_link(runs_url, group, scope)
         group["retry_link"] = failure_link(retry_url, group, scope) if retry_url else ""
-    series = [{k: v for k, v in p.items() if k != "failures"} for p in points]
     return {
         "generated_at": now.isoformat(),
         "filters": {
@@ -155,7 +151,7 @@ def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, 
         "series": {
             "window": window.name,
             "step_seconds": window.step.total_seconds(),
-            "points": series,
+            "points": points,
         },
         "failures": failures,
         "worker_time": shares,
