@@ -21,6 +21,7 @@ from django.apps import apps
 from django_tenants.utils import get_tenant_domain_model, get_tenant_model
 
 from ..core import conf, project_settings
+from ..core.db import TABLES_WITHOUT_MODELS
 
 # The model attribute that lists a model's personal-data fields (docs/guard.md).
 PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
@@ -57,11 +58,11 @@ def _kumiko_models() -> list[Any]:
 
 @cache
 def kumiko_tables() -> frozenset[str]:
-    """kumiko_jobs' own tables (every tenant's runs, attempts, failures, audit) and their id
-    sequences: no tenant run names them, read or written, whatever its grants; the tenant roles
-    hold no privilege on them."""
+    """kumiko_jobs' own tables (every tenant's runs, attempts, failures, audit, the dashboard's
+    rollups) and their id sequences: no tenant run names them, read or written, whatever its
+    grants; the tenant roles hold no privilege on them."""
     models = _kumiko_models()
-    names = {m._meta.db_table for m in models}
+    names = {m._meta.db_table for m in models} | set(TABLES_WITHOUT_MODELS)
     # PostgreSQL names an identity column's sequence ``<table>_<column>_seq``: ``setval()`` on
     # one would make kumiko's next inserts collide.
     names |= {
@@ -76,7 +77,7 @@ def kumiko_tables() -> frozenset[str]:
 def protected_tables() -> frozenset[str]:
     """kumiko_jobs' own tables and the tenant and domain tables: no grant writes them."""
     models = [*_kumiko_models(), get_tenant_model(), get_tenant_domain_model()]
-    return frozenset(model._meta.db_table for model in models)
+    return frozenset(model._meta.db_table for model in models) | frozenset(TABLES_WITHOUT_MODELS)
 
 
 @cache

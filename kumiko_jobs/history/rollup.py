@@ -37,14 +37,17 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ..core import conf, project_settings
+
+# Named in core/db.py, where the guard reads them too; kept as this module's names.
+from ..core.db import ROLLUP_MARK_TABLE as MARK_TABLE
+from ..core.db import ROLLUP_TABLE as ROLLUP_TABLE
+from ..core.db import WORKER_TIME_TABLE as WORKER_TIME_TABLE
 from ..models import JobRun, RunStatus
 
 # grain (seconds) -> how far back it is kept: history/stats.py WINDOWS' steps and spans.
 GRAINS = {60: timedelta(hours=1), 900: timedelta(days=1), 3600: timedelta(days=7)}
 # History read per grain per round: a week's backfill at the hour grain takes 14 rounds.
 ROUND_SPAN = timedelta(hours=12)
-ROLLUP_TABLE = "kumiko_jobs_runrollup"
-MARK_TABLE = "kumiko_jobs_runrollupmark"
 COLUMNS = (
     "bucket, queue, job_name, started, retried, deferred, succeeded, failed, cancelled, "
     "wait_hist, duration_hist, failures"
@@ -63,7 +66,6 @@ LAST_US = "(EXTRACT(EPOCH FROM max(finished_at)) * 1000000)::bigint"
 # day more than the week window, whose first whole day starts less than 7 days back.
 DAY = 86400
 DAY_SPAN = timedelta(days=8)
-WORKER_TIME_TABLE = "kumiko_jobs_workertimerollup"
 
 
 def table(name: str) -> str:
