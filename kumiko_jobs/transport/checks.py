@@ -1,6 +1,7 @@
 """System checks of Redis and the scheduler: a queue behind Sentinel without a socket timeout,
-and (``check --deploy``) delayed work overdue because no ``rqscheduler`` moves it.
-Registered at import (``kumiko_jobs.checks`` imports this module at start-up)."""
+a scheduler class that would unpickle kumiko's JSON messages (E007), and (``check --deploy``)
+delayed work overdue because no ``rqscheduler`` moves it. Registered at import
+(``kumiko_jobs.checks`` imports this module at start-up)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 from django.core import checks
 
 from ..core import conf, project_settings
+from ..core.checks import names_subclass
+from .scheduler import Scheduler
 from .scheduler_liveness import overdue_problem
 
 
@@ -61,3 +64,22 @@ def check_redis_sentinel(app_configs: Any = None, **kwargs: Any) -> list[checks.
             )
         )
     return found
+
+
+@checks.register()
+def check_scheduler_class(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``RQ['SCHEDULER_CLASS']`` must be kumiko's ``Scheduler`` (or a subclass): rq-scheduler's
+    own would unpickle kumiko's JSON messages and crash (E007)."""
+    if conf.get_or_none() is None:
+        return []  # E001 says why
+    scheduler = project_settings.rq_option("SCHEDULER_CLASS")
+    if names_subclass(scheduler, Scheduler):
+        return []
+    return [
+        checks.Error(
+            f"RQ['SCHEDULER_CLASS'] is {scheduler!r}; rqscheduler would try to unpickle "
+            "kumiko's JSON messages and crash.",
+            hint="Set RQ = {'SCHEDULER_CLASS': 'kumiko_jobs.transport.Scheduler', ...}.",
+            id="kumiko_jobs.E007",
+        )
+    ]

@@ -19,6 +19,7 @@ from django.test import override_settings
 from kumiko_jobs import checks
 from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.definition.registry import Registry
+from kumiko_jobs.enqueueing import checks as enqueueing_checks
 from kumiko_jobs.transport import Scheduler
 from kumiko_jobs.worker import Worker
 
@@ -64,7 +65,7 @@ def rq_with(**changes: Any) -> dict[str, Any]:
 def jobs_on_queues(monkeypatch: pytest.MonkeyPatch) -> Iterator[Registry]:
     """A fresh registry for the queue check, instead of the project's frozen one."""
     fresh = Registry()
-    monkeypatch.setattr(checks, "registry", fresh)
+    monkeypatch.setattr(enqueueing_checks, "registry", fresh)  # where the queue check reads it
     yield fresh
 
 
