@@ -3,7 +3,9 @@
 
 ``kumiko_jobs/__init__`` hands these on, and Django imports ``kumiko_jobs`` while it loads the
 apps, when no model can be imported yet. So this module imports only the definitions at its
-top; the enqueueing itself, which writes run rows, is imported inside each call.
+top; the enqueueing itself, which writes run rows, is imported at the first call: ``enqueue``,
+``enqueue_in``, ``enqueue_at`` and ``emit`` are ``submit.py``'s, handed on through one door
+(``_from_submit``), and the workflow calls import ``workflows.py`` likewise.
 """
 
 from __future__ import annotations
@@ -90,37 +92,39 @@ def job(
     return decorate
 
 
-def enqueue(job: JobDefinition | str, /, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
-    """Run a job, or a job by name, as soon as the current transaction commits (at once outside
-    one): ``kumiko_jobs.enqueue("billing.sync_invoice", invoice_id=7)``."""
-    from .submit import enqueue as submit  # imports models: see the module docstring
+def _from_submit(name: str) -> Callable[..., Any]:
+    """``submit.<name>``, imported at its first call (see the module docstring): the one door
+    through which ``enqueue``, ``enqueue_in``, ``enqueue_at`` and ``emit`` reach the code that
+    writes run rows, so that each of them is written once, in ``submit.py``."""
 
-    return submit(job, tenant=tenant, **kwargs)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        from . import submit  # imports models: see the module docstring
 
+        return getattr(submit, name)(*args, **kwargs)
 
-def enqueue_in(
-    job: JobDefinition | str, delay: timedelta | float, /, *, tenant: Any = None, **kwargs: Any
-) -> RunHandle:
-    """``enqueue``, ``delay`` (seconds or a timedelta) later."""
-    from .submit import enqueue_in as submit_in  # imports models: see the module docstring
-
-    return submit_in(job, delay, tenant=tenant, **kwargs)
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``kumiko_jobs.enqueueing.submit.{name}``: {_SUMMARIES[name]}"
+    return call
 
 
-def enqueue_at(
-    job: JobDefinition | str, when: datetime, /, *, tenant: Any = None, **kwargs: Any
-) -> RunHandle:
-    """``enqueue``, due at ``when`` (timezone-aware)."""
-    from .submit import enqueue_at as submit_at  # imports models: see the module docstring
+# What each one does, for ``help()`` before the first call has imported ``submit``.
+_SUMMARIES = {
+    "enqueue": "run a job, or a job by name, as soon as the transaction commits.",
+    "enqueue_in": "``enqueue``, ``delay`` (seconds or a timedelta) later.",
+    "enqueue_at": "``enqueue``, due at ``when`` (timezone-aware).",
+    "emit": "run every job declared ``on=event`` (and matching its ``where=``), on commit.",
+}
 
-    return submit_at(job, when, tenant=tenant, **kwargs)
-
-
-def emit(event: str, /, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
-    """Run every job declared ``on=event`` (and matching its ``where=``), on commit."""
-    from .submit import emit as submit_event  # imports models: see the module docstring
-
-    return submit_event(event, tenant=tenant, **payload)
+if TYPE_CHECKING:
+    from .submit import emit as emit
+    from .submit import enqueue as enqueue
+    from .submit import enqueue_at as enqueue_at
+    from .submit import enqueue_in as enqueue_in
+else:
+    enqueue = _from_submit("enqueue")
+    enqueue_in = _from_submit("enqueue_in")
+    enqueue_at = _from_submit("enqueue_at")
+    emit = _from_submit("emit")
 
 
 def chain(*parts: Any) -> Any:

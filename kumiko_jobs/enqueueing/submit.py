@@ -30,13 +30,15 @@ from .messages import message_for, new_envelope, row_for
 from .validate import check_size, resolve_schema, validated
 
 
-def enqueue(job: JobDefinition | str, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
-    """Run ``job`` as soon as the current transaction commits (at once outside one)."""
+def enqueue(job: JobDefinition | str, /, *, tenant: Any = None, **kwargs: Any) -> RunHandle:
+    """Run a job, or a job by name, as soon as the current transaction commits (at once outside
+    one): ``kumiko_jobs.enqueue("billing.sync_invoice", invoice_id=7)``. Also
+    ``kumiko_jobs.enqueue`` and a job's ``.enqueue()`` (``api.py``)."""
     return submit(resolve(job), tenant, kwargs, delay=0.0)
 
 
 def enqueue_in(
-    job: JobDefinition | str, delay: timedelta | float, *, tenant: Any = None, **kwargs: Any
+    job: JobDefinition | str, delay: timedelta | float, /, *, tenant: Any = None, **kwargs: Any
 ) -> RunHandle:
     """Run ``job`` ``delay`` (seconds or a timedelta) after the current transaction commits."""
     seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
@@ -46,7 +48,7 @@ def enqueue_in(
 
 
 def enqueue_at(
-    job: JobDefinition | str, when: datetime, *, tenant: Any = None, **kwargs: Any
+    job: JobDefinition | str, when: datetime, /, *, tenant: Any = None, **kwargs: Any
 ) -> RunHandle:
     """Run ``job`` at ``when`` (timezone-aware; at once if past), pushed on commit."""
     if not isinstance(when, datetime) or timezone.is_naive(when):
@@ -161,7 +163,7 @@ def _submit_admitted(
     )
 
 
-def emit(event: str, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
+def emit(event: str, /, *, tenant: Any = None, **payload: Any) -> list[RunHandle]:
     """Enqueue every job declared ``on=event`` whose ``where=`` matches the payload.
 
     An event belongs to the tenant it was emitted in (the current tenant, or ``tenant=``), and
