@@ -50,16 +50,50 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
     500 in a view) instead of a clear refusal; a list that contains itself is caught the same
     way.
     """
-    max_depth = conf.get().MAX_ARGUMENT_DEPTH
+    walk = _JsonWalk(job_name, conf.get().MAX_ARGUMENT_DEPTH)
+    for name, value in kwargs.items():
+        problem = text_problem(name) if isinstance(name, str) else ""
+        if problem:
+            raise InvalidJob(f"Job {job_name!r}: the name of argument {name!r} {problem}.")
+        walk.value(value, repr(name))
 
-    def walk(value: Any, path: str, depth: int = 0) -> None:
+
+@dataclasses.dataclass(frozen=True)
+class _JsonWalk:
+    """One argument's values, depth first; ``path`` names the value in a refusal."""
+
+    job_name: str
+    max_depth: int
+
+    def value(self, value: Any, path: str, depth: int = 0) -> None:
         # depth: the lists and dicts around ``value``; ``value`` itself may add one more.
-        if depth >= max_depth and isinstance(value, list | dict):
+        if depth >= self.max_depth and isinstance(value, list | dict):
             raise InvalidJob(
-                f"Job {job_name!r}: argument {path[:200]} is nested more than "
-                f"MAX_ARGUMENT_DEPTH={max_depth} levels deep. Flatten it, or pass an id and "
+                f"Job {self.job_name!r}: argument {path[:200]} is nested more than "
+                f"MAX_ARGUMENT_DEPTH={self.max_depth} levels deep. Flatten it, or pass an id and "
                 "load the data in the job."
             )
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                self.value(item, f"{path}[{i}]", depth + 1)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                self.key(key, path)
+                self.value(item, f"{path}[{key!r}]", depth + 1)
+        else:
+            self.scalar(value, path)
+
+    def key(self, key: Any, path: str) -> None:
+        if not isinstance(key, str):
+            raise InvalidJob(
+                f"Job {self.job_name!r}: argument {path} has a non-string key {key!r}."
+            )
+        problem = text_problem(key)
+        if problem:
+            raise InvalidJob(f"Job {self.job_name!r}: a key of argument {path} {problem}.")
+
+    def scalar(self, value: Any, path: str) -> None:
+        job_name = self.job_name
         if isinstance(value, str):
             problem = text_problem(value)
             if problem:
@@ -78,21 +112,6 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
                     f"Job {job_name!r}: argument {path} is {value}, which JSON cannot carry."
                 )
             return
-        if isinstance(value, list):
-            for i, item in enumerate(value):
-                walk(item, f"{path}[{i}]", depth + 1)
-            return
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise InvalidJob(
-                        f"Job {job_name!r}: argument {path} has a non-string key {key!r}."
-                    )
-                problem = text_problem(key)
-                if problem:
-                    raise InvalidJob(f"Job {job_name!r}: a key of argument {path} {problem}.")
-                walk(item, f"{path}[{key!r}]", depth + 1)
-            return
         hint = ""
         if hasattr(value, "_meta") and hasattr(value, "pk"):
             hint = " Pass its primary key and load it in the job."
@@ -104,12 +123,6 @@ def check_json(kwargs: Mapping[str, Any], job_name: str) -> None:
             f"Job {job_name!r}: argument {path} is a {type(value).__name__}, which is not JSON."
             + hint
         )
-
-    for name, value in kwargs.items():
-        problem = text_problem(name) if isinstance(name, str) else ""
-        if problem:
-            raise InvalidJob(f"Job {job_name!r}: the name of argument {name!r} {problem}.")
-        walk(value, repr(name))
 
 
 def resolve_schema(definition: JobDefinition, tenant: Any) -> str | None:
