@@ -8,7 +8,7 @@ every logger, a logger filter only its own)::
         "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["kumiko_run"]}},
     }
 
-Scrubbing (kumiko_jobs.scrubbing) is a best effort on text whose shape we do not control
+Scrubbing (kumiko_jobs.core.scrubbing) is a best effort on text whose shape we do not control
 (exception messages): values after a key that matches one of ``KUMIKO_JOBS["SENSITIVE_KEYS"]``,
 URL passwords and bearer tokens are hidden, in time linear in the (truncated) text. Payload
 values are never logged at all.
@@ -79,7 +79,7 @@ def scrub(text: str, patterns: tuple[str, ...] | None = None, *, limit: int = DE
     """``text`` truncated to ``limit`` characters, then with the values of sensitive keys
     (``SENSITIVE_KEYS``, or ``patterns``), URL passwords and bearer tokens replaced by ``***``.
 
-    Linear time whatever the text (see kumiko_jobs.scrubbing).
+    Linear time whatever the text (see kumiko_jobs.core.scrubbing).
     """
     if not text:
         return text

@@ -41,7 +41,7 @@ from . import checks as checks
 
 # The admin classes keep their old dotted paths (kumiko_jobs.admin.JobRunAdmin, ...): users'
 # code may subclass or unregister them. Tunables such as MAX_PAGES are deliberately not
-# re-exported: a patch of kumiko_jobs.admin.MAX_PAGES would change nothing that reads it.
+# re-exported: a patch of MAX_PAGES on this package would change nothing that reads it.
 __all__ = [
     "BulkOperationAdmin",
     "EscapeHatchUseAdmin",

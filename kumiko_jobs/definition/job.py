@@ -88,7 +88,8 @@ class FailureVisibility:
 @dataclass(frozen=True, eq=False)
 class JobDefinition:
     """A registered job: its validated options. ``@job`` returns the subclass
-    ``kumiko_jobs.enqueue.api.Job``, whose ``enqueue`` / ``enqueue_in`` / ``enqueue_at`` run it."""
+    ``kumiko_jobs.enqueueing.api.Job``, whose ``enqueue`` / ``enqueue_in`` / ``enqueue_at`` run
+    it."""
 
     name: str
     func: Callable[..., Any]

@@ -13,6 +13,10 @@ imported:
   modules: some module whose dotted path ends with the leading parts must define (``def``,
   ``class``, an assignment or an import) each name that follows.
 
+* **full dotted names** (``kumiko_jobs.core.conf.get``, `kumiko_jobs.transport.Scheduler`) in
+  docs/, README.md and kumiko_jobs/, however quoted: imported for real, each must be a module or
+  an attribute of one, unless it is one of kumiko's names that are no path (``KUMIKO_NAMES``).
+
 Names of a user's project (the tutorial's ``shop/urls.py``), of other packages
 (``django_rq/...``) and of this workplace (``ARCHITECTURE.md``) are listed in ``ELSEWHERE``.
 """
@@ -20,6 +24,7 @@ Names of a user's project (the tutorial's ``shop/urls.py``), of other packages
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 from collections.abc import Iterator
 from functools import cache
@@ -147,6 +152,114 @@ def stale_dotted_names() -> list[str]:
             if name.split(".")[0] in ours and not dotted_resolves(name):
                 stale.append(f"{module.relative_to(ROOT)}: {name}")
     return stale
+
+
+# ``kumiko_jobs.`` followed by names (all of them: possessive), not part of a longer dotted
+# word, and not a file name (``commands/kumiko_jobs.py``).
+FULL_DOTTED = re.compile(r"(?<![\w./])kumiko_jobs(?:\.[A-Za-z_]\w*)++(?<!\.py)(?<!\.md)")
+# kumiko's names that start like a path and are none (``KUMIKO_NAMES`` says which kinds).
+CHECK_ID = re.compile(r"kumiko_jobs\.(?:[EW]\d{3}|E0xx)")
+
+
+def full_dotted_documents() -> Iterator[Path]:
+    yield ROOT / "README.md"
+    yield from sorted((ROOT / "docs").rglob("*.md"))
+    yield from package_modules()
+
+
+def imports(name: str) -> bool:
+    """Whether ``name`` is a module, or an attribute (at any depth) of the longest module it
+    starts with."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+@cache
+def package_literals() -> frozenset[str]:
+    """Every string (and bytes) literal of the package, and the fixed start of every f-string:
+    the logger names, signing salts and labels, span names and dispatch uids it writes."""
+    found: set[str] = set()
+    for module in package_modules():
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str | bytes):
+                value = node.value
+                found.add(value.decode() if isinstance(value, bytes) else value)
+            elif isinstance(node, ast.JoinedStr) and node.values:
+                first = node.values[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    found.add(first.value)
+    return frozenset(found)
+
+
+@cache
+def kumiko_names() -> frozenset[str]:
+    """KUMIKO_NAMES: names written like ``kumiko_jobs.x`` that are no path: the permissions of
+    kumiko's models, the names of its own jobs, and the ``kumiko_jobs`` test fixture's
+    attributes (docs/testing.md: ``kumiko_jobs.run()``)."""
+    from django.apps import apps
+
+    from kumiko_jobs.definition.registry import registry
+
+    names: set[str] = {d.name for d in registry}
+    for model in apps.get_app_config("kumiko_jobs").get_models():
+        meta = model._meta
+        names |= {f"kumiko_jobs.{a}_{meta.model_name}" for a in meta.default_permissions}
+        names |= {f"kumiko_jobs.{codename}" for codename, _ in meta.permissions}
+    fixture = PACKAGE / "testing" / "assertions.py"
+    names |= {f"kumiko_jobs.{n}" for n in defined_names(fixture) if not n.startswith("_")}
+    return frozenset(names)
+
+
+def names_a_thing(name: str) -> bool:
+    """``name`` imports, or is one of kumiko's names that are no path: a system check's id, a
+    permission, a job, the test fixture's attribute, or a literal the package writes (a logger
+    name, a signing label such as ``kumiko_jobs.db_roles.password:``)."""
+    if imports(name) or CHECK_ID.fullmatch(name) or name in kumiko_names():
+        return True
+    return any(
+        literal == name
+        or literal.startswith((name + ":", name + "."))
+        or (literal.endswith(".") and name.startswith(literal))
+        for literal in package_literals()
+    )
+
+
+def stale_full_dotted_names() -> list[str]:
+    stale = []
+    for document in full_dotted_documents():
+        for match in FULL_DOTTED.finditer(document.read_text()):
+            if not names_a_thing(match.group(0)):
+                stale.append(f"{document.relative_to(ROOT)}: {match.group(0)}")
+    return stale
+
+
+def test_full_dotted_names_import() -> None:
+    assert stale_full_dotted_names() == []
+
+
+def test_calibration_a_moved_module_in_a_full_dotted_name_is_seen() -> None:
+    """The names this round found stale (``kumiko_jobs.enqueue.api.Job`` from before the
+    enqueue side became ``enqueueing``; ``kumiko_jobs.scrubbing``, now in ``core``) are caught,
+    and so is a function that was renamed; the names that are no path are not."""
+    assert names_a_thing("kumiko_jobs.enqueueing.api.Job")
+    assert not names_a_thing("kumiko_jobs.enqueue.api.Job")
+    assert not names_a_thing("kumiko_jobs.scrubbing")
+    assert not names_a_thing("kumiko_jobs.core.conf.no_such_function")
+    assert names_a_thing("kumiko_jobs.E001") and names_a_thing("kumiko_jobs.manage_queues")
+    assert names_a_thing("kumiko_jobs.sweep_abandoned") and names_a_thing("kumiko_jobs.pushes")
+    assert names_a_thing("kumiko_jobs.db_roles.password")
+    found = FULL_DOTTED.findall("see `kumiko_jobs.core.conf.get()`, commands/kumiko_jobs.py")
+    assert found == ["kumiko_jobs.core.conf.get"]
 
 
 def test_named_file_paths_exist() -> None:
