@@ -37,7 +37,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -45,13 +44,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.throughput import (
     QUEUE,
     ROOT,
-    clean_up,
     create_tenants,
-    machine_facts,
-    prepare_environment,
     print_load,
     reset,
     write_results,
@@ -355,10 +352,8 @@ def print_report(results: Results, modes: Sequence[ModeResult]) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.fairness",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = common.parser(
+        "python -m bench.fairness", __doc__, database=BENCH_DATABASE, redis_db=BENCH_REDIS_DB
     )
     parser.add_argument("--jobs", type=int, default=5000, help="tenant A's backlog (5000)")
     parser.add_argument("--per-tenant", type=int, default=20, help="jobs of each of B..F (20)")
@@ -369,17 +364,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--timeout", type=float, default=1800, help="give a mode up after this many seconds"
     )
-    parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
-    parser.add_argument(
-        "--database", default=BENCH_DATABASE, help=f"database to create and drop ({BENCH_DATABASE})"
-    )
-    parser.add_argument(
-        "--redis-db",
-        type=int,
-        default=BENCH_REDIS_DB,
-        help=f"Redis database to flush and use ({BENCH_REDIS_DB})",
-    )
-    parser.add_argument("--keep-database", action="store_true", help="do not drop it at the end")
     parser.add_argument(
         "--only", default="", help="comma-separated modes to run (fifo,tenant_concurrency_1,fair)"
     )
@@ -391,11 +375,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    admin_url = prepare_environment(args.database, args.redis_db)
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    log_dir = Path(tempfile.mkdtemp(prefix="kumiko-fairness-"))
-    try:
+    with common.session(args, "kumiko-fairness-") as run:
+        log_dir = run.log_dir
         print(f"creating tenants {', '.join(LABELS)} ...", flush=True)
         tenants = create_tenants(len(LABELS))
         results = Results(
@@ -403,8 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             per_tenant=args.per_tenant,
             workers=args.workers,
             warmup=args.warmup,
-            started_at=stamp,
-            machine=machine_facts(),
+            started_at=run.stamp,
+            machine=run.machine,
         )
         modes = []
         for key, label, limit, fairness in MODES:
@@ -424,9 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_report(results, modes)
         print(f"  worker logs: {log_dir}")
         if args.json:
-            write_results("fairness", stamp, asdict(results))
-    finally:
-        clean_up(admin_url, args.database, keep_database=args.keep_database)
+            write_results("fairness", run.stamp, asdict(results))
     return 0
 
 

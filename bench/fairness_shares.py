@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.fairness import (
     BENCH_DATABASE,
     BENCH_REDIS_DB,
@@ -43,11 +42,7 @@ from bench.fairness import (
 )
 from bench.throughput import (
     QUEUE,
-    ROOT,
-    clean_up,
     create_tenants,
-    machine_facts,
-    prepare_environment,
     print_load,
     reset,
     write_results,
@@ -205,10 +200,8 @@ def print_report(results: Sequence[ScenarioResult], machine: dict[str, Any]) -> 
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.fairness_shares",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = common.parser(
+        "python -m bench.fairness_shares", __doc__, database=BENCH_DATABASE, redis_db=BENCH_REDIS_DB
     )
     parser.add_argument("--span", type=float, default=40, help="seconds of shared backlog (40)")
     parser.add_argument("--window", type=float, default=10, help="window for Jain's index (10)")
@@ -216,21 +209,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2, help="worker processes (2)")
     parser.add_argument("--only", default="", help="comma-separated scenario keys")
     parser.add_argument("--timeout", type=float, default=1800)
-    parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
-    parser.add_argument("--database", default=BENCH_DATABASE)
-    parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    admin_url = prepare_environment(args.database, args.redis_db)
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    log_dir = Path(tempfile.mkdtemp(prefix="kumiko-shares-"))
-    machine = machine_facts()
     results = []
-    try:
+    with common.session(args, "kumiko-shares-") as run:
+        log_dir, machine = run.log_dir, run.machine
         tenants = create_tenants(3)
         for scenario in SCENARIOS:
             if args.only and scenario.key not in args.only.split(","):
@@ -245,11 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             write_results(
                 "fairness_shares",
-                stamp,
+                run.stamp,
                 {"machine": machine, "args": vars(args), "results": [asdict(r) for r in results]},
             )
-    finally:
-        clean_up(admin_url, args.database, keep_database=False)
     return 0
 
 

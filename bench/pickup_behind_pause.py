@@ -21,20 +21,16 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.fairness import Workers, percentile, wait_for
 from bench.throughput import (
-    ROOT,
-    clean_up,
     create_tenants,
-    machine_facts,
-    prepare_environment,
     print_load,
     reset,
     write_results,
@@ -83,30 +79,23 @@ def _done(run_id: Any) -> bool:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.pickup_behind_pause",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = common.parser(
+        "python -m bench.pickup_behind_pause",
+        __doc__,
+        database=BENCH_DATABASE,
+        redis_db=BENCH_REDIS_DB,
     )
     parser.add_argument("--runs", type=int, default=40, help="B's runs, one at a time (40)")
     parser.add_argument("--paused", type=int, default=5, help="A's paused runs (5)")
     parser.add_argument("--queues", type=int, choices=(1, 2), default=1)
     parser.add_argument("--timeout", type=float, default=120)
-    parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
-    parser.add_argument("--database", default=BENCH_DATABASE)
-    parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
-    parser.add_argument("--keep-database", action="store_true")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    admin_url = prepare_environment(args.database, args.redis_db)
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    log = Path(tempfile.mkdtemp(prefix="kumiko-pickup-"))
-    machine = machine_facts()
-    try:
+    with common.session(args, "kumiko-pickup-") as run:
+        log, machine = run.log_dir, run.machine
         tenants = create_tenants(2)
         pickups = measure(args, tenants, log)
         ms = sorted(p * 1000 for p in pickups)
@@ -124,9 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_load(machine)
         print(f"  worker log: {log}")
         if args.json:
-            write_results("pickup_behind_pause", stamp, {"machine": machine, **summary})
-    finally:
-        clean_up(admin_url, args.database, keep_database=args.keep_database)
+            write_results("pickup_behind_pause", run.stamp, {"machine": machine, **summary})
     return 0
 
 

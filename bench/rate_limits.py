@@ -28,20 +28,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import threading
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.fairness import Workers, unfinished_runs, wait_for
 from bench.throughput import (
-    ROOT,
-    clean_up,
     create_tenants,
-    machine_facts,
-    prepare_environment,
     print_load,
     reset,
     write_results,
@@ -166,31 +161,21 @@ def scenario(name: str, tenants: Sequence[Any], args: argparse.Namespace, log: P
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.rate_limits",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = common.parser(
+        "python -m bench.rate_limits", __doc__, database=BENCH_DATABASE, redis_db=BENCH_REDIS_DB
     )
     parser.add_argument("--jobs", type=int, default=200, help="runs (global), per tenant (tenant)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes (2)")
     parser.add_argument("--timeout", type=float, default=600)
-    parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
-    parser.add_argument("--database", default=BENCH_DATABASE)
-    parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
-    parser.add_argument("--keep-database", action="store_true")
     parser.add_argument("--only", default="", help="global or tenant")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    admin_url = prepare_environment(args.database, args.redis_db)
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    log = Path(tempfile.mkdtemp(prefix="kumiko-rates-"))
-    machine = machine_facts()
     results = []
-    try:
+    with common.session(args, "kumiko-rates-") as run:
+        log, machine = run.log_dir, run.machine
         tenants = create_tenants(3)
         for name in ("global", "tenant"):
             if args.only and name != args.only:
@@ -220,9 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_load(machine)
         print(f"  worker logs: {log}")
         if args.json:
-            write_results("rate_limits", stamp, {"machine": machine, "results": results})
-    finally:
-        clean_up(admin_url, args.database, keep_database=args.keep_database)
+            write_results("rate_limits", run.stamp, {"machine": machine, "results": results})
     return 0
 
 
