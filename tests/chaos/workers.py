@@ -1,8 +1,11 @@
 """Real ``rqworker`` / ``rqscheduler`` processes with the settings a chaos test chooses.
 
-Like tests/integration/test_reliability.py's ``Workers`` (the soak's ``manage`` command, logs to
-files), but the test's KUMIKO_JOBS overrides win over the crash tests' fast settings, and each
-process may get its own environment (another DATABASE_URL or REDIS_URL: through a proxy).
+``Processes.launch`` is the one way the suite starts such a process (the soak's ``manage``
+command, its output to a log file of its own: a full pipe would block it); the crash tests'
+``Workers`` (tests/integration/test_reliability.py) and the timeout tests' workers start theirs
+through it too. Here the test's KUMIKO_JOBS overrides win over the crash tests' fast settings,
+and each process may get its own environment (another DATABASE_URL or REDIS_URL: through a
+proxy).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,25 @@ class Processes:
     def __init__(self, log_dir: Path) -> None:
         self.log_dir = log_dir
         self.started: list[subprocess.Popen[bytes]] = []
+        self.log_paths: list[Path] = []  # each started process's log, in the same order
+
+    def launch(
+        self, argv: Sequence[str], env: dict[str, str], *, name: str = "proc"
+    ) -> subprocess.Popen[bytes]:
+        """``manage.py ARGV`` with exactly ``env``, logging to ``<name><n>.log``."""
+        path = self.log_dir / f"{name}{len(self.started) + 1}.log"
+        with path.open("ab") as log:
+            proc = subprocess.Popen(
+                soak.manage_command(*argv),
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.started.append(proc)
+        self.log_paths.append(path)
+        return proc
 
     def start(
         self,
@@ -48,22 +70,11 @@ class Processes:
         full.update(env or {})
         full[soak.SETTINGS_ENV] = json.dumps(chaos_settings(**(overrides or {})))
         full["KUMIKO_LOG"] = log_level
-        name = f"proc{len(self.started) + 1}"
-        with (self.log_dir / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen(
-                soak.manage_command(*(argv or ("rqworker", "default"))),
-                cwd=ROOT,
-                env=full,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.started.append(proc)
-        return proc
+        return self.launch(argv or ("rqworker", "default"), full)
 
     def log_of(self, proc: subprocess.Popen[bytes]) -> str:
         """What ``proc`` (one of ours) has logged so far."""
-        path = self.log_dir / f"proc{self.started.index(proc) + 1}.log"
+        path = self.log_paths[self.started.index(proc)]
         return path.read_text(errors="replace") if path.exists() else ""
 
     def logs(self) -> str:

@@ -14,7 +14,7 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -31,62 +31,26 @@ from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
 from kumiko_jobs.transport import keys as transport_keys
 from kumiko_jobs.worker.relay import pending_rq_job_ids, relay_pending
 from kumiko_jobs.worker.sweep import sweep_abandoned
-from tests.conftest import ROOT, probes, work, worker_env
+from tests.chaos.workers import DEADLINE, Processes, chaos_settings
+from tests.conftest import probes, work, worker_env
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
-# Liveness and maintenance of the test workers (defaults: 1, 6, 10, 30 s).
-FAST = {"WORKER_HEARTBEAT": 1, "WORKER_DEAD_AFTER": 3, "MAINTENANCE_INTERVAL": 1, "RELAY_GRACE": 2}
-DEADLINE = 90.0  # a safety net for waits, not a measurement
+# Liveness and maintenance of the test workers (FAST: 1, 3, 1, 2 s; defaults: 1, 6, 10, 30 s),
+# and the deadline of every wait: the chaos tests' (tests/chaos/workers.py).
+fast_settings = chaos_settings
 
 
-def fast_settings(**extra: Any) -> dict[str, Any]:
-    return {**settings.KUMIKO_JOBS, **FAST, **extra}
-
-
-class Workers:
+class Workers(Processes):
     """Worker processes of one test, logging to files (a full pipe would block them)."""
 
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.started: list[subprocess.Popen[bytes]] = []
-
     def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """``rqworker default ARGS`` with the fast settings; ``env`` instead of the workers'."""
         env = dict(env or worker_env())
         env[soak.SETTINGS_ENV] = json.dumps(fast_settings())
         env.setdefault("KUMIKO_LOG", "WARNING")
-        name = f"worker{len(self.started) + 1}"
-        with (self.log_dir / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen(
-                soak.manage_command("rqworker", "default", *args),
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.started.append(proc)
-        return proc
-
-    def logs(self) -> str:
-        return "\n".join(
-            f"--- {path.name}\n{path.read_text(errors='replace')[-4000:]}"
-            for path in sorted(self.log_dir.glob("*.log"))
-        )
-
-    def wait_for(self, what: str, check: Callable[[], bool], deadline: float = DEADLINE) -> None:
-        end = time.monotonic() + deadline
-        while not check():
-            if time.monotonic() > end:
-                pytest.fail(f"gave up waiting for {what}\n{self.logs()}")
-            time.sleep(0.1)
-
-    def stop_all(self) -> None:
-        for proc in self.started:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        return self.launch(("rqworker", "default", *args), env, name="worker")
 
 
 @pytest.fixture

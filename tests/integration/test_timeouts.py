@@ -24,7 +24,7 @@ from django.test import override_settings
 from bench import soak
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from kumiko_jobs.worker.sweep import sweep_abandoned
-from tests.conftest import ROOT, probes, work, worker_env
+from tests.conftest import probes, work, worker_env
 from tests.integration.test_reliability import (
     Workers,
     _liveness_data,
@@ -56,18 +56,8 @@ class TimeoutWorkers(Workers):
         env = worker_env()
         env[soak.SETTINGS_ENV] = json.dumps({**settings.KUMIKO_JOBS, **SWEEPING, **extra})
         env.setdefault("KUMIKO_LOG", "WARNING")
-        name = f"worker{len(self.started) + 1}"
-        with (self.log_dir / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen(
-                soak.manage_command("rqworker", "default", "--worker-class", WORKER_CLASSES[kind]),
-                cwd=ROOT,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        self.started.append(proc)
-        return proc
+        argv = ("rqworker", "default", "--worker-class", WORKER_CLASSES[kind])
+        return self.launch(argv, env, name="worker")
 
 
 @pytest.fixture
