@@ -32,6 +32,7 @@ from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from bench import common
 from bench.history_scale import (
     BUDGET_MS,
     BUSY_TENANT,
@@ -129,13 +130,10 @@ def pages_to_measure(tenants: int) -> list[tuple[Page, Callable[[str], str]]]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = common.scale_parser(__doc__)
     parser.add_argument("--tenants", type=int, default=10_000)
     parser.add_argument("--failures", type=int, default=400_000)
     parser.add_argument("--requests", type=int, default=20)
-    parser.add_argument("--reuse", action="store_true", help="keep a database that has the rows")
-    parser.add_argument("--drop", action="store_true", help="drop the database at the end")
-    parser.add_argument("--json", action="store_true")
     return parser.parse_args(argv)
 
 

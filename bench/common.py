@@ -3,7 +3,9 @@ the session around a measurement (a fresh database and Redis db, tenants' worker
 folder of their own, the machine's facts, and the clean-up however the run ends).
 
 ``throughput.py`` holds the set-up itself (``prepare_environment``, ``clean_up``); a bench
-starts with ``parser(...)`` and runs inside ``session(args, "kumiko-<name>-")``.
+starts with ``parser(...)`` and runs inside ``session(args, "kumiko-<name>-")``. The benches
+that fill a database once and measure its reads (admin_scale, dashboard_scale) share
+``scale_parser`` instead.
 """
 
 from __future__ import annotations
@@ -65,3 +67,13 @@ def session(args: argparse.Namespace, log_prefix: str) -> Iterator[Session]:
         yield Session(admin_url, stamp, log_dir, machine_facts())
     finally:
         clean_up(admin_url, args.database, keep_database=args.keep_database)
+
+
+def scale_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The parser of a bench that fills a database once and measures reads of it (admin_scale,
+    dashboard_scale): --reuse (a database that has the rows), --drop (at the end), --json."""
+    made = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    made.add_argument("--reuse", action="store_true", help="keep a database that has the rows")
+    made.add_argument("--drop", action="store_true", help="drop the database at the end")
+    made.add_argument("--json", action="store_true")
+    return made

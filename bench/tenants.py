@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import common
 from bench.fairness import Workers
 from bench.throughput import (
     QUEUE,
@@ -318,10 +319,8 @@ def print_report(results: Results) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.tenants",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = common.parser(
+        "python -m bench.tenants", __doc__, database=BENCH_DATABASE, redis_db=BENCH_REDIS_DB
     )
     parser.add_argument("--tenants", type=int, default=10000, help="tenants (10000)")
     parser.add_argument("--drain", type=int, default=1000, help="children to drain (1000)")
@@ -335,10 +334,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="provision roles for the first N tenants only (those the drain reaches), "
         "instead of role_sync.sync_all for all",
     )
-    parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
-    parser.add_argument("--database", default=BENCH_DATABASE)
-    parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
-    parser.add_argument("--keep-database", action="store_true", help="do not drop it at the end")
     args = parser.parse_args(argv)
     if args.tenants < 1 or args.drain < 0 or args.workers < 1:
         parser.error("--tenants and --workers must be >= 1, --drain >= 0")
