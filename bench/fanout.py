@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from bench import common
 from bench.throughput import (
     QUEUE,
     ROOT,
@@ -355,10 +356,8 @@ def cron_ticks(rounds: int) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.fanout",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = common.parser(
+        "python -m bench.fanout", __doc__, database=BENCH_DATABASE, redis_db=BENCH_REDIS_DB
     )
     parser.add_argument("--tenants", type=int, default=1000, help="tenants to fan out to (1000)")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds, medians (3)")
@@ -382,17 +381,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--cron", action="store_true", help="also time a per-tenant cron tick (scheduler side)"
     )
-    parser.add_argument("--json", action="store_true", help="also write bench/results/*.json")
-    parser.add_argument(
-        "--database", default=BENCH_DATABASE, help=f"database to create and drop ({BENCH_DATABASE})"
-    )
-    parser.add_argument(
-        "--redis-db",
-        type=int,
-        default=BENCH_REDIS_DB,
-        help=f"Redis database to flush and use ({BENCH_REDIS_DB})",
-    )
-    parser.add_argument("--keep-database", action="store_true", help="do not drop it at the end")
     args = parser.parse_args(argv)
     if args.tenants < 1 or args.rounds < 1:
         parser.error("--tenants and --rounds must be >= 1")
