@@ -152,10 +152,9 @@ def cancel_run(run: JobRun, *, by: Any = None) -> str:
         run.refresh_from_db()
         logger.info("run %s cancelled by %s", run.run_id, who or "-")
         return CANCELLED
-    running = JobRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING)
     # The first request's time and author stand; a second click only re-sends the flag.
     transitions.request_cancel([run.pk], who, now)
-    if not running.exists():
+    if not JobRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).exists():
         return ""
     run.refresh_from_db()
     run_hex = uuid.UUID(str(run.run_id)).hex

@@ -4,8 +4,9 @@ A run's row moves ``queued``/``deferred`` -> ``running`` -> an outcome, and each
 one ``JobAttempt`` row; whoever moves it (the records step, the relay, the sweep, an operator's
 cancel, a ``replace`` enqueue, a message for an unknown job) calls a function here, so the
 conditions of each move and the bounds of each column are written once. The two statements
-every run costs (start, finish) and the progress update are SQL text in ``run_sql``, which only
-this module calls; they are exported here with the rest, so the run side has one door.
+every run costs (start, finish), the progress update and an atomic run's success are SQL text
+in ``run_sql``; only this module calls those writes, and exports them with the rest, so the run
+side has one door to the history's rows.
 
 Writes that are not a state change live beside their data: a new run's row is the enqueue's
 (``enqueueing``: ``outbox.save``, ``fanout.insert_new``, ``bulk_rows``, cron ticks, boot jobs),
@@ -31,9 +32,15 @@ from ..models import WAITING_STATUSES, JobAttempt, JobFailure, JobRun, RunStatus
 from .run_sql import Started, atomic_success, finish, start, write_progress
 
 __all__ = [
+    "CANCEL_BY_LIMIT",
+    "ERROR_MESSAGE_LIMIT",
+    "REASON_LIMIT",
+    "TRACEBACK_LIMIT",
+    "TRIGGER_LIMIT",
     "AttemptEnd",
     "Started",
     "atomic_success",
+    "attempt_columns",
     "cancel_abandoned",
     "cancel_waiting",
     "clear_failure",
@@ -46,6 +53,7 @@ __all__ = [
     "record_failure",
     "replace_waiting",
     "request_cancel",
+    "run_columns",
     "run_row",
     "start",
     "take_over",
@@ -59,11 +67,13 @@ def _max_length(model: Any, name: str) -> int:
     return int(length)
 
 
-# One bound per column, applied here and nowhere else. Free text (a ``TextField``) has no
-# bound in the table; 4000 characters is what an operator reads of a message, and a traceback
-# keeps its last 20,000 (the innermost frames, where it failed).
+# One bound per column, defined here only: this module applies them, and the few writers of
+# these columns outside it (a new run's trigger, a workflow's reasons) import them. Free text
+# (a ``TextField``) has no bound in the table; 4000 characters is what an operator reads of a
+# message, and a traceback keeps its last 20,000 (the innermost frames, where it failed).
 ERROR_MESSAGE_LIMIT = 4000  # JobRun.error_message, JobAttempt.error_message
 TRACEBACK_LIMIT = 20_000  # JobAttempt.traceback, its tail
+REASON_LIMIT = 4000  # Workflow.reason, WorkflowStep.reason (history/workflows.py writes them)
 CANCEL_BY_LIMIT = _max_length(JobRun, "cancel_requested_by")
 TRIGGER_LIMIT = _max_length(JobRun, "trigger")  # written with a new run (enqueueing)
 
