@@ -2,8 +2,9 @@
 
 The step reaches its transaction only through ``history.run_sql`` (``atomic_transaction``,
 ``atomic_roll_back``) and records the success through ``history.transitions``
-(``atomic_success``); ``Transaction`` below stands in for both and notes what happened. Pinned: only an ``atomic=True`` tenant run gets the transaction; a success is recorded
-in it (with the transaction's id and the result) and commits with the body; anything else (a
+(``atomic_success``); ``Transaction`` below stands in for both and notes what happened.
+Pinned: only an ``atomic=True`` tenant run gets the transaction; a success is recorded in it
+(with the transaction's id and the result) and commits with the body; anything else (a
 failure, a deferral, a swallowed guard denial, an exception) rolls it back and records nothing;
 a body that ended the transaction itself makes the success unrecordable, which fails the run for
 good (``Unrecoverable``) and rolls back.
