@@ -354,9 +354,9 @@ def atomic_begin() -> str:
 
 def atomic_digest(secret: str) -> str:
     """What the run's row holds of an atomic delivery's secret (``Delivery.atomic_secret``):
-    its SHA-256, written with the start (``start``, ``take_over``), before the body's
-    transaction opens and committed with the start, so the success function sees it at any
-    isolation level. Tenant logins cannot write that column (no privilege on kumiko's tables;
+    its SHA-256, written with the start (``start``, ``transitions.take_over``), before the
+    body's transaction opens and committed with the start, so the success function sees it at
+    any isolation level. Tenant logins cannot write that column (no privilege on kumiko's tables;
     the classifier refuses it), and only the runner holds the secret: migration 0017's function
     accepts the success of this attempt only with it."""
     return hashlib.sha256(secret.encode()).hexdigest()
