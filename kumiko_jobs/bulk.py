@@ -31,6 +31,7 @@ from .definition.registry import registry
 from .enqueueing import followups
 from .enqueueing.submit import submit
 from .history import bulk as rows
+from .history import transitions
 from .history.bulk import Outcome, Result
 from .models import BulkKind, BulkOperation, JobRun
 
@@ -90,7 +91,7 @@ def _enqueue_batch(operation_id: uuid.UUID, by: str) -> None:
         None,
         {"operation_id": operation_id.hex},
         delay=0.0,
-        trigger=f"bulk:{operation_id.hex}"[:200],
+        trigger=f"bulk:{operation_id.hex}"[: transitions.TRIGGER_LIMIT],
     )
 
 

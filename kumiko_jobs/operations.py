@@ -26,12 +26,12 @@ from .definition.job import JobDefinition
 from .definition.registry import registry
 from .enqueueing.handle import RunHandle, resolve
 from .enqueueing.submit import submit
+from .history import transitions
 from .models import WAITING_STATUSES, JobRun, RunStatus
 
 logger = logging.getLogger("kumiko_jobs.operations")
 
 RETRYABLE_STATUSES = (RunStatus.FAILED, RunStatus.CANCELLED)
-_TRIGGER_MAX = JobRun._meta.get_field("trigger").max_length or 200
 
 
 def _who(by: Any) -> str:
@@ -52,7 +52,7 @@ def _trigger(base: str, by: Any) -> str:
     # The envelope's triggered_by comes from the request (KumikoJobsMiddleware). Outside a
     # request (a management command) nothing would record who asked, so the trigger says it.
     who = _who(by)
-    return (f"{base} by {who}" if who else base)[:_TRIGGER_MAX]
+    return (f"{base} by {who}" if who else base)[: transitions.TRIGGER_LIMIT]
 
 
 def retry_run(run: JobRun, *, by: Any = None) -> RunHandle:
@@ -148,25 +148,13 @@ def cancel_run(run: JobRun, *, by: Any = None) -> str:
     """
     who = _who(by)
     now = timezone.now()
-    updated = JobRun.objects.filter(pk=run.pk, status__in=WAITING_STATUSES).update(
-        status=RunStatus.CANCELLED,
-        finished_at=now,
-        scheduled_for=None,
-        error_type="",
-        error_message=f"Cancelled by {who}." if who else "Cancelled by an operator.",
-        cancel_requested_at=now,
-        cancel_requested_by=who[:_WHO_MAX],
-    )
-    if updated:
+    if transitions.cancel_waiting(run.pk, who, now):
         run.refresh_from_db()
         logger.info("run %s cancelled by %s", run.run_id, who or "-")
         return CANCELLED
-    running = JobRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING)
     # The first request's time and author stand; a second click only re-sends the flag.
-    running.filter(cancel_requested_at__isnull=True).update(
-        cancel_requested_at=now, cancel_requested_by=who[:_WHO_MAX]
-    )
-    if not running.exists():
+    transitions.request_cancel([run.pk], who, now)
+    if not JobRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).exists():
         return ""
     run.refresh_from_db()
     run_hex = uuid.UUID(str(run.run_id)).hex
@@ -176,9 +164,6 @@ def cancel_run(run: JobRun, *, by: Any = None) -> str:
     )
     logger.info("run %s: cancellation requested by %s", run.run_id, who or "-")
     return CANCEL_REQUESTED
-
-
-_WHO_MAX = JobRun._meta.get_field("cancel_requested_by").max_length or 150
 
 
 def _cancel_flag_ttl(job_name: str) -> int:

@@ -21,6 +21,7 @@ from .. import signals
 from ..core import project_settings
 from ..core.db import ADMISSION_LOCK_TABLE
 from ..definition.job import JobDefinition
+from ..history import transitions
 from ..models import AdmissionLock, JobRun, RunStatus
 
 
@@ -93,11 +94,7 @@ def _replace_queued(definition: JobDefinition, schema: str) -> None:
     )
     if not waiting:
         return
-    JobRun.objects.filter(pk__in=waiting, status=RunStatus.QUEUED).update(
-        status=RunStatus.CANCELLED,
-        finished_at=timezone.now(),
-        error_message="replaced by a newer enqueue",
-    )
+    transitions.replace_waiting(waiting, timezone.now())
     for run_id in waiting:
         transaction.on_commit(
             functools.partial(

@@ -29,6 +29,7 @@ from ..core import conf
 from ..core.envelope import Envelope, new_run_id
 from ..core.exceptions import KumikoJobsError
 from ..definition.registry import registry
+from ..history import transitions
 from ..history import workflows as sql
 from ..models import JobRun, RunStatus, StepState, Workflow, WorkflowStep
 from .fanout import insert_new
@@ -233,9 +234,7 @@ def _ask_to_stop(run_hexes: list[str]) -> None:
     """Ask running steps to stop, after the commit: their rows are written outside the
     workflow's lock, since a finishing step holds its run's row while it waits for that lock
     (the other order would deadlock with it)."""
-    JobRun.objects.filter(
-        run_id__in=run_hexes, status=RunStatus.RUNNING, cancel_requested_at__isnull=True
-    ).update(cancel_requested_at=timezone.now(), cancel_requested_by="workflow")
+    transitions.request_cancel(run_hexes, "workflow", timezone.now())
     settings = conf.get()
     ttl = settings.DEFAULT_TIMEOUT + settings.TIMEOUT_KILL_AFTER + 2 * settings.WORKER_DEAD_AFTER
     redis = transport.connection_for(settings.DEFAULT_QUEUE)

@@ -78,6 +78,8 @@ def _index(expression: str) -> str:
     return f"floor(ln(greatest(({expression})::float8, 1.0)) * {PER_DOUBLING} / ln(2.0))::int"
 
 
+# Over 60 lines, and kept whole: it is one SQL statement's text, read top to bottom as the
+# statement runs (its CTEs in order); split into functions it would be one query in pieces.
 def aggregate(
     grain: int,
     since: datetime,

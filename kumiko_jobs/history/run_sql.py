@@ -10,8 +10,8 @@ cursor, which sets the path again because the tenancy step has marked it stale.
 Per run, this makes the history cost one statement at the start (the run's ``running`` row and
 the run's tenant together) and one at the end (the attempt row and the run's outcome
 together), each its own implicit transaction. The rarer paths around them (a message the start
-did not take, a finish with more to write than its two rows, an atomic run's transaction) are
-here too, through the ORM: the run side reaches the history's rows only through this module.
+did not take, a finish with more to write than its two rows) are ORM writes in ``transitions``,
+which is the only caller of the writes here: the run side reaches the history's rows through it.
 
 With ``HISTORY_SYNCHRONOUS_COMMIT = False`` both statements commit asynchronously
 (``set_config('synchronous_commit', 'off', true)`` inside the statement, so it applies to that
@@ -217,21 +217,6 @@ def start(
     return Started(updated=bool(row[0]), tenant=_tenant_from(row[2:]), workflow_id=row[1])
 
 
-def run_row(run_id: str) -> tuple[str, int] | None:
-    """The run's status and attempts, read when ``start`` did not take the message (None: the
-    run has no row)."""
-    row = JobRun.objects.filter(pk=run_id).values("status", "attempts").first()
-    return None if row is None else (row["status"], row["attempts"])
-
-
-def take_over(run_id: str, attempt: int, started_at: datetime, atomic_key: str = "") -> None:
-    """The run is ``running`` an earlier attempt whose worker died after scheduling this one:
-    it runs ``attempt`` from now on (with this delivery's ``atomic_key``, as ``start``)."""
-    JobRun.objects.filter(pk=run_id).update(
-        attempts=attempt, started_at=started_at, atomic_key=atomic_key
-    )
-
-
 def find_tenant(schema: str) -> Any:
     """The tenant with this schema_name, or None: the same lookup as ``start`` makes."""
     tenant_table = _qualified(get_tenant_model()._meta.db_table)
@@ -243,23 +228,6 @@ def find_tenant(schema: str) -> Any:
         )
         row = cursor.fetchone()
     return None if row is None else _tenant_from(row)
-
-
-def end_stray_transaction() -> bool:
-    """Roll back a transaction left open on the history's connection; True if there was one.
-
-    The tenancy step already ends what a job leaves open (and fails the run); this is the
-    history's own guarantee, for pipelines without that step: a run's outcome must commit,
-    never join a transaction that nobody will commit. A transaction Django knows of (an inline
-    run inside a caller's ``atomic()``) is the caller's, and left alone. The check is
-    client-side: no round trip.
-    """
-
-    wrapper = connections[DEFAULT_DB_ALIAS]
-    if wrapper.in_atomic_block or not session.in_transaction(wrapper):
-        return False
-    session.roll_back(wrapper)
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,19 +303,6 @@ def finish(
         cursor.execute(statement.sql, params)
 
 
-def finish_in_transaction(
-    attempt: dict[str, Any], run_update: dict[str, Any], run_id: str, also: Callable[[], None]
-) -> None:
-    """``finish``'s two writes through the ORM, and ``also`` (the run's other writes: the
-    tenant's failure, escape-hatch uses, follow-ups), in one transaction."""
-    with transaction.atomic():
-        JobAttempt.objects.create(
-            **{("run_id" if k == "run" else k): v for k, v in attempt.items()}
-        )
-        JobRun.objects.filter(pk=run_id).update(**run_update)
-        also()
-
-
 def write_progress(
     conn: Any, run_id: str, attempt: int, fraction: float | None, message: str
 ) -> None:
@@ -399,9 +354,9 @@ def atomic_begin() -> str:
 
 def atomic_digest(secret: str) -> str:
     """What the run's row holds of an atomic delivery's secret (``Delivery.atomic_secret``):
-    its SHA-256, written with the start (``start``, ``take_over``), before the body's
-    transaction opens and committed with the start, so the success function sees it at any
-    isolation level. Tenant logins cannot write that column (no privilege on kumiko's tables;
+    its SHA-256, written with the start (``start``, ``transitions.take_over``), before the
+    body's transaction opens and committed with the start, so the success function sees it at
+    any isolation level. Tenant logins cannot write that column (no privilege on kumiko's tables;
     the classifier refuses it), and only the runner holds the secret: migration 0017's function
     accepts the success of this attempt only with it."""
     return hashlib.sha256(secret.encode()).hexdigest()

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from ..models import FINISHED_STATUSES, JobRun, RunStatus, StepState, Workflow, WorkflowStep
 from .run_reads import reader_schema
+from .transitions import REASON_LIMIT
 
 _STEP = WorkflowStep._meta.db_table
 _RUN = JobRun._meta.db_table
@@ -104,7 +105,7 @@ def close(
         cursor.execute(
             f"UPDATE {_STEP} SET state = %s, reason = %s, finished_at = %s "
             f"WHERE workflow_id = %s AND run_id = %s AND state = %s RETURNING key, dependents",
-            [state, reason[:4000], timezone.now(), workflow_id, run_id, StepState.RELEASED],
+            [state, reason[:REASON_LIMIT], timezone.now(), workflow_id, run_id, StepState.RELEASED],
         )
         row = cursor.fetchone()
     return None if row is None else Closed(row[0], _keys(row[1]), state)
@@ -157,7 +158,7 @@ def mark_skipped(ids: Sequence[int], reason: str) -> None:
     """Steps that never run: cancelled, with why."""
     if ids:
         WorkflowStep.objects.filter(pk__in=list(ids)).update(
-            state=StepState.CANCELLED, reason=reason[:4000], finished_at=timezone.now()
+            state=StepState.CANCELLED, reason=reason[:REASON_LIMIT], finished_at=timezone.now()
         )
 
 
@@ -179,7 +180,7 @@ def end(workflow: Workflow, status: str, reason: str = "") -> None:
     """The workflow's status (finished when every step is final; cancelled at once)."""
     fields: dict[str, Any] = {"status": status}
     if reason:
-        fields["reason"] = reason[:4000]
+        fields["reason"] = reason[:REASON_LIMIT]
     if status != RunStatus.RUNNING:
         fields["finished_at"] = timezone.now()
     Workflow.objects.filter(pk=workflow.pk).update(**fields)
@@ -189,7 +190,7 @@ def end(workflow: Workflow, status: str, reason: str = "") -> None:
 def cancel_waiting(workflow_id: uuid.UUID, reason: str) -> int:
     """Every step still waiting for its predecessors is cancelled; how many."""
     return WorkflowStep.objects.filter(workflow_id=workflow_id, state=StepState.WAITING).update(
-        state=StepState.CANCELLED, reason=reason[:4000], finished_at=timezone.now()
+        state=StepState.CANCELLED, reason=reason[:REASON_LIMIT], finished_at=timezone.now()
     )
 
 
@@ -208,13 +209,13 @@ def cancel_queued_runs(workflow_id: uuid.UUID, reason: str) -> int:
             [
                 RunStatus.CANCELLED,
                 now,
-                reason[:4000],
+                reason[:REASON_LIMIT],
                 workflow_id,
                 StepState.RELEASED,
                 RunStatus.QUEUED,
                 RunStatus.DEFERRED,
                 StepState.CANCELLED,
-                reason[:4000],
+                reason[:REASON_LIMIT],
                 now,
             ],
         )

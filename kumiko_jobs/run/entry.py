@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from django.db import connections
-from django.utils import timezone
 
 from .. import transport
 from ..core import conf, current, idle_connections
@@ -25,9 +24,8 @@ from ..core.outcome import DeferralKind, Outcome
 from ..definition.options import is_async
 from ..definition.registry import registry
 from ..enqueueing.messages import message_for
-from ..history import results
+from ..history import results, transitions
 from ..history.rejections import record_rejection
-from ..models import JobRun, RunStatus
 from . import async_body
 from .context import JobContext
 from .pipeline import Next, compose
@@ -189,13 +187,7 @@ def dispatch(state: RunState) -> None:
 def _fail_unknown(env: envelope_mod.Envelope, reason: str) -> None:
     logger.error("run %s failed closed: %s", env.run_id, reason)
 
-    updated = JobRun.objects.filter(pk=env.run_id).update(
-        status=RunStatus.FAILED,
-        finished_at=timezone.now(),
-        error_type="JobNotRegistered",
-        error_message=reason[:4000],
-        attempts=env.attempt,
-    )
+    updated = transitions.fail_closed(env.run_id, "JobNotRegistered", reason, attempts=env.attempt)
     if not updated:
         record_rejection(env, reason, transport.current_job_id(), transport.current_job_origin())
 

@@ -28,7 +28,7 @@ from ..core import conf, session
 from ..core.exceptions import InvalidJob
 from ..core.text import text_problem
 from ..guard.watch import Watch
-from ..history import run_sql
+from ..history import transitions
 
 logger = logging.getLogger("kumiko_jobs.progress")
 
@@ -97,7 +97,9 @@ def report(
         return
     try:
         with watch.stepped_aside():  # kumiko's own write, not the body's
-            run_sql.write_progress(project, run_id, attempt, progress.fraction, progress.message)
+            transitions.write_progress(
+                project, run_id, attempt, progress.fraction, progress.message
+            )
     except DatabaseError as exc:  # the job goes on; the report waits for the finish
         logger.warning("run %s: its progress was not written (%r)", run_id, exc)
         return

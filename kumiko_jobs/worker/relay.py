@@ -54,7 +54,8 @@ from ..core.envelope import rq_job_id_of, run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
 from ..enqueueing.messages import message_for, pending_counters, waiting_envelope
-from ..models import FINISHED_STATUSES, WAITING_STATUSES, JobRun, RunStatus
+from ..history import transitions
+from ..models import FINISHED_STATUSES, WAITING_STATUSES, JobRun
 from . import pauses
 
 logger = logging.getLogger("kumiko_jobs.relay")
@@ -326,9 +327,4 @@ def _fail_unknown(run: JobRun, reason: str) -> None:
 def _fail_closed(run: JobRun, error_type: str, reason: str) -> None:
     # What a worker would do with the message (fail closed), without the round trip.
     logger.error("run %s failed closed by the relay: %s", run.run_id, reason)
-    JobRun.objects.filter(pk=run.pk).update(
-        status=RunStatus.FAILED,
-        finished_at=timezone.now(),
-        error_type=error_type,
-        error_message=reason[:4000],
-    )
+    transitions.fail_closed(run.pk, error_type, reason)

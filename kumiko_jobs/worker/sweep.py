@@ -36,7 +36,7 @@ from ..core.envelope import run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
 from ..enqueueing.messages import envelope_of, message_for
-from ..history import retention
+from ..history import retention, transitions
 from ..models import JobAttempt, JobRun, RunStatus
 
 logger = logging.getLogger("kumiko_jobs.sweep")
@@ -193,56 +193,31 @@ def _hand_back(
             # An operator asked to cancel it: whatever ended the attempt, nothing retries it.
             return _end_cancelled(claimed, error_type, reason, now)
         retry = definition is not None and claimed.attempts < claimed.max_attempts
-        JobAttempt.objects.create(
-            run=claimed,
-            number=claimed.attempts,
-            started_at=claimed.started_at or now,
-            finished_at=now,
-            duration_ms=0,
+        delay = definition.backoff.seconds_after(claimed.attempts) if retry else 0
+        transitions.hand_back(
+            claimed,
             outcome=retried_outcome if retry else JobAttempt.Outcome.FAILED,
             error_type=error_type,
-            error_message=reason,
+            reason=reason,
+            now=now,
+            retry_at=now + timedelta(seconds=delay) if retry else None,
         )
-        if retry:
-            delay = definition.backoff.seconds_after(claimed.attempts)
-            claimed.status = RunStatus.QUEUED
-            claimed.scheduled_for = now + timedelta(seconds=delay)  # when the relay may check
-            claimed.error_type, claimed.error_message = error_type, reason
-            claimed.save(update_fields=["status", "scheduled_for", "error_type", "error_message"])
-            if push:
-                message = message_for(
-                    definition,
-                    envelope_of(claimed, attempt=claimed.attempts + 1),
-                    delay,
-                    priority=claimed.priority,
-                )
-                # Redis down: the run is queued in PostgreSQL, and the relay pushes it later.
-                transaction.on_commit(functools.partial(transport.push, message), robust=True)
-        else:
-            claimed.status = RunStatus.FAILED
-            claimed.finished_at = now
-            claimed.error_type, claimed.error_message = error_type, reason
-            claimed.save(update_fields=["status", "finished_at", "error_type", "error_message"])
+        if retry and push:
+            message = message_for(
+                definition,
+                envelope_of(claimed, attempt=claimed.attempts + 1),
+                delay,
+                priority=claimed.priority,
+            )
+            # Redis down: the run is queued in PostgreSQL, and the relay pushes it later.
+            transaction.on_commit(functools.partial(transport.push, message), robust=True)
         return str(claimed.status)
 
 
 def _end_cancelled(claimed: JobRun, error_type: str, reason: str, now: datetime) -> str:
-    who = claimed.cancel_requested_by
-    text = f"cancelled on request{f' by {who}' if who else ''}: {reason}"[:4000]
-    JobAttempt.objects.create(
-        run=claimed,
-        number=claimed.attempts,
-        started_at=claimed.started_at or now,
-        finished_at=now,
-        duration_ms=0,
-        outcome=JobAttempt.Outcome.CANCELLED,
-        error_type=error_type,
-        error_message=text,
+    transitions.cancel_abandoned(
+        claimed, error_type=error_type, run_error_type=CANCELLED, reason=reason, now=now
     )
-    claimed.status = RunStatus.CANCELLED
-    claimed.finished_at = now
-    claimed.error_type, claimed.error_message = CANCELLED, text
-    claimed.save(update_fields=["status", "finished_at", "error_type", "error_message"])
     return str(claimed.status)
 
 

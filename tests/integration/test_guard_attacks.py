@@ -451,7 +451,7 @@ def protections_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Calibration runs without kumiko's defences, as the code before issue 11 did: the guard
     off (GUARD_OFF) and, for the strategies that plant session state for the next run, no
     session reset (``session.clean_up``) and no roll-back of a transaction left open before
-    the outcome is written (``run_sql.end_stray_transaction``). Only then does "it worked"
+    the outcome is written (``transitions.end_stray_transaction``). Only then does "it worked"
     prove anything about what enforcement stops. The two route rules that hold whatever
     DB_GUARD says are lifted too: receivers connected inside a run, and a tenant run starting a
     system job that does not declare ``tenant_may_start``."""
@@ -460,10 +460,10 @@ def protections_off(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     from kumiko_jobs import signals
     from kumiko_jobs.core import session
     from kumiko_jobs.definition.registry import registry
-    from kumiko_jobs.history import run_sql
+    from kumiko_jobs.history import transitions
 
     monkeypatch.setattr(session, "clean_up", lambda busy: [])
-    monkeypatch.setattr(run_sql, "end_stray_transaction", lambda: False)
+    monkeypatch.setattr(transitions, "end_stray_transaction", lambda: False)
     monkeypatch.setattr(signals, "_refuse_inside_a_run", lambda action: None)
     accepting = dataclasses.replace(jobs.system_reprice, tenant_may_start=True)
     monkeypatch.setattr(jobs, "system_reprice", accepting)

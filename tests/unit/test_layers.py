@@ -9,6 +9,7 @@ those that never run in a given process: an import made inside a function or und
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -337,3 +338,219 @@ def test_the_checks_themselves_can_fail() -> None:
     walked = [("bad", node) for node in ast.walk(bad)]
     assert _redis_calls(iter(walked)) == ["bad:1 calls redis.set", "bad:2 calls connection.hset"]
     assert _key_texts(iter(walked)) == ["bad:1 writes 'kumiko:x'"]
+
+
+# --- who writes the run history (docs/design.md, "Who writes the history") -------------------
+
+# Every state change of a run or an attempt is a function of ``history/transitions.py``; these
+# modules of the history write the rows too, each for the reason given. A new run's row is not
+# a state change: inserting a ``JobRun`` is the enqueue's (``outbox.save``, ``insert_new``, the
+# bulk enqueue's COPY, workflows, cron ticks, boot jobs) and allowed anywhere.
+HISTORY_WRITERS = {
+    "kumiko_jobs.history.transitions": "every state change of a run or an attempt",
+    "kumiko_jobs.history.run_sql": "the hot statements' SQL text, which only transitions calls",
+    "kumiko_jobs.history.retention": "erasure: expired runs deleted, a deleted tenant's scrubbed",
+    "kumiko_jobs.history.workflows": (
+        "a workflow's cancel moves its queued runs in the statement that cancels their steps"
+    ),
+}
+HISTORY_MODELS = frozenset({"JobRun", "JobAttempt"})
+HISTORY_TABLES = ("kumiko_jobs_jobrun", "kumiko_jobs_jobattempt")
+# ORM calls that write, on a model's manager, a queryset or an instance.
+ORM_WRITES = frozenset(
+    {
+        "update", "delete", "bulk_update", "update_or_create", "get_or_create", "create",
+        "bulk_create", "_insert", "_update", "save", "_do_update", "_save_table",
+    }
+)  # fmt: skip
+# Of those, the ones that only insert: allowed on JobRun (a new run), never on JobAttempt.
+ORM_INSERTS = frozenset({"create", "bulk_create", "_insert"})
+SQL_WRITE = re.compile(r"\b(UPDATE|DELETE\s+FROM|INSERT\s+INTO)\b", re.IGNORECASE)
+
+
+def _root(node: ast.expr) -> ast.expr:
+    """``JobRun`` for ``JobRun.objects.filter(...).first()``: what a chain of calls,
+    attributes and subscripts starts from."""
+    while True:
+        if isinstance(node, ast.Attribute | ast.Subscript):
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Await):
+            node = node.value
+        else:
+            return node
+
+
+def _model_of(node: ast.expr, bound: dict[str, str]) -> str | None:
+    """The history model an expression's chain starts from (the model, or a name bound to a
+    queryset, row or row list of it), else None."""
+    root = _root(node)
+    if isinstance(root, ast.Name):
+        if root.id in HISTORY_MODELS:
+            return root.id
+        return bound.get(root.id)
+    return None
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def _bindings(scope: ast.AST, bound: dict[str, str], tables: set[str]) -> None:
+    """Names in ``scope`` bound to a history model's rows (``bound``: name -> model) and names
+    whose value mentions a history model at all (``tables``: a table name, a quoted one)."""
+    for _ in range(3):  # a name bound from a name bound earlier: a few rounds settle it
+        for node in ast.walk(scope):
+            targets: list[ast.expr] = []
+            value: ast.expr | None = None
+            if isinstance(node, ast.Assign):
+                targets, value = node.targets, node.value
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign) and node.value is not None:
+                targets, value = [node.target], node.value
+            elif isinstance(node, ast.For | ast.AsyncFor | ast.comprehension):
+                targets, value = [node.target], node.iter
+            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+                targets, value = [node.optional_vars], node.context_expr
+            elif isinstance(node, ast.arg) and node.annotation is not None:
+                model = _names_in(node.annotation) & HISTORY_MODELS
+                if model:
+                    bound[node.arg] = min(model)
+                continue
+            if value is None:
+                continue
+            model_ = _model_of(value, bound)
+            mentions = bool(_names_in(value) & (HISTORY_MODELS | tables))
+            for target in targets:
+                for name in _names_in(target):
+                    if model_ is not None:
+                        bound[name] = model_
+                    if mentions:
+                        tables.add(name)
+
+
+def _sql_text(node: ast.AST) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_sql_text(part) for part in node.values)
+    return ""
+
+
+def _history_writes(name: str, tree: ast.AST) -> list[str]:
+    """Every write to JobRun's or JobAttempt's rows in one module's tree, except inserting a run:
+    ORM writes on the models, their querysets and rows, and SQL that updates or deletes their
+    rows (or inserts attempts) naming their tables."""
+    module_bound: dict[str, str] = {}
+    module_tables: set[str] = set()
+    top = ast.Module(body=[s for s in getattr(tree, "body", []) if isinstance(s, ast.Assign)])
+    _bindings(top, module_bound, module_tables)
+    scopes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    found: set[str] = set()
+    for scope in [tree, *scopes]:
+        bound, tables = dict(module_bound), set(module_tables)
+        if scope is not tree:
+            _bindings(scope, bound, tables)
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                method = node.func.attr
+                model = _model_of(node.func.value, bound)
+                if model is None or method not in ORM_WRITES:
+                    continue
+                force_insert = any(
+                    k.arg == "force_insert" and isinstance(k.value, ast.Constant) and k.value.value
+                    for k in node.keywords
+                )
+                if model == "JobRun" and (method in ORM_INSERTS or force_insert):
+                    continue
+                found.add(f"{name}:{node.lineno} {model} .{method}()")
+            elif isinstance(node, ast.JoinedStr | ast.Constant):
+                text = _sql_text(node)
+                verb = SQL_WRITE.search(text)
+                if verb is None:
+                    continue
+                named = isinstance(node, ast.JoinedStr) and bool(
+                    _names_in(node) & (HISTORY_MODELS | tables)
+                )
+                if not (named or any(t in text for t in HISTORY_TABLES)):
+                    continue
+                inserts_run = verb.group(1).upper().startswith("INSERT") and (
+                    "JobAttempt" not in _names_in(node) and HISTORY_TABLES[1] not in text
+                )
+                if not inserts_run:
+                    found.add(f"{name}:{node.lineno} SQL {verb.group(1).upper()}")
+    return sorted(found)
+
+
+# The writes of ``history/run_sql.py``: only ``transitions`` calls them (and exports them).
+RUN_SQL_WRITES = frozenset({"start", "finish", "write_progress", "atomic_success"})
+
+
+def _run_sql_writes(name: str, tree: ast.AST) -> list[str]:
+    """Calls of ``run_sql.<write>`` and imports of those names from ``run_sql``."""
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in RUN_SQL_WRITES
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "run_sql"
+        ):
+            found.append(f"{name}:{node.lineno} calls run_sql.{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("run_sql"):
+            found += [
+                f"{name}:{node.lineno} imports run_sql.{alias.name}"
+                for alias in node.names
+                if alias.name in RUN_SQL_WRITES
+            ]
+    return found
+
+
+def test_only_the_history_writes_runs_and_attempts() -> None:
+    """No module outside ``HISTORY_WRITERS`` writes a run's or an attempt's row: every state
+    change is a function of ``history/transitions.py`` (docs/design.md, "Who writes the
+    history"), which is also the only caller of ``run_sql``'s writes."""
+    offenders = []
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text(), str(path))
+        if name != "kumiko_jobs.history.transitions":
+            offenders += _run_sql_writes(name, tree)
+        if name not in HISTORY_WRITERS:
+            offenders += _history_writes(name, tree)
+    assert offenders == []
+
+
+def test_the_history_rule_can_fail() -> None:
+    """Calibration: the writes this rule exists for are seen (an update through a queryset
+    variable, an instance's save, an attempt created, SQL naming the table through a variable),
+    and what is allowed is not (inserting a run, reading, a dict's update)."""
+    bad = ast.parse(
+        "_RUN = JobRun._meta.db_table\n"
+        "def f(run: JobRun):\n"
+        "    runs = JobRun.objects.filter(pk=1)\n"
+        "    runs.update(status='failed')\n"
+        "    run.save(update_fields=['status'])\n"
+        "    JobAttempt.objects.create(run=run)\n"
+        "    cursor.execute(f'UPDATE {_RUN} SET status = %s', [1])\n"
+        "    JobRun.objects.filter(pk=1).delete()\n"
+        "    for row in runs:\n"
+        "        row.delete()\n"
+        "def g(row: JobRun):\n"
+        "    row.save(force_insert=True)\n"
+        "    JobRun.objects.bulk_create([row])\n"
+        "    JobRun.objects.filter(pk=1).exists()\n"
+        "    d = {}\n"
+        "    d.update(a=1)\n"
+    )
+    assert _run_sql_writes("bad", ast.parse("from .run_sql import finish\nrun_sql.start()")) == [
+        "bad:1 imports run_sql.finish",
+        "bad:2 calls run_sql.start",
+    ]
+    assert _history_writes("bad", bad) == [
+        "bad:10 JobRun .delete()",
+        "bad:4 JobRun .update()",
+        "bad:5 JobRun .save()",
+        "bad:6 JobAttempt .create()",
+        "bad:7 SQL UPDATE",
+        "bad:8 JobRun .delete()",
+    ]

@@ -1,7 +1,7 @@
 """Unit tests for the records step (run/steps/records.py): no database.
 
-The step reaches the run history only through ``history.run_sql`` (and refused messages through
-``history.rejections``); ``History`` below stands in for both, in memory. Pinned here:
+The step reaches the run history only through ``history.transitions`` (and refused messages
+through ``history.rejections``); ``History`` below stands in for both, in memory. Pinned here:
 
 * the start: the message the run waits for starts it (its tenant loaded for the gates); a stale
   or repeated message, or one for a cancelled run, is dropped without running and without
@@ -28,7 +28,7 @@ from kumiko_jobs.core.exceptions import Unrecoverable
 from kumiko_jobs.core.outcome import DeferralKind, Outcome
 from kumiko_jobs.enqueueing import followups
 from kumiko_jobs.enqueueing.followups import collecting
-from kumiko_jobs.history import rejections, run_sql
+from kumiko_jobs.history import rejections, run_sql, transitions
 from kumiko_jobs.models import JobRun
 from kumiko_jobs.run.state import Found, Missing, RunState
 from kumiko_jobs.run.steps.records import records
@@ -39,7 +39,7 @@ TENANT = SimpleNamespace(schema_name="t1", pk=1)
 
 
 class History:
-    """The history's rows as the records step reaches them (run_sql, rejections), in memory.
+    """The history's rows as the records step reaches them (transitions, rejections), in memory.
 
     ``updated``: whether the start statement takes the message; ``row``: the run's (status,
     attempts) when it does not (None: the row is gone); ``stray``: the history's connection has
@@ -121,8 +121,8 @@ def history(monkeypatch: pytest.MonkeyPatch) -> History:
 
 def install(monkeypatch: pytest.MonkeyPatch, history: History) -> History:
     for name in ("start", "run_row", "take_over", "end_stray_transaction", "finish"):
-        monkeypatch.setattr(run_sql, name, getattr(history, name))
-    monkeypatch.setattr(run_sql, "finish_in_transaction", history.finish_in_transaction)
+        monkeypatch.setattr(transitions, name, getattr(history, name))
+    monkeypatch.setattr(transitions, "finish_in_transaction", history.finish_in_transaction)
     monkeypatch.setattr(rejections, "record_rejection", history.record_rejection)
     return history
 

@@ -25,7 +25,7 @@ from django.utils import timezone
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
 from ...guard import search_path
-from ...history import run_sql
+from ...history import run_sql, transitions
 from ..pipeline import Next
 from ..state import RunState
 from .records import crash_point
@@ -50,7 +50,7 @@ def atomic(state: RunState, call_next: Next) -> None:
             run_sql.atomic_roll_back()
             return
         try:
-            run_sql.atomic_success(
+            transitions.atomic_success(
                 run_id=state.envelope.run_id,
                 attempt=state.envelope.attempt,
                 xid=xid,

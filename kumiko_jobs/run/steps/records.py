@@ -3,7 +3,7 @@
 Both writes run outside the tenant and outside the guard. The start is one statement (the run
 marked ``running``, its tenant loaded for the gates); the end is one statement in the common
 case, else one short transaction (attempt row, run row, tenant-visible failure, follow-up rows).
-The hot-path SQL lives in ``run_sql``.
+Every write goes through ``history.transitions`` (its hot-path SQL lives in ``run_sql``).
 
 A run starts only for the one message it waits for. Any other (a repeated push, a stale attempt,
 a message for a cancelled or finished run) is dropped here, which makes redelivery harmless. A
@@ -16,8 +16,6 @@ import logging
 import os
 import random
 import time
-import uuid
-from datetime import timedelta
 from typing import Any
 
 from django.utils import timezone
@@ -28,8 +26,8 @@ from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
 from ...enqueueing import workflow_release
 from ...enqueueing.fanout import insert_new
-from ...history import audit, rejections, run_sql
-from ...models import JobFailure, RunStatus
+from ...history import audit, rejections, run_sql, transitions
+from ...models import RunStatus
 from .. import report
 from ..pipeline import Next
 from ..state import Found, Missing, RunState, Timing
@@ -86,7 +84,7 @@ def _start(state: RunState) -> bool:
     state.timing = Timing(started_at=now)
     # An atomic run's key rides on the start: no statement of its own (the atomic step).
     key = run_sql.atomic_digest(state.delivery.atomic_secret) if state.definition.atomic else ""
-    started = run_sql.start(
+    started = transitions.start(
         run_id=env.run_id,
         attempt=env.attempt,
         started_at=now,
@@ -102,14 +100,14 @@ def _start(state: RunState) -> bool:
     state.workflow.workflow_id = started.workflow_id  # None outside a workflow: no statement
     updated = started.updated
     if not updated:
-        row = run_sql.run_row(env.run_id)
+        row = transitions.run_row(env.run_id)
         if row is None:
             _refuse_without_row(state)
             return False
         status, attempts = row
         if status == RunStatus.RUNNING and attempts < env.attempt:
             # The previous attempt's worker died after scheduling this one: take over.
-            run_sql.take_over(env.run_id, env.attempt, now, key)
+            transitions.take_over(env.run_id, env.attempt, now, key)
         else:
             why = _why_not_waiting(state, status, attempts)
             logger.info("dropping %s for run %s: %s", env.job, env.run_id, why)
@@ -176,59 +174,11 @@ def _drop(state: RunState, reason: str) -> None:
 
 
 def _finish(state: RunState) -> None:
+    """Write the attempt's outcome (then send its signal and report it)."""
     env = state.envelope
-    if run_sql.end_stray_transaction():
-        logger.error("run %s left a transaction open; rolled back before its outcome", env.run_id)
-        if state.ending.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
-            state.ending.fail(
-                state.ending.error
-                or Unrecoverable(
-                    "the run left a transaction open; it was rolled back, nothing in it committed"
-                )
-            )
-    now = timezone.now()
-    duration_ms = (time.monotonic() - state.timing.started_monotonic) * 1000
-    outcome = state.ending.outcome or Outcome.FAILED
-    error = state.ending.error
-    # The job's exception as it was rendered inside its tenant and guard (never str() here).
-    described = state.ending.described_error()
-    run_update: dict[str, Any] = {
-        "status": outcome.status,
-        "duration_ms": duration_ms,
-        # Which deferral the run now waits for, so its next message is rebuilt from the row
-        # (relay) without a guess; cleared for every other outcome. In the same statement.
-        "waiting_for": state.ending.deferral_kind if outcome is Outcome.DEFERRED else "",
-    }
-    if outcome.final:
-        run_update["finished_at"] = now
-    if state.ending.reschedule is not None:
-        run_update["scheduled_for"] = now + timedelta(seconds=state.ending.reschedule[1])
-    if described is not None:
-        run_update["error_type"] = described.type_name
-        run_update["error_message"] = described.message[:4000]
-    elif outcome is Outcome.SUCCEEDED:
-        run_update["error_type"] = ""
-        run_update["error_message"] = ""
-    if outcome is Outcome.SUCCEEDED:
-        # Already plain JSON (or a marker), made in run.entry.call_job; in the same statement.
-        run_update["result"] = state.ending.result
-    if outcome is Outcome.DROPPED:
-        run_update["error_message"] = state.ending.drop_reason
-    # The job's last ctx.progress() the row lacks, in the same statement (none: no column more).
-    run_update.update(state.progress.finish_columns())
-    attempt = {
-        "run": uuid.UUID(env.run_id),
-        "number": env.attempt,
-        "started_at": state.timing.started_at or now,
-        "finished_at": now,
-        "duration_ms": duration_ms,
-        "outcome": str(outcome),
-        "error_type": described.type_name if described else "",
-        "error_message": described.message[:4000] if described else "",
-        "traceback": state.ending.error_traceback[-20000:],
-        "log": state.log.lines,
-        "worker": state.delivery.worker_name,
-    }
+    _end_stray_transaction(state)
+    end = _attempt_end(state)
+    outcome = end.outcome
     records_failure = (
         bool(env.schema) and outcome is Outcome.FAILED and bool(state.ending.failure_key)
     )
@@ -241,15 +191,68 @@ def _finish(state: RunState) -> None:
         # recorded (a TenantVisibleError needs no tenant_visible_failure declared).
         clears = env.schema and outcome is Outcome.SUCCEEDED
         subject = (env.schema or "", env.job, state.tenancy.subject) if clears else None
-        run_sql.finish(attempt, run_update, env.run_id, clear_failure=subject)
+        transitions.finish_attempt(end, clear_failure=subject)
     else:
-        _finish_in_transaction(state, attempt, run_update, now)
+        now = end.finished_at
+        transitions.finish_attempt(end, also=lambda: _other_writes(state, now))
     # Written: an enqueue from here on (a signal receiver's) is an ordinary enqueue.
     state.followups.close()
+    _send_outcome(state, end)
+    report.run_finished(state, end.duration_ms)
+
+
+def _end_stray_transaction(state: RunState) -> None:
+    """A transaction the run left open is rolled back, and a success or deferral fails."""
+    if not transitions.end_stray_transaction():
+        return
+    logger.error(
+        "run %s left a transaction open; rolled back before its outcome", state.envelope.run_id
+    )
+    if state.ending.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
+        state.ending.fail(
+            state.ending.error
+            or Unrecoverable(
+                "the run left a transaction open; it was rolled back, nothing in it committed"
+            )
+        )
+
+
+def _attempt_end(state: RunState) -> transitions.AttemptEnd:
+    """The attempt's end as the history records it (``transitions`` makes the columns)."""
+    now = timezone.now()
+    ending = state.ending
+    outcome = ending.outcome or Outcome.FAILED
+    # The job's exception as it was rendered inside its tenant and guard (never str() here).
+    described = ending.described_error()
+    return transitions.AttemptEnd(
+        run_id=state.envelope.run_id,
+        number=state.envelope.attempt,
+        outcome=outcome,
+        started_at=state.timing.started_at or now,
+        finished_at=now,
+        duration_ms=(time.monotonic() - state.timing.started_monotonic) * 1000,
+        error_type=described.type_name if described is not None else None,
+        error_message=described.message if described is not None else "",
+        traceback=ending.error_traceback,
+        log=state.log.lines,
+        worker=state.delivery.worker_name,
+        waiting_for=ending.deferral_kind,
+        retry_in=ending.reschedule[1] if ending.reschedule is not None else None,
+        # Already plain JSON (or a marker), made in run.entry.call_job.
+        result=ending.result,
+        drop_reason=ending.drop_reason,
+        # The job's last ctx.progress() the row lacks, in the same statement (none: no column).
+        progress=state.progress.finish_columns(),
+    )
+
+
+def _send_outcome(state: RunState, end: transitions.AttemptEnd) -> None:
+    env, outcome = state.envelope, end.outcome
     extra = {}
     if _SIGNAL_FOR[outcome] is signals.job_dropped:
         # job_dropped's receivers get a reason (signals.py).
-        extra["reason"] = state.ending.drop_reason or (described.message if described else outcome)
+        described = end.error_message if end.error_type is not None else outcome
+        extra["reason"] = state.ending.drop_reason or described
     signals.send(
         _SIGNAL_FOR[outcome],
         run_id=env.run_id,
@@ -257,17 +260,8 @@ def _finish(state: RunState) -> None:
         schema_name=env.schema,
         attempt=env.attempt,
         outcome=outcome,
-        error=error,
+        error=state.ending.error,
         **extra,
-    )
-    report.run_finished(state, duration_ms)
-
-
-def _finish_in_transaction(
-    state: RunState, attempt: dict[str, Any], run_update: dict[str, Any], now: Any
-) -> None:
-    run_sql.finish_in_transaction(
-        attempt, run_update, state.envelope.run_id, also=lambda: _other_writes(state, now)
     )
 
 
@@ -275,25 +269,11 @@ def _other_writes(state: RunState, now: Any) -> None:
     """What the finish writes besides the run's two rows, in their transaction."""
     env, outcome = state.envelope, state.ending.outcome or Outcome.FAILED
     if env.schema and outcome is Outcome.FAILED and state.ending.failure_key:
-        JobFailure.objects.bulk_create(
-            [
-                JobFailure(
-                    schema_name=env.schema,
-                    job_name=env.job,
-                    subject=state.tenancy.subject,
-                    message_key=state.ending.failure_key,
-                    failed_at=now,
-                    run_id=uuid.UUID(env.run_id),
-                )
-            ],
-            update_conflicts=True,
-            unique_fields=("schema_name", "job_name", "subject"),
-            update_fields=("message_key", "failed_at", "run_id"),
+        transitions.record_failure(
+            env.schema, env.job, state.tenancy.subject, state.ending.failure_key, now, env.run_id
         )
     elif env.schema and outcome is Outcome.SUCCEEDED:
-        JobFailure.objects.filter(
-            schema_name=env.schema, job_name=env.job, subject=state.tenancy.subject
-        ).delete()
+        transitions.clear_failure(env.schema, env.job, state.tenancy.subject)
     audit.save_uses(state)
     if outcome is Outcome.SUCCEEDED and state.followups.entries:
         # A follow-up of a unique job whose key an active run already holds is not written
