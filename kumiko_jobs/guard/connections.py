@@ -34,8 +34,7 @@ from django.db.utils import load_backend
 from psycopg import ServerCursor
 
 from ..core import conf, idle_connections, project_settings, session
-from ..core.exceptions import DatabaseAccessDenied
-from . import refusals, role_names, search_path
+from . import denials, refusals, role_names, search_path
 from .watch import Watch, current_watch, watching
 
 ROLE_ATTRIBUTE = "kumiko_db_role"
@@ -318,13 +317,13 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     with contextlib.suppress(Exception):
         connection.close()
     assert watch is not None
-    message = (
-        f"Job {watch.job!r} (tenant {watch.schema}): a connection (alias "
-        f"{connection.alias!r}) with the project's credentials was opened during the run; the "
-        "job body connects as its tenant's role only (docs/guard.md, Two walls)."
+    denials.refuse(
+        watch,
+        denials.Route.CONNECTION,
+        f"a connection (alias {connection.alias!r}) with the project's credentials was opened "
+        "during the run; the job body connects as its tenant's role only (docs/guard.md, Two "
+        "walls).",
     )
-    watch.violations.append(message)
-    raise DatabaseAccessDenied(message, job_name=watch.job, kind="connection")
 
 
 connection_created.connect(_on_connection_created, dispatch_uid="kumiko_jobs.tenant_connections")

@@ -300,6 +300,42 @@ def test_only_the_transport_knows_redis_keys() -> None:
     assert _key_texts(_outside_transport()) == []
 
 
+# The one builder of refusals (docs/guard.md, "One vocabulary"): the message a user reads, the
+# violation kept on the run and the exception raised are made there and nowhere else.
+REFUSAL_BUILDER = "kumiko_jobs.guard.denials"
+
+
+def _refusals_built(found: Iterator[tuple[str, ast.AST]]) -> list[str]:
+    """Where ``DatabaseAccessDenied`` is constructed or a violation recorded
+    (``<watch>.violations.append(...)``) outside the builder."""
+    offenders = []
+    for name, node in found:
+        if name == REFUSAL_BUILDER or not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if _receiver_name(func) == "DatabaseAccessDenied":
+            offenders.append(f"{name}:{node.lineno} constructs DatabaseAccessDenied")
+        elif (
+            isinstance(func, ast.Attribute)
+            and func.attr in ("append", "extend", "insert")
+            and _receiver_name(func.value) == "violations"
+        ):
+            offenders.append(f"{name}:{node.lineno} records a violation")
+    return offenders
+
+
+def _package_nodes() -> Iterator[tuple[str, ast.AST]]:
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            yield name, node
+
+
+def test_refusals_are_built_only_by_the_guards_builder() -> None:
+    """One way to refuse: nothing outside ``guard/denials.py`` constructs a
+    ``DatabaseAccessDenied`` or appends to a Watch's violations."""
+    assert _refusals_built(_package_nodes()) == []
+
+
 def test_no_module_imports_another_modules_private_names() -> None:
     offenders = [
         f"{imp.source}:{imp.line} takes {name} from {imp.target}"
@@ -337,3 +373,17 @@ def test_the_checks_themselves_can_fail() -> None:
     walked = [("bad", node) for node in ast.walk(bad)]
     assert _redis_calls(iter(walked)) == ["bad:1 calls redis.set", "bad:2 calls connection.hset"]
     assert _key_texts(iter(walked)) == ["bad:1 writes 'kumiko:x'"]
+    # The refusal rule sees a refusal built by hand, by either spelling, and a violation kept.
+    bad = ast.parse(
+        "raise DatabaseAccessDenied(m, kind='x')\nraise exceptions.DatabaseAccessDenied(m)\n"
+        "watch.violations.append(m)\nstate.watch.violations.append(m)\nitems.append(m)"
+    )
+    walked = [("bad", node) for node in ast.walk(bad)]
+    assert sorted(_refusals_built(iter(walked))) == [
+        "bad:1 constructs DatabaseAccessDenied",
+        "bad:2 constructs DatabaseAccessDenied",
+        "bad:3 records a violation",
+        "bad:4 records a violation",
+    ]
+    builder = [(REFUSAL_BUILDER, node) for node in ast.walk(bad)]
+    assert _refusals_built(iter(builder)) == []
