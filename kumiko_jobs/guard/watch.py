@@ -1,6 +1,6 @@
 """The guard's part of a run (``Watch``) and the run's Watch in this context (``current_watch``).
 
-Everything the guard and the tenant's login (``guard.wrapper``, ``guard.connections``) need
+Everything the guard and the tenant's login (``guard.wrapper``, ``guard.roles.connections``) need
 to know about a run, and everything they record on it, in one place: the run's schema, tenant
 and write origin, the grants its job declares, the escape hatches open right now, the
 violations (kept, so a job that catches the denial still fails), the installed guard, the

@@ -20,7 +20,7 @@ from ..core.exceptions import InvalidJob, JobCancelled
 from ..core.grants import Grant
 from ..enqueueing.followups import prepare_followup
 from ..enqueueing.workflow_release import bounded_results
-from ..guard.connections import project_identity, read_identity, writer_identity
+from ..guard.roles.connections import project_identity, read_identity, writer_identity
 from ..history import audit, workflows
 from ..history.run_reads import parse_id
 from . import cancellation, progress

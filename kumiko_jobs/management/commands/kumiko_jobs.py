@@ -24,7 +24,9 @@ from ...definition.registry import registry
 from ...enqueueing.schedules import sync_schedules
 from ...enqueueing.submit import enqueue
 from ...enqueueing.validate import MAX_INTEGER_DIGITS
-from ...guard import role_grants, role_names, role_sync
+from ...guard.roles import names as role_names
+from ...guard.roles import privileges as role_grants
+from ...guard.roles import sync as role_sync
 from ...models import JobRun, RunStatus
 from ...operations import CANCELLED, cancel_run, retry_run
 from ...worker import pauses
@@ -407,7 +409,7 @@ def _add_drop_roles(sub: Any) -> None:
 
 def _drop_roles(command: BaseCommand, yes: bool, dropped_database: str | None) -> None:
     """Roles are cluster-wide: ``dropdb`` leaves them behind. Only the roles of one database's
-    prefix (``guard.role_names``) are touched, never another database's or anyone else's."""
+    prefix (``guard.roles.names``) are touched, never another database's or anyone else's."""
     from django.db import connections  # as _relay: the module's callers need none
 
     if dropped_database is None:

@@ -4,7 +4,7 @@ django-tenants sends ``SET search_path`` on the first cursor after every ``set_t
 ``TENANT_LIMIT_SET_CALLS``; before every query without it). A worker calls ``set_tenant`` at
 least twice per run: into the run's tenant for the body, back to public after it. On the
 project's connection that is needed, since the next run may be another tenant's. A tenant
-role's pooled connection (``guard.connections``) serves one tenant only, so every run of it
+role's pooled connection (``guard.roles.connections``) serves one tenant only, so every run of it
 set the same path again: one round trip per run for nothing.
 
 ``keeping(base)`` is django-tenants' wrapper class with one change: ``set_tenant`` keeps the
@@ -39,7 +39,7 @@ from typing import Any
 
 from psycopg.pq import TransactionStatus
 
-from ..core import conf, project_settings
+from ...core import conf, project_settings
 
 __all__ = ["keeping", "settle"]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from psycopg import errors
 
-from . import denials
-from .watch import current_watch
+from .. import denials
+from ..watch import current_watch
 
 __all__ = ["recording"]
 
