@@ -336,6 +336,41 @@ def test_refusals_are_built_only_by_the_guards_builder() -> None:
     assert _refusals_built(_package_nodes()) == []
 
 
+# A function longer than a screen splits, or says why it does not (house.md): a comment just
+# above it (or its decorators) that says "lines". Kept for the guard, where a long function is
+# a security rule a reviewer must read whole.
+LONG_FUNCTION_LINES = 60
+GUARD_MODULES = 400
+
+
+def _long_functions_without_a_reason(name: str, source: str) -> list[str]:
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        length = (node.end_lineno or node.lineno) - node.lineno + 1
+        if length <= LONG_FUNCTION_LINES:
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        above = _reason_above(lines, first, first - 1)
+        if "lines" not in above:
+            found.append(f"{name}:{node.lineno} {node.name} is {length} lines")
+    return found
+
+
+def test_the_guards_functions_and_modules_are_short_or_say_why() -> None:
+    offenders = []
+    for name, path in _modules().items():
+        if not name.startswith("kumiko_jobs.guard"):
+            continue
+        source = path.read_text()
+        offenders += _long_functions_without_a_reason(name, source)
+        if len(source.splitlines()) >= GUARD_MODULES:
+            offenders.append(f"{name} has {len(source.splitlines())} lines")
+    assert offenders == []
+
+
 def test_no_module_imports_another_modules_private_names() -> None:
     offenders = [
         f"{imp.source}:{imp.line} takes {name} from {imp.target}"
@@ -387,3 +422,8 @@ def test_the_checks_themselves_can_fail() -> None:
     ]
     builder = [(REFUSAL_BUILDER, node) for node in ast.walk(bad)]
     assert _refusals_built(iter(builder)) == []
+    # The length rule sees a long function, and takes a reason above it.
+    body = "".join(f"    x = {n}\n" for n in range(LONG_FUNCTION_LINES))
+    long = f"@cache\ndef f():\n{body}"
+    assert _long_functions_without_a_reason("bad", long) == ["bad:2 f is 61 lines"]
+    assert _long_functions_without_a_reason("bad", "# 61 lines: why\n" + long) == []

@@ -44,6 +44,9 @@ from ...core import conf, project_settings
 __all__ = ["keeping", "settle"]
 
 
+# Over 60 lines because it holds a class: the subclass of a base known only at run time
+# (django-tenants' wrapper, or the project's subclass of it), whose methods are each short and
+# read together, since they share the record of the server's path.
 @cache
 def keeping(base: type) -> type:
     """``base`` (django-tenants' ``DatabaseWrapper``, or a subclass) keeping its search path across
