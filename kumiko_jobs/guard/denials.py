@@ -37,6 +37,7 @@ __all__ = [
     "privilege_denied",
     "record_privilege_denial",
     "refuse",
+    "refuse_not_a_tenant_alias",
     "refuse_outside_body",
     "refuse_statement",
     "statement_message",
@@ -134,6 +135,17 @@ def refuse(watch: Watch, route: Route, reason: str, *, enforce: bool = True) -> 
         logger.warning("DB guard (log mode) would deny: %s", message)
         return
     raise _recorded(watch, message, route)
+
+
+def refuse_not_a_tenant_alias(watch: Watch, alias: str, *, enforce: bool) -> None:
+    """A tenant run's statement or connection on an alias that is not django-tenants'."""
+    refuse(
+        watch,
+        Route.DATABASE,
+        f"alias {alias!r} is not a django-tenants connection, so the guard cannot tell "
+        "which schema its unqualified names mean. Tenant runs use django-tenants aliases only.",
+        enforce=enforce,
+    )
 
 
 def refuse_outside_body(watch: Watch, route: Route, reason: str) -> None:

@@ -25,7 +25,7 @@ from ..core.grants import Grant
 from . import denials
 from .denials import Route
 from .watch import Watch, current_watch, watching
-from .wrapper import GuardWrapper, guarded_routes, not_a_tenant_alias
+from .wrapper import GuardWrapper, guarded_routes
 
 __all__ = ["GuardSession"]
 
@@ -111,7 +111,7 @@ class GuardSession:
         if watch.tenant is not None and not hasattr(conn, "set_tenant"):
             if self.enforce:
                 _close(conn)
-            denials.refuse(watch, Route.DATABASE, not_a_tenant_alias(conn), enforce=self.enforce)
+            denials.refuse_not_a_tenant_alias(watch, conn.alias, enforce=self.enforce)
             return
         self._install(conn)
         if watch.tenant is not None:

@@ -40,16 +40,7 @@ __all__ = [
     "GuardedCursor",
     "GuardedDebugCursor",
     "guarded_routes",
-    "not_a_tenant_alias",
 ]
-
-
-def not_a_tenant_alias(conn: Any) -> str:
-    """Why a connection that is not django-tenants' cannot serve a tenant run."""
-    return (
-        f"alias {conn.alias!r} is not a django-tenants connection, so the guard cannot tell "
-        "which schema its unqualified names mean. Tenant runs use django-tenants aliases only."
-    )
 
 
 @contextlib.contextmanager
@@ -179,7 +170,7 @@ class GuardWrapper:
         if watch.system_db_open:
             return execute(sql, params, many, context)
         if watch.tenant is not None and getattr(conn, "schema_name", None) is None:
-            denials.refuse(watch, Route.DATABASE, not_a_tenant_alias(conn), enforce=self.enforce)
+            denials.refuse_not_a_tenant_alias(watch, conn.alias, enforce=self.enforce)
             return execute(sql, params, many, context)  # log mode
         text = sql if isinstance(sql, str) else _composed_text(sql, context)
         if watch.atomic and statement_shape(text, params is not None).ends_transaction:
