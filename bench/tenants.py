@@ -107,14 +107,14 @@ def grant_entries(table: str) -> list[str]:
 def role_count() -> int:
     from django.db import connection
 
-    from kumiko_jobs.guard import role_grants
+    from kumiko_jobs.guard.roles import privileges as role_grants
 
     with connection.cursor() as cursor:
         return len(role_grants.our_roles(cursor))
 
 
 def measure_roles() -> dict[str, Any]:
-    from kumiko_jobs.guard import role_sync
+    from kumiko_jobs.guard.roles import sync as role_sync
 
     before = grant_entries(SHARED_TABLE)
     started = time.perf_counter()
@@ -147,7 +147,8 @@ def roles_for_first(count: int) -> dict[str, Any]:
     from django.db import connection, transaction
 
     from example_project.customers.models import Client
-    from kumiko_jobs.guard import role_grants, role_sync
+    from kumiko_jobs.guard.roles import privileges as role_grants
+    from kumiko_jobs.guard.roles import sync as role_sync
 
     tenants = list(
         Client.objects.exclude(schema_name="public")
@@ -204,7 +205,7 @@ def measure_drain(count: int, workers: int, database: str) -> dict[str, Any]:
     from example_project.billing.jobs import bench_fanout
     from kumiko_jobs import transport
     from kumiko_jobs.core import conf
-    from kumiko_jobs.guard import role_names
+    from kumiko_jobs.guard.roles import names as role_names
     from kumiko_jobs.models import JobRun, RunStatus
     from kumiko_jobs.worker import Worker
 
@@ -372,7 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             write_results("tenants", stamp, asdict(results))
     finally:
-        from kumiko_jobs.guard import connections as tenant_connections
+        from kumiko_jobs.guard.roles import connections as tenant_connections
 
         tenant_connections.close_all()
         clean_up(admin_url, args.database, keep_database=args.keep_database)

@@ -94,7 +94,7 @@ def drop_database(admin_url: str, database: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from kumiko_jobs.guard import role_names
+    from kumiko_jobs.guard.roles import names as role_names
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(
@@ -461,7 +461,7 @@ def measure(variant: Variant, tenants: Sequence[Any], jobs: int, warmup: int) ->
         enqueue(tenants, warmup)
         drain(worker, variant.queue())
     reset(tenants)
-    from kumiko_jobs.guard import connections as tenant_connections
+    from kumiko_jobs.guard.roles import connections as tenant_connections
 
     enqueue_seconds = enqueue(tenants, jobs)
     connects = tenant_connections.connects()

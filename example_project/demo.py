@@ -745,7 +745,7 @@ def demo_roles() -> int:
     """How many roles kumiko holds on the server for the demo's database (DB_ROLES)."""
     from django.db import connection
 
-    from kumiko_jobs.guard import role_names
+    from kumiko_jobs.guard.roles import names as role_names
 
     with connection.cursor() as cursor:
         cursor.execute(

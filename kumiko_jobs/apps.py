@@ -39,7 +39,7 @@ class KumikoJobsConfig(AppConfig):
         from .core import conf, project_settings
         from .definition.registry import registry
         from .enqueueing import schedules
-        from .guard import role_sync
+        from .guard.roles import sync as role_sync
 
         # The scheduler (transport) sits below the cron domain and cannot import it.
         transport.install_cron_hooks(schedules.CRON_HOOKS)

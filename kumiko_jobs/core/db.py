@@ -3,7 +3,7 @@
 Constants only, no imports: the admission lock's table is written by the enqueue side and kept
 from tenant SQL by the guard's classifier; the atomic success function (migrations 0011 and
 0017) is called by the run's history and granted to the tenants' roles by
-``guard.role_grants``. Living here, neither of those imports the other.
+``guard.roles.privileges``. Living here, neither of those imports the other.
 """
 
 from __future__ import annotations

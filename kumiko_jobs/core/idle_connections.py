@@ -1,7 +1,7 @@
 """A connection kept between runs may have died while idle: close it before a run uses it.
 
 A worker keeps its connections from run to run (``run.steps.tenancy.reset_connections``), the
-tenant roles' logins too (``guard.connections``). While one sits idle, PostgreSQL may end its
+tenant roles' logins too (``guard.roles.connections``). While one sits idle, PostgreSQL may end its
 session: a restart or failover, ``pg_terminate_backend``, ``idle_session_timeout``, a proxy
 closing it. psycopg learns of it only when it next sends a statement, so the next run would
 fail on its first one (docs/reliability.md, "Outages").

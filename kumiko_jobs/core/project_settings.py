@@ -64,7 +64,7 @@ def database_settings(alias: str) -> dict[str, Any]:
 
 
 def secret_key() -> str:
-    """``SECRET_KEY``: the tenant roles' passwords derive from it (guard/role_names.py)."""
+    """``SECRET_KEY``: the tenant roles' passwords derive from it (guard/roles/names.py)."""
     return str(settings.SECRET_KEY)
 
 
@@ -135,6 +135,6 @@ def extra_search_paths() -> tuple[str, ...]:
 
 def limit_set_calls() -> bool:
     """django-tenants' ``TENANT_LIMIT_SET_CALLS``: it sets the search path once per request
-    instead of before every query. guard/search_path.py sets a tenant login's path ahead of an
+    instead of before every query. guard/roles/search_path.py sets a tenant login's path ahead of an
     atomic run's transaction only then (without it this would add a statement)."""
     return bool(getattr(settings, "TENANT_LIMIT_SET_CALLS", False))

@@ -115,8 +115,9 @@ def reset_statement(conn: Any, kept_path: list[str] | None = None) -> str:
 
     ``RESET ALL`` also resets ``TimeZone`` and the role, which Django sets after connecting
     (``_configure_connection``): both are set again here, with Django's own statements. With
-    ``kept_path`` (a tenant login's path, which it keeps from run to run: guard/search_path.py)
-    the path is set again too, so the reset costs the next run no ``SET search_path``.
+    ``kept_path`` (a tenant login's path, which it keeps from run to run:
+    guard/roles/search_path.py) the path is set again too, so the reset costs the next run no
+    ``SET search_path``.
     """
     statements = [DISCARD_ALL]
     # Quoted client-side: Django's ops.compose_sql() would open a (django-tenants) cursor.
@@ -140,7 +141,7 @@ def discard(conn: Any, *, raw: bool = False) -> None:
     psycopg clears its own prepared-statement cache when it sees ``DEALLOCATE ALL`` go through.
     django-tenants forgets the search path it believes set, and sends it again on the next
     cursor (as it does after every run anyway), except on a tenant login whose kept path the
-    reset has just set again (``guard.search_path``: ``kept_path``, ``path_set_again``): the
+    reset has just set again (``guard.roles.search_path``: ``kept_path``, ``path_set_again``): the
     next run of that tenant sends no ``SET``.
     """
     kept_path = getattr(conn, "kept_path", None)

@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from ..core import conf, project_settings
-from . import role_sync
+from .roles import sync as role_sync
 
 
 @checks.register(checks.Tags.security)

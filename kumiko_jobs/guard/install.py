@@ -21,9 +21,11 @@ from typing import Any
 from django.db import connections
 from django.db.backends.signals import connection_created
 
-from ..core.exceptions import DatabaseAccessDenied
+from ..core.grants import Grant
+from . import denials
+from .denials import Route
 from .watch import Watch, current_watch, watching
-from .wrapper import GuardWrapper, guarded_routes, not_a_tenant_alias, refuse
+from .wrapper import GuardWrapper, guarded_routes
 
 __all__ = ["GuardSession"]
 
@@ -40,7 +42,7 @@ class GuardSession:
     from it once the run ends.
     """
 
-    def __init__(self, watch: Watch, *, enforce: bool, report_use: Callable[[str], None]) -> None:
+    def __init__(self, watch: Watch, *, enforce: bool, report_use: Callable[[Grant], None]) -> None:
         self.watch = watch
         self.enforce = enforce
         self.wrapper = GuardWrapper(watch, enforce=enforce, report_use=report_use)
@@ -95,26 +97,21 @@ class GuardSession:
         if threading.get_ident() != self.thread:
             if self.enforce:  # in log mode the refusal is only logged
                 _close(conn)
-            refuse(
+            denials.refuse(
                 watch,
-                self.enforce,
-                "database",
+                Route.DATABASE,
                 f"a connection (alias {conn.alias!r}) was opened in another thread during the "
                 "run: the async ORM (`asyncio.run(Model.objects.aget(...))`), "
                 "`asyncio.to_thread` or `sync_to_async` run queries on a connection of their "
                 "own, in the public schema, which the guard cannot follow. Use the synchronous "
                 "ORM in the job (or `async_to_sync`, which runs the query in the job's thread).",
+                enforce=self.enforce,
             )
             return
         if watch.tenant is not None and not hasattr(conn, "set_tenant"):
             if self.enforce:
                 _close(conn)
-            refuse(
-                watch,
-                self.enforce,
-                "database",
-                not_a_tenant_alias(conn),
-            )
+            denials.refuse_not_a_tenant_alias(watch, conn.alias, enforce=self.enforce)
             return
         self._install(conn)
         if watch.tenant is not None:
@@ -220,16 +217,14 @@ def _refuse_outliving(watch: Watch, conn: Any) -> None:
     unguarded (both ``DB_ROLES`` modes, every ``DB_GUARD`` mode): closed and refused."""
     _close(conn)
     when = "after the run ended" if watch.ended else "in another thread, outside the job body"
-    message = (
-        f"Job {watch.job!r} (tenant {watch.schema or 'public'}): a connection (alias "
-        f"{conn.alias!r}) was opened from the run's context {when}. A thread that carries a "
-        "run's context (contextvars.copy_context().run, an executor started by the job) must "
-        "finish its database work inside the job body: join it before the job returns."
+    denials.refuse_outside_body(
+        watch,
+        Route.CONNECTION,
+        f"a connection (alias {conn.alias!r}) was opened from the run's context {when}. A "
+        "thread that carries a run's context (contextvars.copy_context().run, an executor "
+        "started by the job) must finish its database work inside the job body: join it "
+        "before the job returns.",
     )
-    logger.warning("%s", message)
-    if not watch.ended:
-        watch.violations.append(message)
-    raise DatabaseAccessDenied(message, job_name=watch.job, kind="connection")
 
 
 connection_created.connect(_on_connection_created, dispatch_uid="kumiko_jobs.db_guard")

@@ -8,7 +8,10 @@ The analysis is split in two. :func:`parse.statement_shape` reads PostgreSQL's o
 of the text the server will receive and is memoised by (text, parameters), because the ORM sends
 the same placeholder-bearing text over and over; :func:`classify` then applies the policy to that
 shape, which costs a few attribute lookups. docs/guard.md explains every rule. This module owns
-that second half (the policy, the verdict and the rules), so the rules read in one place.
+that second half (the rules; their vocabulary, the policy, the verdict and the ``Rule`` names,
+is ``guard.verdict``'s), so the rules read in one place. :func:`classify_switch` asks the same
+rules about a connection django-tenants has switched to another schema, from the schema itself
+rather than from SQL text written only to be parsed back.
 
 Decisions (see ARCHITECTURE.md, "DB guard model"):
 
@@ -43,88 +46,17 @@ Decisions (see ARCHITECTURE.md, "DB guard model"):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
-from types import MappingProxyType
 
 from ..core.grants import Grant
-from .parse import statement_shape
-from .shape import INFORMATION_SCHEMA, Call, Shape
+from .parse import search_path_shape, statement_shape
+from .shape import INFORMATION_SCHEMA, Shape, Write
+from .verdict import Policy, Rule, Verdict, allowed, allowed_with, denied
 
-__all__ = ["Grant", "Policy", "Verdict", "classify"]
+__all__ = ["Grant", "Policy", "Rule", "Verdict", "classify", "classify_switch"]
 
-
-_NO_PERSONAL_DATA: Mapping[str, frozenset[str]] = MappingProxyType({})
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """What a tenant run may do at one call site: its schema, the shared tables, the grants
-    open now and the project's extras. Built by the guard's wrapper for the run's current
-    hatches; immutable, so one policy can be reused for every statement of the same block."""
-
-    schema: str
-    shared_tables: frozenset[str]
-    active_grants: frozenset[Grant] = frozenset()
-    readable_schema: str | None = None
-    # Excluded from hashing: a mapping is not hashable, and a policy is never used as a key.
-    personal_data_columns: Mapping[str, frozenset[str]] = field(
-        default=_NO_PERSONAL_DATA, hash=False
-    )
-    deny_personal_data_writes: bool = False
-    # Shared tables no grant may write: the job system's own history and the tenant registry.
-    # (A system job inside ctx.system_db() is not judged at all.)
-    protected_tables: frozenset[str] = frozenset()
-    # Tables of apps in both SHARED_APPS and TENANT_APPS: the tenant's own copy is the
-    # unqualified name; public.<table> is the operators' (sessions, users), never a tenant's.
-    operator_tables: frozenset[str] = frozenset()
-    # kumiko's own tables (every tenant's runs, arguments, results, errors): never named by a
-    # tenant run's SQL, read or written, whatever its grants. kumiko's own reads inside a run
-    # (RunHandle.refresh(), get_result()) go through history.run_reads, unjudged.
-    kumiko_tables: frozenset[str] = frozenset()
-    # KUMIKO_JOBS["GUARD_EXTRA_FUNCTIONS"]: "name" (unqualified, or qualified with public or an
-    # extra schema) or "schema.name", lower case.
-    extra_functions: frozenset[str] = frozenset()
-    # PG_EXTRA_SEARCH_PATHS (django-tenants): shared schemas on every tenant's search path, in
-    # order. Read like public, written like public (global_writes); their functions are allowed.
-    extra_schemas: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        # classify() relies on this, so an inconsistent policy fails loudly at construction.
-        if self.readable_schema is not None and (
-            Grant.CROSS_TENANT_READS not in self.active_grants
-        ):
-            raise ValueError("readable_schema requires the cross_tenant_reads grant")
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The judge's answer for one statement: allowed or not, the rule that decided, the grant
-    that would allow it, and the grants it relied on (reported to the escape-hatch audit)."""
-
-    allowed: bool
-    kind: str
-    grant_needed: Grant | None
-    grant_used: Grant | None
-    reason: str
-    rule: str = ""
-    # Every grant the statement relied on; grant_used is the first of them.
-    grants_used: tuple[Grant, ...] = ()
-
-
-# --- policy ------------------------------------------------------------------------------------
 
 _PERSONAL_DATA_VERBS = frozenset({"insert", "update", "merge"})
-
-
-@lru_cache(maxsize=64)
-def _allowed(kind: str) -> Verdict:
-    return Verdict(True, kind, None, None, "allowed")
-
-
-def _denied(kind: str, grant: Grant | None, rule: str, reason: str) -> Verdict:
-    return Verdict(False, kind, grant, None, reason, rule)
 
 
 def classify(sql: str, policy: Policy, *, parameters: bool = True) -> Verdict:
@@ -143,94 +75,196 @@ def classify(sql: str, policy: Policy, *, parameters: bool = True) -> Verdict:
             and policy.shared_tables.isdisjoint(written)
             and policy.kumiko_tables.isdisjoint(shape.relations)
         ):
-            return _allowed(shape.kind)
+            return allowed(shape.kind)
     return _judge(shape, policy)
 
 
+def classify_switch(
+    sql: str, schema: str, policy: Policy, *, parameters: bool, public_schema: str
+) -> Verdict:
+    """Whether ``sql`` may run on a connection django-tenants points at ``schema``, another one
+    than the run's (or the read one); allowed, the grants the switch itself relied on.
+
+    The switch is judged as the ``SET search_path`` django-tenants sends for it, which the
+    guard does not see for server-side cursors (``QuerySet.iterator()``: a raw psycopg cursor),
+    asked of the judge directly (``parse.search_path_shape``), not as generated SQL text. As the
+    schema is known, only plain reads may follow when it is another tenant's: unqualified names
+    mean that tenant, and no grant allows writing outside the run's schema.
+    """
+    switched = _judge(search_path_shape((schema,)), policy)
+    if not switched.allowed or schema == public_schema:
+        return switched
+    reading = classify(sql, _reading_policy(policy, schema), parameters=parameters)
+    if not reading.allowed:
+        return denied(
+            reading.kind,
+            None,
+            Rule.CROSS_SCHEMA,
+            f"the connection is switched to schema '{schema}' (django-tenants): a tenant "
+            f"run may only read there, never write or lock rows outside its own schema",
+        )
+    return switched
+
+
+@lru_cache(maxsize=64)
+def _reading_policy(policy: Policy, schema: str) -> Policy:
+    """``policy`` as it reads ``schema`` inside ``cross_tenant_reads`` (and nothing else)."""
+    return Policy(
+        schema=policy.schema,
+        shared_tables=policy.shared_tables,
+        active_grants=frozenset({Grant.CROSS_TENANT_READS}),
+        readable_schema=schema,
+        operator_tables=policy.operator_tables,
+        kumiko_tables=policy.kumiko_tables,
+        extra_functions=policy.extra_functions,
+        extra_schemas=policy.extra_schemas,
+    )
+
+
 def _judge(shape: Shape, policy: Policy) -> Verdict:
+    """The rules, in the order that makes the answer the most useful one: what is settled for
+    the statement as a whole, then each write, the schemas it names and the calls it makes."""
+    settled = _whole_statement(shape, policy) or _no_grant_allows(shape, policy)
+    if settled is not None:
+        return settled
+    used: list[Grant] = []
+    # Grant denials wait until every write was checked, so that a hard denial (which no grant
+    # can fix) wins over asking for a grant that would not suffice anyway.
+    hard, missing = _judge_writes(shape, policy, used)
+    if hard is None:
+        hard = _judge_schemas(shape, policy, used)
+    if hard is not None:
+        return hard
+    if missing is not None:
+        return missing
+    if policy.readable_schema is not None:
+        used.append(Grant.CROSS_TENANT_READS)  # unqualified names now mean the other tenant
+    calls = [call for call in shape.calls if not policy.trusts(call)]
+    if calls:
+        if Grant.UNSAFE_RAW not in policy.active_grants:
+            names = ", ".join(f"{call}()" for call in calls)
+            return denied(
+                "call_function",
+                Grant.UNSAFE_RAW,
+                Rule.UNVERIFIABLE,
+                f"calling {names} needs the unsafe_raw grant (functions outside the guard's "
+                f"allowlist; a function the project trusts can be added to "
+                f"KUMIKO_JOBS['GUARD_EXTRA_FUNCTIONS'])",
+            )
+        used.append(Grant.UNSAFE_RAW)
+    return allowed_with(shape.kind, tuple(used))
+
+
+def _whole_statement(shape: Shape, policy: Policy) -> Verdict | None:
+    """What settles the statement before its parts are looked at: kumiko's own tables, the
+    search path django-tenants sets, reading the public schema, and what cannot be verified."""
     kind = shape.kind
-    grants = policy.active_grants
     reading = policy.readable_schema
     own = _kumiko_tables(shape, policy)
     if own:
         # Before the unverifiable class: unsafe_raw does not open them either (COPY, LOCK).
-        return _denied(
+        return denied(
             kind,
             None,
-            "protected",
+            Rule.PROTECTED,
             f"{', '.join(own)}: kumiko's own table(s), the job history of every tenant "
             f"(arguments, results, errors, tracebacks); a tenant run's SQL never names them, "
             f"whatever its grants",
         )
-    if shape.search_path is not None and _search_path_ok(shape.search_path, policy):
-        return _allowed(kind)
+    if shape.search_path is not None and policy.own_search_path(shape.search_path):
+        return allowed(kind)
     if reading == "public" and policy.schema != "public":
         return _reading_public(kind)
-    if shape.unverifiable:
-        if reading is not None:
-            return _read_only(kind, reading, shape.unverifiable)
-        if Grant.UNSAFE_RAW not in grants:
-            return _denied(
-                kind,
-                Grant.UNSAFE_RAW,
-                "unverifiable",
-                f"{shape.unverifiable}; needs the unsafe_raw grant",
-            )
-        return _judge_unsafe(shape, policy)
-    hard = _no_grant_allows(shape, policy)
-    if hard is not None:
-        return hard
+    if not shape.unverifiable:
+        return None
+    if reading is not None:
+        return _read_only(kind, reading, shape.unverifiable)
+    if Grant.UNSAFE_RAW not in policy.active_grants:
+        return denied(
+            kind,
+            Grant.UNSAFE_RAW,
+            Rule.UNVERIFIABLE,
+            f"{shape.unverifiable}; needs the unsafe_raw grant",
+        )
+    return _judge_unsafe(shape, policy)
 
-    # Grant denials wait until every write was checked, so that a hard denial (which no grant
-    # can fix) wins over asking for a grant that would not suffice anyway.
-    missing: tuple[Grant, str, str] | None = None  # (grant, rule, reason) of the first gap
-    used: list[Grant] = []
+
+def _judge_writes(
+    shape: Shape, policy: Policy, used: list[Grant]
+) -> tuple[Verdict | None, Verdict | None]:
+    """Each write and row lock: (a denial no grant can fix, the first grant missing); the
+    grants the writes rely on are added to ``used``."""
+    kind = shape.kind
+    reading = policy.readable_schema
+    missing: Verdict | None = None
     for write in shape.writes:
         if reading is not None:
-            return _read_only(kind, reading, f"{write.verb.upper()} on '{write.table}'")
-        if write.schema is None or write.schema == policy.schema:
-            shared = write.schema is None and write.table in policy.shared_tables
-        elif write.schema == "public" or write.schema in policy.extra_schemas:
-            shared = True
-        else:
-            return _denied(
+            return _read_only(kind, reading, f"{write.verb.upper()} on '{write.table}'"), None
+        shared = _shared(write, policy)
+        if shared is None:
+            return denied(
                 kind,
                 None,
-                "cross_schema",
+                Rule.CROSS_SCHEMA,
                 f"{write.verb.upper()} on '{write.schema}.{write.table}': a tenant run never "
                 f"writes outside its own schema",
-            )
-        if policy.deny_personal_data_writes and write.verb in _PERSONAL_DATA_VERBS:
-            personal = policy.personal_data_columns.get(write.table)
-            if personal and (write.columns is None or not personal.isdisjoint(write.columns)):
-                return _denied(
-                    kind,
-                    None,
-                    "public_intake_required",
-                    f"{write.verb.upper()} writes personal data to '{write.table}' but the run's "
-                    f"origin is anonymous without public intake",
-                )
+            ), None
+        personal = _personal_data(kind, write, policy)
+        if personal is not None:
+            return personal, None
         if not shared:
             continue
         if write.table in policy.protected_tables:
-            return _denied(
+            return denied(
                 kind,
                 None,
-                "protected",
+                Rule.PROTECTED,
                 f"{write.verb.upper()} on '{write.table}': the job history and the tenant "
                 f"registry are never written by a tenant run, whatever its grants",
-            )
-        if Grant.GLOBAL_WRITES in grants:
+            ), None
+        if Grant.GLOBAL_WRITES in policy.active_grants:
             used.append(Grant.GLOBAL_WRITES)
         elif missing is None:
             name = write.table if write.schema is None else f"{write.schema}.{write.table}"
-            missing = (
+            missing = denied(
+                kind,
                 Grant.GLOBAL_WRITES,
-                "shared_write",
+                Rule.SHARED_WRITE,
                 f"{write.verb.upper()} on shared table '{name}' needs the global_writes grant",
             )
     if shape.locks and reading is not None:
-        return _read_only(kind, reading, "row locks (FOR UPDATE/SHARE)")
+        return _read_only(kind, reading, "row locks (FOR UPDATE/SHARE)"), None
+    return None, missing
+
+
+def _shared(write: Write, policy: Policy) -> bool | None:
+    """Whether ``write`` goes to a shared table; None: to another tenant's schema."""
+    if write.schema is None or write.schema == policy.schema:
+        return write.schema is None and write.table in policy.shared_tables
+    if write.schema == "public" or write.schema in policy.extra_schemas:
+        return True
+    return None
+
+
+def _personal_data(kind: str, write: Write, policy: Policy) -> Verdict | None:
+    """A write of personal data by a run of anonymous origin without public intake."""
+    if not policy.deny_personal_data_writes or write.verb not in _PERSONAL_DATA_VERBS:
+        return None
+    personal = policy.personal_data_columns.get(write.table)
+    if personal and (write.columns is None or not personal.isdisjoint(write.columns)):
+        return denied(
+            kind,
+            None,
+            Rule.PUBLIC_INTAKE_REQUIRED,
+            f"{write.verb.upper()} writes personal data to '{write.table}' but the run's "
+            f"origin is anonymous without public intake",
+        )
+    return None
+
+
+def _judge_schemas(shape: Shape, policy: Policy, used: list[Grant]) -> Verdict | None:
+    """The schemas the statement names: the run's own and the shared ones pass; another
+    tenant's only read, inside ``cross_tenant_reads`` for that tenant."""
     for schema in sorted(shape.schemas):
         if (
             schema == policy.schema
@@ -240,40 +274,23 @@ def _judge(shape: Shape, policy: Policy) -> Verdict:
         ):
             continue
         if shape.writes or shape.locks:
-            return _denied(
-                kind,
+            return denied(
+                shape.kind,
                 None,
-                "cross_schema",
+                Rule.CROSS_SCHEMA,
                 f"a statement that writes or locks rows cannot also read schema '{schema}'; "
                 f"read it first inside cross_tenant_reads",
             )
-        if schema != reading:
+        if schema != policy.readable_schema:
             # Holding cross_tenant_reads for one tenant must not open any other schema.
-            return _denied(
-                kind,
+            return denied(
+                shape.kind,
                 Grant.CROSS_TENANT_READS,
-                "cross_schema",
+                Rule.CROSS_SCHEMA,
                 f"reference to schema '{schema}' needs the cross_tenant_reads grant for it",
             )
         used.append(Grant.CROSS_TENANT_READS)
-    if missing is not None:
-        return _denied(kind, *missing)
-    if reading is not None:
-        used.append(Grant.CROSS_TENANT_READS)  # unqualified names now mean the other tenant
-    calls = [call for call in shape.calls if not _extra_function(call, policy)]
-    if calls:
-        if Grant.UNSAFE_RAW not in grants:
-            names = ", ".join(f"{call}()" for call in calls)
-            return _denied(
-                "call_function",
-                Grant.UNSAFE_RAW,
-                "unverifiable",
-                f"calling {names} needs the unsafe_raw grant (functions outside the guard's "
-                f"allowlist; a function the project trusts can be added to "
-                f"KUMIKO_JOBS['GUARD_EXTRA_FUNCTIONS'])",
-            )
-        used.append(Grant.UNSAFE_RAW)
-    return _allowed_with(kind, tuple(used))
+    return None
 
 
 def _no_grant_allows(shape: Shape, policy: Policy) -> Verdict | None:
@@ -281,13 +298,13 @@ def _no_grant_allows(shape: Shape, policy: Policy) -> Verdict | None:
     keys, catalog values, the operators' copies in public."""
     kind = shape.kind
     if shape.forbidden:
-        return _denied(kind, None, "protected", shape.forbidden + "; no grant allows it")
+        return denied(kind, None, Rule.PROTECTED, shape.forbidden + "; no grant allows it")
     if shape.forbidden_catalogs:
         names = ", ".join(shape.forbidden_catalogs)
-        return _denied(
+        return denied(
             kind,
             None,
-            "catalog",
+            Rule.CATALOG,
             f"reading {names} of the catalogs: they hold values of every tenant or "
             f"session (statistics, row counts, sizes, the text of functions and views, "
             f"activity, sequences, locks, credentials), which no grant of a tenant run covers; "
@@ -296,10 +313,10 @@ def _no_grant_allows(shape: Shape, policy: Policy) -> Verdict | None:
     operators = _operator_tables(shape, policy)
     if operators:
         names = ", ".join(f"public.{name}" for name in operators)
-        return _denied(
+        return denied(
             kind,
             None,
-            "operators",
+            Rule.OPERATORS,
             f"{names}: the operators' own table(s) in public (the app is in SHARED_APPS and "
             f"TENANT_APPS, so this tenant has its own copy: write the name unqualified); no "
             f"grant of a tenant run reads or writes the public copy",
@@ -310,10 +327,10 @@ def _no_grant_allows(shape: Shape, policy: Policy) -> Verdict | None:
 def _reading_public(kind: str) -> Verdict:
     """cross_tenant_reads of the public tenant: its unqualified names would be the operators'
     copies (sessions, users); its shared tables need no grant to be read."""
-    return _denied(
+    return denied(
         kind,
         None,
-        "operators",
+        Rule.OPERATORS,
         "cross_tenant_reads of the public schema: it is no tenant; its unqualified names are "
         "the operators' own tables (sessions, users), and its shared tables need no grant "
         "to be read",
@@ -344,56 +361,21 @@ def _judge_unsafe(shape: Shape, policy: Policy) -> Verdict:
     for number, part in enumerate(shape.parts, 1):
         verdict = _judge(part, policy)
         if not verdict.allowed:
-            return _denied(
+            assert verdict.rule is not None  # a denial always names its rule
+            return denied(
                 shape.kind,
                 verdict.grant_needed,
                 verdict.rule,
                 f"statement {number}: {verdict.reason}",
             )
         used.extend(verdict.grants_used)
-    return _allowed_with(shape.kind, tuple(used))
-
-
-@lru_cache(maxsize=256)
-def _allowed_with(kind: str, used: tuple[Grant, ...]) -> Verdict:
-    if not used:
-        return _allowed(kind)
-    unique = tuple(dict.fromkeys(used))
-    reason = "allowed with " + ", ".join(unique)
-    return Verdict(True, kind, None, unique[0], reason, grants_used=unique)
+    return allowed_with(shape.kind, tuple(used))
 
 
 def _read_only(kind: str, reading: str, what: str) -> Verdict:
-    return _denied(
+    return denied(
         kind,
         None,
-        "read_only",
+        Rule.READ_ONLY,
         f"{what} is not allowed while reading schema '{reading}' (cross_tenant_reads is read-only)",
     )
-
-
-def _extra_function(call: Call, policy: Policy) -> bool:
-    """Whether the project's settings allow ``call`` (GUARD_EXTRA_FUNCTIONS, extra schemas)."""
-    if call.schema is None:
-        return call.name in policy.extra_functions
-    if call.schema in policy.extra_schemas:
-        return True
-    if f"{call.schema}.{call.name}" in policy.extra_functions:
-        return True
-    return call.schema == "public" and call.name in policy.extra_functions
-
-
-def _search_path_ok(path: tuple[str, ...], policy: Policy) -> bool:
-    """The ``SET search_path`` django-tenants sends for the run's schema (or the read one).
-
-    django-tenants sends ``own[, public][, *PG_EXTRA_SEARCH_PATHS]``; the public schema's own
-    path is ``public[, *extra]``.
-    """
-    extra = policy.extra_schemas
-    for schema in (policy.schema, policy.readable_schema):
-        if schema is None:
-            continue
-        for candidate in ((schema,), (schema, "public")):
-            if path == candidate or (extra and path == (*candidate, *extra)):
-                return True
-    return False

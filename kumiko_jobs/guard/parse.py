@@ -36,7 +36,7 @@ from psycopg._queries import _split_query
 from .shape import Shape, Unverifiable, Write
 from .walker import Walker, string_constant
 
-__all__ = ["statement_shape"]
+__all__ = ["search_path_shape", "statement_shape"]
 
 
 # --- placeholders: what the server receives ---------------------------------------------------
@@ -197,11 +197,22 @@ def _set_shape(node: dict[str, Any]) -> Shape:
         if value is None:
             return _unverifiable("set_search_path", "SET search_path to an unverifiable value")
         names.append(value)
+    return _search_path(tuple(names))
+
+
+def _search_path(names: tuple[str, ...]) -> Shape:
     return Shape(
         "set_search_path",
         unverifiable=f"SET search_path to {', '.join(names)}: not the run's schema(s)",
-        search_path=tuple(names),
+        search_path=names,
     )
+
+
+def search_path_shape(schemas: tuple[str, ...]) -> Shape:
+    """The shape of ``SET search_path`` to ``schemas``, as :func:`statement_shape` reads it from
+    the text, without text: how django-tenants switches a connection (``judge.classify_switch``).
+    The names are its literals (``Shape.literal_words``), as they are of the statement's text."""
+    return replace(_search_path(schemas), literal_words=literal_words(list(schemas)))
 
 
 @lru_cache(maxsize=4096)

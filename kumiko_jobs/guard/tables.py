@@ -1,8 +1,8 @@
 """Which tables the guard treats specially: shared, the operators', protected, personal data.
 
 Read from the installed apps' models (and ``EXTRA_SHARED_TABLES``), once per process. The
-guard's policy (``guard.wrapper``) and the tenant roles' grants (``role_grants``) both use these
-answers, so the classifier and PostgreSQL's privileges draw the same lines.
+guard's policy (``guard.wrapper``) and the tenant roles' privileges (``guard.roles.privileges``)
+both use these answers, so the classifier and PostgreSQL's privileges draw the same lines.
 
 Names are kept exactly as PostgreSQL stores them: Django always quotes ``db_table``, so a model
 with ``db_table = "Catalog_Notice"`` is the relation ``Catalog_Notice``, and the parse tree the

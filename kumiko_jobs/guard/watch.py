@@ -1,6 +1,6 @@
 """The guard's part of a run (``Watch``) and the run's Watch in this context (``current_watch``).
 
-Everything the guard and the tenant's login (``guard.wrapper``, ``guard.connections``) need
+Everything the guard and the tenant's login (``guard.wrapper``, ``guard.roles.connections``) need
 to know about a run, and everything they record on it, in one place: the run's schema, tenant
 and write origin, the grants its job declares, the escape hatches open right now, the
 violations (kept, so a job that catches the denial still fails), the installed guard, the
@@ -9,8 +9,9 @@ run holds its Watch (``RunState.watch``); the guard reads the Watch and never th
 guard sits below the run side and imports nothing of it. ``JobContext`` opens and closes the
 hatches, through the methods below only.
 
-Pure data: this module imports nothing of kumiko and nothing of Django, so that the run state,
-which is imported while Django's apps load (the logging filter), can hold a Watch.
+Pure data: this module imports nothing of Django and of kumiko only the grants' enum (which
+imports nothing), so that the run state, which is imported while Django's apps load (the
+logging filter), can hold a Watch. Grants are ``Grant`` members here as everywhere in the guard.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from ..core.grants import Grant
 
 
 class Installation(Protocol):
@@ -42,7 +45,7 @@ class Watch:
     # The envelope's write origin (origin.request_origin()): who caused the run.
     origin: Mapping[str, Any] | None
     # The grants the job's escape hatch declares, and the job's kind.
-    declared_grants: frozenset[str]
+    declared_grants: frozenset[Grant]
     system: bool
     atomic: bool
     # Run inline in a caller's open transaction (``Delivery.in_callers_transaction``): the body
@@ -51,7 +54,7 @@ class Watch:
     # The tenant model instance (written by the gates step through ``RunState.tenant``).
     tenant: Any = None
     # Hatches open now, innermost last (``JobContext``'s escape-hatch methods).
-    active_grants: list[str] = field(default_factory=list)
+    active_grants: list[Grant] = field(default_factory=list)
     # The other tenant's schema inside ``ctx.cross_tenant_reads(t)``.
     readable_schema: str | None = None
     # Inside ``ctx.system_db()``: the guard steps aside.
@@ -77,7 +80,7 @@ class Watch:
     in_body: bool = False
 
     @contextlib.contextmanager
-    def hatch(self, grant: str) -> Iterator[None]:
+    def hatch(self, grant: Grant) -> Iterator[None]:
         """``grant`` is open for the block (the job declared it: ``JobContext`` checks)."""
         self.active_grants.append(grant)
         try:

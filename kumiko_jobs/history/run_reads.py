@@ -27,7 +27,7 @@ from typing import Any
 from django.db import connection
 
 from ..core import current, project_settings
-from ..guard import connections as tenant_connections
+from ..guard.roles import connections as tenant_connections
 from ..guard.watch import current_watch
 from ..models import JobAttempt, JobRun
 

@@ -20,7 +20,7 @@ from ..core.exceptions import InvalidJob, JobCancelled
 from ..core.grants import Grant
 from ..enqueueing.followups import prepare_followup
 from ..enqueueing.workflow_release import bounded_results
-from ..guard.connections import project_identity, read_identity, writer_identity
+from ..guard.roles.connections import project_identity, read_identity, writer_identity
 from ..history import audit, workflows
 from ..history.run_reads import parse_id
 from . import cancellation, progress
@@ -108,7 +108,7 @@ class JobContext:
                 "system job's fan-in (@job(system=True)). A tenant's step receives its own "
                 "predecessors' results as workflow_results=."
             )
-        self._require(Grant.CROSS_TENANT_READS.value)
+        self._require(Grant.CROSS_TENANT_READS)
         found = parse_id(workflow_id)
         if found is None:
             raise InvalidJob(f"ctx.workflow_results() takes a workflow id, got {workflow_id!r}.")
@@ -119,15 +119,15 @@ class JobContext:
 
     # --- escape hatches -------------------------------------------------------------------
 
-    def _require(self, grant: str) -> None:
+    def _require(self, grant: Grant) -> None:
         if grant not in self._state.definition.grants:
             raise InvalidJob(
                 f"Job {self.job_name!r} used ctx.{grant}() without declaring it. Add "
-                f"escape_hatch=EscapeHatch(reason='why', grants=[{grant!r}]) to its @job."
+                f"escape_hatch=EscapeHatch(reason='why', grants=[{grant.value!r}]) to its @job."
             )
 
     @contextlib.contextmanager
-    def _granted(self, grant: str) -> Iterator[None]:
+    def _granted(self, grant: Grant) -> Iterator[None]:
         # SQL grants are reported by the guard when a statement actually needs them.
         self._require(grant)
         with self._state.watch.hatch(grant):
@@ -135,13 +135,13 @@ class JobContext:
 
     def unsafe_raw(self) -> contextlib.AbstractContextManager[None]:
         """Allow SQL the guard cannot verify (DDL, COPY, SET, multi-statements)."""
-        return self._granted(Grant.UNSAFE_RAW.value)
+        return self._granted(Grant.UNSAFE_RAW)
 
     @contextlib.contextmanager
     def global_writes(self) -> Iterator[None]:
         """Allow writes to shared (public) tables. With DB_ROLES the block logs in as the
         tenant's writer (its own privileges plus writes on the shared tables)."""
-        with self._granted(Grant.GLOBAL_WRITES.value), writer_identity(self._state.watch):
+        with self._granted(Grant.GLOBAL_WRITES), writer_identity(self._state.watch):
             yield
 
     @contextlib.contextmanager
@@ -150,7 +150,7 @@ class JobContext:
         watch = self._state.watch
         # django-tenants' wrapper (with DB_ROLES, the other tenant's role's, for the block)
         connection: Any = default_connection
-        with self._granted(Grant.CROSS_TENANT_READS.value), read_identity(watch, tenant):
+        with self._granted(Grant.CROSS_TENANT_READS), read_identity(watch, tenant):
             previous = connection.tenant
             with watch.reading(tenant.schema_name):
                 connection.set_tenant(tenant)
@@ -162,7 +162,7 @@ class JobContext:
     @contextlib.contextmanager
     def act_as(self, user: Any) -> Iterator[None]:
         """Make ``kumiko_jobs.current_user()`` return ``user`` for app code in this block."""
-        with self._granted(Grant.SYSTEM_IDENTITY.value), current.acting_as(user):
+        with self._granted(Grant.SYSTEM_IDENTITY), current.acting_as(user):
             actor = audit.actor_of(self._state)
             if len(actor) > ACTOR_MAX_LENGTH:
                 # The audit row's actor column holds this much; a longer one would make the

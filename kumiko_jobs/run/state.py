@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..core import current
+from ..core.grants import Grant
 from ..core.outcome import DeferralKind, Outcome
 from ..core.text import storable
 from ..enqueueing.followups import FollowupBatch, collecting
@@ -334,7 +335,8 @@ class RunState:
             job=env.job,
             schema=env.schema,
             origin=env.origin,
-            declared_grants=frozenset(definition.grants),
+            # The definition keeps the user's words (validated); the guard speaks Grant.
+            declared_grants=frozenset(Grant(g) for g in definition.grants),
             system=definition.system,
             atomic=definition.atomic,
             in_callers_transaction=self.delivery.in_callers_transaction,

@@ -1,12 +1,12 @@
 """Under ``DB_ROLES``, a body run inside a test's transaction runs as its tenant's role.
 
-A worker's body logs in as its tenant's role (``guard.connections``), so PostgreSQL refuses
+A worker's body logs in as its tenant's role (``guard.roles.connections``), so PostgreSQL refuses
 whatever that role may not do. Inside pytest-django's ``db`` fixture the body must see the
 test's uncommitted rows, which no other login can; so it runs on the test's own connection
 after ``SET ROLE <the tenant's role>``: PostgreSQL checks its statements against the same
 privileges as on a worker (an ``unsafe_raw`` block that reads another tenant's schema is
 refused here too, instead of passing in tests and failing on every worker). The escape hatches
-switch the role as a worker switches logins (``guard.connections.inline_roles``):
+switch the role as a worker switches logins (``guard.roles.connections.inline_roles``):
 ``global_writes()`` to the tenant's writer, ``cross_tenant_reads(t)`` to ``t``'s reader,
 ``system_db()`` back to the project's user. PostgreSQL's ``permission denied`` is the run's
 denial (``DatabaseAccessDenied``), recorded as a worker records it.
@@ -28,7 +28,8 @@ from django.db import connection
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from ..guard import refusals, role_names
+from ..guard.roles import names as role_names
+from ..guard.roles import refusals
 
 
 class MissingTenantRole(AssertionError):
@@ -46,7 +47,7 @@ def role_of(tenant: Any) -> str:
             f"KUMIKO_JOBS['DB_ROLES'] is on and tenant {tenant.schema_name!r} has no database "
             f"role ({role}) in the test database, so its jobs cannot run as they would on a "
             "worker. Create the session's tenants with DB_ROLES on (saving a tenant creates its "
-            "role), or call kumiko_jobs.guard.role_sync.sync_all() after creating them."
+            "role), or call kumiko_jobs.guard.roles.sync.sync_all() after creating them."
         )
     return role
 
@@ -94,7 +95,7 @@ class InlineRoles:
 
     @contextlib.contextmanager
     def switch(self, kind: str, watch: Any, tenant: Any = None) -> Iterator[None]:
-        """An escape hatch's identity, for its block (``guard.connections.inline_roles``)."""
+        """An escape hatch's identity, for its block (``guard.roles.connections.inline_roles``)."""
         if kind == "writer":
             target = role_names.writer_name(self.tenant.pk)
         elif kind == "reader":

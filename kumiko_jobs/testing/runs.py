@@ -28,8 +28,8 @@ from ..core.outcome import Outcome
 from ..definition.job import JobDefinition
 from ..definition.registry import registry
 from ..enqueueing.messages import waiting_envelope
-from ..guard import connections as tenant_connections
-from ..guard import role_names
+from ..guard.roles import connections as tenant_connections
+from ..guard.roles import names as role_names
 from ..guard.watch import watching
 from ..models import JobRun, RunStatus
 from ..run.pipeline import Next, compose

@@ -9,7 +9,7 @@ every session would leave its own behind. Whatever ``django_db_setup`` the proje
   real commits log in as the tenant's role, as on a worker): PostgreSQL refuses to drop a
   database that sessions are connected to;
 * after, drops the roles of every test database of the session that no longer exists
-  (``guard.role_names.drop_roles_of_dropped_database``: only names of that database's prefix).
+  (``guard.roles.names.drop_roles_of_dropped_database``: only names of that database's prefix).
   A database kept for the next session (pytest-django's ``--reuse-db``) keeps its roles.
 """
 
@@ -23,8 +23,8 @@ import psycopg
 import pytest
 from django.db import connections
 
-from ..guard import connections as tenant_connections
-from ..guard import role_names
+from ..guard.roles import connections as tenant_connections
+from ..guard.roles import names as role_names
 
 TEST_DATABASES = pytest.StashKey[set[tuple[str, str]]]()
 SETUP_FIXTURE = "django_db_setup"

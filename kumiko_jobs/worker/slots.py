@@ -10,7 +10,7 @@ dequeue (``dequeue_job_and_maintain_ttl``, whatever queue class and dequeue scri
 uses), so a fair dequeue or a rate limit applies to every slot.
 
 What a slot never shares (docs/design.md, "Slots"): its Django connections (Django keeps
-them per thread) and so its tenant logins (``guard.connections``' pool is per thread), its
+them per thread) and so its tenant logins (``guard.roles.connections``' pool is per thread), its
 context (each attempt runs in ``attempt_context()`` in the slot's thread), its kept search
 path and session reset (the tenancy step, on the slot's connections), its timeout (a timer,
 ``timeouts.SlotTimeout``), its liveness beat, watchdog and cancellation (each slot's own
@@ -32,7 +32,7 @@ from typing import Any
 
 from django.db import connections
 
-from ..guard import connections as tenant_connections
+from ..guard.roles import connections as tenant_connections
 from .timeouts import SlotTimeout
 
 logger = logging.getLogger("kumiko_jobs.worker")

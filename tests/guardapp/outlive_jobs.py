@@ -37,7 +37,7 @@ def set_state(ctx: JobContext) -> None:
     LEAK.set(f"set-by-{ctx.tenant.schema_name}")
     translation.activate("de")
     timezone.activate("Asia/Tokyo")
-    from kumiko_jobs.guard import connections as tenant_connections
+    from kumiko_jobs.guard.roles import connections as tenant_connections
 
     # The flag issue 22 found: set once, it turned the roles wall off for every later run.
     flag = getattr(tenant_connections, "inline_in_callers_transaction", None)

@@ -468,7 +468,7 @@ def discard_worker_connections() -> None:
             conn.needs_rollback = False
             conn.closed_in_transaction = False
         conn.close()
-    from kumiko_jobs.guard import connections as tenant_connections
+    from kumiko_jobs.guard.roles import connections as tenant_connections
 
     tenant_connections.close_all()  # the tenant roles' connections (DB_ROLES)
 

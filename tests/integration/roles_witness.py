@@ -18,7 +18,7 @@ def pytest_runtest_call(item: Any) -> Generator[None, Any, Any]:
     if not path.exists():
         from django.db import connection
 
-        from kumiko_jobs.guard import role_names
+        from kumiko_jobs.guard.roles import names as role_names
 
         with connection.cursor() as cursor:  # inside a django_db test: access is allowed
             cursor.execute(

@@ -145,7 +145,7 @@ def test_a_timeout_cancels_the_coroutine_before_the_outcome_is_recorded(
 def test_an_async_job_runs_as_its_tenants_role(tenants: Any) -> None:
     """With DB_ROLES (the suite's default) the async ORM's queries go through the body's
     connection too: the tenant role's, so PostgreSQL refuses the write into another tenant."""
-    from kumiko_jobs.guard import role_names
+    from kumiko_jobs.guard.roles import names as role_names
 
     ok = async_jobs.async_probe.enqueue(tenant="t2", tag="as-role")
     attack = async_jobs.async_writes_other.enqueue(tenant="t2", tag="role-attack", other="t3")

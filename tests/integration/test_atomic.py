@@ -146,7 +146,7 @@ def test_the_success_function_forces_a_synchronous_commit(tenants):
 
 def test_the_success_function_refuses_another_schemas_run(tenants):
     """A tenant login cannot mark another tenant's run (DB_ROLES)."""
-    from kumiko_jobs.guard import connections as tenant_connections
+    from kumiko_jobs.guard.roles import connections as tenant_connections
 
     handle = jobs.probe.enqueue(tenant="t2", tag="other")
     JobRun.objects.filter(pk=handle.run_id).update(status=RunStatus.RUNNING, attempts=1)

@@ -19,8 +19,10 @@ from django.db import connection
 from django.test import override_settings
 from django_tenants.utils import tenant_context
 
-from kumiko_jobs.guard import connections as tenant_connections
-from kumiko_jobs.guard import role_grants, role_names, role_sync
+from kumiko_jobs.guard.roles import connections as tenant_connections
+from kumiko_jobs.guard.roles import names as role_names
+from kumiko_jobs.guard.roles import privileges as role_grants
+from kumiko_jobs.guard.roles import sync as role_sync
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
 from tests.guardapp import role_jobs, support

@@ -120,7 +120,7 @@ def test_role_defaults_a_tenant_gives_itself_are_reset_by_the_roles_command(
 
     from django.core.management import call_command
 
-    from kumiko_jobs.guard import role_names
+    from kumiko_jobs.guard.roles import names as role_names
 
     role = role_names.role_name(tenants["t1"].pk)
     query = (

@@ -1,7 +1,7 @@
 """A tenant role's connection sets its ``search_path`` once, and again whenever it may be lost.
 
 With ``DB_ROLES`` each tenant's runs use a pooled connection of its own, so the path
-django-tenants sets for the body is the same run after run: it is kept (guard/search_path.py).
+django-tenants sets for the body is the same run after run: it is kept (guard/roles/search_path.py).
 Each test counts the ``SET search_path`` statements sent on the tenant role's sessions, and
 checks where the body's unqualified names went (its own secret, read through the ORM): a path
 kept when it was in fact lost would send the body to the role's default path, where its
@@ -18,8 +18,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from kumiko_jobs.guard import connections as tenant_connections
-from kumiko_jobs.guard import role_names
+from kumiko_jobs.guard.roles import connections as tenant_connections
+from kumiko_jobs.guard.roles import names as role_names
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.guardapp import role_jobs, route_jobs, support
 

@@ -18,7 +18,7 @@ from django.db import connection
 from django.test import override_settings
 from django_tenants.utils import tenant_context
 
-from kumiko_jobs.guard import role_names
+from kumiko_jobs.guard.roles import names as role_names
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
 from tests.guardapp import jobs as guard_jobs

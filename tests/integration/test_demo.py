@@ -43,7 +43,7 @@ def _drop_database(admin_url: str) -> None:
     import psycopg
     from psycopg import sql
 
-    from kumiko_jobs.guard import role_names
+    from kumiko_jobs.guard.roles import names as role_names
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(

@@ -2,7 +2,7 @@
 through the real command line (a subprocess), and nobody else's.
 
 Roles are cluster-wide and ``dropdb`` leaves them behind. The command drops only the roles of
-this database's prefix (``guard.role_names``), lists them without ``--yes``, and, with
+this database's prefix (``guard.roles.names``), lists them without ``--yes``, and, with
 ``--of-dropped-database NAME``, drops those a database that is gone left behind. The test
 drops the session's own tenant roles, then gives them back with ``kumiko_jobs roles`` (the
 command line too), so the tests after it find them as before.
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from kumiko_jobs.guard import connections as tenant_connections
-from kumiko_jobs.guard import role_names
+from kumiko_jobs.guard.roles import connections as tenant_connections
+from kumiko_jobs.guard.roles import names as role_names
 from tests.conftest import ROOT, worker_env
 from tests.guardapp.support import Observer
 
@@ -31,7 +31,7 @@ def _tenant_roles(django_db_setup: None, django_db_blocker: Any) -> None:
     """The session's tenants have roles only with KUMIKO_TEST_DB_ROLES=1 (the default): these
     tests need them in both modes (the plugin drops them at the end of the session)."""
     from kumiko_jobs.core import conf
-    from kumiko_jobs.guard import role_sync
+    from kumiko_jobs.guard.roles import sync as role_sync
 
     if not conf.get().DB_ROLES:
         with django_db_blocker.unblock():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from django.db import connection
 
-from kumiko_jobs.guard import role_names
+from kumiko_jobs.guard.roles import names as role_names
 from tests.conftest import ROOT
 from tests.guardapp.support import Observer
 

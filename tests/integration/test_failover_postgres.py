@@ -10,7 +10,7 @@ holding a copy of this suite's test database. Every process names both hosts, th
   ``OPTIONS={"target_session_attrs": "read-write", "connect_timeout": "5"}``; Django passes
   the three to psycopg as they are, and libpq (psycopg, for each host in turn) takes the first
   host that accepts writes;
-* the tenant logins (DB_ROLES) copy the alias's settings (guard/connections.py), hosts and
+* the tenant logins (DB_ROLES) copy the alias's settings (guard/roles/connections.py), hosts and
   options included;
 * this process's own ``default`` connection the same way (``default_connection_on``).
 

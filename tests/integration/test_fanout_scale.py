@@ -234,7 +234,8 @@ def test_out_of_date_finds_a_lost_group_membership_and_sequence_grant(tenants):
     """``role_sync.out_of_date`` joins the tenants with pg_class once (it scanned pg_class once
     per tenant before); the branches test_db_roles.py does not reach: the group membership
     and a sequence's USAGE. Repaired by the command's ``sync_all``."""
-    from kumiko_jobs.guard import role_names, role_sync
+    from kumiko_jobs.guard.roles import names as role_names
+    from kumiko_jobs.guard.roles import sync as role_sync
 
     t1, t2 = role_names.role_name(tenants["t1"].pk), role_names.role_name(tenants["t2"].pk)
     assert role_sync.out_of_date() == []

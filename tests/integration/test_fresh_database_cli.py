@@ -13,7 +13,7 @@ auth in SHARED_APPS only (django-tenants' documented layout; tests/shared_auth).
 The last test uses the suite's own database: E012's query failing for real inside a
 transaction (W008, the transaction left usable).
 
-Calibrated: with ``guard/role_sync.py``'s ``_tenants`` reading the tenant table unconditionally
+Calibrated: with ``guard/roles/sync.py``'s ``_tenants`` reading the tenant table unconditionally
 again (the code before this change), ``check --database default``, ``kumiko_jobs roles`` and
 ``migrate_schemas --shared`` each exit 1 with ``relation "customers_client" does not exist``.
 """
@@ -31,7 +31,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from kumiko_jobs.guard.role_names import prefix_of
+from kumiko_jobs.guard.roles.names import prefix_of
 from tests.conftest import ROOT
 
 LAYOUTS = {

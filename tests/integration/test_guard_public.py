@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from kumiko_jobs.guard import role_names, role_sync
+from kumiko_jobs.guard.roles import names as role_names
+from kumiko_jobs.guard.roles import sync as role_sync
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.guardapp import public_jobs, support
 from tests.guardapp.attacks_base import CANARY

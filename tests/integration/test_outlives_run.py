@@ -22,7 +22,7 @@ from django_tenants.utils import tenant_context
 
 from kumiko_jobs.core import current
 from kumiko_jobs.core.db import ADMISSION_LOCK_CLASS
-from kumiko_jobs.guard import role_names
+from kumiko_jobs.guard.roles import names as role_names
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
 from tests.guardapp import outlive_jobs, support

@@ -287,7 +287,7 @@ def no_spy() -> Iterator[None]:
         for conn in connections.all(initialized_only=True):
             while rt._spy in conn.execute_wrappers:
                 conn.execute_wrappers.remove(rt._spy)
-        from kumiko_jobs.guard import connections as tenant_connections
+        from kumiko_jobs.guard.roles import connections as tenant_connections
 
         tenant_connections.close_all()
         rt.SEEN.clear()
@@ -320,7 +320,7 @@ def databases_restored() -> Iterator[None]:
             settings.DATABASES[alias].update(value)
         for conn in connections.all(initialized_only=True):
             conn.close()
-        from kumiko_jobs.guard import connections as tenant_connections
+        from kumiko_jobs.guard.roles import connections as tenant_connections
 
         tenant_connections.close_all()
 
@@ -335,7 +335,7 @@ def test_a_connection_option_written_by_a_run_never_reaches_the_next_tenants_run
     (planted,) = _runs((tenants["t1"], rt.plant_settings_option), mode=mode)
     for conn in connections.all(initialized_only=True):
         conn.close()
-    from kumiko_jobs.guard import connections as tenant_connections
+    from kumiko_jobs.guard.roles import connections as tenant_connections
 
     tenant_connections.close_all()
     (victim,) = _runs((tenants["t2"], rt.victim_write, {"value": "v"}), mode=mode)

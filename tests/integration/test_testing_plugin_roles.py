@@ -22,7 +22,7 @@ from django_tenants.utils import schema_context
 
 from example_project.customers.models import Client
 from kumiko_jobs import EscapeHatch
-from kumiko_jobs.guard import role_names
+from kumiko_jobs.guard.roles import names as role_names
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.testing import KumikoJobs, MissingTenantRole
 from kumiko_jobs.testing.inline_roles import role_of
@@ -40,7 +40,7 @@ def _tenant_roles(django_db_setup: None, django_db_blocker: Any) -> None:
     """The session's tenants have roles only with KUMIKO_TEST_DB_ROLES=1 (the default): these
     tests need them in both modes (the plugin drops them at the end of the session)."""
     from kumiko_jobs.core import conf
-    from kumiko_jobs.guard import role_sync
+    from kumiko_jobs.guard.roles import sync as role_sync
 
     if not conf.get().DB_ROLES:
         with django_db_blocker.unblock():

@@ -17,7 +17,8 @@ from django.test import override_settings
 from kumiko_jobs import checks
 from kumiko_jobs.core import project_settings
 from kumiko_jobs.core.conf import _validate
-from kumiko_jobs.guard import role_grants, role_names
+from kumiko_jobs.guard.roles import names as role_names
+from kumiko_jobs.guard.roles import privileges as role_grants
 
 
 def _databases(name: str) -> dict[str, Any]:
@@ -133,7 +134,7 @@ def test_the_roles_check_needs_the_database_and_is_silent_without_it():
 def test_tenant_connections_log_in_as_the_role_without_the_project_s_assume_role(monkeypatch):
     """Django's ``assume_role`` would SET ROLE to the project's role after login (the tenant
     role may not, and must not); a psycopg pool would hand out the project's connections."""
-    from kumiko_jobs.guard import connections as tenant_connections
+    from kumiko_jobs.guard.roles import connections as tenant_connections
 
     def settings_with_options(alias: str) -> dict[str, Any]:
         from django.conf import settings

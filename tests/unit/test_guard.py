@@ -342,6 +342,67 @@ def test_wrong_search_path_is_allowed_under_unsafe_raw() -> None:
     assert_allowed(classify("SET search_path = t2", policy(UNSAFE)), UNSAFE)
 
 
+# --- a switched connection, asked directly ---------------------------------------------------
+
+SWITCHED_SCHEMAS = ("t2", "t1", "public", "T2", "kumiko_jobs_jobrun", "tenant_2024")
+
+
+@pytest.mark.parametrize("schema", SWITCHED_SCHEMAS)
+def test_a_switch_is_shaped_as_the_set_django_tenants_sends(schema: str) -> None:
+    """``search_path_shape`` is the shape the parser gives the ``SET search_path`` text the
+    wrapper used to write only to ask the judge (the names count as its literals too)."""
+    from kumiko_jobs.guard.parse import search_path_shape
+
+    text = f'SET search_path = "{schema}"'
+    assert search_path_shape((schema,)) == statement_shape(text, parameters=False)
+
+
+@pytest.mark.parametrize("schema", SWITCHED_SCHEMAS)
+@pytest.mark.parametrize(
+    "switch_policy",
+    [
+        policy(),
+        policy(UNSAFE),
+        policy(READS, readable="t2"),
+        policy(READS, readable="public"),
+        Policy(schema="t1", shared_tables=SHARED, kumiko_tables=SHARED),
+        Policy(
+            schema="t1",
+            shared_tables=SHARED,
+            active_grants=frozenset({UNSAFE}),
+            kumiko_tables=frozenset({"kumiko_jobs_jobrun"}),
+        ),
+    ],
+)
+@pytest.mark.parametrize("sql", ["SELECT * FROM app_model", "UPDATE app_model SET a = 1"])
+def test_a_switched_connection_is_judged_as_its_set_then_read_only(
+    schema: str, switch_policy: Policy, sql: str
+) -> None:
+    """``classify_switch`` answers as the SET text did (same verdict when the switch is refused),
+    and on another tenant's schema lets only reads follow (rule cross_schema)."""
+    from kumiko_jobs.guard.judge import classify_switch
+
+    verdict = classify_switch(sql, schema, switch_policy, parameters=False, public_schema="public")
+    as_text = classify(f'SET search_path = "{schema}"', switch_policy, parameters=False)
+    if not as_text.allowed or schema == "public":
+        assert verdict == as_text
+    elif sql.startswith("UPDATE"):
+        assert_denied(verdict, None, "cross_schema")
+        assert f"switched to schema '{schema}'" in verdict.reason
+    else:
+        assert verdict == as_text  # allowed, relying on the grants the SET relied on
+
+
+def test_every_rule_has_its_own_hint_when_no_grant_allows_it() -> None:
+    """The hint a user reads is chosen by rule, for every rule (a new rule must choose one)."""
+    from kumiko_jobs.guard.denials import NO_GRANT_HINTS
+    from kumiko_jobs.guard.verdict import Rule
+
+    assert set(NO_GRANT_HINTS) == set(Rule)
+    assert f"rule {Rule.PUBLIC_INTAKE_REQUIRED}" in NO_GRANT_HINTS[Rule.PUBLIC_INTAKE_REQUIRED]
+    assert str(Rule.PUBLIC_INTAKE_REQUIRED) == "public_intake_required"
+
+
 # --- tokeniser traps --------------------------------------------------------------------------
 
 

@@ -301,6 +301,77 @@ def test_only_the_transport_knows_redis_keys() -> None:
     assert _key_texts(_outside_transport()) == []
 
 
+# The one builder of refusals (docs/guard.md, "One vocabulary"): the message a user reads, the
+# violation kept on the run and the exception raised are made there and nowhere else.
+REFUSAL_BUILDER = "kumiko_jobs.guard.denials"
+
+
+def _refusals_built(found: Iterator[tuple[str, ast.AST]]) -> list[str]:
+    """Where ``DatabaseAccessDenied`` is constructed or a violation recorded
+    (``<watch>.violations.append(...)``) outside the builder."""
+    offenders = []
+    for name, node in found:
+        if name == REFUSAL_BUILDER or not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if _receiver_name(func) == "DatabaseAccessDenied":
+            offenders.append(f"{name}:{node.lineno} constructs DatabaseAccessDenied")
+        elif (
+            isinstance(func, ast.Attribute)
+            and func.attr in ("append", "extend", "insert")
+            and _receiver_name(func.value) == "violations"
+        ):
+            offenders.append(f"{name}:{node.lineno} records a violation")
+    return offenders
+
+
+def _package_nodes() -> Iterator[tuple[str, ast.AST]]:
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            yield name, node
+
+
+def test_refusals_are_built_only_by_the_guards_builder() -> None:
+    """One way to refuse: nothing outside ``guard/denials.py`` constructs a
+    ``DatabaseAccessDenied`` or appends to a Watch's violations."""
+    assert _refusals_built(_package_nodes()) == []
+
+
+# A function longer than a screen splits, or says why it does not (house.md): a comment just
+# above it (or its decorators) that says "lines". Kept for the guard, where a long function is
+# a security rule a reviewer must read whole.
+LONG_FUNCTION_LINES = 60
+GUARD_MODULES = 400
+
+
+def _long_functions_without_a_reason(name: str, source: str) -> list[str]:
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        length = (node.end_lineno or node.lineno) - node.lineno + 1
+        if length <= LONG_FUNCTION_LINES:
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        above = _reason_above(lines, first, first - 1)
+        if "lines" not in above:
+            found.append(f"{name}:{node.lineno} {node.name} is {length} lines")
+    return found
+
+
+def test_the_guards_functions_and_modules_are_short_or_say_why() -> None:
+    offenders = []
+    for name, path in _modules().items():
+        if not name.startswith("kumiko_jobs.guard"):
+            continue
+        source = path.read_text()
+        offenders += _long_functions_without_a_reason(name, source)
+        if len(source.splitlines()) >= GUARD_MODULES:
+            offenders.append(f"{name} has {len(source.splitlines())} lines")
+    assert offenders == []
+
+
 def test_no_module_imports_another_modules_private_names() -> None:
     offenders = [
         f"{imp.source}:{imp.line} takes {name} from {imp.target}"
@@ -554,3 +625,22 @@ def test_the_history_rule_can_fail() -> None:
         "bad:7 SQL UPDATE",
         "bad:8 JobRun .delete()",
     ]
+    # The refusal rule sees a refusal built by hand, by either spelling, and a violation kept.
+    bad = ast.parse(
+        "raise DatabaseAccessDenied(m, kind='x')\nraise exceptions.DatabaseAccessDenied(m)\n"
+        "watch.violations.append(m)\nstate.watch.violations.append(m)\nitems.append(m)"
+    )
+    walked = [("bad", node) for node in ast.walk(bad)]
+    assert sorted(_refusals_built(iter(walked))) == [
+        "bad:1 constructs DatabaseAccessDenied",
+        "bad:2 constructs DatabaseAccessDenied",
+        "bad:3 records a violation",
+        "bad:4 records a violation",
+    ]
+    builder = [(REFUSAL_BUILDER, node) for node in ast.walk(bad)]
+    assert _refusals_built(iter(builder)) == []
+    # The length rule sees a long function, and takes a reason above it.
+    body = "".join(f"    x = {n}\n" for n in range(LONG_FUNCTION_LINES))
+    long = f"@cache\ndef f():\n{body}"
+    assert _long_functions_without_a_reason("bad", long) == ["bad:2 f is 61 lines"]
+    assert _long_functions_without_a_reason("bad", "# 61 lines: why\n" + long) == []

@@ -1,6 +1,6 @@
 """Paths and dotted names the docs and the package's own comments name keep resolving.
 
-A maintainer follows them ("see ``worker/sweep.py``", "``guard.connections.login``"); after a
+A maintainer follows them ("see ``worker/sweep.py``", "``guard.roles.connections.login``"); after a
 move, a stale one sends the reader to a file or function that is not there. Read as text, never
 imported:
 
@@ -8,7 +8,7 @@ imported:
   bench/, scripts/ and kumiko_jobs/: each must be a file relative to the repository, to
   ``kumiko_jobs/`` (or its ``run/`` and ``templates/``), or to the naming file's folder; a bare
   file name must be some file of the repository's;
-* **dotted names in double backquotes** in kumiko_jobs/ (``guard.connections``,
+* **dotted names in double backquotes** in kumiko_jobs/ (``guard.roles.connections``,
   ``worker.pauses.resume``, ``unique.covering_run``) whose first part is one of kumiko's own
   modules: some module whose dotted path ends with the leading parts must define (``def``,
   ``class``, an assignment or an import) each name that follows.
@@ -276,6 +276,8 @@ def test_calibration_a_moved_file_and_a_renamed_function_are_seen() -> None:
     assert resolves("worker/sweep.py", here) and resolves("fair.py", here)
     assert not resolves("worker.py", here)
     assert not resolves("guard/db_roles.py", here)
-    assert dotted_resolves("guard.connections") and dotted_resolves("worker.pauses.paused_by_rule")
+    assert dotted_resolves("guard.roles.connections") and dotted_resolves(
+        "worker.pauses.paused_by_rule"
+    )
     assert not dotted_resolves("runner.call_job")
     assert not dotted_resolves("worker.pauses.no_such_function")

@@ -19,8 +19,6 @@ FUNCTION_LINES = 60
 WAITING = {
     "history/stats.py": "the dashboard's reads (issue 29)",
     "transport/rq_worker.py": "the worker slots (issue 29)",
-    "guard/judge.py:_judge": "the guard's one vocabulary (issue 29)",
-    "guard/search_path.py:keeping": "the guard's role modules (issue 29)",
     "history/rollup.py:aggregate": "the dashboard's rollup (issue 29)",
 }
 

@@ -3,12 +3,13 @@
 Entering a schema is django-tenants' bookkeeping on the connection object (no statement until a
 query runs), so the tests use the real ``tenant_context`` and read ``connection.schema_name``.
 The clean-up of the sessions (``core.session.clean_up``) and the DB_ROLES login swap
-(``guard.connections.body_identity``) are replaced by recording fakes. Pinned: a system run stays
-in public, a tenant run's body runs in the tenant's schema and the connection is back in public
-afterwards, whatever the body did (switched schema, raised); a transaction the body left open
-fails the run (``Unrecoverable``), unless the body's own exception is already on its way up; a
-caller's transaction (busy aliases) is left alone; under DB_ROLES the body's connections are
-cleaned without the caller's busy set, and the project's again when ``ctx.system_db()`` used them.
+(``guard.roles.connections.body_identity``) are replaced by recording fakes. Pinned: a system
+run stays in public, a tenant run's body runs in the tenant's schema and the connection is back
+in public afterwards, whatever the body did (switched schema, raised); a transaction the body
+left open fails the run (``Unrecoverable``), unless the body's own exception is already on its
+way up; a caller's transaction (busy aliases) is left alone; under DB_ROLES the body's
+connections are cleaned without the caller's busy set, and the project's again when
+``ctx.system_db()`` used them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from django.db import connection, connections
 
 from kumiko_jobs.core import project_settings, session
 from kumiko_jobs.core.exceptions import Unrecoverable
-from kumiko_jobs.guard import connections as tenant_connections
+from kumiko_jobs.guard.roles import connections as tenant_connections
 from kumiko_jobs.guard.watch import Watch
 from kumiko_jobs.run.state import RunState
 from kumiko_jobs.run.steps.tenancy import tenancy

@@ -8,7 +8,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from ...guard import role_grants, role_names, role_sync
+from ...guard.roles import names as role_names
+from ...guard.roles import privileges as role_grants
+from ...guard.roles import sync as role_sync
 from .common import Subcommand
 
 
@@ -50,7 +52,7 @@ def _run_drop_roles(command: BaseCommand, options: dict[str, Any]) -> None:
 
 def _drop_roles(command: BaseCommand, yes: bool, dropped_database: str | None) -> None:
     """Roles are cluster-wide: ``dropdb`` leaves them behind. Only the roles of one database's
-    prefix (``guard.role_names``) are touched, never another database's or anyone else's."""
+    prefix (``guard.roles.names``) are touched, never another database's or anyone else's."""
     if dropped_database is None:
         with connections["default"].cursor() as cursor:
             roles = role_grants.our_roles(cursor)

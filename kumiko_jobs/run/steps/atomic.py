@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
-from ...guard import search_path
+from ...guard.roles import search_path
 from ...history import run_sql, transitions
 from ..pipeline import Next
 from ..state import RunState

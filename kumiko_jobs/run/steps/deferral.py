@@ -16,6 +16,7 @@ from ...core.exceptions import (
     message_key_problem,
 )
 from ...core.outcome import DeferralKind, Outcome
+from ...guard import denials
 from .. import cancellation
 from ..pipeline import Next
 from ..state import RunState
@@ -37,13 +38,7 @@ def deferral(state: RunState, call_next: Next) -> None:
     else:
         if state.watch.violations and ending.outcome in (Outcome.SUCCEEDED, Outcome.DEFERRED):
             # The job caught DatabaseAccessDenied and carried on: it still fails.
-            _failed(
-                state,
-                DatabaseAccessDenied(
-                    "the job swallowed a database access denial: " + state.watch.violations[0],
-                    job_name=state.envelope.job,
-                ),
-            )
+            _failed(state, denials.swallowed(state.watch))
     if settle_cancellation(state):
         return  # cancelled on an operator's request: no retry, no resumption
     if ending.outcome is Outcome.DEFERRED:

@@ -16,7 +16,7 @@ from django_tenants.utils import tenant_context
 
 from ...core import session
 from ...core.exceptions import Unrecoverable
-from ...guard import connections as tenant_connections
+from ...guard.roles import connections as tenant_connections
 from ..pipeline import Next
 from ..state import RunState
 

@@ -10,8 +10,8 @@ Names stay far below PostgreSQL's 63 bytes (``ROLE_NAME_BYTES``).
 Passwords are derived, never stored: HMAC-SHA256(SECRET_KEY, role name). The server only ever
 receives a SCRAM-SHA-256 verifier computed here (with a salt derived the same way, so running
 the command again changes nothing); rotating SECRET_KEY and running ``manage.py kumiko_jobs
-roles`` gives every role its new password. Both the login (``guard.connections``) and the
-grants (``guard.role_grants``) derive from these functions, so they can never disagree; they
+roles`` gives every role its new password. Both the login (``guard.roles.connections``) and the
+grants (``guard.roles.privileges``) derive from these functions, so they can never disagree; they
 touch no database. The HMAC labels (``kumiko_jobs.db_roles.password:``/``salt:``) keep the
 module's old name: changing them would change every role's password.
 """
@@ -27,7 +27,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 from psycopg import sql
 
-from ..core import project_settings
+from ...core import project_settings
 
 ROLE_NAME_BYTES = 63
 SCRAM_ITERATIONS = 4096

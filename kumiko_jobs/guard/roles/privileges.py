@@ -1,13 +1,13 @@
 """Creating, granting and dropping the tenants' PostgreSQL roles: the second wall's privileges.
 
-The job body of a tenant run logs in as its tenant's role (``guard.connections``), so that
+The job body of a tenant run logs in as its tenant's role (``guard.roles.connections``), so that
 PostgreSQL itself refuses what the classifier might let through: another tenant's schema,
 writes to shared tables, kumiko's history (docs/guard.md, "Two walls"). This module owns what
 each role may do: the group's reads of the shared tables, the tenant's rows in its own schema,
 the reader's and writer's escape-hatch logins, and the one door to kumiko's history (the atomic
 runs' success function). Every statement is idempotent (create or repair) and names roles and
 schemas through ``psycopg.sql.Identifier``. When to run them (every tenant, on deploy, on a
-tenant's creation or deletion) is ``guard.role_sync``'s business.
+tenant's creation or deletion) is ``guard.roles.sync``'s business.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS
 from psycopg import sql
 
-from ..core import project_settings
-from ..core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
-from .role_names import (
+from ...core import project_settings
+from ...core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
+from ..tables import operator_tables, protected_tables, shared_tables
+from .names import (
     READER_SUFFIX,
     WRITER_SUFFIX,
     group_name,
@@ -30,7 +31,6 @@ from .role_names import (
     scram_verifier,
     writers_group_name,
 )
-from .tables import operator_tables, protected_tables, shared_tables
 
 TABLE_PRIVILEGES = ("SELECT", "INSERT", "UPDATE", "DELETE")
 SEQUENCE_PRIVILEGES = ("USAGE", "SELECT", "UPDATE")

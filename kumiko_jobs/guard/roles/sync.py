@@ -4,7 +4,7 @@
 the roles of deleted tenants; ``out_of_date`` (check E012) finds what it would change, in one
 query; django-tenants' signals and the tenant model's ``post_delete`` keep roles current
 between deploys (``connect_hooks``, connected by the app config). The statements themselves
-are ``guard.role_grants``'; the names ``guard.role_names``'. The logger keeps the name
+are ``guard.roles.privileges``'; the names ``guard.roles.names``'. The logger keeps the name
 ``kumiko_jobs.db_roles`` (users' LOGGING names it).
 """
 
@@ -17,10 +17,10 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from ..core import conf, project_settings
-from ..core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
-from .role_grants import drop_role, ensure_group, ensure_tenant_role, our_roles
-from .role_names import (
+from ...core import conf, project_settings
+from ...core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
+from ..tables import operator_tables
+from .names import (
     READER_SUFFIX,
     WRITER_SUFFIX,
     group_name,
@@ -28,7 +28,7 @@ from .role_names import (
     role_name,
     writers_group_name,
 )
-from .tables import operator_tables
+from .privileges import drop_role, ensure_group, ensure_tenant_role, our_roles
 
 logger = logging.getLogger("kumiko_jobs.db_roles")
 

@@ -4,7 +4,7 @@ django-tenants sends ``SET search_path`` on the first cursor after every ``set_t
 ``TENANT_LIMIT_SET_CALLS``; before every query without it). A worker calls ``set_tenant`` at
 least twice per run: into the run's tenant for the body, back to public after it. On the
 project's connection that is needed, since the next run may be another tenant's. A tenant
-role's pooled connection (``guard.connections``) serves one tenant only, so every run of it
+role's pooled connection (``guard.roles.connections``) serves one tenant only, so every run of it
 set the same path again: one round trip per run for nothing.
 
 ``keeping(base)`` is django-tenants' wrapper class with one change: ``set_tenant`` keeps the
@@ -39,13 +39,16 @@ from typing import Any
 
 from psycopg.pq import TransactionStatus
 
-from ..core import conf, project_settings
+from ...core import conf, project_settings
 
 __all__ = ["keeping", "settle"]
 
 
+# Over 60 lines because it holds a class: the subclass of a base known only at run time
+# (django-tenants' wrapper, or the project's subclass of it), whose methods are each short and
+# read together, since they share the record of the server's path.
 @cache
-def keeping(base: type) -> type:
+def keeping(base: type) -> type:  # long: one class, defined around its run-time base
     """``base`` (django-tenants' ``DatabaseWrapper``, or a subclass) keeping its search path across
     ``set_tenant`` calls (module docstring); one class per base."""
 

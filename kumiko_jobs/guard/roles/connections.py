@@ -2,7 +2,7 @@
 
 For a tenant run with ``DB_ROLES`` on, the tenancy step swaps every django-tenants alias of the
 worker's thread (``connections[alias] = ...``) to a wrapper built from the alias's settings with
-the tenant role's name and derived password (``guard.role_names``), for the body only: the run's
+the tenant role's name and derived password (``guard.roles.names``), for the body only: the run's
 history stays on the project's own connections, which the swap sets aside. Everything the body
 reaches through Django (``connection``, ``connections[alias]``, the ORM, cursors, the raw
 psycopg connection under them, connections opened during the run) is the tenant's login
@@ -33,10 +33,11 @@ from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
 from psycopg import ServerCursor
 
-from ..core import conf, idle_connections, project_settings, session
-from ..core.exceptions import DatabaseAccessDenied
-from . import refusals, role_names, search_path
-from .watch import Watch, current_watch, watching
+from ...core import conf, idle_connections, project_settings, session
+from .. import denials
+from ..watch import Watch, current_watch, watching
+from . import names as role_names
+from . import refusals, search_path
 
 ROLE_ATTRIBUTE = "kumiko_db_role"
 TENANT_ENGINE = "django_tenants.postgresql_backend"
@@ -100,7 +101,7 @@ def enabled_for(watch: Watch) -> bool:
 
 def wrapper_for(alias: str, tenant_pk: Any, suffix: str = "") -> Any:
     """The pooled wrapper of ``alias`` logged in as the tenant's role (not connected yet), or
-    as one of its escape-hatch logins (``role_names.READER_SUFFIX``, ``WRITER_SUFFIX``)."""
+    as one of its escape-hatch logins (``roles.names.READER_SUFFIX``, ``WRITER_SUFFIX``)."""
     role = role_names.role_name(tenant_pk, alias) + suffix
     pool = _wrappers()
     key = (alias, role)
@@ -318,13 +319,13 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     with contextlib.suppress(Exception):
         connection.close()
     assert watch is not None
-    message = (
-        f"Job {watch.job!r} (tenant {watch.schema}): a connection (alias "
-        f"{connection.alias!r}) with the project's credentials was opened during the run; the "
-        "job body connects as its tenant's role only (docs/guard.md, Two walls)."
+    denials.refuse(
+        watch,
+        denials.Route.CONNECTION,
+        f"a connection (alias {connection.alias!r}) with the project's credentials was opened "
+        "during the run; the job body connects as its tenant's role only (docs/guard.md, Two "
+        "walls).",
     )
-    watch.violations.append(message)
-    raise DatabaseAccessDenied(message, job_name=watch.job, kind="connection")
 
 
 connection_created.connect(_on_connection_created, dispatch_uid="kumiko_jobs.tenant_connections")

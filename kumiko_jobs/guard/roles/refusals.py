@@ -16,8 +16,8 @@ from typing import Any
 
 from psycopg import errors
 
-from ..core.exceptions import DatabaseAccessDenied
-from .watch import current_watch
+from .. import denials
+from ..watch import current_watch
 
 __all__ = ["recording"]
 
@@ -50,14 +50,7 @@ def _note_denial(exc: errors.InsufficientPrivilege) -> None:
         return
     if watch.db_identity is None and not watch.inline_role:
         return
-    message = (
-        f"Job {watch.job!r} (tenant {watch.schema}) was denied by PostgreSQL: "
-        f"{exc.diag.message_primary or exc}. The job body runs as the tenant's own database "
-        "role, which holds no privilege outside its schema and the shared tables it may "
-        "read (docs/guard.md, Two walls). No grant allows this; run a job in that tenant "
-        "instead."
-    )
-    watch.violations.append(message)
+    message = denials.record_privilege_denial(watch, str(exc.diag.message_primary or exc))
     exc.kumiko_denial = message  # type: ignore[attr-defined]  # read by _denial below
 
 
@@ -67,7 +60,7 @@ def _denial(exc: errors.InsufficientPrivilege) -> BaseException:
     watch = current_watch()
     if message is None or watch is None:
         return exc
-    return DatabaseAccessDenied(message, job_name=watch.job, kind="privilege")
+    return denials.privilege_denied(watch, message)
 
 
 @cache
