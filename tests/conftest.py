@@ -111,11 +111,16 @@ def work(queue: str = "default", *, scheduler_rounds: int = 0) -> int:
     """
     from kumiko_jobs import transport
     from kumiko_jobs.worker import Worker
+    from tests import slot_harness
 
     q = transport.get_queue(queue)
     moved = 0
+    slots = slot_harness.slots_wanted()
     for round_ in range(scheduler_rounds + 1):
-        Worker([q], connection=q.connection).work(burst=True)
+        if slots > 1:  # KUMIKO_TEST_SLOTS: the suites at several slots (tests/slot_harness.py)
+            slot_harness.work_in_slots(queue, slots)
+        else:
+            Worker([q], connection=q.connection).work(burst=True)
         if round_ == scheduler_rounds:
             break
         deadline = time.monotonic() + 3

@@ -1,0 +1,119 @@
+"""The isolation suites at several slots: ``KUMIKO_TEST_SLOTS=4 scripts/test <suites>``.
+
+With ``KUMIKO_TEST_SLOTS`` at N > 1, the suites' in-process worker (``tests.conftest.work``)
+is an N-slot kumiko worker (``worker/slots.py``: the same ``SlotGroup``, sibling threads,
+connections, tenant logins, timers and hearts as ``WORKER_CONCURRENCY=N``), arranged so that
+a suite's calibrations can still fail:
+
+* the suite's runs all go, one after another, to **one sibling slot** (``.s1``, a thread that
+  is not the test's): a suite that plants state in one run and looks for it in the next finds
+  the next run on the same slot, as it does with one worker. Without this, a later run lands
+  on any slot, usually another one, and a leak goes unseen (issue 25: 31 calibrations could not
+  fail at four slots);
+* every **other slot** (the main thread's included) runs one mixed-tenant neighbour
+  (``tests/guardapp/slot_neighbours.py``) for as long as the suite's runs last: it checks that
+  it sees only its own tenant, login and defaults, and plants the state the suites look for, so
+  that anything crossing between slots fails either side.
+
+The neighbours' runs are checked (every one succeeded) and their rows deleted before ``work``
+returns, so a suite counts only its own runs. Pinning is the harness's; the slots are the
+product's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+SLOTS_ENV = "KUMIKO_TEST_SLOTS"
+NEIGHBOURS_QUEUE = "low"
+_READY_WITHIN = 60  # seconds the pinned slot waits for the neighbours before it starts anyway
+
+logger = logging.getLogger("tests.slot_harness")
+
+
+def slots_wanted() -> int:
+    raw = os.environ.get(SLOTS_ENV, "").strip()
+    return int(raw) if raw else 1
+
+
+def _neighbours(count: int) -> list[Any]:
+    from example_project.customers.models import Client
+    from kumiko_jobs.core import conf
+    from kumiko_jobs.guard import role_names
+    from tests.guardapp import slot_neighbours
+
+    schemas = ["t3", "t1", "t2"]
+    tenants = {c.schema_name: c for c in Client.objects.filter(schema_name__in=schemas)}
+    handles = []
+    for n in range(count):
+        tenant = tenants[schemas[n % len(schemas)]]
+        role = role_names.role_name(tenant.pk) if conf.get().DB_ROLES else None
+        handles.append(slot_neighbours.neighbour.enqueue(tenant=tenant, role=role))
+    return handles
+
+
+def _pinned_work(worker: Any, work: Any, neighbours: int, **kwargs: Any) -> Any:
+    from tests.guardapp import slot_neighbours
+
+    try:
+        if not slot_neighbours.wait_for(neighbours, _READY_WITHIN):
+            logger.warning("%d neighbours not running; the suite's runs start anyway", neighbours)
+        return work(**kwargs)
+    finally:
+        slot_neighbours.STOP.set()
+
+
+def _pinned_class() -> type:
+    from kumiko_jobs import transport
+    from kumiko_jobs.worker import Worker, slots
+
+    class PinnedWorker(Worker):
+        """The main slot: makes the process's slots, then points the first sibling at the
+        suite's queue (every other slot serves the neighbours' queue)."""
+
+        pinned_queue = "default"
+        slot_count = 2
+
+        def _after_boot(self, work_kwargs: dict[str, Any]) -> None:
+            group = self._slot_group = slots.SlotGroup(self, self.slot_count)
+            for sibling in group.workers:
+                sibling._slot_group = group
+            pinned = group.workers[0]
+            pinned.queues = [transport.get_queue(self.pinned_queue)]
+            pinned._ordered_queues = pinned.queues[:]
+            pinned.work = lambda **kw: _pinned_work(
+                pinned, type(pinned).work.__get__(pinned), self.slot_count - 1, **kw
+            )
+            group.start(work_kwargs)
+
+    return PinnedWorker
+
+
+def work_in_slots(queue: str, count: int) -> None:
+    """One burst of a ``count``-slot worker: the suite's queue through one sibling, the
+    neighbours beside it (module docstring); raises if a neighbour saw another slot."""
+    from django.db import connection
+
+    from kumiko_jobs import transport
+    from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
+    from tests.guardapp import slot_neighbours
+
+    handles = _neighbours(count - 1)
+    slot_neighbours.begin()
+    cls = _pinned_class()
+    neighbours_queue = transport.get_queue(NEIGHBOURS_QUEUE)
+    worker = cls([neighbours_queue], connection=transport.connection_for(queue))
+    worker.pinned_queue = queue
+    worker.slot_count = count
+    worker.work(burst=True)
+    connection.set_schema_to_public()
+    ids = [h.run_id for h in handles]
+    runs = list(JobRun.objects.filter(pk__in=ids))
+    bad = [
+        (r.status, r.error_type, r.error_message) for r in runs if r.status != RunStatus.SUCCEEDED
+    ]
+    JobAttempt.objects.filter(run_id__in=ids).delete()
+    JobRun.objects.filter(pk__in=ids).delete()
+    assert len(runs) == len(ids) and not bad, f"the neighbour slots saw another slot: {bad}"
