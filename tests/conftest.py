@@ -28,6 +28,19 @@ ROOT = Path(__file__).resolve().parent.parent
 TENANTS = ("t1", "t2", "t3")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``KUMIKO_TEST_SLOTS`` (tests/slot_harness.py) the neighbours' statements and round
+    trips are the process's too: a test that counts the whole process's is skipped there."""
+    from tests import slot_harness
+
+    if slot_harness.slots_wanted() <= 1:
+        return
+    skip = pytest.mark.skip(reason="counts the whole process; the slots' neighbours add theirs")
+    for item in items:
+        if item.get_closest_marker("one_slot"):
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> Iterator[None]:
     """Create the test database (always: ``live_db`` tests carry no ``django_db`` mark, so
