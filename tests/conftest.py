@@ -29,16 +29,30 @@ TENANTS = ("t1", "t2", "t3")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``KUMIKO_TEST_SLOTS`` (tests/slot_harness.py) the neighbours' statements and round
-    trips are the process's too: a test that counts the whole process's is skipped there."""
+    """Under ``KUMIKO_TEST_SLOTS`` (tests/slot_harness.py) the suite's runs are in a sibling
+    slot, not on the test's thread, and the neighbours' statements are the process's too: a
+    test that watches the worker's connection, pool or counters through its own thread, or
+    counts the whole process, is skipped there (``one_slot``)."""
     from tests import slot_harness
 
     if slot_harness.slots_wanted() <= 1:
         return
-    skip = pytest.mark.skip(reason="counts the whole process; the slots' neighbours add theirs")
+    skip = pytest.mark.skip(reason="watches the worker through the test's thread (one_slot)")
     for item in items:
         if item.get_closest_marker("one_slot"):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pinned_slot_thread(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under ``KUMIKO_TEST_SLOTS``: the pinned slot's connections closed before the test
+    database is dropped (its thread lives for the session, tests/slot_harness.py)."""
+    from tests import slot_harness
+
+    if slot_harness.slots_wanted() > 1:
+        request.getfixturevalue("django_db_setup")
+    yield
+    slot_harness.close()
 
 
 @pytest.fixture(scope="session")

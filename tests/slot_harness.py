@@ -6,10 +6,11 @@ connections, tenant logins, timers and hearts as ``WORKER_CONCURRENCY=N``), arra
 a suite's calibrations can still fail:
 
 * the suite's runs all go, one after another, to **one sibling slot** (``.s1``, a thread that
-  is not the test's): a suite that plants state in one run and looks for it in the next finds
-  the next run on the same slot, as it does with one worker. Without this, a later run lands
-  on any slot, usually another one, and a leak goes unseen (issue 25: 31 calibrations could not
-  fail at four slots);
+  is not the test's, kept for the session as a one-slot worker keeps its main thread): a suite
+  that plants state in one run and looks for it in the next, or after the worker's burst,
+  finds the next run on the same slot and its connections, as it does with one worker.
+  Without this, a later run lands on any slot, usually another one, and a leak goes unseen
+  (issue 25: 31 calibrations could not fail at four slots);
 * every **other slot** (the main thread's included) runs one mixed-tenant neighbour
   (``tests/guardapp/slot_neighbours.py``) for as long as the suite's runs last: it checks that
   it sees only its own tenant, login and defaults, and plants the state the suites look for, so
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 SLOTS_ENV = "KUMIKO_TEST_SLOTS"
@@ -54,7 +56,7 @@ def _neighbours(count: int) -> list[Any]:
     return handles
 
 
-def _pinned_work(worker: Any, work: Any, neighbours: int, **kwargs: Any) -> Any:
+def _pinned_work(work: Any, neighbours: int, **kwargs: Any) -> Any:
     from tests.guardapp import slot_neighbours
 
     try:
@@ -65,28 +67,70 @@ def _pinned_work(worker: Any, work: Any, neighbours: int, **kwargs: Any) -> Any:
         slot_neighbours.STOP.set()
 
 
+# The pinned slot's thread, kept for the whole session as a one-slot worker keeps its main
+# thread: a run leaves its connections (Django's and the tenant logins, both per thread) to the
+# next run on the slot, in the next ``work()`` call too, as they would in a live slot.
+_slot_thread: ThreadPoolExecutor | None = None
+
+
+def _slot_executor() -> ThreadPoolExecutor:
+    global _slot_thread
+    if _slot_thread is None:
+        _slot_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kumiko-pinned-slot")
+    return _slot_thread
+
+
+def close() -> None:
+    """At the session's end: the pinned slot's connections go, then its thread."""
+    global _slot_thread
+    if _slot_thread is None:
+        return
+
+    def close_all() -> None:
+        from django.db import connections
+
+        from kumiko_jobs.guard import connections as tenant_connections
+
+        connections.close_all()
+        tenant_connections.close_all()
+
+    _slot_thread.submit(close_all).result()
+    _slot_thread.shutdown()
+    _slot_thread = None
+
+
 def _pinned_class() -> type:
     from kumiko_jobs import transport
     from kumiko_jobs.worker import Worker, slots
 
     class PinnedWorker(Worker):
-        """The main slot: makes the process's slots, then points the first sibling at the
-        suite's queue (every other slot serves the neighbours' queue)."""
+        """The main slot: makes the process's slots, points the first sibling at the suite's
+        queue and runs it on the session's pinned thread; every other slot serves the
+        neighbours' queue in a thread of its own, as ``SlotGroup`` starts them."""
 
         pinned_queue = "default"
         slot_count = 2
+        _pinned: Future[Any] | None = None
 
         def _after_boot(self, work_kwargs: dict[str, Any]) -> None:
             group = self._slot_group = slots.SlotGroup(self, self.slot_count)
             for sibling in group.workers:
                 sibling._slot_group = group
-            pinned = group.workers[0]
+            pinned, *others = group.workers
             pinned.queues = [transport.get_queue(self.pinned_queue)]
             pinned._ordered_queues = pinned.queues[:]
-            pinned.work = lambda **kw: _pinned_work(
-                pinned, type(pinned).work.__get__(pinned), self.slot_count - 1, **kw
-            )
+            group.workers = others
             group.start(work_kwargs)
+            group.workers = [pinned, *others]
+            kwargs = {**work_kwargs, "with_scheduler": False}
+            self._pinned = _slot_executor().submit(
+                _pinned_work, pinned.work, self.slot_count - 1, **kwargs
+            )
+
+        def _after_work(self) -> None:
+            super()._after_work()
+            if self._pinned is not None:
+                self._pinned.result()  # the pinned slot's own error, if it ended with one
 
     return PinnedWorker
 
