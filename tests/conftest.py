@@ -28,6 +28,33 @@ ROOT = Path(__file__).resolve().parent.parent
 TENANTS = ("t1", "t2", "t3")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``KUMIKO_TEST_SLOTS`` (tests/slot_harness.py) the suite's runs are in a sibling
+    slot, not on the test's thread, and the neighbours' statements are the process's too: a
+    test that watches the worker's connection, pool or counters through its own thread, or
+    counts the whole process, is skipped there (``one_slot``)."""
+    from tests import slot_harness
+
+    if slot_harness.slots_wanted() <= 1:
+        return
+    skip = pytest.mark.skip(reason="watches the worker through the test's thread (one_slot)")
+    for item in items:
+        if item.get_closest_marker("one_slot"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pinned_slot_thread(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under ``KUMIKO_TEST_SLOTS``: the pinned slot's connections closed before the test
+    database is dropped (its thread lives for the session, tests/slot_harness.py)."""
+    from tests import slot_harness
+
+    if slot_harness.slots_wanted() > 1:
+        request.getfixturevalue("django_db_setup")
+    yield
+    slot_harness.close()
+
+
 @pytest.fixture(scope="session")
 def django_db_setup(django_test_environment: None, django_db_blocker: Any) -> Iterator[None]:
     """Create the test database (always: ``live_db`` tests carry no ``django_db`` mark, so
@@ -111,11 +138,16 @@ def work(queue: str = "default", *, scheduler_rounds: int = 0) -> int:
     """
     from kumiko_jobs import transport
     from kumiko_jobs.worker import Worker
+    from tests import slot_harness
 
     q = transport.get_queue(queue)
     moved = 0
+    slots = slot_harness.slots_wanted()
     for round_ in range(scheduler_rounds + 1):
-        Worker([q], connection=q.connection).work(burst=True)
+        if slots > 1:  # KUMIKO_TEST_SLOTS: the suites at several slots (tests/slot_harness.py)
+            slot_harness.work_in_slots(queue, slots)
+        else:
+            Worker([q], connection=q.connection).work(burst=True)
         if round_ == scheduler_rounds:
             break
         deadline = time.monotonic() + 3

@@ -16,12 +16,14 @@ CONFLICT DO NOTHING`` (``fanout.insert_new``), which tells which keys were taken
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from django.db import connection
+from psycopg.types.json import Jsonb
 
 from ..core.envelope import Envelope
 from ..definition.job import JobDefinition
@@ -53,7 +55,8 @@ class BatchRows:
         self.fields = [f for f in JobRun._meta.concrete_fields if not f.generated]
         row = row_for(definition, first, subject, 0.0)
         self.template = [
-            f.get_db_prep_save(getattr(row, f.attname), connection) for f in self.fields
+            _encoded_once(f.get_db_prep_save(getattr(row, f.attname), connection))
+            for f in self.fields
         ]
         where = {f.attname: i for i, f in enumerate(self.fields)}
         (
@@ -96,6 +99,16 @@ class BatchRows:
                 # Through Django's execute wrappers (the DB guard, query counters) like any
                 # statement; the executor streams the rows on the psycopg cursor.
                 cursor._execute_with_wrappers(sql, None, False, executor=_copy_executor(chunk))
+
+
+def _encoded_once(value: Any) -> Any:
+    """A JSON value shared by every row (the trace context, the origin) as its text: psycopg
+    would encode the same ``Jsonb`` again for each row it copies; PostgreSQL reads the text
+    into the ``jsonb`` column as it reads the encoded value."""
+    if isinstance(value, Jsonb):
+        dumps = value.dumps or json.dumps
+        return dumps(value.obj)
+    return value
 
 
 def _copy_executor(rows: Sequence[Sequence[Any]]) -> Any:

@@ -13,6 +13,13 @@ run's thread only; the coroutine would go on in the loop thread, writing after t
 recorded as timed out. So the timeout (``Alarm.note_timeout``) cancels the coroutine's task,
 and the runner waits for the loop to finish, still serving its ORM calls (which the runner's
 ``_final_timeout`` refuses from then on), before the outcome is recorded.
+
+In a sibling slot (worker/slots.py) the timeout is a timer's exception raised in the run's
+thread, which Python delivers only when that thread runs bytecode; waiting here for the
+coroutine, it runs none until the loop hands it work. So the slot's timer also calls ``wake``,
+which hands the waiting thread an empty work item: the timeout is delivered at once and the
+coroutine cancelled as above (without it, an async job awaiting past its timeout in a sibling
+slot held its slot until the watchdog ended the whole process).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -47,6 +55,25 @@ class _Running:
             loop.call_soon_threadsafe(task.cancel)
 
 
+# The coroutine each thread waits for now (thread ident -> its _Running), for ``wake``.
+_awaiting: dict[int, _Running] = {}
+
+
+def _nothing() -> None:
+    """The work item ``wake`` hands a waiting thread: running it is the point."""
+
+
+def wake(thread: int) -> None:
+    """Let ``thread``, if it waits here for a coroutine, run bytecode now (module docstring).
+    Safe from any thread; does nothing when ``thread`` awaits nothing."""
+    running = _awaiting.get(thread)
+    executor = running.executor if running is not None else None
+    if executor is not None:
+        # RuntimeError: the wait has just ended (the executor refuses new work).
+        with contextlib.suppress(RuntimeError):
+            executor.submit(_nothing)
+
+
 def call_async(
     state: RunState, func: Callable[..., Coroutine[Any, Any, Any]], *args: Any, **kwargs: Any
 ) -> Any:
@@ -66,6 +93,8 @@ def call_async(
             running.ended.set_result(None)
 
     state.alarm.hooks.append(running.cancel)
+    thread = threading.get_ident()
+    _awaiting[thread] = running
     try:
         return async_to_sync(body)()
     except asyncio.CancelledError as exc:
@@ -87,4 +116,5 @@ def call_async(
             running.executor.run_until_future(running.ended)
         raise
     finally:
+        _awaiting.pop(thread, None)
         state.alarm.hooks.remove(running.cancel)

@@ -17,6 +17,7 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 - ``scheduler_loop``: the ``rqscheduler`` loop: due messages moved to the millisecond, never early.
 - ``scheduler_liveness``: is delayed work overdue because no scheduler runs?
 - ``rq_worker``: RQ's worker bases and the batched per-message bookkeeping.
+- ``one_trip_dequeue``: the fair dequeue as the workers call it (``Queue.dequeue_any``).
 - ``live_workers``: which kumiko worker executes which RQ job (the beats that say so).
 - ``fair``, ``fair_caps`` and ``fair_policy``: the fair dequeue's script, its caps, and its
   policy as pure code.

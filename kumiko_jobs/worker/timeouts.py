@@ -21,6 +21,7 @@ from psycopg.pq import TransactionStatus
 from .. import transport
 from ..core import conf
 from ..core.current import job_alarm
+from ..run import async_body
 from ..run.state import current_run
 from .sweep import record_timed_out
 
@@ -189,6 +190,9 @@ class SlotTimeout:
             self._timer = None
             self._pending = True
             _raise_in(self._thread, self._exception)
+            # An async job's thread waits for its coroutine without running bytecode: hand
+            # it something to run, so the timeout is delivered now (run/async_body.py).
+            async_body.wake(self._thread)
 
     def _delivered(self) -> None:
         # In the slot's thread, as the exception is made: nothing is pending any more.

@@ -735,4 +735,5 @@ from . import (  # noqa: E402
     red_team_jobs,  # noqa: F401  (jobs of the round-4 red-team suite)
     role_jobs,  # noqa: F401  (jobs of the two-walls suite)
     route_jobs,  # noqa: F401  (jobs of the route and run-hygiene suites)
+    slot_neighbours,  # noqa: F401  (the neighbours of the suites at several slots)
 )

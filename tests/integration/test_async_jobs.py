@@ -160,3 +160,39 @@ def test_an_async_job_runs_as_its_tenants_role(tenants: Any) -> None:
             "SELECT usename FROM pg_stat_activity WHERE pid = %s", [ok.result["backend_pid"]]
         )
         assert cursor.fetchone()[0] == role_names.role_name(tenants["t2"].pk)
+
+
+def test_async_runs_in_four_slots_run_at_once_each_in_its_own_tenant_and_session(
+    tenants: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four async runs of three tenants in one 4-slot worker process (WORKER_CONCURRENCY):
+    each awaits until all four run at once (a barrier, so no time is asserted), then writes
+    and counts with the async ORM. Each ran in its own slot's thread, on its own session, in
+    its own tenant, and saw only its tenant's rows. Calibrated: with one slot the barrier
+    breaks (the runs come one at a time) and every run fails."""
+    import threading
+
+    from kumiko_jobs.core import conf
+    from tests import slot_harness
+
+    if slot_harness.slots_wanted() > 1:
+        pytest.skip("makes its own slots; KUMIKO_TEST_SLOTS pins a suite's runs to one")
+    monkeypatch.setenv(conf.CONCURRENCY_ENV, "4")
+    async_jobs.MEETING["runs"] = threading.Barrier(4)
+    schemas = ["t1", "t2", "t3", "t1"]
+    handles = [
+        async_jobs.async_meets.enqueue(tenant=s, tag=f"meet-{n}") for n, s in enumerate(schemas)
+    ]
+    try:
+        work()
+    finally:
+        async_jobs.MEETING.clear()
+    runs = [JobRun.objects.get(pk=h.run_id) for h in handles]
+    assert [r.status for r in runs] == [RunStatus.SUCCEEDED] * 4, [r.error_message for r in runs]
+    seen = [str(r.result).split() for r in runs]
+    assert [s[0] for s in seen] == schemas
+    assert len({s[1] for s in seen}) == 4  # four sessions
+    assert len({s[2] for s in seen}) == 4  # four slots' threads
+    for schema in ("t1", "t2", "t3"):
+        assert all(p.schema_seen == schema for p in probes(schema))
+    assert {len(probes(s)) for s in ("t2", "t3")} == {1} and len(probes("t1")) == 2

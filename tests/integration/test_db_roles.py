@@ -293,6 +293,7 @@ def test_tenant_roles_hold_only_what_the_docs_list(tenants, observer):
 # --- the pool and the cost ----------------------------------------------------------------------
 
 
+@pytest.mark.one_slot
 def test_a_warm_tenant_connection_costs_no_extra_statement(tenants):
     """Statements sent to PostgreSQL (psycopg's cursor, every connection) per run, warm."""
     import psycopg
@@ -324,6 +325,7 @@ def test_a_warm_tenant_connection_costs_no_extra_statement(tenants):
     assert with_roles == without - 1
 
 
+@pytest.mark.one_slot
 def test_the_pool_keeps_one_connection_per_tenant_up_to_its_size(tenants):
     order = ["t1", "t2", "t3", "t1", "t2", "t3"]
 

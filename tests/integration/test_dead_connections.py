@@ -127,6 +127,7 @@ def test_the_guard_covers_the_replaced_tenant_connection(tenants, guard_data, ob
     assert support.findings("t1")["secrets"] == "t1-value"
 
 
+@pytest.mark.one_slot
 @pytest.mark.parametrize("roles", [True, False], ids=["roles", "no_roles"])
 def test_the_workers_own_connection_killed_while_idle_is_replaced(
     tenants, guard_data, observer, roles

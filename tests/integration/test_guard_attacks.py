@@ -37,6 +37,7 @@ from django.test import override_settings
 from django_tenants.utils import tenant_context
 
 from kumiko_jobs.models import EscapeHatchUse, JobRun, RunStatus
+from tests import slot_harness
 from tests.conftest import work
 from tests.guardapp import attacks_own, attacks_routes, jobs, support
 from tests.guardapp.attacks_base import NEEDS_VICTIM, Class
@@ -481,6 +482,12 @@ def test_calibration_every_strategy_works_with_the_guard_off(
         for name, o in outcomes.items()
         if not o.evidence
     }
+    if slot_harness.slots_wanted() > 1:  # no such route in a sibling slot (slot_harness.py)
+        failed = {
+            n: v
+            for n, v in failed.items()
+            if not (n in slot_harness.MAIN_THREAD_ONLY and v[1] == "ValueError")
+        }
     assert failed == {}, "strategies that do not work on their own: " + "\n".join(
         f"{n}: {v}" for n, v in sorted(failed.items())
     )

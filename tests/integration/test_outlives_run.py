@@ -221,6 +221,7 @@ def test_documented_gap_a_refusal_read_from_libpq_is_not_the_runs_failure(
     assert _findings(observer, "t1")["read"] == str(int(psycopg.pq.ExecStatus.FATAL_ERROR))
 
 
+@pytest.mark.one_slot
 def test_a_clean_warm_run_with_roles_costs_four_statements(tenants, guard_data):
     """start, the body's one statement, the reset (with the kept search path), the finish:
     every statement psycopg sends, on every connection."""

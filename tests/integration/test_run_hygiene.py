@@ -135,6 +135,7 @@ def test_session_state_of_one_run_never_reaches_the_next(tenants, guard_data, ki
     assert findings("t2") == {}  # nothing of B landed in t2 through a planted search_path
 
 
+@pytest.mark.one_slot
 def test_a_session_advisory_lock_is_held_until_the_run_ends_calibration(tenants, guard_data):
     """The lock really is a session lock: held after the statement, inside the run."""
     seen: list[int] = []
@@ -195,6 +196,7 @@ def _of(seen: dict[str, list[str]], run_id: str) -> list[str]:
     return seen[JobRun.objects.get(pk=run_id).rq_job_id]
 
 
+@pytest.mark.one_slot
 def test_every_run_costs_a_single_reset_after_its_statements(tenants, guard_data):
     """Clean or not, every run is reset once (issue 22: nothing is inferred from the statements
     the guard saw), after the job's statements and before the outcome is written."""
@@ -220,6 +222,7 @@ def test_every_run_costs_a_single_reset_after_its_statements(tenants, guard_data
     assert statements.index("SET work_mem = '77MB'") < resets[0] < history[0]
 
 
+@pytest.mark.one_slot
 def test_with_the_guard_off_every_run_is_reset(tenants, guard_data):
     with tenant_context(_tenant("t1")):
         handle = jobs.rename_people.enqueue(name="x")
@@ -249,6 +252,7 @@ def without_tenancy_step() -> Iterator[None]:
         runner.reset_pipeline()
 
 
+@pytest.mark.one_slot
 def test_the_outcome_commits_even_when_no_step_ended_the_transaction(
     tenants, guard_data, without_tenancy_step
 ):

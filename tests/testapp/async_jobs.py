@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from asgiref.sync import sync_to_async
@@ -41,6 +42,28 @@ async def async_probe(ctx, *, tag: str) -> dict:
     with ctx.unsafe_raw():  # pg_backend_pid() is outside the guard's function allowlist
         pid = await sync_to_async(_backend_pid)()
     return {"tag": tag, "count": await Probe.objects.acount(), "backend_pid": pid}
+
+
+# The runs of ``async_meets`` that must be running at once (set by the test; broken after
+# ``MEET_WITHIN`` seconds, and the waiting runs fail: then they did not run at once).
+MEETING: dict[str, threading.Barrier] = {}
+MEET_WITHIN = 60
+
+
+@job(
+    retries=0,
+    escape_hatch=EscapeHatch(reason="reports its session's backend pid", grants=["unsafe_raw"]),
+)
+async def async_meets(ctx, *, tag: str) -> str:
+    """Awaits the meeting of every run of it (``MEETING``), then writes with the async ORM in
+    its tenant and returns its schema, its session's backend pid and its thread."""
+    barrier = MEETING["runs"]
+    await asyncio.get_running_loop().run_in_executor(None, barrier.wait, MEET_WITHIN)
+    await Probe.objects.acreate(tag=tag, schema_seen=await schema_seen())
+    with ctx.unsafe_raw():
+        pid = await sync_to_async(_backend_pid)()
+    thread = await sync_to_async(threading.get_ident)()
+    return f"{await schema_seen()} {pid} {thread} {await Probe.objects.acount()}"
 
 
 @job
