@@ -18,7 +18,7 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from ...core import project_settings
-from ...history import stats
+from ...history import console, failure_groups, shares, stats, tenant_rollup
 from ...transport import RedisError, depths, scheduler_liveness
 
 # Kept this long (seconds; 0: computed on every request): the console's numbers, and the
@@ -30,9 +30,9 @@ SETTLED = timedelta(seconds=60)
 # Off: every point is computed on every request (bench/dashboard_scale.py's cold figures).
 POINT_CACHE = True
 MAX_FILTER = 200
-# A tenant's user decides what its console reads: 90 days of a busy tenant (3 % of 10 million
-# runs) took 2.4 s (bench/dashboard_scale.py), 14 days 0.3 s, so a month at most.
-MAX_CONSOLE_DAYS = 30
+# A tenant's user decides what its console reads: at most the days its rollup keeps
+# (history/tenant_rollup.py), a month.
+MAX_CONSOLE_DAYS = tenant_rollup.CONSOLE_DAYS
 
 
 class BadFilter(ValueError):
@@ -110,13 +110,15 @@ def history_points(window: stats.Window, scope: stats.Scope, now: datetime) -> l
     ]
 
 
-def failure_groups(window: stats.Window, scope: stats.Scope, now: datetime) -> list[dict[str, Any]]:
-    """The window's failures by job and error type, the ``stats.FAILURE_GROUPS`` most
-    frequent, merged and ranked by the database (``stats.failure_groups``: the rollup's
+def window_failures(
+    window: stats.Window, scope: stats.Scope, now: datetime
+) -> list[dict[str, Any]]:
+    """The window's failures by job and error type, the ``failure_groups.FAILURE_GROUPS`` most
+    frequent, merged and ranked by the database (history/failure_groups.py: the rollup's
     buckets and the raw history after them), not kept with the points: a week holds
     thousands of (job, error, hour) groups, and the page shows 20."""
     since = stats.bucket_start(window, now)
-    return stats.failure_groups(window, scope, since, since + window.span)
+    return failure_groups.failure_groups(window, scope, since, since + window.span)
 
 
 def _digest(*parts: Any) -> str:
@@ -131,11 +133,11 @@ def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, 
     window, scope = window_of(params), operator_scope(params)
     now = timezone.now()
     points = history_points(window, scope, now)
-    failures = failure_groups(window, scope, now)
-    shares = _cached(
+    failures = window_failures(window, scope, now)
+    worker_time = _cached(
         f"kumiko_jobs.worker_time:{window.name}:{_digest(scope.queue, scope.job, scope.tenant)}",
         CACHE_SECONDS["worker_time"],
-        lambda: stats.worker_time(window, scope, now),
+        lambda: shares.worker_time(window, scope, now),
     )
     for group in failures:
         group["link"] = failure_link(runs_url, group, scope)
@@ -154,9 +156,9 @@ def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, 
             "points": points,
         },
         "failures": failures,
-        "worker_time": shares,
-        "backlog": stats.tenant_backlog(scope),
-        "running": stats.running_runs(),
+        "worker_time": worker_time,
+        "backlog": shares.tenant_backlog(scope),
+        "running": shares.running_runs(),
         **live(now),
     }
 
@@ -222,10 +224,7 @@ def console_data(schema: str, params: Any) -> dict[str, Any]:
     now = timezone.now()
 
     def build() -> dict[str, Any]:
-        return {
-            "days": stats.tenant_days(schema, days, job, now),
-            "jobs": stats.tenant_failure_rates(schema, days, now),
-        }
+        return console.console(schema, days, job, now)
 
     key = f"kumiko_jobs.console:{_digest(schema, days, job)}"
     return {
