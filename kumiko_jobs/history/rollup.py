@@ -11,12 +11,14 @@ a job filter reads. The grains are the dashboard's steps (a minute for the hour,
 for the day, an hour for the week), each kept only over its window's span. No tenant key: at
 the history's density a per-tenant row per minute would be one row per run; a tenant-filtered
 chart reads the raw history (the tenant's index bounds it). The failures are merged and ranked
-over a whole window by the database (history/stats.py ``failure_groups``), not per point.
+over a whole window by the database (history/failure_groups.py), not per point.
 
-The tenants' share of worker time has its own table (``WORKER_TIME_TABLE``, migration 0025):
-per UTC day, queue and tenant, the summed duration and the runs; a window reads the whole days
-from it and its edges raw (history/stats.py ``worker_time``): at most a row per tenant and
-queue a day, where a row per tenant and minute would be about a row per run.
+A tenant's console has its own, per UTC day of enqueue, tenant and job
+(history/tenant_rollup.py, migration 0026), rolled up in the same rounds. The tenants' share
+of worker time has its own table (``WORKER_TIME_TABLE``, migration 0025): per UTC day, queue
+and tenant, the summed duration and the runs; a window reads the whole days from it and its
+edges raw (history/shares.py ``worker_time``): at most a row per tenant and queue a day, where
+a row per tenant and minute would be about a row per run.
 
 Never written on a run's path: the workers' maintenance round (worker/maintenance.py, under
 its lock) calls ``roll_up``, which recomputes whole buckets that have ended since the last one
@@ -80,7 +82,7 @@ COLUMNS = (
     "bucket, queue, job_name, started, retried, deferred, succeeded, failed, cancelled, "
     "wait_hist, duration_hist, failures"
 )
-# Worker time (history/stats.py ``worker_time``): per UTC day, queue and tenant, the summed
+# Worker time (history/shares.py ``worker_time``): per UTC day, queue and tenant, the summed
 # ``duration_ms`` of the runs that finished then (stored as numeric, so the days add up
 # without rounding). Its end is the mark table's row of grain ``DAY``; kept ``DAY_SPAN``, a
 # day more than the week window, whose first whole day starts less than 7 days back.
@@ -102,15 +104,6 @@ def aggregate(
     (``failures`` False: their ``failures`` NULL, not computed)."""
     runs = table(JobRun._meta.db_table)
     step = f"{grain} seconds"
-    zeros = "0, 0, 0"
-    fails = (
-        f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, NULL, "
-        f"jsonb_agg(jsonb_build_array(job_name, error_type, n, last)) "
-        f"FROM (SELECT b, queue, job_name, error_type, count(*) AS n, {LAST_US} AS last FROM f "
-        f"WHERE status = '{RunStatus.FAILED.value}' GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3"
-        if failures
-        else ""
-    )
     sql = (
         f"WITH s AS MATERIALIZED (SELECT date_bin(%s::interval, started_at, {ORIGIN}) AS b, "
         f"queue, job_name, status, attempts, "
@@ -120,7 +113,30 @@ def aggregate(
         f"queue, job_name, status, error_type, finished_at, "
         f"CASE WHEN {RAN} AND duration_ms IS NOT NULL THEN {log_index('duration_ms')} END AS d "
         f"FROM {runs} WHERE finished_at >= %s AND finished_at < %s{where}), "
-        f"parts AS ("
+        f"parts AS ({_parts(failures)}) "
+        f"SELECT b, queue, job_name, sum(started)::int, sum(retried)::int, sum(deferred)::int, "
+        f"sum(succeeded)::int, sum(failed)::int, sum(cancelled)::int, "
+        f"(array_agg(wh) FILTER (WHERE wh IS NOT NULL))[1], "
+        f"(array_agg(dh) FILTER (WHERE dh IS NOT NULL))[1], "
+        f"(array_agg(fl) FILTER (WHERE fl IS NOT NULL))[1] FROM parts GROUP BY 1, 2, 3"
+    )
+    statuses = [s.value for s in RunStatus]
+    return sql, [step, statuses, since, until, *params, step, since, until, *params]
+
+
+def _parts(failures: bool) -> str:
+    """``aggregate``'s parts per (bucket, queue, job), each filling its own columns: the starts
+    (CTE ``s``), the finishes (``f``), the two histograms, the failures (when ``failures``)."""
+    zeros = "0, 0, 0"
+    fails = (
+        f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, NULL, "
+        f"jsonb_agg(jsonb_build_array(job_name, error_type, n, last)) "
+        f"FROM (SELECT b, queue, job_name, error_type, count(*) AS n, {LAST_US} AS last FROM f "
+        f"WHERE status = '{RunStatus.FAILED.value}' GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3"
+        if failures
+        else ""
+    )
+    return (
         f"SELECT b, queue, job_name, count(*) AS started, "
         f"count(*) FILTER (WHERE attempts > 1) AS retried, "
         f"count(*) FILTER (WHERE status = '{RunStatus.DEFERRED.value}') AS deferred, "
@@ -137,24 +153,8 @@ def aggregate(
         f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, jsonb_object_agg(d, n), "
         f"NULL FROM (SELECT b, queue, job_name, d, count(*) AS n FROM f "
         f"WHERE d IS NOT NULL GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3"
-        f"{fails}) "
-        f"SELECT b, queue, job_name, sum(started)::int, sum(retried)::int, sum(deferred)::int, "
-        f"sum(succeeded)::int, sum(failed)::int, sum(cancelled)::int, "
-        f"(array_agg(wh) FILTER (WHERE wh IS NOT NULL))[1], "
-        f"(array_agg(dh) FILTER (WHERE dh IS NOT NULL))[1], "
-        f"(array_agg(fl) FILTER (WHERE fl IS NOT NULL))[1] FROM parts GROUP BY 1, 2, 3"
+        f"{fails}"
     )
-    return sql, [
-        step,
-        [s.value for s in RunStatus],
-        since,
-        until,
-        *params,
-        step,
-        since,
-        until,
-        *params,
-    ]
 
 
 def merged(keys: str, *, failures: bool = True) -> str:
