@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from ...core import project_settings
 from ...history import console, failure_groups, shares, stats, tenant_rollup
+from ...models import FlowPause
 from ...transport import RedisError, depths, scheduler_liveness
 
 # Kept this long (seconds; 0: computed on every request): the console's numbers, and the
@@ -126,10 +127,14 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
-def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, Any]:
+def operator_data(
+    params: Any, runs_url: str, retry_url: str = "", *, pause_url: str = "", resume_url: str = ""
+) -> dict[str, Any]:
     """Everything the operators' dashboard shows, for its filters (``params``). With
     ``retry_url`` (the bulk retry page, for operators who may use it), each failure group
-    links to the retry of all its runs too."""
+    links to the retry of all its runs too; with ``pause_url`` (the pauses' add form) the
+    page offers to pause a queue, a failing job or a backlogged tenant, and with
+    ``resume_url`` (the pauses' list) to resume each pause in force."""
     window, scope = window_of(params), operator_scope(params)
     now = timezone.now()
     points = history_points(window, scope, now)
@@ -158,9 +163,31 @@ def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, 
         "failures": failures,
         "worker_time": worker_time,
         "backlog": shares.tenant_backlog(scope),
+        "pauses": pauses_in_force(resume_url),
+        "pause_url": pause_url,
         "running": shares.running_runs(),
         **live(now),
     }
+
+
+# The pauses listed; more than this many in force is a flow-control policy, not an incident.
+MAX_PAUSES_SHOWN = 50
+
+
+def pauses_in_force(resume_url: str) -> list[dict[str, Any]]:
+    """The pauses in force, newest first, each with its resume (the pause's delete page under
+    ``resume_url``, the pauses' list; nothing without it)."""
+    return [
+        {
+            "queue": p.queue,
+            "job_name": p.job_name,
+            "schema_name": p.schema_name,
+            "paused_at": p.paused_at.isoformat(),
+            "paused_by": p.paused_by,
+            "resume_link": f"{resume_url}{p.pk}/delete/" if resume_url else "",
+        }
+        for p in FlowPause.objects.order_by("-paused_at")[:MAX_PAUSES_SHOWN]
+    ]
 
 
 def failure_link(runs_url: str, group: dict[str, Any], scope: stats.Scope) -> str:
