@@ -89,18 +89,19 @@ def read_raw(raw: bool) -> None:
             setattr(module, name, functools.partial(_WITH_ROLLUP[name], use_rollup=False))
 
 
-def roll_up_from_nothing() -> dict[str, Any]:
-    """Every rollup emptied, then rolled up as the workers' maintenance would after deploying
-    it (history/rollup.py ``catch_up``), timed."""
+def roll_up_from_nothing(*, keep: bool = False) -> dict[str, Any]:
+    """Every rollup emptied (unless ``keep``), then rolled up as the workers' maintenance would
+    after deploying it (history/rollup.py ``catch_up``), timed."""
     from django.db import connection
 
     from kumiko_jobs.history import rollup, tenant_rollup
 
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"TRUNCATE {rollup.ROLLUP_TABLE}, {rollup.WORKER_TIME_TABLE}, "
-            f"{tenant_rollup.TABLE}, {rollup.MARK_TABLE}"
-        )
+        if not keep:
+            cursor.execute(
+                f"TRUNCATE {rollup.ROLLUP_TABLE}, {rollup.WORKER_TIME_TABLE}, "
+                f"{tenant_rollup.TABLE}, {rollup.MARK_TABLE}"
+            )
     started = time.perf_counter()
     buckets = rollup.catch_up()
     seconds = round(time.perf_counter() - started, 1)
@@ -120,6 +121,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=10)
     parser.add_argument("--database", default=DATABASE)
     parser.add_argument("--redis-db", type=int, default=REDIS_DB)
+    parser.add_argument(
+        "--keep-rollup",
+        action="store_true",
+        help="no 'cold, raw' mode, and the rollups kept as they are (only caught up)",
+    )
     parser.add_argument("--reuse", action="store_true", help="keep a database that has the rows")
     parser.add_argument("--drop", action="store_true", help="drop the database at the end")
     parser.add_argument("--json", action="store_true")
@@ -142,10 +148,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     made = clients()
     measured = []
-    for mode in ("cold, raw", "cold", "warm"):
+    modes = ("cold", "warm") if args.keep_rollup else ("cold, raw", "cold", "warm")
+    for mode in modes:
         read_raw(mode == "cold, raw")
         if mode == "cold":
-            results.update(roll_up_from_nothing())
+            results.update(roll_up_from_nothing(keep=args.keep_rollup))
         data.POINT_CACHE = mode == "warm"
         data.CACHE_SECONDS.update(dict.fromkeys(("console", "worker_time"), 60 * (mode == "warm")))
         print(f"\n{mode}, {args.requests} requests each (budget p95 < {BUDGET_MS:.0f} ms):")

@@ -20,7 +20,7 @@ CREATE TABLE kumiko_jobs_tenantdayrollup (
     wait_hist jsonb,
     duration_hist jsonb,
     rolled_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (schema_name, job_name, day)
+    PRIMARY KEY (schema_name, day, job_name)
 );
 CREATE INDEX kj_tenantday_day ON kumiko_jobs_tenantdayrollup (day);
 CREATE INDEX kj_tenantday_unfinished ON kumiko_jobs_tenantdayrollup (rolled_at)
