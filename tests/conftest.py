@@ -93,7 +93,7 @@ def _truncate_all() -> None:
             "TRUNCATE kumiko_jobs_jobattempt, kumiko_jobs_jobrun, kumiko_jobs_jobfailure, "
             "kumiko_jobs_rejectedmessage, kumiko_jobs_escapehatchuse, kumiko_jobs_bootmarker, "
             "kumiko_jobs_flowpause, kumiko_jobs_runrollup, kumiko_jobs_runrollupmark, "
-            "kumiko_jobs_workertimerollup"
+            "kumiko_jobs_workertimerollup, kumiko_jobs_tenantdayrollup"
         )
         for schema in TENANTS:
             cursor.execute(

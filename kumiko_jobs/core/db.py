@@ -22,11 +22,12 @@ ADMISSION_LOCK_CLASS = 0x4B4A  # "KJ"
 ATOMIC_FUNCTION = "kumiko_jobs_atomic_success"
 ATOMIC_SIGNATURE = "(uuid, integer, xid8, timestamptz, jsonb, text)"
 
-# The dashboard's rollups (migrations 0024 and 0025): tables without a model, written only by
+# The dashboard's rollups (migrations 0024, 0025 and 0026): tables without a model, written only by
 # the workers' maintenance round (history/rollup.py). Without a model the guard would not know
 # them as kumiko's: it keeps them from tenant SQL as it keeps the models' tables
 # (guard/tables.py), whatever a run's grants.
 ROLLUP_TABLE = "kumiko_jobs_runrollup"
 ROLLUP_MARK_TABLE = "kumiko_jobs_runrollupmark"
 WORKER_TIME_TABLE = "kumiko_jobs_workertimerollup"
-TABLES_WITHOUT_MODELS = (ROLLUP_TABLE, ROLLUP_MARK_TABLE, WORKER_TIME_TABLE)
+TENANT_DAY_TABLE = "kumiko_jobs_tenantdayrollup"
+TABLES_WITHOUT_MODELS = (ROLLUP_TABLE, ROLLUP_MARK_TABLE, WORKER_TIME_TABLE, TENANT_DAY_TABLE)

@@ -53,6 +53,7 @@ from ..models import (
     Workflow,
     WorkflowStep,
 )
+from . import tenant_rollup
 from .workflows import ended_workflows
 
 # Workflows per batch: BATCH_SIZE divided by this (each takes its steps along).
@@ -207,6 +208,9 @@ def forget_tenant(schema: str) -> int:
         delete_in_batches(tenant_rejections(schema))
         delete_in_batches(Workflow.objects.filter(schema_name=schema), batch_size=BATCH_SIZE // 100)
         touched = delete_in_batches(runs)
+        # Its consoles' days too (counts, no data): a tenant given its schema name later must
+        # not see them.
+        tenant_rollup.forget(schema)
     else:
         with transaction.atomic():
             JobFailure.objects.filter(schema_name=schema).delete()

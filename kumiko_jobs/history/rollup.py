@@ -11,12 +11,14 @@ a job filter reads. The grains are the dashboard's steps (a minute for the hour,
 for the day, an hour for the week), each kept only over its window's span. No tenant key: at
 the history's density a per-tenant row per minute would be one row per run; a tenant-filtered
 chart reads the raw history (the tenant's index bounds it). The failures are merged and ranked
-over a whole window by the database (history/stats.py ``failure_groups``), not per point.
+over a whole window by the database (history/failure_groups.py), not per point.
 
-The tenants' share of worker time has its own table (``WORKER_TIME_TABLE``, migration 0025):
-per UTC day, queue and tenant, the summed duration and the runs; a window reads the whole days
-from it and its edges raw (history/stats.py ``worker_time``): at most a row per tenant and
-queue a day, where a row per tenant and minute would be about a row per run.
+A tenant's console has its own, per UTC day of enqueue, tenant and job
+(history/tenant_rollup.py, migration 0026), rolled up in the same rounds. The tenants' share
+of worker time has its own table (``WORKER_TIME_TABLE``, migration 0025): per UTC day, queue
+and tenant, the summed duration and the runs; a window reads the whole days from it and its
+edges raw (history/shares.py ``worker_time``): at most a row per tenant and queue a day, where
+a row per tenant and minute would be about a row per run.
 
 Never written on a run's path: the workers' maintenance round (worker/maintenance.py, under
 its lock) calls ``roll_up``, which recomputes whole buckets that have ended since the last one
@@ -30,19 +32,47 @@ where it is now, in the raw history, until the bucket leaves the window.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
-from ..core import conf, project_settings
+from ..core import conf
 
 # Named in core/db.py, where the guard reads them too; kept as this module's names.
 from ..core.db import ROLLUP_MARK_TABLE as MARK_TABLE
 from ..core.db import ROLLUP_TABLE as ROLLUP_TABLE
 from ..core.db import WORKER_TIME_TABLE as WORKER_TIME_TABLE
 from ..models import JobRun, RunStatus
+from . import tenant_rollup
+from .rollup_sql import (
+    DAY,
+    FIRST_START,
+    LAST_US,
+    ORIGIN,
+    PER_DOUBLING,
+    RAN,
+    WAIT_MS,
+    floor_to,
+    log_index,
+    mark,
+    rolled_until,
+    table,
+)
+
+__all__ = [
+    "DAY",
+    "FIRST_START",
+    "LAST_US",
+    "MARK_TABLE",
+    "PER_DOUBLING",
+    "RAN",
+    "WAIT_MS",
+    "floor_to",
+    "rolled_until",
+    "table",
+]
 
 # grain (seconds) -> how far back it is kept: history/stats.py WINDOWS' steps and spans.
 GRAINS = {60: timedelta(hours=1), 900: timedelta(days=1), 3600: timedelta(days=7)}
@@ -52,34 +82,13 @@ COLUMNS = (
     "bucket, queue, job_name, started, retried, deferred, succeeded, failed, cancelled, "
     "wait_hist, duration_hist, failures"
 )
-# Buckets per doubling of the histograms; bucket i holds values in [2^(i/4), 2^((i+1)/4)) ms.
-PER_DOUBLING = 4
-_ORIGIN = "TIMESTAMPTZ '1970-01-01 00:00:00+00'"
-WAIT_MS = "EXTRACT(EPOCH FROM (started_at - queued_at)) * 1000"
-FIRST_START = "attempts = 1 AND defer_count = 0 AND gate_defer_count = 0"
-RAN = f"status IN ('{RunStatus.SUCCEEDED.value}', '{RunStatus.FAILED.value}')"
-# A failure group's last failure, as the rollup keeps it: µs since the epoch.
-LAST_US = "(EXTRACT(EPOCH FROM max(finished_at)) * 1000000)::bigint"
-# Worker time (history/stats.py ``worker_time``): per UTC day, queue and tenant, the summed
+# Worker time (history/shares.py ``worker_time``): per UTC day, queue and tenant, the summed
 # ``duration_ms`` of the runs that finished then (stored as numeric, so the days add up
 # without rounding). Its end is the mark table's row of grain ``DAY``; kept ``DAY_SPAN``, a
 # day more than the week window, whose first whole day starts less than 7 days back.
-DAY = 86400
 DAY_SPAN = timedelta(days=8)
 
 
-def table(name: str) -> str:
-    """``name`` in the public schema: the console's search path starts elsewhere."""
-    qn = connection.ops.quote_name
-    return f"{qn(project_settings.public_schema_name())}.{qn(name)}"
-
-
-def _index(expression: str) -> str:
-    return f"floor(ln(greatest(({expression})::float8, 1.0)) * {PER_DOUBLING} / ln(2.0))::int"
-
-
-# Over 60 lines, and kept whole: it is one SQL statement's text, read top to bottom as the
-# statement runs (its CTEs in order); split into functions it would be one query in pieces.
 def aggregate(
     grain: int,
     since: datetime,
@@ -95,6 +104,29 @@ def aggregate(
     (``failures`` False: their ``failures`` NULL, not computed)."""
     runs = table(JobRun._meta.db_table)
     step = f"{grain} seconds"
+    sql = (
+        f"WITH s AS MATERIALIZED (SELECT date_bin(%s::interval, started_at, {ORIGIN}) AS b, "
+        f"queue, job_name, status, attempts, "
+        f"CASE WHEN {FIRST_START} THEN {log_index(WAIT_MS)} END AS w FROM {runs} "
+        f"WHERE status = ANY(%s) AND started_at >= %s AND started_at < %s{where}), "
+        f"f AS MATERIALIZED (SELECT date_bin(%s::interval, finished_at, {ORIGIN}) AS b, "
+        f"queue, job_name, status, error_type, finished_at, "
+        f"CASE WHEN {RAN} AND duration_ms IS NOT NULL THEN {log_index('duration_ms')} END AS d "
+        f"FROM {runs} WHERE finished_at >= %s AND finished_at < %s{where}), "
+        f"parts AS ({_parts(failures)}) "
+        f"SELECT b, queue, job_name, sum(started)::int, sum(retried)::int, sum(deferred)::int, "
+        f"sum(succeeded)::int, sum(failed)::int, sum(cancelled)::int, "
+        f"(array_agg(wh) FILTER (WHERE wh IS NOT NULL))[1], "
+        f"(array_agg(dh) FILTER (WHERE dh IS NOT NULL))[1], "
+        f"(array_agg(fl) FILTER (WHERE fl IS NOT NULL))[1] FROM parts GROUP BY 1, 2, 3"
+    )
+    statuses = [s.value for s in RunStatus]
+    return sql, [step, statuses, since, until, *params, step, since, until, *params]
+
+
+def _parts(failures: bool) -> str:
+    """``aggregate``'s parts per (bucket, queue, job), each filling its own columns: the starts
+    (CTE ``s``), the finishes (``f``), the two histograms, the failures (when ``failures``)."""
     zeros = "0, 0, 0"
     fails = (
         f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, NULL, "
@@ -104,16 +136,7 @@ def aggregate(
         if failures
         else ""
     )
-    sql = (
-        f"WITH s AS MATERIALIZED (SELECT date_bin(%s::interval, started_at, {_ORIGIN}) AS b, "
-        f"queue, job_name, status, attempts, "
-        f"CASE WHEN {FIRST_START} THEN {_index(WAIT_MS)} END AS w FROM {runs} "
-        f"WHERE status = ANY(%s) AND started_at >= %s AND started_at < %s{where}), "
-        f"f AS MATERIALIZED (SELECT date_bin(%s::interval, finished_at, {_ORIGIN}) AS b, "
-        f"queue, job_name, status, error_type, finished_at, "
-        f"CASE WHEN {RAN} AND duration_ms IS NOT NULL THEN {_index('duration_ms')} END AS d "
-        f"FROM {runs} WHERE finished_at >= %s AND finished_at < %s{where}), "
-        f"parts AS ("
+    return (
         f"SELECT b, queue, job_name, count(*) AS started, "
         f"count(*) FILTER (WHERE attempts > 1) AS retried, "
         f"count(*) FILTER (WHERE status = '{RunStatus.DEFERRED.value}') AS deferred, "
@@ -130,24 +153,8 @@ def aggregate(
         f" UNION ALL SELECT b, queue, job_name, {zeros}, {zeros}, NULL, jsonb_object_agg(d, n), "
         f"NULL FROM (SELECT b, queue, job_name, d, count(*) AS n FROM f "
         f"WHERE d IS NOT NULL GROUP BY 1, 2, 3, 4) AS x GROUP BY 1, 2, 3"
-        f"{fails}) "
-        f"SELECT b, queue, job_name, sum(started)::int, sum(retried)::int, sum(deferred)::int, "
-        f"sum(succeeded)::int, sum(failed)::int, sum(cancelled)::int, "
-        f"(array_agg(wh) FILTER (WHERE wh IS NOT NULL))[1], "
-        f"(array_agg(dh) FILTER (WHERE dh IS NOT NULL))[1], "
-        f"(array_agg(fl) FILTER (WHERE fl IS NOT NULL))[1] FROM parts GROUP BY 1, 2, 3"
+        f"{fails}"
     )
-    return sql, [
-        step,
-        [s.value for s in RunStatus],
-        since,
-        until,
-        *params,
-        step,
-        since,
-        until,
-        *params,
-    ]
 
 
 def merged(keys: str, *, failures: bool = True) -> str:
@@ -182,25 +189,10 @@ def merged(keys: str, *, failures: bool = True) -> str:
     )
 
 
-def floor_to(moment: datetime, grain: int) -> datetime:
-    """``moment`` rounded down to a multiple of ``grain`` seconds since the epoch (UTC)."""
-    epoch = moment.timestamp()
-    return datetime.fromtimestamp(epoch - epoch % grain, tz=UTC)
-
-
-def rolled_until(grain: int) -> datetime | None:
-    """Where the rollup of ``grain`` ends: every bucket before it is rolled up (within its
-    span), none from it on."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT rolled_until FROM {table(MARK_TABLE)} WHERE grain = %s", [grain])
-        row = cursor.fetchone()
-    return None if row is None else row[0]
-
-
 def roll_up(now: datetime | None = None) -> int:
     """Roll up the buckets that ended since the last round, at most ``ROUND_SPAN`` of history
-    per grain (a day for the worker time's), and drop the buckets past their span or the
-    runs' retention. Returns the buckets rolled up (0 once caught up)."""
+    per grain (a day for the worker time's and the tenants' days), and drop the buckets past
+    their span or the runs' retention. Returns the buckets rolled up (0 once caught up)."""
     now = now or timezone.now()
     retention = now - timedelta(days=conf.get().RETENTION_DAYS)
     done = 0
@@ -217,12 +209,11 @@ def roll_up(now: datetime | None = None) -> int:
                 _store_points(cursor, grain, start, end, keep_from)
             if start >= end:
                 continue
-            cursor.execute(
-                f"INSERT INTO {table(MARK_TABLE)} (grain, rolled_until) VALUES (%s, %s) "
-                f"ON CONFLICT (grain) DO UPDATE SET rolled_until = EXCLUDED.rolled_until",
-                [grain, end],
-            )
+            mark(cursor, grain, end)
         done += int((end - start) / step)
+    # The tenants' consoles: per day of enqueue, tenant and job (history/tenant_rollup.py).
+    with transaction.atomic():
+        done += tenant_rollup.roll_up(now)
     return done
 
 
@@ -275,7 +266,7 @@ def worker_time_rows(since: datetime, until: datetime) -> tuple[str, list[Any]]:
     the raw history for the runs finished in [since, until) (``kj_run_finished``'s range):
     what ``roll_up`` stores."""
     sql = (
-        f"SELECT date_bin(%s::interval, finished_at, {_ORIGIN}), queue, schema_name, "
+        f"SELECT date_bin(%s::interval, finished_at, {ORIGIN}), queue, schema_name, "
         f"sum(duration_ms)::numeric, count(*) FROM {table(JobRun._meta.db_table)} "
         f"WHERE finished_at >= %s AND finished_at < %s AND duration_ms IS NOT NULL "
         f"GROUP BY 1, 2, 3"

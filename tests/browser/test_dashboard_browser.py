@@ -155,3 +155,58 @@ def test_retry_all_of_a_failure_group_from_the_dashboard(
     other.locator('[data-table="failures"] a').first.wait_for()
     assert other.locator('[data-table="failures"] a', has_text="retry all").count() == 0
     context.close()
+
+
+@pytest.fixture
+def paused(history: dict[str, int]) -> None:
+    """Tenant t2 paused, and an operator who may pause and resume (before the browser starts:
+    no query once Playwright's loop runs)."""
+    from kumiko_jobs.worker import pauses
+
+    pauses.pause(tenant="t2", by="ops")
+    make_user(
+        "public",
+        "pauser",
+        ("view_all_tenants", "view_jobrun", "add_flowpause", "delete_flowpause"),
+    )
+
+
+def test_pause_and_resume_from_the_dashboard(paused: None, server: int, browser: Any) -> None:
+    """A pause in force is listed with its "resume…" link; a queue's "pause…" link opens the
+    pauses' form filled in, whose save pauses it; "resume…" and the delete confirmation resume
+    it. An operator without the pauses' permissions sees neither link."""
+    context = browser.new_context(viewport={"width": 1280, "height": 1100})
+    page = context.new_page()
+    base = f"http://localhost:{server}"
+    log_in(page, base, "pauser")
+    page.goto(base + DASHBOARD)
+    paused_table = page.locator('[data-table="pauses"]')
+    paused_table.locator("a", has_text="resume…").wait_for()
+    assert "t2" in paused_table.inner_text()
+    queue = page.locator('[data-table="queues"] tbody tr', has_text="default")
+    queue.locator("a", has_text="pause…").click()
+    page.wait_for_url("**/kumiko_jobs/flowpause/add/?queue=default")
+    assert page.locator("#id_queue").input_value() == "default"
+    page.locator('input[name="_save"]').click()
+    # The admin's message (the pauser may not view the pauses' list: it lands on the index).
+    page.locator(".messagelist", has_text="queue default").wait_for()
+
+    page.goto(base + DASHBOARD)
+    queue = page.locator('[data-table="queues"] tbody tr', has_text="default")
+    queue.locator("td", has_text="paused").wait_for()
+    page.screenshot(path=str(SCREENSHOTS / "kumiko_dashboard_pauses.png"), full_page=True)
+    t2 = page.locator('[data-table="pauses"] tbody tr', has_text="t2")
+    t2.locator("a", has_text="resume…").click()
+    page.locator('#content input[type="submit"]').click()
+    page.locator(".messagelist", has_text="deleted").wait_for()
+    page.goto(base + DASHBOARD)
+    page.locator('[data-table="pauses"] tbody tr', has_text="default").wait_for()
+    assert "t2" not in page.locator('[data-table="pauses"]').inner_text()
+
+    other = browser.new_context().new_page()
+    log_in(other, base, "operator")
+    other.goto(base + DASHBOARD)
+    other.locator('[data-table="pauses"] tbody tr', has_text="default").wait_for()
+    assert other.locator('[data-table="pauses"] a').count() == 0
+    assert other.locator('[data-table="queues"] a').count() == 0
+    context.close()

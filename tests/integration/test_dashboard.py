@@ -201,6 +201,46 @@ def test_queue_depth_backlog_and_metrics(operator: Client) -> None:
     assert "t1" not in text and "tenant" not in text
 
 
+def test_pauses_shown_with_their_controls_for_who_may_use_them(operator: Client) -> None:
+    """The pauses in force are listed; an operator who may add and delete pauses gets the
+    pauses' add form (each queue, failing job and backlogged tenant links to it, filled in) and
+    each pause's resume page, which pause and resume for real; one who may not gets neither."""
+    from kumiko_jobs.models import FlowPause
+    from kumiko_jobs.worker import pauses
+
+    pauses.pause(tenant="t2", by="ops")
+    data = payload(operator.get(DATA))
+    assert [(p["schema_name"], p["paused_by"], p["resume_link"]) for p in data["pauses"]] == [
+        ("t2", "ops", "")
+    ]
+    assert data["pause_url"] == ""
+
+    actor = client_for(
+        "localhost",
+        "public",
+        make_user(
+            "public",
+            "pauser",
+            ("view_all_tenants", "view_jobrun", "add_flowpause", "delete_flowpause"),
+        ),
+    )
+    data = payload(actor.get(DATA))
+    (shown,) = data["pauses"]
+    pause_id = FlowPause.objects.get(schema_name="t2").pk
+    assert shown["resume_link"] == f"/admin/kumiko_jobs/flowpause/{pause_id}/delete/"
+    assert data["pause_url"] == "/admin/kumiko_jobs/flowpause/add/"
+    form = actor.get(data["pause_url"], {"queue": "default"})
+    assert form.status_code == 200
+    assert b'value="default"' in form.content
+    added = actor.post(data["pause_url"], {"queue": "default", "job_name": "", "schema_name": ""})
+    assert added.status_code == 302, added.content[:500]
+    assert FlowPause.objects.filter(queue="default").exists()
+    resumed = actor.post(shown["resume_link"], {"post": "yes"})
+    assert resumed.status_code == 302
+    assert not FlowPause.objects.filter(schema_name="t2").exists()
+    assert [p["queue"] for p in payload(actor.get(DATA))["pauses"]] == ["default"]
+
+
 def test_workers_listed_with_their_heartbeat(operator: Client, redis_conn: Any) -> None:
     """A real kumiko worker registered in Redis (as ``rqworker`` does at start) and beating."""
     queue = transport.get_queue("default")

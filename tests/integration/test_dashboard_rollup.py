@@ -18,7 +18,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from kumiko_jobs.history import rollup, stats
+from kumiko_jobs.history import failure_groups, rollup, stats
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.worker import maintenance
 from tests.integration.test_dashboard import (  # noqa: F401 (the cache-clearing fixture)
@@ -87,7 +87,7 @@ def groups_of(
 ) -> list[dict[str, Any]]:
     w = stats.WINDOWS[window]
     since = stats.bucket_start(w, now)
-    return stats.failure_groups(w, scope, since, since + w.span, use_rollup=use_rollup)
+    return failure_groups.failure_groups(w, scope, since, since + w.span, use_rollup=use_rollup)
 
 
 def rollup_rows() -> int:
@@ -169,8 +169,8 @@ def test_rounds_are_bounded_repeatable_and_keep_only_the_span(monkeypatch: Any) 
     monkeypatch.setattr(rollup, "ROUND_SPAN", timedelta(hours=1))
     first = rollup.roll_up(now)
     # A round reads at most an hour per grain: 60 minutes, 4 quarters, 1 hour; and a day of
-    # the worker time's (its step).
-    assert first == 60 + 4 + 1 + 1
+    # the worker time's (its step) and of the tenants' days (history/tenant_rollup.py).
+    assert first == 60 + 4 + 1 + 1 + 1
     marks = {grain: rollup.rolled_until(grain) for grain in rollup.GRAINS}
     assert marks[3600] == rollup.floor_to(now, 3600) - timedelta(days=7) + timedelta(hours=1)
     rollup.catch_up(now)

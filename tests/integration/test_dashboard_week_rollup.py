@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from kumiko_jobs.history import rollup, stats
+from kumiko_jobs.history import failure_groups, rollup, shares, stats
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.integration.test_dashboard import (  # noqa: F401 (the cache-clearing fixture)
     DATA,
@@ -118,7 +118,9 @@ def test_failure_groups_are_the_raw_historys_top_groups(limit: int) -> None:
     assert len(expected) == min(limit, 30)
 
     def groups(scope: stats.Scope, *, use_rollup: bool) -> list[dict[str, Any]]:
-        return stats.failure_groups(WEEK, scope, since, until, limit=limit, use_rollup=use_rollup)
+        return failure_groups.failure_groups(
+            WEEK, scope, since, until, limit=limit, use_rollup=use_rollup
+        )
 
     assert groups(stats.Scope(), use_rollup=False) == expected
     assert rollup.catch_up(now) > 0
@@ -145,7 +147,7 @@ def test_the_page_sends_the_top_20_groups_with_their_links() -> None:
     rollup.catch_up(now)
     sent = payload(operator.get(DATA, {"window": "week"}))
     since = stats.bucket_start(WEEK, timezone.now())
-    expected = expected_groups(since, since + WEEK.span, stats.FAILURE_GROUPS)
+    expected = expected_groups(since, since + WEEK.span, failure_groups.FAILURE_GROUPS)
     keys = ("job", "error_type", "count", "last")
     assert [{k: g[k] for k in keys} for g in sent["failures"]] == expected
     assert all("error_type__exact=" in g["link"] for g in sent["failures"])
@@ -218,7 +220,7 @@ def test_worker_time_from_the_rollup_is_the_raw_historys() -> None:
     since = stats.bucket_start(WEEK, now)
     raw = {}
     for scope, filters in SHARE_SCOPES:
-        raw[scope] = stats.worker_time(WEEK, scope, now, use_rollup=False)
+        raw[scope] = shares.worker_time(WEEK, scope, now, use_rollup=False)
         assert raw[scope] == expected_shares(since, **filters), scope
     assert rollup.catch_up(now) > 0
     assert rollup.rolled_until(rollup.DAY) == rollup.floor_to(now, rollup.DAY)
@@ -226,17 +228,17 @@ def test_worker_time_from_the_rollup_is_the_raw_historys() -> None:
     days = {row[0] for row in worker_rows()}
     assert max(days) < rollup.floor_to(now, rollup.DAY) and len(days) == 4
     for scope, _ in SHARE_SCOPES:
-        assert stats.worker_time(WEEK, scope, now) == raw[scope], scope
+        assert shares.worker_time(WEEK, scope, now) == raw[scope], scope
     # Read from the rollup indeed: with the whole days' raw rows gone, the rollup's answer
     # stands and the raw one changes.
     first_day = rollup.floor_to(since, rollup.DAY) + DAY
     JobRun.objects.filter(
         finished_at__gte=first_day, finished_at__lt=rollup.floor_to(now, rollup.DAY)
     ).delete()
-    assert stats.worker_time(WEEK, stats.Scope(), now) == raw[stats.Scope()]
-    assert stats.worker_time(WEEK, stats.Scope(), now, use_rollup=False) != raw[stats.Scope()]
+    assert shares.worker_time(WEEK, stats.Scope(), now) == raw[stats.Scope()]
+    assert shares.worker_time(WEEK, stats.Scope(), now, use_rollup=False) != raw[stats.Scope()]
     # The limit ranks as before.
-    assert stats.worker_time(WEEK, stats.Scope(), now, limit=1) == raw[stats.Scope()][:1]
+    assert shares.worker_time(WEEK, stats.Scope(), now, limit=1) == raw[stats.Scope()][:1]
 
 
 def test_worker_time_rollup_rounds_are_repeatable_and_keep_their_span() -> None:
@@ -260,6 +262,6 @@ def test_the_week_window_with_no_worker_time_rollup_reads_raw() -> None:
     now = a_fixed_now()
     plant_worker_time(now)
     since = stats.bucket_start(WEEK, now)
-    assert stats.worker_time(WEEK, stats.Scope(), now) == expected_shares(since)
+    assert shares.worker_time(WEEK, stats.Scope(), now) == expected_shares(since)
     rollup.catch_up(now - timedelta(days=6, hours=20))
-    assert stats.worker_time(WEEK, stats.Scope(), now) == expected_shares(since)
+    assert shares.worker_time(WEEK, stats.Scope(), now) == expected_shares(since)

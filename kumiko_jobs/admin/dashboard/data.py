@@ -18,7 +18,8 @@ from django.core.cache import cache
 from django.utils import timezone
 
 from ...core import project_settings
-from ...history import stats
+from ...history import console, failure_groups, shares, stats, tenant_rollup
+from ...models import FlowPause
 from ...transport import RedisError, depths, scheduler_liveness
 
 # Kept this long (seconds; 0: computed on every request): the console's numbers, and the
@@ -30,9 +31,9 @@ SETTLED = timedelta(seconds=60)
 # Off: every point is computed on every request (bench/dashboard_scale.py's cold figures).
 POINT_CACHE = True
 MAX_FILTER = 200
-# A tenant's user decides what its console reads: 90 days of a busy tenant (3 % of 10 million
-# runs) took 2.4 s (bench/dashboard_scale.py), 14 days 0.3 s, so a month at most.
-MAX_CONSOLE_DAYS = 30
+# A tenant's user decides what its console reads: at most the days its rollup keeps
+# (history/tenant_rollup.py), a month.
+MAX_CONSOLE_DAYS = tenant_rollup.CONSOLE_DAYS
 
 
 class BadFilter(ValueError):
@@ -110,13 +111,15 @@ def history_points(window: stats.Window, scope: stats.Scope, now: datetime) -> l
     ]
 
 
-def failure_groups(window: stats.Window, scope: stats.Scope, now: datetime) -> list[dict[str, Any]]:
-    """The window's failures by job and error type, the ``stats.FAILURE_GROUPS`` most
-    frequent, merged and ranked by the database (``stats.failure_groups``: the rollup's
+def window_failures(
+    window: stats.Window, scope: stats.Scope, now: datetime
+) -> list[dict[str, Any]]:
+    """The window's failures by job and error type, the ``failure_groups.FAILURE_GROUPS`` most
+    frequent, merged and ranked by the database (history/failure_groups.py: the rollup's
     buckets and the raw history after them), not kept with the points: a week holds
     thousands of (job, error, hour) groups, and the page shows 20."""
     since = stats.bucket_start(window, now)
-    return stats.failure_groups(window, scope, since, since + window.span)
+    return failure_groups.failure_groups(window, scope, since, since + window.span)
 
 
 def _digest(*parts: Any) -> str:
@@ -124,18 +127,22 @@ def _digest(*parts: Any) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
-def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, Any]:
+def operator_data(
+    params: Any, runs_url: str, retry_url: str = "", *, pause_url: str = "", resume_url: str = ""
+) -> dict[str, Any]:
     """Everything the operators' dashboard shows, for its filters (``params``). With
     ``retry_url`` (the bulk retry page, for operators who may use it), each failure group
-    links to the retry of all its runs too."""
+    links to the retry of all its runs too; with ``pause_url`` (the pauses' add form) the
+    page offers to pause a queue, a failing job or a backlogged tenant, and with
+    ``resume_url`` (the pauses' list) to resume each pause in force."""
     window, scope = window_of(params), operator_scope(params)
     now = timezone.now()
     points = history_points(window, scope, now)
-    failures = failure_groups(window, scope, now)
-    shares = _cached(
+    failures = window_failures(window, scope, now)
+    worker_time = _cached(
         f"kumiko_jobs.worker_time:{window.name}:{_digest(scope.queue, scope.job, scope.tenant)}",
         CACHE_SECONDS["worker_time"],
-        lambda: stats.worker_time(window, scope, now),
+        lambda: shares.worker_time(window, scope, now),
     )
     for group in failures:
         group["link"] = failure_link(runs_url, group, scope)
@@ -154,11 +161,33 @@ def operator_data(params: Any, runs_url: str, retry_url: str = "") -> dict[str, 
             "points": points,
         },
         "failures": failures,
-        "worker_time": shares,
-        "backlog": stats.tenant_backlog(scope),
-        "running": stats.running_runs(),
+        "worker_time": worker_time,
+        "backlog": shares.tenant_backlog(scope),
+        "pauses": pauses_in_force(resume_url),
+        "pause_url": pause_url,
+        "running": shares.running_runs(),
         **live(now),
     }
+
+
+# The pauses listed; more than this many in force is a flow-control policy, not an incident.
+MAX_PAUSES_SHOWN = 50
+
+
+def pauses_in_force(resume_url: str) -> list[dict[str, Any]]:
+    """The pauses in force, newest first, each with its resume (the pause's delete page under
+    ``resume_url``, the pauses' list; nothing without it)."""
+    return [
+        {
+            "queue": p.queue,
+            "job_name": p.job_name,
+            "schema_name": p.schema_name,
+            "paused_at": p.paused_at.isoformat(),
+            "paused_by": p.paused_by,
+            "resume_link": f"{resume_url}{p.pk}/delete/" if resume_url else "",
+        }
+        for p in FlowPause.objects.order_by("-paused_at")[:MAX_PAUSES_SHOWN]
+    ]
 
 
 def failure_link(runs_url: str, group: dict[str, Any], scope: stats.Scope) -> str:
@@ -222,10 +251,7 @@ def console_data(schema: str, params: Any) -> dict[str, Any]:
     now = timezone.now()
 
     def build() -> dict[str, Any]:
-        return {
-            "days": stats.tenant_days(schema, days, job, now),
-            "jobs": stats.tenant_failure_rates(schema, days, now),
-        }
+        return console.console(schema, days, job, now)
 
     key = f"kumiko_jobs.console:{_digest(schema, days, job)}"
     return {

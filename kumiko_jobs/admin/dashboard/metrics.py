@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...history import stats
+from ...history import shares
 from ...transport import depths
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -58,6 +58,6 @@ def exposition() -> str:
     lines += _family(
         "kumiko_jobs_runs_running",
         "Runs the history records as running.",
-        [("", stats.running_runs())],
+        [("", shares.running_runs())],
     )
     return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from django.utils.translation import gettext
 
 from ...core.audience import tenant_schema
 from ...history import stats
+from ...models import FlowPause
 from ...transport import RedisError
 from . import data, metrics
 from .access import console_schema, is_operator
@@ -106,10 +107,25 @@ class DashboardViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's ad
             raise PermissionDenied
         try:
             retry = self._url_with("bulk", "retry") if self._may_bulk(request) else ""
-            payload = data.operator_data(request.GET, self._url("changelist"), retry)
+            payload = data.operator_data(
+                request.GET, self._url("changelist"), retry, **self._pause_urls(request)
+            )
         except data.BadFilter as exc:
             return JsonResponse({"error": str(exc)}, status=400)
         return JsonResponse(payload)
+
+    def _pause_urls(self, request: HttpRequest) -> dict[str, str]:
+        # The pauses' admin (admin/pauses.py) decides who may pause and resume, as on its pages.
+        pauses = self.admin_site._registry.get(FlowPause)
+        if pauses is None:
+            return {}
+        name = f"{self.admin_site.name}:{self.opts.app_label}_flowpause"
+        return {
+            "pause_url": reverse(f"{name}_add") if pauses.has_add_permission(request) else "",
+            "resume_url": (
+                reverse(f"{name}_changelist") if pauses.has_delete_permission(request) else ""
+            ),
+        }
 
     def metrics_entry(self, request: HttpRequest) -> HttpResponse:
         """The metrics URL: a bearer token (``METRICS_TOKEN``) decides when one is sent, else the

@@ -62,18 +62,37 @@
     if (target) window.KumikoCharts.line(target, {labels: labels, series: series});
   }
 
+  // A "pause…" link to the pauses' add form, its field filled in (operators who may pause),
+  // or the word "paused" when that thing is paused already.
+  function pauseCell(data, field, value) {
+    var paused = data.pauses.some(function (p) {
+      return p[field] === value && ["queue", "job_name", "schema_name"].every(function (f) { return f === field || !p[f]; });
+    });
+    if (paused) return "paused";
+    if (!data.pause_url || !value) return null;
+    return {href: data.pause_url + "?" + field + "=" + encodeURIComponent(value), text: "pause…"};
+  }
+
   function operator(data) {
     var points = data.series.points, step = data.series.step_seconds;
+    var can = data.pause_url ? ["act"] : [];
     var labels = points.map(function (p) { return label(p.t, step); });
     chart("throughput", labels, counts(points, ["started", "succeeded", "failed", "retried", "deferred"]));
     chart("wait", labels, percentiles(points, "wait_ms"));
     chart("duration", labels, percentiles(points, "duration_ms"));
-    table(q('[data-table="queues"]'), ["queue", "waiting", "held by workers"],
-      data.queues.map(function (x) { return [x.queue, x.waiting, x.started]; }));
+    table(q('[data-table="queues"]'), ["queue", "waiting", "held by workers"].concat(can),
+      data.queues.map(function (x) { return [x.queue, x.waiting, x.started].concat(can.length ? [pauseCell(data, "queue", x.queue)] : []); }));
+    table(q('[data-table="pauses"]'), ["queue", "job", "tenant", "paused", "by", "act"],
+      data.pauses.map(function (p) {
+        return [p.queue || "—", p.job_name || "—", p.schema_name || "—", when(p.paused_at), p.paused_by || "—",
+          p.resume_link ? {href: p.resume_link, text: "resume…"} : null];
+      }));
     q('[data-text="running"]').textContent = "running runs: " + data.running;
     q('[data-text="scheduler"]').textContent = data.scheduler || data.redis_error || "";
-    table(q('[data-table="backlog"]'), ["tenant", "waiting", "oldest queued"],
-      data.backlog.tenants.map(function (x) { return [x.tenant || "system", x.waiting, when(x.oldest)]; }));
+    table(q('[data-table="backlog"]'), ["tenant", "waiting", "oldest queued"].concat(can),
+      data.backlog.tenants.map(function (x) {
+        return [x.tenant || "system", x.waiting, when(x.oldest)].concat(can.length ? [pauseCell(data, "schema_name", x.tenant)] : []);
+      }));
     table(q('[data-table="worker_time"]'), ["tenant", "worker time (ms)", "share"],
       data.worker_time.map(function (x) { return [x.tenant || "system", Math.round(x.ms), (100 * x.share).toFixed(1) + " %"]; }));
     table(q('[data-table="workers"]'), ["worker", "queues", "state", "run", "busy for (s)", "last heartbeat (s ago)"],
@@ -81,10 +100,11 @@
         return [w.name + (w.kumiko ? "" : " (no kumiko beat)"), w.queues.join(", "), w.state, w.run_id || w.rq_job_id, w.busy_for_s, w.heartbeat_ago_s];
       }));
     var canRetry = data.failures.some(function (f) { return f.retry_link; });
-    table(q('[data-table="failures"]'), ["job", "error", "runs", "last"].concat(canRetry ? ["act"] : []),
+    table(q('[data-table="failures"]'), ["job", "error", "runs", "last"].concat(canRetry ? ["act"] : []).concat(can),
       data.failures.map(function (f) {
         var row = [{href: f.link, text: f.job}, f.error_type || "—", f.count, when(f.last)];
-        return canRetry ? row.concat([{href: f.retry_link, text: "retry all…"}]) : row;
+        if (canRetry) row.push({href: f.retry_link, text: "retry all…"});
+        return can.length ? row.concat([pauseCell(data, "job_name", f.job)]) : row;
       }));
   }
 
