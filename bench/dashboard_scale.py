@@ -72,17 +72,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--reuse", action="store_true", help="keep a database that has the rows")
     parser.add_argument("--drop", action="store_true", help="drop the database at the end")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--database", default=DATABASE, help=f"({DATABASE})")
+    parser.add_argument("--redis-db", type=int, default=REDIS_DB, help=f"({REDIS_DB})")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    admin_url = prepare_environment(fresh=not args.reuse, database=DATABASE, redis_db=REDIS_DB)
+    admin_url = prepare_environment(
+        fresh=not args.reuse, database=args.database, redis_db=args.redis_db
+    )
     machine = machine_facts()
     results: dict[str, Any] = {"runs": args.runs, "tenants": args.tenants, "machine": machine}
     if not (args.reuse and existing_runs() >= args.runs):
-        print(f"building {args.runs:,} runs for {args.tenants:,} tenants in {DATABASE}")
+        print(f"building {args.runs:,} runs for {args.tenants:,} tenants in {args.database}")
         results["build_seconds"] = build(args.runs, args.tenants, datetime.now(UTC), upgrade=False)
     migrate_latest()
     from kumiko_jobs.admin.dashboard import data
@@ -130,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_results("dashboard_scale", stamp, results)
     if args.drop:
-        drop_database(admin_url, DATABASE)
+        drop_database(admin_url, args.database)
     return 1 if wrong else 0
 
 
