@@ -218,8 +218,7 @@ class JobRun(models.Model):
             # Not declared here: kj_run_subject_trgm, the trigram index for substring search
             # on subjects, made by SQL in 0010 (a GinIndex here would make every project add
             # django.contrib.postgres to INSTALLED_APPS, and it needs pg_trgm, which 0010
-            # creates when the project's user may and skips, with a warning, when not), and
-            # partial since 0026 (WHERE subject <> '', which admin/search.py asks for).
+            # creates when the project's user may and skips, with a warning, when not).
         )
 
     def __str__(self) -> str:

@@ -1,11 +1,9 @@
-"""Migration 0026: three of the run table's indexes are partial, so a run's start and finish
+"""Migration 0026: two of the run table's indexes are partial, so a run's start and finish
 write fewer index entries, and every query that read them still can.
 
 * kj_run_job_tenant holds active runs only: admission (concurrency="skip", max_per_tenant),
   "replace" and a retry's pending check ask for active statuses;
-* kj_run_finished holds finished runs only: every reader asks for a range of finished_at;
-* kj_run_subject_trgm holds runs with a subject only: the search says ``subject <> ''``
-  (test_admin_scale.py checks the search's plans).
+* kj_run_finished holds finished runs only: every reader asks for a range of finished_at.
 
 The plans are asked of a tiny table with only bitmap index scans allowed (a node the planner
 was told not to use costs ``DISABLED``), as in test_admin_scale.py. Real PostgreSQL.
@@ -17,13 +15,12 @@ import importlib
 import io
 import uuid
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.core.management import call_command
 from django.db import connection
-from django.db.migrations import RenameIndex, RunPython
+from django.db.migrations import RenameIndex
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -78,12 +75,11 @@ def definition(name: str) -> str:
     return str(text)
 
 
-def test_the_three_indexes_are_partial():
+def test_the_two_indexes_are_partial():
     assert "WHERE (finished_at IS NOT NULL)" in definition("kj_run_finished")
     assert "(job_name, schema_name, status) WHERE" in definition("kj_run_job_tenant")
     for status in ACTIVE:
         assert f"'{status}'" in definition("kj_run_job_tenant")
-    assert "WHERE ((subject)::text <> ''::text)" in definition("kj_run_subject_trgm")
 
 
 def test_admission_replace_and_retry_read_the_active_runs_index():
@@ -130,7 +126,7 @@ def test_the_migration_builds_and_drops_concurrently_outside_a_transaction():
     migration = importlib.import_module("kumiko_jobs.migrations.0026_hot_path_indexes")
     assert migration.Migration.atomic is False
     kinds = {type(op) for op in migration.Migration.operations}
-    assert kinds == {AddIndexConcurrently, RemoveIndexConcurrently, RenameIndex, RunPython}
+    assert kinds == {AddIndexConcurrently, RemoveIndexConcurrently, RenameIndex}
     out = io.StringIO()
     call_command("sqlmigrate", "kumiko_jobs", "0026", stdout=out)
     statements = [
@@ -142,16 +138,3 @@ def test_the_migration_builds_and_drops_concurrently_outside_a_transaction():
     assert all(
         s.startswith(("CREATE INDEX CONCURRENTLY", "DROP INDEX CONCURRENTLY")) for s in statements
     )
-
-
-def test_the_trigram_rebuild_is_reversible(monkeypatch: Any):
-    """0026's trigram step, backwards and forwards again, on this database: the index keeps
-    its name and is whole, then partial again."""
-    from django.apps import apps
-
-    migration = importlib.import_module("kumiko_jobs.migrations.0026_hot_path_indexes")
-    with connection.schema_editor(atomic=False) as editor:
-        migration.whole_trigram_index(apps, editor)
-        assert "WHERE" not in definition("kj_run_subject_trgm")
-        migration.partial_trigram_index(apps, editor)
-    assert "WHERE ((subject)::text <> ''::text)" in definition("kj_run_subject_trgm")
