@@ -1,9 +1,6 @@
-"""Migration 0026: two of the run table's indexes are partial, so a run's start and finish
-write fewer index entries, and every query that read them still can.
-
-* kj_run_job_tenant holds active runs only: admission (concurrency="skip", max_per_tenant),
-  "replace" and a retry's pending check ask for active statuses;
-* kj_run_finished holds finished runs only: every reader asks for a range of finished_at.
+"""Migration 0026: kj_run_finished holds finished runs only (a run's enqueue and start write
+one index entry less each), and every query that read it still can, since each asks for a range
+of finished_at; kj_run_job_tenant stays whole, since the tenants' job filter needs it.
 
 The plans are asked of a tiny table with only bitmap index scans allowed (a node the planner
 was told not to use costs ``DISABLED``), as in test_admin_scale.py. Real PostgreSQL.
@@ -19,16 +16,15 @@ from datetime import timedelta
 import pytest
 from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.db.migrations import RenameIndex
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from kumiko_jobs.models import FINISHED_STATUSES, WAITING_STATUSES, JobRun, RunStatus
+from kumiko_jobs.models import FINISHED_STATUSES, JobRun, RunStatus
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
-ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.DEFERRED)
 DISABLED = "cost=10000000000"
 
 
@@ -75,32 +71,52 @@ def definition(name: str) -> str:
     return str(text)
 
 
-def test_the_two_indexes_are_partial():
+def test_the_finished_index_is_partial_and_the_job_tenant_index_whole():
     assert "WHERE (finished_at IS NOT NULL)" in definition("kj_run_finished")
-    assert "(job_name, schema_name, status) WHERE" in definition("kj_run_job_tenant")
-    for status in ACTIVE:
-        assert f"'{status}'" in definition("kj_run_job_tenant")
+    assert "WHERE" not in definition("kj_run_job_tenant")
 
 
-def test_admission_replace_and_retry_read_the_active_runs_index():
+def test_the_tenants_job_filter_probes_the_job_tenant_index_in_every_status():
+    """Why kj_run_job_tenant stays whole (migration 0026): the tenant's job filter asks, per job
+    name, for one run of the tenant whatever its status."""
+    from kumiko_jobs.admin.filters import run_job_names
+
     runs(3, RunStatus.SUCCEEDED)
-    runs(2, RunStatus.QUEUED)
-    mine = JobRun.objects.filter(job_name="hot.job", schema_name="t1")
-    # Other jobs' runs of the same tenant, so that the job's index is the planner's best choice.
-    runs(400, RunStatus.QUEUED, job="hot.other")
+    runs(400, RunStatus.SUCCEEDED, job="hot.other")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE kumiko_jobs_jobrun")
-    for queryset in (
-        mine.filter(status__in=ACTIVE),  # enqueueing/admission.py
-        mine.filter(status=RunStatus.QUEUED),  # replace
-        mine.filter(status__in=(*WAITING_STATUSES, RunStatus.RUNNING)),  # operations.retry_run
-    ):
-        plan = bitmap_only_plan(queryset)
-        assert "kj_run_job_tenant" in plan, plan
-        assert DISABLED not in plan, plan
-    # Calibration: finished runs are not in it, so a query for them cannot use it.
-    plan = bitmap_only_plan(mine.filter(status=RunStatus.SUCCEEDED))
-    assert "kj_run_job_tenant" not in plan, plan
+    assert run_job_names("t1") == ["hot.job", "hot.other"]
+    assert "kj_run_job_tenant" in job_filter_plan()
+    # Calibration: an index of active runs only cannot answer the probe.
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("DROP INDEX kj_run_job_tenant")
+            cursor.execute(
+                "CREATE INDEX kj_run_job_tenant ON kumiko_jobs_jobrun (job_name, schema_name,"
+                " status) WHERE status IN ('queued', 'running', 'deferred')"
+            )
+        assert "kj_run_job_tenant" not in job_filter_plan()
+        transaction.set_rollback(True)
+    assert "kj_run_job_tenant" in job_filter_plan()
+
+
+def job_filter_plan() -> str:
+    """The plan of the tenant's probe (run_job_names' EXISTS), bitmap index scans only."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET enable_seqscan = off")
+        cursor.execute("SET enable_indexscan = off")
+        cursor.execute("SET enable_indexonlyscan = off")
+        try:
+            cursor.execute(
+                "EXPLAIN SELECT 1 FROM kumiko_jobs_jobrun r"
+                " WHERE r.job_name = %s AND r.schema_name = %s",
+                ["hot.job", "t1"],
+            )
+            return "\n".join(row[0] for row in cursor.fetchall())
+        finally:
+            cursor.execute("RESET enable_seqscan")
+            cursor.execute("RESET enable_indexscan")
+            cursor.execute("RESET enable_indexonlyscan")
 
 
 def test_every_finished_at_range_reads_the_finished_runs_index():
@@ -134,7 +150,7 @@ def test_the_migration_builds_and_drops_concurrently_outside_a_transaction():
         for line in out.getvalue().splitlines()
         if line.strip().startswith(("CREATE", "DROP"))
     ]
-    assert len(statements) == 4
+    assert len(statements) == 2
     assert all(
         s.startswith(("CREATE INDEX CONCURRENTLY", "DROP INDEX CONCURRENTLY")) for s in statements
     )
