@@ -820,13 +820,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--skip-pages", action="store_true")
     parser.add_argument("--drop", action="store_true", help="drop the database at the end")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--database", default=BENCH_DATABASE, help=f"({BENCH_DATABASE})")
+    parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB, help=f"({BENCH_REDIS_DB})")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    admin_url = prepare_environment(fresh=not args.reuse)
+    admin_url = prepare_environment(
+        fresh=not args.reuse, database=args.database, redis_db=args.redis_db
+    )
     machine = machine_facts()
     from django.db import connection
 
@@ -834,16 +838,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {"runs": args.runs, "tenants": args.tenants, "machine": machine}
     have = existing_runs()
     if args.reuse and have >= args.runs:
-        print(f"reusing {BENCH_DATABASE}: {have:,} runs")
+        print(f"reusing {args.database}: {have:,} runs")
         # The rows' times were relative to the build; the pages' date filter uses the newest.
         newest = sql("SELECT max(queued_at) FROM kumiko_jobs_jobrun")[0][0]
         now = newest if newest else now
     else:
         if have:
-            drop_database(admin_url, BENCH_DATABASE)
+            drop_database(admin_url, args.database)
             connection.close()
-            prepare_environment(fresh=True)
-        print(f"building {args.runs:,} runs for {args.tenants:,} tenants in {BENCH_DATABASE}")
+            prepare_environment(fresh=True, database=args.database, redis_db=args.redis_db)
+        print(f"building {args.runs:,} runs for {args.tenants:,} tenants in {args.database}")
         results["build_seconds"] = build(args.runs, args.tenants, now, upgrade=not args.no_upgrade)
         if not args.no_upgrade:
             results["upgrade"] = upgrade(calibrate=not args.no_calibration)
@@ -890,7 +894,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_results("history_scale", stamp, results)
     connection.close()
     if args.drop:
-        drop_database(admin_url, BENCH_DATABASE)
+        drop_database(admin_url, args.database)
     return 1 if wrong else 0
 
 

@@ -13,12 +13,14 @@ together), each its own implicit transaction. The rarer paths around them (a mes
 did not take, a finish with more to write than its two rows) are ORM writes in ``transitions``,
 which is the only caller of the writes here: the run side reaches the history's rows through it.
 
-With ``HISTORY_SYNCHRONOUS_COMMIT = False`` both statements commit asynchronously
-(``set_config('synchronous_commit', 'off', true)`` inside the statement, so it applies to that
-one transaction and never to the job's own): they do not wait for the WAL flush. Other sessions
-see them at once; only a crash of the PostgreSQL server can lose the last fraction of a second of
-them, and a run whose state was lost is delivered again by the relay (a lost start) or handed
-back by the sweep (a lost finish), as after a worker crash. docs/reliability.md has the details.
+The start always commits asynchronously (``set_config('synchronous_commit', 'off', true)``
+inside the statement, so it applies to that one transaction and never to the job's own): it does
+not wait for the WAL flush, which the run's next synchronous commit (the body's, or the finish)
+does for it. With ``HISTORY_SYNCHRONOUS_COMMIT = False`` the finish does the same. Other
+sessions see them at once; only a crash of the PostgreSQL server can lose the last fraction of a
+second of them, and a run whose state was lost is delivered again by the relay (a lost start) or
+handed back by the sweep (a lost finish), as after a worker crash. docs/reliability.md has the
+details.
 """
 
 from __future__ import annotations
@@ -113,11 +115,14 @@ def _schema_column() -> str:
     return connection.ops.quote_name(field.column)
 
 
+_ASYNCHRONOUS = "(SELECT set_config('synchronous_commit', 'off', true))"
+
+
 def _commit_mode() -> str:
     """A one-row FROM item that sets this transaction's commit mode (see the module's doc)."""
     if conf.get().HISTORY_SYNCHRONOUS_COMMIT:
         return "(SELECT 1)"
-    return "(SELECT set_config('synchronous_commit', 'off', true))"
+    return _ASYNCHRONOUS
 
 
 @functools.cache
@@ -212,7 +217,12 @@ def start(
         schema,
     ]
     with public_cursor() as cursor:
-        cursor.execute(_start_sql(_commit_mode()), params)
+        # Asynchronous whatever HISTORY_SYNCHRONOUS_COMMIT says: the next synchronous commit
+        # anywhere on the server (the body's own, the finish's) flushes the WAL up to and past
+        # it, and a start lost with the server's last fraction of a second leaves the run
+        # queued for the relay to push again (docs/reliability.md, "A PostgreSQL crash and
+        # asynchronous history commits"). It saves a WAL flush per run.
+        cursor.execute(_start_sql(_ASYNCHRONOUS), params)
         row = cursor.fetchone()
     return Started(updated=bool(row[0]), tenant=_tenant_from(row[2:]), workflow_id=row[1])
 

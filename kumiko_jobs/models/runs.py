@@ -180,8 +180,18 @@ class JobRun(models.Model):
         indexes = (
             models.Index(fields=("schema_name", "-queued_at"), name="kj_run_tenant_recent"),
             models.Index(fields=("status", "started_at"), name="kj_run_status_started"),
+            # Whole although its active-run readers (admission, replace, a retry's check) would
+            # do with a partial one: the tenants' job filter probes it in every status
+            # (admin/filters.py, run_job_names; migration 0027 says what it costs without).
             models.Index(fields=("job_name", "schema_name", "status"), name="kj_run_job_tenant"),
-            models.Index(fields=("finished_at",), name="kj_run_finished"),
+            # Partial (migration 0027): every reader asks for a range of finished_at, so the
+            # enqueue's and the start's row versions (no finished_at) need no entry: a run's
+            # history writes one index entry less at each (bench/README.md, "What a job costs").
+            models.Index(
+                fields=("finished_at",),
+                condition=models.Q(finished_at__isnull=False),
+                name="kj_run_finished",
+            ),
             # The admin's run lists at millions of rows (migration 0010, built CONCURRENTLY;
             # docs/observability.md, "History at scale"). Each matches one filter and the
             # list's order (queued_at DESC, run_id DESC: the admin adds the pk as tie-break),
