@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("live_db")
 
 
 def test_short_soak_with_every_fault_mixed(tenants: dict[str, Any]) -> None:
-    config = soak.SoakConfig(workers=2, **soak.SHORT)  # type: ignore[arg-type]
+    config = soak.SoakConfig(workers=2, **soak.SHORT)
     report, lines = run_soak_in_suite(config)
     summary = "\n".join([*lines, *report.lines(), "", *report.table()])
     print(summary)  # the figures, in the CI log (-s) or on failure
