@@ -291,7 +291,7 @@ SHORT: dict[str, Any] = {
 }
 
 # Every fault kind, for a long soak (``--faults all``): the short soak's mix, with slow spells
-# of 50-200 ms per chunk each way (15 s every 45-75 s: a whole soak that slow would be all
+# of 50-200 ms per chunk each way (10 s every 60-120 s: a whole soak that slow would be all
 # waiting) and a Redis restart at each quarter. The kill, termination and cut rates are the
 # short soak's, so that the figures per fault compare.
 ALL_FAULTS: dict[str, Any] = {
@@ -300,8 +300,8 @@ ALL_FAULTS: dict[str, Any] = {
     "terminate_every": (3.0, 6.0),
     "cut_every": (4.0, 8.0),
     "latency": (0.05, 0.2),
-    "latency_for": 15.0,
-    "latency_every": (45.0, 75.0),
+    "latency_for": 10.0,
+    "latency_every": (60.0, 120.0),
     "redis_restarts": 3,
 }
 
@@ -818,8 +818,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="kills: worker SIGKILLs (--kill-every) and one Redis restart; all: every fault kind "
         "mixed (ALL_FAULTS: both jobs batch by batch, SIGKILLs every 4-8 s, pg_terminate_backend "
         "of the workers' sessions every 3-6 s, every proxied connection cut every 4-8 s, slow "
-        "spells of 50-200 ms per chunk, three Redis restarts losing their data); --variant and "
-        "--kill-every are ignored then (kills)",
+        "spells of 50-200 ms per chunk (10 s every 60-120 s), three Redis restarts losing their "
+        "data); --variant and --kill-every are ignored then (kills)",
     )
     parser.add_argument(
         "--concurrency",
