@@ -273,6 +273,13 @@ class SoakConfig:
     # slot holds up to that many tenant logins, and max_connections is shared).
     worker_settings: dict[str, Any] = field(default_factory=dict)
     keep_logs: bool = False
+    # Runs committed ahead of the finished ones at most (0: all at once, before the first
+    # finishes). Paced, the enqueuing process costs the same CPU over the whole soak, and the
+    # soak can be stopped with every committed run accounted for (``max_seconds``).
+    backlog: int = 0
+    # Stop enqueueing after this many seconds, finish every committed run (under the same
+    # faults), and report on them: a soak cut to the time there is, not a timeout.
+    max_seconds: float | None = None
 
     def job_names(self) -> tuple[str, ...]:
         return (JOBS["plain"], ATOMIC_JOB) if self.mixed else (self.job,)
@@ -340,6 +347,7 @@ class SoakReport:
     # The attempts of each duplicated run, as "number outcome error" (what repeated the effect).
     duplicate_attempts: list[str] = field(default_factory=list)
     concurrency: int = 1
+    cut_short_at: float | None = None  # seconds: enqueueing stopped (``max_seconds``)
     slow_spells: int = 0
     slow_seconds: float = 0.0
     # What ended the attempt whose effect was repeated, per duplicate (see ``_cause``): the
@@ -391,7 +399,16 @@ class SoakReport:
     def lines(self) -> list[str]:
         done = self.statuses.get("succeeded", 0)
         rate = self.committed / self.seconds if self.seconds else 0.0
+        short = (
+            [
+                f"enqueueing stopped after {self.cut_short_at:.0f} s (--max-seconds) at "
+                f"{self.committed} of {self.jobs} runs; every committed run was then finished"
+            ]
+            if self.cut_short_at is not None
+            else []
+        )
         return [
+            *short,
             f"{self.committed} runs committed over {self.tenants} tenants "
             f"({self.committed_during_outage} while Redis was down), {self.workers} workers "
             f"x {self.concurrency} slot(s), {self.seconds:.0f} s ({rate:.1f} runs/s)",
@@ -475,8 +492,8 @@ def run_soak(
         job="+".join(names),
         concurrency=config.concurrency,
     )
-    events = Events()
     log_dir = Path(tempfile.mkdtemp(prefix="kumiko-soak-logs-"))
+    events = Events(log_dir / "events.log")
     crash_log = log_dir / "crashes.log"
     network = Network(
         config.cut_every,
@@ -510,10 +527,20 @@ def run_soak(
     )
     run_ids: list[str] = []
     enqueue_error: list[BaseException] = []
+    finished = 0
+    stop_enqueueing = threading.Event()
 
     def enqueue_all() -> None:
         try:
             for batch, start in enumerate(range(0, config.jobs, config.batch)):
+                while (
+                    config.backlog
+                    and len(run_ids) - finished > config.backlog
+                    and not stop_enqueueing.is_set()
+                ):
+                    time.sleep(0.2)
+                if stop_enqueueing.is_set():
+                    break
                 numbers = range(start, min(start + config.batch, config.jobs))
                 run_ids.extend(_enqueue_batch(schemas, numbers, names[batch % len(names)]))
         except BaseException as exc:  # reported by the main thread
@@ -531,7 +558,6 @@ def run_soak(
     next_kill = time.monotonic() + rng.uniform(*config.kill_every)
     last_report = 0.0
     last_count = 0.0
-    finished = 0
     restart_at = [
         (i + 1) / (config.redis_restarts + 1) * config.jobs for i in range(config.redis_restarts)
     ]
@@ -566,7 +592,16 @@ def run_soak(
                 finished = sum(counts[s] for s in FINISHED_STATUSES)
             enqueued = not enqueuer.is_alive()
             if (
-                enqueued
+                config.max_seconds is not None
+                and not stop_enqueueing.is_set()
+                and now - started >= config.max_seconds
+            ):
+                stop_enqueueing.set()
+                report.cut_short_at = now - started
+                log(f"{now - started:6.0f} s: enqueueing stopped, finishing the rest")
+            if (
+                (enqueued or config.backlog)
+                and not stop_enqueueing.is_set()
                 and report.redis_restarts < len(restart_at)
                 and finished >= restart_at[report.redis_restarts]
             ):
@@ -587,14 +622,15 @@ def run_soak(
                         report.committed_during_outage += len(outage)
                 time.sleep(config.redis_downtime)
                 redis.start()
-            total = config.jobs + report.committed_during_outage
+            total = len(run_ids) if enqueued else config.jobs + report.committed_during_outage
             if now - last_report >= 10:
                 last_report = now
                 log(
                     f"{now - started:6.0f} s: {len(run_ids)} committed, {finished} finished, "
                     f"{report.kills} kills, {report.redis_restarts} Redis restart(s)"
                 )
-            if enqueued and report.redis_restarts == len(restart_at) and finished >= total:
+            restarts_done = report.redis_restarts == len(restart_at) or stop_enqueueing.is_set()
+            if enqueued and restarts_done and finished >= total:
                 break
             if now - started > config.timeout:
                 log("timeout: what is not finished now counts as stuck")
@@ -836,6 +872,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the workers' DB_ROLE_POOL_SIZE: each slot keeps up to N tenant logins open "
         "(PostgreSQL's max_connections is shared: size workers x slots x (1 + N))",
     )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=None,
+        metavar="N",
+        help="commit runs as they are finished, at most N ahead (0: all at once; --faults all: "
+        "3000 by default)",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop enqueueing after S seconds, finish every committed run under the same faults, "
+        "and report on those (the soak cut to the time there is)",
+    )
+    parser.add_argument(
+        "--redis-restarts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Redis restarts losing its data, at 1/(N+1), 2/(N+1), ... of --jobs finished "
+        "(1; --faults all: 3)",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep-logs", action="store_true", help="keep the children's logs")
     parser.add_argument("--database", default=SOAK_DATABASE, help="created, then dropped")
@@ -868,15 +928,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             "worker_settings": (
                 {"DB_ROLE_POOL_SIZE": args.role_pool} if args.role_pool is not None else {}
             ),
+            "max_seconds": args.max_seconds,
         }
+        if args.backlog is not None:
+            common["backlog"] = args.backlog
+        elif args.faults == "all" and not args.short:
+            common["backlog"] = 3000
+        if args.redis_restarts is not None:
+            common["redis_restarts"] = args.redis_restarts
         reports = []
         for variant in variants:
             if args.short:
                 config = SoakConfig(**common, **SHORT)
             elif args.faults == "all":
                 config = SoakConfig(
-                    **common,
-                    **ALL_FAULTS,
+                    **{**ALL_FAULTS, **common},
                     jobs=args.jobs,
                     timeout=args.timeout,
                     crash_before_outcome=args.crash_before_outcome,

@@ -21,6 +21,7 @@ import contextlib
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,10 +30,15 @@ from urllib.parse import urlsplit, urlunsplit
 class Events:
     """The soak's fault events: (wall-clock time, kind, detail), in order."""
 
+    path: Path | None = None  # also written here as they happen, one line each
     items: list[tuple[float, str, str]] = field(default_factory=list)
 
     def note(self, kind: str, detail: str = "") -> None:
-        self.items.append((time.time(), kind, detail))
+        event = (time.time(), kind, detail)
+        self.items.append(event)
+        if self.path is not None:
+            with self.path.open("a") as out:
+                out.write(f"{event[0]:.3f} {kind} {detail}\n")
 
     def count(self, kind: str) -> int:
         return sum(1 for _, k, _ in self.items if k == kind)
