@@ -787,8 +787,9 @@ def _cause(error: str, message: str, trace: str, effect_at: float, events: Any) 
         kind = {"terminate": "pg_terminate_backend", "cut": "network cut"}.get(event[1], event[1])
         return kind, f" ({1000 * (event[0] - effect_at):.0f} ms after the effect)"
     frames = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
-    ours = [f for f in frames if "kumiko_jobs/" in f or "billing/" in f]
-    where = ours[-1].split("/")[-1] if ours else "?"
+    body = [f for f in frames if "billing/jobs.py" in f]  # the soak job's own statement
+    ours = body or [f for f in frames if "kumiko_jobs/" in f]
+    where = ("the body: " if body else "") + (ours[-1].split("/")[-1] if ours else "?")
     event = events.first_after(effect_at - 1.0, ("terminate", "cut", "redis"), within=11.0)
     fault = f"; {event[1]} {1000 * (event[0] - effect_at):.0f} ms after the effect" if event else ""
     return f"{error or 'error'} after the effect", f" (in {where}{fault}: {message[:100]})"
