@@ -17,6 +17,7 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -272,7 +273,7 @@ FINISH_TRIES = 4
 FINISH_PAUSE = 0.5
 
 
-def _write_finish(state: RunState, write: Any) -> None:
+def _write_finish(state: RunState, write: Callable[[], None]) -> None:
     """``write()`` the run's finish; if the connection is lost under it, write it again.
 
     A finish cut off (the session ended by ``pg_terminate_backend`` or a PostgreSQL restart, the
