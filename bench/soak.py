@@ -189,12 +189,20 @@ class Child:
     log_dir: Path
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    # rqworker --name NAME-START: an abandoned attempt names its worker, so the report can
+    # tell a killed worker's runs from a live one's (the slots are NAME-START.sN).
+    named: bool = False
+
+    def current(self) -> str:
+        """The worker name of this start (``--name``)."""
+        return f"{self.name}-{self.starts}"
 
     def start(self) -> None:
         self.starts += 1
+        argv = [*self.argv, "--name", self.current()] if self.named else self.argv
         with (self.log_dir / f"{self.name}.log").open("ab") as log:
             self.process = subprocess.Popen(
-                self.argv,
+                argv,
                 cwd=ROOT,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
@@ -236,7 +244,6 @@ class SoakConfig:
     jobs: int = 20000
     workers: int = 2
     kill_every: tuple[float, float] = (2.0, 5.0)
-    redis_restart_at: float = 0.5  # share of finished runs at which Redis restarts (once)
     redis_downtime: float = 2.0
     outage_enqueues: int = 3  # runs committed while Redis is down
     batch: int = 100
@@ -256,13 +263,30 @@ class SoakConfig:
     cut_every: tuple[float, float] | None = None
     latency: tuple[float, float] | None = None
     latency_for: float = 15.0
+    # A slow spell starts every MIN-MAX s after the first (None: only the first).
+    latency_every: tuple[float, float] | None = None
+    # Redis restarts losing its data: at 1/(n+1), 2/(n+1), ... of the runs finished.
+    redis_restarts: int = 1
+    # Runs each worker process executes at once (WORKER_CONCURRENCY: slots in threads).
+    concurrency: int = 1
+    # The workers' KUMIKO_JOBS overrides besides FAST_RECOVERY (e.g. DB_ROLE_POOL_SIZE: each
+    # slot holds up to that many tenant logins, and max_connections is shared).
+    worker_settings: dict[str, Any] = field(default_factory=dict)
+    keep_logs: bool = False
+    # Runs committed ahead of the finished ones at most (0: all at once, before the first
+    # finishes). Paced, the enqueuing process costs the same CPU over the whole soak, and the
+    # soak can be stopped with every committed run accounted for (``max_seconds``).
+    backlog: int = 0
+    # Stop enqueueing after this many seconds, finish every committed run (under the same
+    # faults), and report on them: a soak cut to the time there is, not a timeout.
+    max_seconds: float | None = None
 
     def job_names(self) -> tuple[str, ...]:
         return (JOBS["plain"], ATOMIC_JOB) if self.mixed else (self.job,)
 
 
 # The short soak, every fault kind mixed (tests/integration/test_soak_short.py, ``--short``).
-SHORT = {
+SHORT: dict[str, Any] = {
     "jobs": 2000,
     "mixed": True,
     "kill_every": (4.0, 8.0),
@@ -271,6 +295,21 @@ SHORT = {
     "latency": (0.02, 0.06),
     "latency_for": 15.0,
     "timeout": 300.0,
+}
+
+# Every fault kind, for a long soak (``--faults all``): the short soak's mix, with slow spells
+# of 50-200 ms per chunk each way (10 s every 60-120 s: a whole soak that slow would be all
+# waiting) and a Redis restart at each quarter. The kill, termination and cut rates are the
+# short soak's, so that the figures per fault compare.
+ALL_FAULTS: dict[str, Any] = {
+    "mixed": True,
+    "kill_every": (4.0, 8.0),
+    "terminate_every": (3.0, 6.0),
+    "cut_every": (4.0, 8.0),
+    "latency": (0.05, 0.2),
+    "latency_for": 10.0,
+    "latency_every": (60.0, 120.0),
+    "redis_restarts": 3,
 }
 
 
@@ -307,11 +346,27 @@ class SoakReport:
     connections_cut: int = 0
     # The attempts of each duplicated run, as "number outcome error" (what repeated the effect).
     duplicate_attempts: list[str] = field(default_factory=list)
+    concurrency: int = 1
+    cut_short_at: float | None = None  # seconds: enqueueing stopped (``max_seconds``)
+    slow_spells: int = 0
+    slow_seconds: float = 0.0
+    # What ended the attempt whose effect was repeated, per duplicate (see ``_cause``): the
+    # count per cause, and per duplicate "run: cause, effect->fault ms".
+    duplicate_causes: dict[str, int] = field(default_factory=dict)
+    duplicate_details: list[str] = field(default_factory=list)
 
     def ok(self) -> bool:
         # An atomic job's effect commits with its success: a duplicate is a failure there.
         exactly_once = self.duplicated_by_job.get(ATOMIC_JOB, 0) == 0
-        return self.lost == 0 and self.stuck == 0 and self.wrong_schema == 0 and exactly_once
+        # Every run succeeds in the end: a fault is transient, a run failed by one is wrong.
+        all_succeeded = self.statuses == {"succeeded": self.committed}
+        return (
+            self.lost == 0
+            and self.stuck == 0
+            and self.wrong_schema == 0
+            and exactly_once
+            and all_succeeded
+        )
 
     def table(self) -> list[str]:
         """The figures as a table, one column per job (a mixed soak has two)."""
@@ -330,10 +385,12 @@ class SoakReport:
                 ("stuck", self.stuck),
                 ("wrong schema", self.wrong_schema),
                 ("worker SIGKILLs", self.kills),
+                ("slots per worker", self.concurrency),
                 ("workers ended alone", self.worker_exits),
                 ("Redis restarts", self.redis_restarts),
                 ("PG sessions ended", self.sessions_terminated),
                 ("network cuts", self.network_cuts),
+                ("slow spells", self.slow_spells),
                 ("seconds", round(self.seconds)),
             )
         ]
@@ -342,10 +399,19 @@ class SoakReport:
     def lines(self) -> list[str]:
         done = self.statuses.get("succeeded", 0)
         rate = self.committed / self.seconds if self.seconds else 0.0
+        short = (
+            [
+                f"enqueueing stopped after {self.cut_short_at:.0f} s (--max-seconds) at "
+                f"{self.committed} of {self.jobs} runs; every committed run was then finished"
+            ]
+            if self.cut_short_at is not None
+            else []
+        )
         return [
+            *short,
             f"{self.committed} runs committed over {self.tenants} tenants "
-            f"({self.committed_during_outage} while Redis was down), {self.workers} workers, "
-            f"{self.seconds:.0f} s ({rate:.1f} runs/s)",
+            f"({self.committed_during_outage} while Redis was down), {self.workers} workers "
+            f"x {self.concurrency} slot(s), {self.seconds:.0f} s ({rate:.1f} runs/s)",
             f"job {self.job}",
             f"chaos: {self.kills} worker kills (SIGKILL), {self.hook_kills} worker exits between "
             f"a body and its success's commit (crash hook), {self.redis_restarts} Redis "
@@ -353,11 +419,14 @@ class SoakReport:
             f"{self.worker_exits} worker(s) ended on their own, "
             f"{self.sessions_terminated} PostgreSQL sessions of the workers ended in "
             f"{self.termination_rounds} round(s), {self.network_cuts} network cut(s) "
-            f"({self.connections_cut} connections)",
+            f"({self.connections_cut} connections), {self.slow_spells} slow spell(s) "
+            f"({self.slow_seconds:.0f} s)",
             f"statuses: {dict(sorted(self.statuses.items()))}; failures: {self.failures or '-'}",
             f"lost = {self.lost}, stuck = {self.stuck}, wrong schema = {self.wrong_schema}",
             *(f"  stuck: {line}" for line in self.stuck_runs),
             *(f"  duplicated: {line}" for line in self.duplicate_attempts[:20]),
+            *(f"  repeated by: {line}" for line in self.duplicate_details[:20]),
+            f"duplicates by what ended the attempt: {self.duplicate_causes or '-'}",
             *(f"  ended on its own: {text}" for text in self.exit_logs[:5]),
             f"duplicated: {self.duplicated_runs} run(s) had their effect more than once "
             f"({self.duplicate_executions} extra execution(s) of {self.effects} effects; "
@@ -410,7 +479,7 @@ def run_soak(
     """The soak itself; Django must already point at the soak's database and ``redis``."""
     from django.db import connections
 
-    from bench.soak_faults import Network, Terminator
+    from bench.soak_faults import Events, Network, Terminator
     from kumiko_jobs.core import conf
     from kumiko_jobs.models import FINISHED_STATUSES
 
@@ -421,24 +490,36 @@ def run_soak(
         tenants=len(schemas),
         workers=config.workers,
         job="+".join(names),
+        concurrency=config.concurrency,
     )
     log_dir = Path(tempfile.mkdtemp(prefix="kumiko-soak-logs-"))
+    events = Events(log_dir / "events.log")
     crash_log = log_dir / "crashes.log"
     network = Network(
-        config.cut_every, config.latency, config.latency_for, random.Random(config.seed + 1)
+        config.cut_every,
+        config.latency,
+        config.latency_for,
+        random.Random(config.seed + 1),
+        latency_every=config.latency_every,
+        events=events,
     )
     terminator = (
-        Terminator(config.terminate_every, CHILD_APP, random.Random(config.seed + 2))
+        Terminator(config.terminate_every, CHILD_APP, random.Random(config.seed + 2), events=events)
         if config.terminate_every
         else None
     )
     if config.cut_every or config.latency:
         child_env = network.start(child_env, redis.port, time.monotonic())
     worker_env = dict(child_env)
+    if config.concurrency > 1:
+        worker_env["KUMIKO_JOBS_WORKER_CONCURRENCY"] = str(config.concurrency)
+    if config.worker_settings:
+        overrides = json.loads(worker_env.get(SETTINGS_ENV) or "{}")
+        worker_env[SETTINGS_ENV] = json.dumps({**overrides, **config.worker_settings})
     if config.crash_before_outcome:
         worker_env[conf.CRASH_HOOK_ENV] = f"{config.crash_before_outcome}:{crash_log}"
     workers = [
-        Child(f"worker{i + 1}", manage_command("rqworker", QUEUE), worker_env, log_dir)
+        Child(f"worker{i + 1}", manage_command("rqworker", QUEUE), worker_env, log_dir, named=True)
         for i in range(config.workers)
     ]
     scheduler = Child(
@@ -446,10 +527,20 @@ def run_soak(
     )
     run_ids: list[str] = []
     enqueue_error: list[BaseException] = []
+    finished = 0
+    stop_enqueueing = threading.Event()
 
     def enqueue_all() -> None:
         try:
             for batch, start in enumerate(range(0, config.jobs, config.batch)):
+                while (
+                    config.backlog
+                    and len(run_ids) - finished > config.backlog
+                    and not stop_enqueueing.is_set()
+                ):
+                    time.sleep(0.2)
+                if stop_enqueueing.is_set():
+                    break
                 numbers = range(start, min(start + config.batch, config.jobs))
                 run_ids.extend(_enqueue_batch(schemas, numbers, names[batch % len(names)]))
         except BaseException as exc:  # reported by the main thread
@@ -466,6 +557,10 @@ def run_soak(
         terminator.start(time.monotonic())
     next_kill = time.monotonic() + rng.uniform(*config.kill_every)
     last_report = 0.0
+    last_count = 0.0
+    restart_at = [
+        (i + 1) / (config.redis_restarts + 1) * config.jobs for i in range(config.redis_restarts)
+    ]
     try:
         while True:
             time.sleep(0.25)
@@ -475,6 +570,7 @@ def run_soak(
             for child in workers:
                 if not child.alive():
                     report.worker_exits += 1
+                    events.note("exit", child.current())
                     report.exit_logs.append(child.log_tail())
                     child.start()  # a worker that ended on its own is restarted too
             if not scheduler.alive():
@@ -484,24 +580,37 @@ def run_soak(
                 victim = rng.choice(workers)
                 victim.kill()
                 report.kills += 1
+                events.note("kill", victim.current())
                 victim.start()
                 next_kill = now + rng.uniform(*config.kill_every)
             if terminator is not None:
                 terminator.tick(now)
             network.tick(now)
-            counts = Counter(dict(_status_counts(names)))
-            finished = sum(counts[s] for s in FINISHED_STATUSES)
+            if now - last_count >= 1.0:  # a count of every run: not four times a second
+                last_count = now
+                counts = Counter(dict(_status_counts(names)))
+                finished = sum(counts[s] for s in FINISHED_STATUSES)
             enqueued = not enqueuer.is_alive()
             if (
-                enqueued
-                and not report.redis_restarts
-                and finished >= config.redis_restart_at * config.jobs
+                config.max_seconds is not None
+                and not stop_enqueueing.is_set()
+                and now - started >= config.max_seconds
+            ):
+                stop_enqueueing.set()
+                report.cut_short_at = now - started
+                log(f"{now - started:6.0f} s: enqueueing stopped, finishing the rest")
+            if (
+                (enqueued or config.backlog)
+                and not stop_enqueueing.is_set()
+                and report.redis_restarts < len(restart_at)
+                and finished >= restart_at[report.redis_restarts]
             ):
                 down = config.redis_downtime
                 log(f"{now - started:6.0f} s: restarting Redis ({down} s down, its data lost)")
                 redis.stop()
                 report.redis_restarts += 1
-                if config.outage_enqueues:
+                events.note("redis")
+                if config.outage_enqueues and report.redis_restarts == 1:
                     # Committed while Redis is down: the push fails, the row is the outbox.
                     for name in names:
                         outage = _enqueue_batch(
@@ -513,14 +622,15 @@ def run_soak(
                         report.committed_during_outage += len(outage)
                 time.sleep(config.redis_downtime)
                 redis.start()
-            total = config.jobs + report.committed_during_outage
+            total = len(run_ids) if enqueued else config.jobs + report.committed_during_outage
             if now - last_report >= 10:
                 last_report = now
                 log(
                     f"{now - started:6.0f} s: {len(run_ids)} committed, {finished} finished, "
                     f"{report.kills} kills, {report.redis_restarts} Redis restart(s)"
                 )
-            if enqueued and report.redis_restarts and finished >= total:
+            restarts_done = report.redis_restarts == len(restart_at) or stop_enqueueing.is_set()
+            if enqueued and restarts_done and finished >= total:
                 break
             if now - started > config.timeout:
                 log("timeout: what is not finished now counts as stuck")
@@ -536,15 +646,22 @@ def run_soak(
             terminator.close()
         report.network_cuts = network.cuts
         report.connections_cut = network.connections_cut
+        report.slow_spells = network.slow_spells
+        report.slow_seconds = network.slow_seconds
     report.seconds = time.monotonic() - started
     if crash_log.exists():
         report.hook_kills = len(crash_log.read_text().splitlines())
-    _measure(report, run_ids, schemas)
-    shutil.rmtree(log_dir, ignore_errors=True)
+    _measure(report, run_ids, schemas, events)
+    if config.keep_logs:
+        log(f"worker and scheduler logs kept in {log_dir}")
+    else:
+        shutil.rmtree(log_dir, ignore_errors=True)
     return report
 
 
-def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str]) -> None:
+def _measure(
+    report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str], events: Any = None
+) -> None:
     """Fill the report's figures from the history and the execution log."""
     import uuid
 
@@ -567,17 +684,20 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
         Counter(error for status, _, error in runs.values() if status == "failed")
     )
     effects: Counter[str] = Counter()
+    effect_at: dict[tuple[str, int], float] = {}  # (run, attempt): when its effect committed
     connection.set_schema_to_public()  # type: ignore[attr-defined]  # django-tenants adds it
     with connection.cursor() as cursor:
         for schema in schemas:
             cursor.execute(
-                f'SELECT message FROM "{schema}".billing_activitylog WHERE job = %s', [EFFECT]
+                f'SELECT message, created_at FROM "{schema}".billing_activitylog WHERE job = %s',
+                [EFFECT],
             )
-            for (message,) in cursor.fetchall():
-                run_id, _attempt, seen = message.split(" ")
+            for message, created_at in cursor.fetchall():
+                run_id, attempt, seen = message.split(" ")
                 if run_id not in ours:
                     continue
                 effects[run_id] += 1
+                effect_at[(run_id, int(attempt[1:]))] = created_at.timestamp()
                 expected = runs.get(run_id, (None, None, None))[1]
                 if seen != schema or expected != schema:
                     report.wrong_schema += 1
@@ -595,6 +715,21 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
         if count > 1:
             report.duplicated_by_job[job_of[run_id]] += 1
             attempts = JobAttempt.objects.filter(run=uuid.UUID(run_id)).order_by("number")
+            ended: dict[int, tuple[str, str, str, str]] = {}
+            for number, outcome, error, message, trace in attempts.values_list(
+                "number", "outcome", "error_type", "error_message", "traceback"
+            ):
+                if outcome != "deferred":  # a deferral keeps the attempt's number
+                    ended[number] = (outcome, error, message, trace)
+            for number, (outcome, error, message, trace) in sorted(ended.items()):
+                at = effect_at.get((run_id, number))
+                if at is None or outcome == "succeeded":
+                    continue  # no effect, or the effect whose success was recorded
+                cause, detail = _cause(error, message, trace, at, events)
+                report.duplicate_causes[cause] = report.duplicate_causes.get(cause, 0) + 1
+                report.duplicate_details.append(
+                    f"{run_id} ({job_of[run_id]}) attempt {number}: {cause}{detail}"
+                )
             report.duplicate_attempts.append(
                 f"{run_id} ({job_of[run_id]}): "
                 + "; ".join(
@@ -608,6 +743,56 @@ def _measure(report: SoakReport, run_ids: Sequence[str], schemas: Sequence[str])
     report.abandoned_attempts = JobAttempt.objects.filter(
         run__in=[uuid.UUID(r) for r in run_ids], error_type="Abandoned"
     ).count()
+
+
+# How an abandoned attempt's message says why (worker/sweep.py's ``_why_abandoned``).
+DEAD_WORKER = "stopped (no liveness"
+MOVED_ON = "is alive but no longer executes it"
+
+
+def _cause(error: str, message: str, trace: str, effect_at: float, events: Any) -> tuple[str, str]:
+    """What ended an attempt whose effect committed but whose success did not.
+
+    * its worker died (the sweep says "stopped"): a SIGKILL of that worker if the soak killed
+      the process of that name (``Child.current``), else the worker ended on its own;
+    * its worker lived on and moved on (the sweep says "alive but no longer executes it"): the
+      finish failed, so its connection was lost between the effect and the success's commit;
+      the first termination round or network cut after the effect is taken as the cause;
+    * the attempt failed with a database error after the effect (its own INSERT's reply lost,
+      or the clean-up after the body): named by the error and where the traceback ends.
+
+    The detail says how long after the effect's commit the fault came (the window is the rest
+    of the pipeline after the body: the tenancy step's clean-up and the finish).
+    """
+    if events is None:
+        return "unknown", ""
+    if DEAD_WORKER in message:
+        name = message.split("its worker ", 1)[-1].split(" ", 1)[0].split(".s", 1)[0]
+        for at, kind, detail in events.items:
+            if kind in ("kill", "exit") and detail == name:
+                what = "SIGKILL" if kind == "kill" else "worker exit"
+                return what, f" ({name}, {1000 * (at - effect_at):.0f} ms after the effect)"
+        # A worker that died before it beat for the run (or no name): the first kill or exit
+        # after the effect.
+        event = events.first_after(effect_at, ("kill", "exit"), within=10.0)
+        if event is not None:
+            what = "SIGKILL" if event[1] == "kill" else "worker exit"
+            ms = 1000 * (event[0] - effect_at)
+            return what, f" ({event[2]}?, {ms:.0f} ms after the effect; worker {name})"
+        return "dead worker (unmatched)", f" ({name})"
+    if MOVED_ON in message:
+        event = events.first_after(effect_at, ("terminate", "cut", "redis"), within=10.0)
+        if event is None:
+            return "finish failed (no fault within 10 s)", ""
+        kind = {"terminate": "pg_terminate_backend", "cut": "network cut"}.get(event[1], event[1])
+        return kind, f" ({1000 * (event[0] - effect_at):.0f} ms after the effect)"
+    frames = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
+    body = [f for f in frames if "billing/jobs.py" in f]  # the soak job's own statement
+    ours = body or [f for f in frames if "kumiko_jobs/" in f]
+    where = ("the body: " if body else "") + (ours[-1].split("/")[-1] if ours else "?")
+    event = events.first_after(effect_at - 1.0, ("terminate", "cut", "redis"), within=11.0)
+    fault = f"; {event[1]} {1000 * (event[0] - effect_at):.0f} ms after the effect" if event else ""
+    return f"{error or 'error'} after the effect", f" (in {where}{fault}: {message[:100]})"
 
 
 def _waits_for(run_id: str) -> str:
@@ -663,6 +848,57 @@ def main(argv: Sequence[str] | None = None) -> int:
         "test_soak_short.py): 2,000 runs of both jobs, worker kills, a Redis restart, "
         "PostgreSQL sessions ended, network latency and cuts; other options are ignored",
     )
+    parser.add_argument(
+        "--faults",
+        choices=("kills", "all"),
+        default="kills",
+        help="kills: worker SIGKILLs (--kill-every) and one Redis restart; all: every fault kind "
+        "mixed (ALL_FAULTS: both jobs batch by batch, SIGKILLs every 4-8 s, pg_terminate_backend "
+        "of the workers' sessions every 3-6 s, every proxied connection cut every 4-8 s, slow "
+        "spells of 50-200 ms per chunk (10 s every 60-120 s), three Redis restarts losing their "
+        "data); --variant and --kill-every are ignored then (kills)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        metavar="N",
+        help="runs each worker process executes at once (WORKER_CONCURRENCY slots; 1)",
+    )
+    parser.add_argument(
+        "--role-pool",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the workers' DB_ROLE_POOL_SIZE: each slot keeps up to N tenant logins open "
+        "(PostgreSQL's max_connections is shared: size workers x slots x (1 + N))",
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=None,
+        metavar="N",
+        help="commit runs as they are finished, at most N ahead (0: all at once; --faults all: "
+        "3000 by default)",
+    )
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="stop enqueueing after S seconds, finish every committed run under the same faults, "
+        "and report on those (the soak cut to the time there is)",
+    )
+    parser.add_argument(
+        "--redis-restarts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="Redis restarts losing its data, at 1/(N+1), 2/(N+1), ... of --jobs finished "
+        "(1; --faults all: 3)",
+    )
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--keep-logs", action="store_true", help="keep the children's logs")
     parser.add_argument("--database", default=SOAK_DATABASE, help="created, then dropped")
     parser.add_argument("--keep-database", action="store_true")
     parser.add_argument("--json", action="store_true", help="also print the report as JSON")
@@ -683,16 +919,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         from django.test.utils import override_settings
 
         variants = ["atomic", "plain"] if args.variant == "both" else [args.variant]
-        if args.short:
+        if args.short or args.faults == "all":
             variants = ["mixed"]
+        common: dict[str, Any] = {
+            "workers": args.workers,
+            "concurrency": args.concurrency,
+            "seed": args.seed,
+            "keep_logs": args.keep_logs,
+            "worker_settings": (
+                {"DB_ROLE_POOL_SIZE": args.role_pool} if args.role_pool is not None else {}
+            ),
+            "max_seconds": args.max_seconds,
+        }
+        if args.backlog is not None:
+            common["backlog"] = args.backlog
+        elif args.faults == "all" and not args.short:
+            common["backlog"] = 3000
+        if args.redis_restarts is not None:
+            common["redis_restarts"] = args.redis_restarts
         reports = []
         for variant in variants:
             if args.short:
-                config = SoakConfig(workers=args.workers, **SHORT)  # type: ignore[arg-type]
+                config = SoakConfig(**common, **SHORT)
+            elif args.faults == "all":
+                config = SoakConfig(
+                    **{**ALL_FAULTS, **common},
+                    jobs=args.jobs,
+                    timeout=args.timeout,
+                    crash_before_outcome=args.crash_before_outcome,
+                )
             else:
                 config = SoakConfig(
+                    **common,
                     jobs=args.jobs,
-                    workers=args.workers,
                     kill_every=(args.kill_every[0], args.kill_every[1]),
                     timeout=args.timeout,
                     job=JOBS[variant],

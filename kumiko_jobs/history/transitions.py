@@ -202,6 +202,26 @@ def finish_in_transaction(
         also()
 
 
+def write_if_still_running(run_id: str, attempt: int, write: Callable[[], None]) -> bool:
+    """``write()`` in a transaction that first locks the run's row, if it still runs
+    ``attempt`` (as the sweep claims a run: whoever locks it first decides); False if not.
+
+    For a finish whose connection was lost: it committed or not, and the row says which
+    (run.steps.records._write_finish).
+    """
+    with transaction.atomic():
+        running = (
+            JobRun.objects.filter(pk=run_id, status=RunStatus.RUNNING, attempts=attempt)
+            .select_for_update()
+            .values_list("pk", flat=True)
+            .first()
+            is not None
+        )
+        if running:
+            write()
+    return running
+
+
 def end_stray_transaction() -> bool:
     """Roll back a transaction left open on the history's connection; True if there was one.
 

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.usefixtures("live_db")
 
 
 def test_short_soak_with_every_fault_mixed(tenants: dict[str, Any]) -> None:
-    config = soak.SoakConfig(workers=2, **soak.SHORT)  # type: ignore[arg-type]
+    config = soak.SoakConfig(workers=2, **soak.SHORT)
     report, lines = run_soak_in_suite(config)
     summary = "\n".join([*lines, *report.lines(), "", *report.table()])
     print(summary)  # the figures, in the CI log (-s) or on failure
@@ -48,13 +48,22 @@ def test_short_soak_with_every_fault_mixed(tenants: dict[str, Any]) -> None:
     assert (report.lost, report.stuck, report.wrong_schema) == (0, 0, 0), summary
     assert report.statuses == {"succeeded": report.committed}, summary  # none running
     assert report.duplicated_by_job[atomic] == 0, summary
-    # A plain run repeats its effect only when its attempt ended between the body's commit and
-    # the success's: a worker killed there, or a finish PostgreSQL or the network cut off (the
-    # run stays running under a live worker doing something else, and the sweep abandons it:
-    # docs/reliability.md, rule 1). Either way an attempt was abandoned, by a fault: no more
-    # duplicates than fault events. Their share is printed, not bounded at 0.1 %: at this
-    # fault rate over ~1,000 plain runs it is 0.2-0.6 % (docs/reliability.md, "The short
-    # soak").
+    # A plain run repeats its effect only when a fault ended its attempt after the body's
+    # effect committed: its worker killed (or gone) before the success's commit, its own
+    # INSERT's reply lost to a cut or a terminated session after PostgreSQL committed it (the
+    # job sees an OperationalError and is retried), or, if writing the finish again failed
+    # too, a finish cut off (docs/reliability.md, "What each plain duplicate was"). The report
+    # names the fault of each (``_cause``): none may be anything else, and there are no more
+    # duplicates than fault events. Their share is printed, not bounded at 0.1 %: it is the
+    # fault rate per run times the window, not a property of the code.
     faults = report.kills + report.worker_exits + report.termination_rounds + report.network_cuts
-    assert all("failed Abandoned" in line for line in report.duplicate_attempts), summary
+    fault_causes = {
+        "SIGKILL",
+        "worker exit",
+        "pg_terminate_backend",
+        "network cut",
+        "OperationalError after the effect",
+        "InterfaceError after the effect",
+    }
+    assert set(report.duplicate_causes) <= fault_causes, summary
     assert report.duplicated_by_job[plain] <= faults, summary

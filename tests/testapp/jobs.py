@@ -511,3 +511,31 @@ def two_per_tenant(ctx, *, tag: str, seconds: float = 0.0) -> None:
     if ctx.attempt == 1:
         time.sleep(seconds)
     _probe(ctx, tag)
+
+
+@job(retries=2, backoff={"type": "fixed", "delay": 0})
+def effect_then_history_lost(ctx, *, tag: str, history_pid: int, dsn: str) -> None:
+    """Commits its effect, then has PostgreSQL end session ``history_pid`` (the worker's
+    history connection) and waits until it is gone, so that the run's finish meets a dead
+    connection (tests/integration/test_chaos_finish_cut.py). Ends it on the first attempt only.
+    """
+    import psycopg
+
+    _probe(ctx, tag)
+    if ctx.attempt == 1:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 30000)", [history_pid])
+
+
+@job(atomic=True, retries=2, backoff={"type": "fixed", "delay": 0})
+def atomic_then_session_lost(ctx, *, tag: str, dsn: str) -> None:
+    """Writes its effect in its atomic transaction, then (first attempt only) has PostgreSQL end
+    the body's own session and waits until it is gone, so that the success meets a dead
+    connection (tests/integration/test_chaos_finish_cut.py)."""
+    import psycopg
+
+    _probe(ctx, tag)
+    if ctx.attempt == 1:
+        pid = connection.connection.info.backend_pid
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s, 30000)", [pid])

@@ -19,7 +19,7 @@ docs/reliability.md, "Exactly once for database-only jobs", says what such a job
 
 from __future__ import annotations
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
 from ...core.exceptions import Unrecoverable
@@ -59,6 +59,11 @@ def atomic(state: RunState, call_next: Next) -> None:
                 result=state.ending.result,
             )
         except DatabaseError as exc:
+            if _connection_lost(exc):
+                # The session died under it (pg_terminate_backend, a restart, a cut network):
+                # the transaction died with it, uncommitted, the body's writes too. Nothing
+                # happened, so the run is retried like any run whose database went away.
+                raise
             # Not retried: a job that ends its own transaction does so again, and what it
             # committed before is committed (its effect may exist without the success).
             raise Unrecoverable(
@@ -66,3 +71,12 @@ def atomic(state: RunState, call_next: Next) -> None:
             ) from exc
         crash_point(state)  # test hook: after the success, before the COMMIT
     state.atomicity.note_committed()
+
+
+def _connection_lost(exc: DatabaseError) -> bool:
+    """Whether ``exc`` came with the loss of the body's connection (not a refusal of the
+    success function, which raises on a live connection)."""
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return False
+    raw = connections[DEFAULT_DB_ALIAS].connection
+    return raw is None or bool(raw.closed) or bool(getattr(raw, "broken", False))
