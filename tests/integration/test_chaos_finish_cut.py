@@ -27,7 +27,7 @@ import pytest
 from django.db import connection
 from psycopg.conninfo import make_conninfo
 
-from kumiko_jobs.history import run_sql
+from kumiko_jobs.history import transitions
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from tests.conftest import probes, work
 from tests.testapp import jobs
@@ -86,7 +86,7 @@ def test_a_finish_that_had_committed_is_not_written_again(tenants: dict[str, Any
         raise AssertionError("written again over a committed finish")
 
     # The row no longer runs attempt 1: the lost reply's finish had committed.
-    assert run_sql.write_if_still_running(str(handle.run_id), 1, write) is False
+    assert transitions.write_if_still_running(str(handle.run_id), 1, write) is False
     assert JobAttempt.objects.filter(run=run).count() == 1
 
 
