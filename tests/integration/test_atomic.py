@@ -185,7 +185,14 @@ def test_a_kill_between_body_and_history_commit(tenants, workers, tmp_path, atom
     # Atomic: nothing of the killed attempt is left. Plain: its effect committed already.
     assert tags("t1") == ([] if atomic else ["k"])
     workers.start()  # the survivor: sweeps the dead worker's run and runs attempt 2
-    workers.wait_for("the retry to finish", lambda: status(handle.run_id) == RunStatus.SUCCEEDED)
+    # An atomic run's success commits with its body, its attempt row in the finish after it:
+    # wait for both, or a loaded machine reads the run succeeded with one attempt row.
+    workers.wait_for(
+        "the retry to finish",
+        lambda: (
+            status(handle.run_id) == RunStatus.SUCCEEDED and len(attempts_of(handle.run_id)) == 2
+        ),
+    )
     assert attempts_of(handle.run_id) == [(1, "failed", "Abandoned"), (2, "succeeded", "")]
     if atomic:
         assert tags("t1") == ["k"]  # exactly once
