@@ -102,11 +102,18 @@ def _slot_executor() -> ThreadPoolExecutor:
 
 
 def _close_all() -> None:
+    """In the pinned thread: its connections closed and forgotten (a wrapper closed inside an
+    atomic block a calibration left open stays closed; a new one is made on next use)."""
+    import contextlib
+
     from django.db import connections
 
     from kumiko_jobs.guard import connections as tenant_connections
 
-    connections.close_all()
+    for alias in list(connections):
+        with contextlib.suppress(Exception):
+            connections[alias].close()
+        del connections[alias]
     tenant_connections.close_all()
 
 
