@@ -43,6 +43,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Before the test's fixtures are torn down (tests/slot_harness.py ``end_test``)."""
+    from tests import slot_harness
+
+    slot_harness.end_test()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _pinned_slot_thread(request: pytest.FixtureRequest) -> Iterator[None]:
     """Under ``KUMIKO_TEST_SLOTS``: the pinned slot's connections closed before the test

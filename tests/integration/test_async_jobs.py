@@ -41,6 +41,7 @@ def _stolen_rows(schema: str) -> int:
     return int(row[0])
 
 
+@pytest.mark.one_slot
 def test_an_async_job_runs_in_its_tenant_on_the_workers_connection(tenants: Any) -> None:
     with override_settings(KUMIKO_JOBS=GUARD_ON):
         handle = async_jobs.async_probe.enqueue(tenant="t2", tag="a")
