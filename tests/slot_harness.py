@@ -48,7 +48,7 @@ def slots_wanted() -> int:
 def _neighbours(count: int) -> list[Any]:
     from example_project.customers.models import Client
     from kumiko_jobs.core import conf
-    from kumiko_jobs.guard import role_names
+    from kumiko_jobs.guard.roles import names as role_names
     from tests.guardapp import slot_neighbours
 
     roles = conf.get().DB_ROLES
@@ -108,7 +108,7 @@ def _close_all() -> None:
 
     from django.db import connections
 
-    from kumiko_jobs.guard import connections as tenant_connections
+    from kumiko_jobs.guard.roles import connections as tenant_connections
 
     for alias in list(connections):
         with contextlib.suppress(Exception):
