@@ -38,7 +38,7 @@ from ..models import JobRun, RunStatus
 from . import followups, outbox
 from .bulk_rows import BatchRows
 from .fanout import insert_new
-from .handle import RunHandle, resolve
+from .handle import RunHandle, existing_handle, resolve
 from .messages import message_for, new_envelope, row_for
 from .validate import check_size, resolve_schema, validated
 
@@ -211,7 +211,7 @@ def _write(
                 )
             )
         else:
-            handles.append(_handle_of(covered[str(row.unique_key)]))
+            handles.append(existing_handle(covered[str(row.unique_key)]))
     return handles
 
 
@@ -234,17 +234,6 @@ def _covering(
         ).order_by("finished_at"):
             found[str(run.unique_key)] = run  # ascending: the latest one wins
     return found
-
-
-def _handle_of(run: JobRun) -> RunHandle:
-    return RunHandle(
-        run_id=run.run_id.hex,
-        job_name=run.job_name,
-        schema_name=run.schema_name or None,
-        status=run.status,
-        scheduled_for=run.scheduled_for,
-        deduplicated=True,
-    )
 
 
 def push_committed_many(

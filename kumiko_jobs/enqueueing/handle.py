@@ -111,6 +111,19 @@ class RunHandle:
         return f"Run {self.run_id} of {self.job_name}"
 
 
+def existing_handle(run: JobRun) -> RunHandle:
+    """The handle of an existing run that a unique job's enqueue (one or many) returns instead
+    of a new one."""
+    return RunHandle(
+        run_id=run.run_id.hex,
+        job_name=run.job_name,
+        schema_name=run.schema_name or None,
+        status=run.status,
+        scheduled_for=run.scheduled_for,
+        deduplicated=True,
+    )
+
+
 def resolve(job: JobDefinition | str) -> JobDefinition:
     """The definition of ``job`` (a definition, or a registered job's name); ``InvalidJob`` for
     anything else, ``JobNotRegistered`` for an unknown name."""

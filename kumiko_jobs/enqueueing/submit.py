@@ -25,7 +25,7 @@ from ..definition.registry import registry
 from ..models import JobRun, RunStatus
 from . import followups, outbox, unique
 from .admission import admission
-from .handle import RunHandle, resolve
+from .handle import RunHandle, existing_handle, resolve
 from .messages import message_for, new_envelope, row_for
 from .validate import check_size, resolve_schema, validated
 
@@ -82,7 +82,7 @@ def submit(
     if key is not None:
         covering = unique.covering_run(definition, key)
         if covering is not None:
-            return _handle_of(covering)
+            return existing_handle(covering)
     with admission(definition, schema) as refused:
         if refused is not None:
             return record_refusal(
@@ -152,7 +152,7 @@ def _submit_admitted(
         if row.unique_key is not None:
             covering = _save_unique(definition, row, lambda: outbox.push_committed(message, row))
             if covering is not None:
-                return _handle_of(covering)
+                return existing_handle(covering)
         else:
             outbox.save(row, lambda: outbox.push_committed(message, row))
     return RunHandle(
@@ -243,16 +243,4 @@ def _save_unique(
     raise InvalidJob(
         f"Job {definition.name!r}: the run of this unique key kept finishing and starting "
         "again while this enqueue waited; enqueue again."
-    )
-
-
-def _handle_of(run: JobRun) -> RunHandle:
-    """The handle of an existing run that a unique job's enqueue returns instead of a new one."""
-    return RunHandle(
-        run_id=run.run_id.hex,
-        job_name=run.job_name,
-        schema_name=run.schema_name or None,
-        status=run.status,
-        scheduled_for=run.scheduled_for,
-        deduplicated=True,
     )
