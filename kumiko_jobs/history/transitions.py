@@ -57,6 +57,7 @@ __all__ = [
     "run_row",
     "start",
     "take_over",
+    "write_if_still_running",
     "write_progress",
 ]
 
