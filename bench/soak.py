@@ -313,6 +313,20 @@ ALL_FAULTS: dict[str, Any] = {
 }
 
 
+# The fault kinds whose spans --fault-spacing stretches (Redis restarts go by runs finished).
+SPACED = ("kill_every", "terminate_every", "cut_every", "latency_every")
+
+
+def spaced(faults: dict[str, Any], factor: float) -> dict[str, Any]:
+    """``faults`` with every span between two faults of a kind ``factor`` times as long."""
+    if factor <= 0:
+        raise SystemExit("--fault-spacing must be positive")
+    return {
+        key: (value[0] * factor, value[1] * factor) if key in SPACED and value else value
+        for key, value in faults.items()
+    }
+
+
 @dataclass
 class SoakReport:
     jobs: int
@@ -897,6 +911,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="Redis restarts losing its data, at 1/(N+1), 2/(N+1), ... of --jobs finished "
         "(1; --faults all: 3)",
     )
+    parser.add_argument(
+        "--fault-spacing",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="--faults all: K times the spans between SIGKILLs, terminations, cuts and slow "
+        "spells (1: ALL_FAULTS as they are; 5: each kind a fifth as often)",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep-logs", action="store_true", help="keep the children's logs")
     parser.add_argument("--database", default=SOAK_DATABASE, help="created, then dropped")
@@ -943,7 +965,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 config = SoakConfig(**common, **SHORT)
             elif args.faults == "all":
                 config = SoakConfig(
-                    **{**ALL_FAULTS, **common},
+                    **{**spaced(ALL_FAULTS, args.fault_spacing), **common},
                     jobs=args.jobs,
                     timeout=args.timeout,
                     crash_before_outcome=args.crash_before_outcome,
