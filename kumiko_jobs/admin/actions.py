@@ -128,9 +128,22 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
     def response_action(  # Django 6.1 passes action_location, 5.2 does not
         self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
     ) -> HttpResponse | None:
-        """Refuse an action on "select all" when more runs match than the list counts, rather than
-        retry or cancel an unknown number of them.
+        """Refuse an action on "select all" on a tenant's domain (every run a filter matches is
+        the operators' bulk control), and for operators when more runs match than the list
+        counts, rather than retry or cancel an unknown number of them.
         """
+        # Every run a filter matches is the operators' bulk control (admin/bulk.py): a
+        # tenant's member acts on the runs it ticked, at most a page's worth per request.
+        if request.POST.get("select_across") == "1" and not is_operator_request():
+            self.message_user(
+                request,
+                gettext(
+                    "Tick the runs to act on: acting on every run the filter matches is for "
+                    "operators."
+                ),
+                messages.ERROR,
+            )
+            return None
         # "Select all" acts on every row the filters match, which the list no longer counts
         # beyond its pages: refuse rather than retry or cancel an unknown number of runs.
         if request.POST.get("select_across") == "1" and too_many_selected(queryset):

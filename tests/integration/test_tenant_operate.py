@@ -197,9 +197,15 @@ def test_the_run_pages_buttons_take_a_post_of_a_known_act() -> None:
 
 
 def test_bulk_controls_stay_the_operators() -> None:
-    """The member who may retry its runs one by one gets no bulk retry or cancel."""
-    plant("t1", [RunStatus.FAILED] * 2)
+    """The member who may retry its runs one by one gets no bulk retry or cancel, and no
+    "select all" of the list's actions (every run the filter matches)."""
+    failed = plant("t1", [RunStatus.FAILED] * 2)
     client = member("t1", "t1-operator")
+    for action in ("retry_selected", "cancel_selected"):
+        data = {"action": action, "index": 0, "select_across": "1"}
+        data["_selected_action"] = [str(failed[0].pk)]
+        page = client.post(RUNS, data, follow=True).content.decode()
+        assert "acting on every run the filter matches is for operators" in page
     assert "bulk/retry" not in client.get(RUNS).content.decode()
     for url in BULK:
         assert client.get(f"{url}?status__exact=failed").status_code == 403
