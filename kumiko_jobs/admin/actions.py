@@ -55,10 +55,10 @@ from .pagination import selectable_rows, too_many_selected
 
 # A run's page offers each act for the statuses it applies to (operations decides again).
 _ACTS = {
-    "retry": ("retry_selected", _("Retry"), frozenset(operations.RETRYABLE_STATUSES)),
+    "retry": ("retry_selected", _("Retry this run"), frozenset(operations.RETRYABLE_STATUSES)),
     "cancel": (
         "cancel_selected",
-        _("Cancel"),
+        _("Cancel this run"),
         frozenset((*WAITING_STATUSES, RunStatus.RUNNING)),
     ),
 }

@@ -2,8 +2,8 @@
 Chromium): from the console's failed count to the run list's retry action, and a run page's
 Cancel button; a real ``rqworker --burst`` process then runs the retry in the tenant's schema.
 
-Screenshots go to /tmp (``kumiko_tenant_*.png``); docs/images/tenant_console_failures.png and
-tenant_run_controls.png are copies.
+Screenshots go to /tmp (``kumiko_tenant_*.png``): docs/images/dashboard_tenant.png is the
+console's (a failed count, linked), docs/images/tenant_run_controls.png the run page's.
 """
 
 from __future__ import annotations
