@@ -4,7 +4,8 @@ On the public schema's domain the admin is the **operator** view: every tenant's
 payload, errors, tracebacks, attempts and log lines, and the actions retry, cancel and "run a
 job". On a tenant's domain the same admin site shows the **tenant** view: only that tenant's
 runs and failures, and only the fields a tenant may read (job, subject, status, times, and
-failure messages rendered from their message keys through Django's i18n).
+failure messages rendered from their message keys through Django's i18n); its members holding
+``kumiko_jobs.operate_tenant_runs`` retry and cancel its runs, and no other tenant's.
 
 The view is decided per request from ``connection.schema_name`` (set by django-tenants'
 middleware): a tenant superuser on its domain is still a tenant. The user must belong to the

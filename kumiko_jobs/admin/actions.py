@@ -1,4 +1,14 @@
-"""The operators' actions on runs: retry and cancel the selected runs.
+"""Retry and cancel runs: the selected runs of the run list (admin actions), and one run from its
+own page (``act/retry/``, ``act/cancel/``, a POST that applies the same action to that run).
+
+Who may: operators (``view_all_tenants``) holding ``change_jobrun``, on the public schema's
+domain, on any tenant's runs; and on a tenant's domain that tenant's members holding
+``kumiko_jobs.operate_tenant_runs`` (core/audience.py), on that tenant's runs only: the runs
+come from the audience's queryset (``TenantScopedAdmin.get_queryset``: the domain's schema) and
+are limited to that schema once more here, so a run id of another tenant posted to this domain
+is not found, never acted on. Every act goes through kumiko_jobs/operations.py and records who
+asked (``by=``): an operator's username, or a tenant member's with the tenant's schema
+(``alice (tenant t1)``), since a tenant's usernames are its own and may be an operator's too.
 
 Each run is handled in its own transaction, so one refusal (a run that has finished, a
 tenant that is gone) skips that run only, and the message says how many were skipped and
@@ -14,25 +24,93 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import operations
-from ..core.audience import sees_all_tenants
+from ..core.audience import (
+    is_operator_request,
+    operates_tenant_runs,
+    sees_all_tenants,
+    tenant_schema,
+)
 from ..core.exceptions import KumikoJobsError, OperationRefused
-from ..models import JobRun
+from ..history.transitions import CANCEL_BY_LIMIT
+from ..models import WAITING_STATUSES, JobRun, RunStatus
 from .pagination import selectable_rows, too_many_selected
+
+# A run's page offers each act for the statuses it applies to (operations decides again).
+_ACTS = {
+    "retry": ("retry_selected", _("Retry this run"), frozenset(operations.RETRYABLE_STATUSES)),
+    "cancel": (
+        "cancel_selected",
+        _("Cancel this run"),
+        frozenset((*WAITING_STATUSES, RunStatus.RUNNING)),
+    ),
+}
 
 
 class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin classes are not subscriptable at runtime
-    """Retry and cancel on the run list, for operators holding the change permission."""
+    """Retry and cancel on the run list and a run's page, for operators holding the change
+    permission and a tenant's members holding ``operate_tenant_runs``."""
 
     actions = ("retry_selected", "cancel_selected")
+
+    def get_urls(self) -> list[URLPattern]:
+        """The run admin's URLs plus a run's ``act/<retry|cancel>/``, behind the admin's login."""
+        prefix = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path(
+                "<path:object_id>/act/<str:kind>/",
+                self.admin_site.admin_view(self.act_view),
+                name=f"{prefix}_act",
+            ),
+            *super().get_urls(),
+        ]
+
+    def act_view(self, request: HttpRequest, object_id: str, kind: str) -> HttpResponse:
+        """A run page's button: the list's action on that one run (a POST), then back to its
+        page. 403 for those who may not act; 404 for a run the audience cannot see (another
+        tenant's on a tenant's domain), as for one that does not exist."""
+        if kind not in _ACTS:
+            raise Http404("A run's page acts with act/retry/ or act/cancel/.")
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        run = self.get_object(request, unquote(object_id))
+        if run is None:
+            raise Http404("No such run.")
+        action = getattr(self, _ACTS[kind][0])
+        action(request, self.get_queryset(request).filter(pk=run.pk))
+        name = f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_change"
+        return HttpResponseRedirect(reverse(name, args=(object_id,)))
+
+    def run_controls(self, request: HttpRequest, run: JobRun) -> list[dict[str, str]]:
+        """The buttons a run's page shows this request: each act that applies to the run's
+        status, for those who may act; none for anyone else."""
+        if not self.has_operate_permission(request):
+            return []
+        name = f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_act"
+        return [
+            {"kind": kind, "label": str(label), "url": reverse(name, args=(run.pk, kind))}
+            for kind, (_action, label, statuses) in _ACTS.items()
+            if run.status in statuses
+        ]
 
     def action_checkbox(self, obj: Any) -> SafeString:
         """Django's row checkbox, written as markup directly: rendering Django's widget through the
@@ -50,9 +128,22 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
     def response_action(  # Django 6.1 passes action_location, 5.2 does not
         self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
     ) -> HttpResponse | None:
-        """Refuse an action on "select all" when more runs match than the list counts, rather than
-        retry or cancel an unknown number of them.
+        """Refuse an action on "select all" on a tenant's domain (every run a filter matches is
+        the operators' bulk control), and for operators when more runs match than the list
+        counts, rather than retry or cancel an unknown number of them.
         """
+        # Every run a filter matches is the operators' bulk control (admin/bulk.py): a
+        # tenant's member acts on the runs it ticked, at most a page's worth per request.
+        if request.POST.get("select_across") == "1" and not is_operator_request():
+            self.message_user(
+                request,
+                gettext(
+                    "Tick the runs to act on: acting on every run the filter matches is for "
+                    "operators."
+                ),
+                messages.ERROR,
+            )
+            return None
         # "Select all" acts on every row the filters match, which the list no longer counts
         # beyond its pages: refuse rather than retry or cancel an unknown number of runs.
         if request.POST.get("select_across") == "1" and too_many_selected(queryset):
@@ -70,8 +161,10 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """Retry and cancel: operators (``view_all_tenants``) holding the (otherwise unused)
-        change permission."""
-        return sees_all_tenants(request) and request.user.has_perm("kumiko_jobs.change_jobrun")
+        change permission; on a tenant's domain its members holding ``operate_tenant_runs``."""
+        if is_operator_request():
+            return sees_all_tenants(request) and request.user.has_perm("kumiko_jobs.change_jobrun")
+        return operates_tenant_runs(request)
 
     @admin.action(description=_("Retry selected failed runs"), permissions=["operate"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[JobRun]) -> None:
@@ -79,10 +172,12 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
         and how many skipped, by reason.
         """
 
-        def retry(run: JobRun) -> None:
-            operations.retry_run(run, by=request.user)
+        by = acting_user(request)
 
-        done, skipped = _apply(queryset, retry)
+        def retry(run: JobRun) -> None:
+            operations.retry_run(run, by=by)
+
+        done, skipped = _apply(scoped(request, queryset), retry)
         self._report(
             request,
             ngettext("%(count)d run retried", "%(count)d runs retried", done) % {"count": done},
@@ -98,17 +193,18 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
         # Waiting runs are cancelled at once; running ones are asked to stop (the job sees it
         # through ctx.cancel_requested; docs/reliability.md, Cancellation).
         requested = 0
+        by = acting_user(request)
 
         def cancel(run: JobRun) -> None:
             nonlocal requested
-            result = operations.cancel_run(run, by=request.user)
+            result = operations.cancel_run(run, by=by)
             if not result:
                 raise OperationRefused(
                     f"Run {run.run_id} has finished.", reason=_("already finished")
                 )
             requested += result == operations.CANCEL_REQUESTED
 
-        done, skipped = _apply(queryset, cancel)
+        done, skipped = _apply(scoped(request, queryset), cancel)
         cancelled = done - requested
         head = ngettext("%(count)d run cancelled", "%(count)d runs cancelled", cancelled) % {
             "count": cancelled
@@ -130,6 +226,26 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
             )
         level = messages.SUCCESS if not skipped else messages.WARNING if done else messages.ERROR
         self.message_user(request, ", ".join(parts) + ".", level)
+
+
+def scoped(request: HttpRequest, queryset: QuerySet[JobRun]) -> QuerySet[JobRun]:
+    """The runs an act may reach: any for an operator, on a tenant's domain that tenant's only
+    (the list's queryset is already so; this holds should a caller pass another)."""
+    if is_operator_request():
+        return queryset
+    schema = tenant_schema()
+    return queryset.filter(schema_name=schema) if schema else queryset.none()
+
+
+def acting_user(request: HttpRequest) -> Any:
+    """Who the history records as having acted (operations' ``by=``): the operator's user, or a
+    tenant member's username with the tenant's schema, which says on whose domain and with
+    whose users it was signed in (a tenant's ``admin`` is not the operators' ``admin``)."""
+    if is_operator_request():
+        return request.user
+    suffix = f" (tenant {tenant_schema()})"
+    name = operations.actor(request.user)[: max(0, CANCEL_BY_LIMIT - len(suffix))]
+    return f"{name}{suffix}"
 
 
 def _apply(

@@ -4,6 +4,8 @@ The request's domain picks the view (``audience.is_operator_request``: a tenant 
 its own domain is still a tenant) and the user must belong to it (core/audience.py): the
 operators' view needs ``kumiko_jobs.view_all_tenants``, a tenant's view membership of that
 tenant. Anyone else gets no kumiko page and no row, whatever model permissions they hold.
+Acting on runs comes on top (admin/actions.py), and only on the rows this module's queryset
+gives the request: a tenant's member reaches its own tenant's runs and no other's.
 ``TenantScopedAdmin`` picks per request between the operator's and the tenant's columns,
 filters, search fields, fieldsets and lookups, and limits a tenant to its own rows; its lists
 are counted by ``BoundedPaginator``.

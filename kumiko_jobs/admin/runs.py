@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest, HttpResponse
@@ -250,20 +251,26 @@ class JobRunAdmin(DashboardViews, BulkViews, RunActions, RunJobView, RunDisplay,
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         """For a tenant, replace the page's subtitle (``str(run)``, written for operators) with the
-        job's title, the subject and the translated status.
+        job's title, the subject and the translated status; for those who may act on the run,
+        its retry and cancel buttons (``RunActions.run_controls``).
         """
         extra_context = dict(extra_context or {})
-        if not is_operator_request():
+        # One more read of the row, only for a page that uses it (Django's view reads its own).
+        may_act = self.has_operate_permission(request)
+        run = None
+        if may_act or not is_operator_request():
+            run = self.get_object(request, unquote(object_id))
+        if run is not None and may_act:
+            extra_context["kumiko_run_controls"] = self.run_controls(request, run)
+        if run is not None and not is_operator_request():
             # The page's subtitle defaults to str(run), which is written for operators (raw
             # status, schema name); a tenant reads the job's title and the translated status.
-            run = self.get_object(request, object_id)
-            if run is not None:
-                status = RunStatus(run.status).label if run.status in RunStatus.values else ""
-                parts = [job_title(run.job_name), run.subject, str(status)]
-                extra_context["subtitle"] = " · ".join(p for p in parts if p)
-                # The breadcrumb too (jobrun/change_form.html): the title, not the dotted name.
-                named = parts[:2] if run.subject else parts[:1]
-                extra_context["kumiko_tenant_title"] = " · ".join(named)
+            status = RunStatus(run.status).label if run.status in RunStatus.values else ""
+            parts = [job_title(run.job_name), run.subject, str(status)]
+            extra_context["subtitle"] = " · ".join(p for p in parts if p)
+            # The breadcrumb too (jobrun/change_form.html): the title, not the dotted name.
+            named = parts[:2] if run.subject else parts[:1]
+            extra_context["kumiko_tenant_title"] = " · ".join(named)
         return super().change_view(request, object_id, form_url, extra_context)
 
     def changelist_view(

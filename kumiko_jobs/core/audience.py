@@ -13,6 +13,12 @@ django-tenants' middleware sets from the host); the user says whether it is:
 
 A tenant's superuser is still a tenant: nothing here reads ``is_superuser`` except through
 ``has_perm``, which Django answers for the request's own auth tables.
+
+Acting on runs is the operators' (``view_all_tenants`` and ``change_jobrun``), and on a tenant's
+domain that tenant's members holding ``kumiko_jobs.operate_tenant_runs``: retry and cancel of
+that tenant's runs only (``operates_tenant_runs``). A superuser holds every permission, so a
+tenant's superuser (auth in the tenants' schemas) may; with shared users a superuser is global,
+and acts on a tenant's domain only as a member of that tenant, on that tenant's runs.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from . import conf, project_settings
 MANAGE_QUEUES = "kumiko_jobs.manage_queues"
 # Operators holding this see every tenant's runs on the public schema's domain.
 VIEW_ALL_TENANTS = "kumiko_jobs.view_all_tenants"
+# A tenant's members holding this retry and cancel that tenant's runs, on its domain only.
+OPERATE_TENANT_RUNS = "kumiko_jobs.operate_tenant_runs"
 # The rule for django-tenant-users' layout, as a user names it in TENANT_MEMBERSHIP, and the
 # user model's field it reads (django-tenant-users' UserProfile.tenants).
 DJANGO_TENANT_USERS = "kumiko_jobs.core.audience.django_tenant_users"
@@ -78,6 +86,14 @@ def is_tenant_member(request: HttpRequest) -> bool:
     answer = _decide_membership(request.user)
     setattr(request, _MEMBER_ATTRIBUTE, (key, answer))
     return answer
+
+
+def operates_tenant_runs(request: HttpRequest) -> bool:
+    """On a tenant's domain, a member of that tenant holding ``kumiko_jobs.operate_tenant_runs``:
+    may retry and cancel that tenant's runs (and no other's: the admin scopes every run it
+    acts on to ``tenant_schema()``). False on the operators' domain, whose acts take
+    ``view_all_tenants`` and ``change_jobrun`` instead."""
+    return is_tenant_member(request) and bool(request.user.has_perm(OPERATE_TENANT_RUNS))
 
 
 def _decide_membership(user: Any) -> bool:

@@ -161,9 +161,12 @@ class JobRun(models.Model):
         # view_all_tenants: the operators' view of every tenant's runs on the public schema's
         # domain (admin/audiences.py); view_jobrun alone is no longer enough there, since with
         # shared users a tenant's staff user holds view_jobrun too.
+        # operate_tenant_runs: a tenant's members retry and cancel that tenant's runs on its
+        # domain (core/audience.py); change_jobrun is the operators' and stays so.
         permissions = (
             ("manage_queues", _("Can use django-rq's queue pages")),
             ("view_all_tenants", _("Can view every tenant's runs (the operators' admin)")),
+            ("operate_tenant_runs", _("Can retry and cancel its tenant's runs")),
         )
         # Migration 0015 builds both CONCURRENTLY (AddIndexConcurrently cannot build a unique
         # partial index, so it is SQL there and a constraint here).

@@ -155,7 +155,8 @@ def test_operator_and_tenant_admin_in_chromium(server, browser, runs):
     assert any(GERMAN_FAILURE in cell for cell in column(page, "status_and_problem"))
     for hidden in (T1_SECRET, T2_SECRET, "t2-ok", "boom on attempt", "RuntimeError", "Traceback"):
         assert hidden not in html, hidden
-    assert page.locator("input.action-select").count() == 0  # no actions for tenants
+    # No actions for a member without operate_tenant_runs (test_tenant_operate_browser.py: with)
+    assert page.locator("input.action-select").count() == 0
     page.screenshot(path=str(SCREENSHOTS / "kumiko_admin_tenant_runs_de.png"), full_page=True)
 
     page.goto(f"{tenant_base}/admin/kumiko_jobs/jobfailure/")

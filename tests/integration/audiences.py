@@ -5,10 +5,12 @@ in how their users are made and signed in.
 Each check walks the same pages: the admin's index, the run list and every run's page and
 history, the failure list and every failure's page, the rejected messages' and escape-hatch
 uses' lists and pages, "Run a job…" (GET and a valid POST), both actions (a POST that would
-retry a failed run and cancel a waiting one), and the bulk retry and cancel (their
-confirmation pages, a confirmed POST each, the bulk operations' list). "Sees nothing" means no
-kumiko page answers 200 and no row's data is in any answer, and nothing changes: no run is
-added, none is cancelled, no message is pushed, no bulk operation is started.
+retry a failed run and cancel a waiting one, of each tenant, from the list and from the run's
+page), and the bulk retry and cancel (their confirmation pages, a confirmed POST each, the bulk
+operations' list). "Sees nothing" means no kumiko page answers 200 and no row's data is in any
+answer, and nothing changes: no run is added, none is cancelled, no message is pushed, no bulk
+operation is started. A member holding ``operate_tenant_runs`` (``may_act``) changes exactly
+its own tenant's failed run (retried once) and waiting run (cancelled), never the other's.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ MANUAL = {"job": "billing.sync_invoice", "tenant": "t1", "arguments": '{"invoice
 
 @dataclass
 class History:
-    """A succeeded and a failed run in t1 and t2 (each failure tenant-visible), a waiting run in
-    t2, a rejected message and an escape-hatch use per tenant."""
+    """A succeeded, a failed (each failure tenant-visible) and a waiting run in t1 and t2, a
+    rejected message and an escape-hatch use per tenant."""
 
     runs: dict[str, JobRun] = field(default_factory=dict)
     failures: dict[str, JobFailure] = field(default_factory=dict)
@@ -76,12 +78,14 @@ def make_history() -> History:
         "t2_bad": jobs.flaky.enqueue(tenant="t2", tag="t2-bad", fail_times=99),
     }
     work()
-    handles["t2_waiting"] = jobs.probe.enqueue(
-        tenant="t2", tag="t2-waiting", payload={"secret": SECRETS["t2"]}
-    )
+    for schema in ("t1", "t2"):
+        handles[f"{schema}_waiting"] = jobs.probe.enqueue(
+            tenant=schema, tag=f"{schema}-waiting", payload={"secret": SECRETS[schema]}
+        )
     history = History(runs={name: JobRun.objects.get(pk=h.run_id) for name, h in handles.items()})
-    assert history.runs["t1_bad"].status == RunStatus.FAILED
-    assert history.runs["t2_waiting"].status == RunStatus.QUEUED
+    for schema in ("t1", "t2"):
+        assert history.runs[f"{schema}_bad"].status == RunStatus.FAILED
+        assert history.runs[f"{schema}_waiting"].status == RunStatus.QUEUED
     history.failures = {s: JobFailure.objects.get(schema_name=s) for s in ("t1", "t2")}
     now = timezone.now()
     for schema in ("t1", "t2"):
@@ -120,19 +124,29 @@ def _data_of(history: History, schemas: tuple[str, ...]) -> list[str]:
     return [*found, REJECTED_REASON, "boom on attempt", "Traceback"]
 
 
-def _snapshot() -> tuple[Any, ...]:
+def snapshot() -> tuple[Any, ...]:
     rows = tuple(JobRun.objects.order_by("pk").values_list("pk", "status", "cancel_requested_at"))
     return rows, transport.queue_length("default"), BulkOperation.objects.count()
 
 
-def _try_to_act(client: Client, history: History) -> None:
-    """Every state-changing request the admin has: both actions and "Run a job…"."""
-    for action, run in (
-        ("retry_selected", history.runs["t1_bad"]),
-        ("retry_selected", history.runs["t2_bad"]),
-        ("cancel_selected", history.runs["t2_waiting"]),
-    ):
-        client.post(RUNS, {"action": action, "index": 0, "_selected_action": [str(run.pk)]})
+def act_url(run: JobRun, kind: str) -> str:
+    """A run page's retry or cancel button (a POST)."""
+    return f"{RUNS}{run.pk}/act/{kind}/"
+
+
+def try_to_act(client: Client, history: History) -> None:
+    """Every state-changing request the admin has: both actions, on the list and on a run's page,
+    on both tenants' runs (whatever the domain), both tenants' runs in one action, and "Run a
+    job…"."""
+    for schema in ("t1", "t2"):
+        bad, waiting = history.runs[f"{schema}_bad"], history.runs[f"{schema}_waiting"]
+        for action, run in (("retry_selected", bad), ("cancel_selected", waiting)):
+            client.post(RUNS, {"action": action, "index": 0, "_selected_action": [str(run.pk)]})
+        client.post(act_url(bad, "retry"))
+        client.post(act_url(waiting, "cancel"))
+    for action, name in (("retry_selected", "bad"), ("cancel_selected", "waiting")):
+        both = [str(history.runs[f"{schema}_{name}"].pk) for schema in ("t2", "t1")]
+        client.post(RUNS, {"action": action, "index": 0, "_selected_action": both})
     client.post(RUN_JOB, MANUAL)
     # A bulk retry of every failed run and a bulk cancel of every run, confirmed.
     as_of = timezone.now().isoformat()
@@ -142,7 +156,7 @@ def _try_to_act(client: Client, history: History) -> None:
 
 def assert_sees_nothing(client: Client, history: History) -> None:
     """No kumiko page answers 200, none shows any tenant's data, no request changes anything."""
-    before = _snapshot()
+    before = snapshot()
     index = client.get(ADMIN)
     assert index.status_code in (200, 302), index.status_code
     assert "/admin/kumiko_jobs/" not in index.content.decode()  # no section on the index
@@ -158,8 +172,8 @@ def assert_sees_nothing(client: Client, history: History) -> None:
             html += client.get(response["Location"]).content.decode()
         leaked = [s for s in secrets if s in html]
         assert not leaked, (page, leaked)
-    _try_to_act(client, history)
-    assert _snapshot() == before
+    try_to_act(client, history)
+    assert snapshot() == before
 
 
 def _listed(response: Any) -> set[str]:
@@ -167,11 +181,20 @@ def _listed(response: Any) -> set[str]:
     return {hexed(obj.pk) for obj in response.context["cl"].result_list}
 
 
-def assert_member_sees_only(client: Client, history: History, schema: str) -> None:
+def assert_member_sees_only(
+    client: Client, history: History, schema: str, *, may_act: bool = False
+) -> None:
     """The tenant's view of ``schema`` only: its runs and failures, in tenant fields; the other
-    tenant's rows are not found; operators' pages refused; nothing changes."""
+    tenant's rows are not found; operators' pages refused; nothing changes, or with ``may_act``
+    (``operate_tenant_runs``) its own runs only (``assert_acts_only_on``)."""
     other = "t2" if schema == "t1" else "t1"
-    before = _snapshot()
+    before = snapshot()
+    runs = client.get(RUNS).content.decode()
+    assert ('value="retry_selected"' in runs) is may_act
+    assert ('value="cancel_selected"' in runs) is may_act
+    for name, kind in (("bad", "retry"), ("waiting", "cancel")):
+        page = client.get(f"{RUNS}{history.runs[f'{schema}_{name}'].pk}/change/")
+        assert (act_url(history.runs[f"{schema}_{name}"], kind) in page.content.decode()) is may_act
     assert _listed(client.get(RUNS)) == history.of(schema)
     assert [f.pk for f in _rows(client.get(FAILURES))] == [history.failures[schema].pk]
     hidden = _data_of(history, (other,))
@@ -189,8 +212,33 @@ def assert_member_sees_only(client: Client, history: History, schema: str) -> No
         assert response.status_code == (200 if failure.schema_name == schema else 302)
     for page in (REJECTED, HATCHES, RUN_JOB, BULK_RETRY, BULK_CANCEL, BULK_OPERATIONS):
         assert client.get(page).status_code == 403, page
-    _try_to_act(client, history)
-    assert _snapshot() == before
+    if may_act:
+        assert_acts_only_on(client, history, schema)
+        return
+    try_to_act(client, history)
+    assert snapshot() == before
+
+
+def assert_acts_only_on(client: Client, history: History, schema: str) -> None:
+    """Every request of ``try_to_act`` (both tenants' runs, on the list and the run pages, the
+    operators' tools): ``schema``'s failed run is retried once, its waiting run cancelled, both
+    recorded as acted by a member of ``schema``; nothing else changes, no bulk operation starts,
+    and the one message pushed is the retry's."""
+    rows, queued, operations = snapshot()
+    try_to_act(client, history)
+    after, queued_after, operations_after = snapshot()
+    bad, waiting = history.runs[f"{schema}_bad"], history.runs[f"{schema}_waiting"]
+    added = list(JobRun.objects.exclude(pk__in=[row[0] for row in rows]))
+    retried = [(r.schema_name, r.trigger.split(" by ")[0]) for r in added]
+    assert retried == [(schema, f"retry:{bad.run_id}")], retried
+    retry = added[0]
+    assert retry.trigger.endswith(f" (tenant {schema})"), retry.trigger
+    changed = {row[0] for row in set(after) - set(rows) if row[0] != retry.pk}
+    assert changed == {waiting.pk}, changed
+    cancelled = JobRun.objects.get(pk=waiting.pk)
+    assert cancelled.status == RunStatus.CANCELLED
+    assert cancelled.cancel_requested_by.endswith(f" (tenant {schema})")
+    assert (queued_after, operations_after) == (queued + 1, operations)
 
 
 def _rows(response: Any) -> list[Any]:
@@ -238,6 +286,8 @@ def assert_operator_sees_all(client: Client, history: History) -> None:
 
 # The permissions of each role in these suites (codenames of kumiko_jobs' models).
 TENANT_STAFF_PERMS = ("view_jobrun", "view_jobfailure", "change_jobrun", "add_jobrun")
+# A tenant's member who may retry and cancel its runs (issue 26).
+TENANT_OPERATOR_PERMS = (*TENANT_STAFF_PERMS, "operate_tenant_runs")
 OPERATOR_MODEL_PERMS = (
     "view_jobrun",
     "change_jobrun",

@@ -21,12 +21,15 @@ from django.test import Client
 from tests.integration.audiences import (
     OPERATOR_MODEL_PERMS,
     OPERATOR_PERMS,
+    TENANT_OPERATOR_PERMS,
     TENANT_STAFF_PERMS,
     History,
     assert_member_sees_only,
     assert_operator_sees_all,
     assert_sees_nothing,
     make_history,
+    snapshot,
+    try_to_act,
 )
 from tests.integration.test_admin import client_for, make_user
 
@@ -98,8 +101,44 @@ def test_users_in_the_tenants_schemas_need_no_membership_rule() -> None:
 
 
 def test_a_tenant_superuser_is_still_a_tenant(history: History) -> None:
+    """It holds every permission of its tenant's auth tables, ``operate_tenant_runs`` too: it
+    retries and cancels its tenant's runs (never another's), and gets no operators' tool."""
     boss = make_user("t1", "alpha-boss", superuser=True)
-    assert_member_sees_only(client_for("t1.localhost", "t1", boss), history, "t1")
+    assert_member_sees_only(client_for("t1.localhost", "t1", boss), history, "t1", may_act=True)
+
+
+def test_a_member_holding_operate_tenant_runs_acts_on_its_tenants_runs_only(
+    history: History,
+) -> None:
+    """Retry and cancel from the list and the run's page, t2's run ids posted to t1's domain
+    among them: t1's runs change, t2's do not; the operators' tools stay refused."""
+    user = make_user("t1", "alpha-operator", perms=TENANT_OPERATOR_PERMS)
+    assert_member_sees_only(client_for("t1.localhost", "t1", user), history, "t1", may_act=True)
+
+
+def test_a_member_holding_operate_tenant_runs_acts_on_nothing_elsewhere(
+    history: History,
+) -> None:
+    """t1's user with the permission, its session sent to t2's domain and to the operators':
+    unknown there (each schema its own users), nothing changes."""
+    user = make_user("t1", "alpha-op", perms=TENANT_OPERATOR_PERMS)
+    client = client_for("t1.localhost", "t1", user)
+    for host in ("t2.localhost", "localhost"):
+        client.defaults["HTTP_HOST"] = host
+        assert_sees_nothing(client, history)
+
+
+def test_operate_tenant_runs_is_no_operators_permission(history: History) -> None:
+    """On the operators' domain acting takes ``change_jobrun``: an operator holding
+    ``operate_tenant_runs`` instead (and no ``add_jobrun``: "Run a job…" would add a run)
+    sees every run and acts on none."""
+    unused = ("change_jobrun", "add_jobrun")
+    perms = (*(p for p in OPERATOR_PERMS if p not in unused), "operate_tenant_runs")
+    client = client_for("localhost", "public", make_user("public", "op-no-change", perms=perms))
+    assert client.get("/admin/kumiko_jobs/jobrun/").status_code == 200
+    before = snapshot()
+    try_to_act(client, history)
+    assert snapshot() == before
 
 
 def test_anonymous_visitors_see_nothing(history: History) -> None:

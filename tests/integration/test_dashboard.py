@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -331,7 +332,11 @@ def test_a_tenants_console_shows_only_its_own_numbers(clerk: Client) -> None:
     data = payload(clerk.get(CONSOLE_DATA))
     assert total(data["days"], "runs") == 4
     assert total(data["days"], "succeeded") == 3
-    assert data["jobs"] == [{"job": T1_JOB, "finished": 4, "failed": 1, "rate": 0.25}]
+    # The failed count links to the tenant's own failed runs of that job (where retry is).
+    failed = f"{BASE}?{urlencode({'job': T1_JOB, 'status__exact': 'failed'})}"
+    assert data["jobs"] == [
+        {"job": T1_JOB, "finished": 4, "failed": 1, "rate": 0.25, "failed_link": failed}
+    ]
     assert T2_JOB.encode() not in page.content
 
 

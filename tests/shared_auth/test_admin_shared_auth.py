@@ -26,8 +26,10 @@ from django.test import Client
 from example_project.customers.models import Client as Tenant
 from tests.integration.audiences import (
     OPERATOR_PERMS,
+    TENANT_OPERATOR_PERMS,
     TENANT_STAFF_PERMS,
     History,
+    assert_acts_only_on,
     assert_member_sees_only,
     assert_operator_sees_all,
     assert_sees_nothing,
@@ -103,14 +105,39 @@ def test_an_operator_is_no_member_of_a_tenant(history: History) -> None:
     assert_sees_nothing(signed_in(operator, "t1.localhost"), history)
 
 
-def test_a_superuser_sees_all_as_operator_and_a_tenant_only_as_its_member(
+def test_a_superuser_sees_a_tenant_only_as_its_member(history: History) -> None:
+    """A superuser holds every permission, ``operate_tenant_runs`` too, yet on t2's domain gets
+    t2's view and acts on t2's runs only (t1's ids posted there change nothing), and on t1's
+    domain, not being t1's member, sees and changes nothing."""
+    root = member("root", superuser=True, of=("t2",))
+    assert_member_sees_only(signed_in(root, "t2.localhost"), history, "t2", may_act=True)
+    assert_sees_nothing(signed_in(root, "t1.localhost"), history)
+
+
+def test_a_superuser_sees_all_as_operator(history: History) -> None:
+    root = member("root", superuser=True, of=("t2",))
+    assert_operator_sees_all(signed_in(root, "localhost"), history)
+
+
+def test_a_member_holding_operate_tenant_runs_acts_on_its_tenants_runs_only(
     history: History,
 ) -> None:
-    root = member("root", superuser=True, of=("t2",))
-    # A superuser holds every model permission, yet on t2's domain gets t2's view only.
-    assert_member_sees_only(signed_in(root, "t2.localhost"), history, "t2")
-    assert_sees_nothing(signed_in(root, "t1.localhost"), history)
-    assert_operator_sees_all(signed_in(root, "localhost"), history)  # last: it acts
+    """One user table: the permission holds on every domain, so membership and the run's schema
+    are all that keep alpha's user off beta's runs. On t1's domain it retries and cancels t1's
+    runs (t2's ids posted there change nothing); on t2's domain and the operators' it sees and
+    changes nothing."""
+    user = member("alpha-operator", of=("t1",), perms=TENANT_OPERATOR_PERMS)
+    assert_member_sees_only(signed_in(user, "t1.localhost"), history, "t1", may_act=True)
+    for host in ("t2.localhost", "localhost"):
+        assert_sees_nothing(signed_in(user, host), history)
+
+
+def test_a_member_of_both_tenants_acts_on_each_only_on_its_domain(history: History) -> None:
+    """Member of t1 and t2 with the permission: on t1's domain, t2's run ids (the list's actions,
+    t2's run pages) change nothing of t2's, and the other way round."""
+    user = member("both-operator", of=("t1", "t2"), perms=TENANT_OPERATOR_PERMS)
+    assert_acts_only_on(signed_in(user, "t1.localhost"), history, "t1")
+    assert_acts_only_on(signed_in(user, "t2.localhost"), history, "t2")
 
 
 def test_without_a_rule_a_tenants_domain_shows_nothing_and_check_says_why(

@@ -237,9 +237,11 @@ def _worker(worker: depths.WorkerState, now: datetime) -> dict[str, Any]:
     }
 
 
-def console_data(schema: str, params: Any) -> dict[str, Any]:
+def console_data(schema: str, params: Any, runs_url: str = "") -> dict[str, Any]:
     """A tenant's console: its own days and jobs, for ``schema`` only. Only ``days`` and ``job``
-    are read from ``params``; no parameter can name another schema."""
+    are read from ``params``; no parameter can name another schema. With ``runs_url`` (the run
+    list on the tenant's domain) each job that failed links to its failed runs there
+    (``failed_link``), where the tenant's members who may retry them do."""
     refusal = f"days must be a whole number from 1 to {MAX_CONSOLE_DAYS}."
     try:
         days = int(params.get("days") or 14)
@@ -254,8 +256,21 @@ def console_data(schema: str, params: Any) -> dict[str, Any]:
         return console.console(schema, days, job, now)
 
     key = f"kumiko_jobs.console:{_digest(schema, days, job)}"
+    numbers = _cached(key, CACHE_SECONDS["console"], build)
+    jobs = [
+        {**row, "failed_link": _failed_runs_link(runs_url, row) if runs_url else ""}
+        for row in numbers.get("jobs", [])
+    ]
     return {
         "generated_at": now.isoformat(),
         "filters": {"days": days, "job": job},
-        **_cached(key, CACHE_SECONDS["console"], build),
+        **numbers,
+        "jobs": jobs,
     }
+
+
+def _failed_runs_link(runs_url: str, row: dict[str, Any]) -> str:
+    # The tenant's own run list (its queryset is the domain's schema): no tenant parameter.
+    if not row.get("failed"):
+        return ""
+    return f"{runs_url}?{urlencode({'job': row['job'], 'status__exact': 'failed'})}"

@@ -177,7 +177,7 @@ class DashboardViews(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's ad
         if schema is None or schema != tenant_schema():
             raise PermissionDenied
         try:
-            payload = data.console_data(schema, request.GET)
+            payload = data.console_data(schema, request.GET, self._url("changelist"))
         except data.BadFilter as exc:
             return JsonResponse({"error": str(exc)}, status=400)
         return JsonResponse(payload)

@@ -114,7 +114,11 @@
     chart("wait", labels, percentiles(data.days, "wait_ms"));
     chart("duration", labels, percentiles(data.days, "duration_ms"));
     table(q('[data-table="jobs"]'), ["job", "finished", "failed", "failure rate"],
-      data.jobs.map(function (j) { return [j.job, j.finished, j.failed, (100 * j.rate).toFixed(1) + " %"]; }));
+      data.jobs.map(function (j) {
+        // A job that failed links to its failed runs in the tenant's run list (retry is there).
+        var failed = j.failed_link ? {href: j.failed_link, text: String(j.failed)} : j.failed;
+        return [j.job, j.finished, failed, (100 * j.rate).toFixed(1) + " %"];
+      }));
   }
 
   function load() {

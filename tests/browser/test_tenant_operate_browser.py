@@ -1,0 +1,123 @@
+"""A tenant's member retries and cancels its own runs in a real browser (Debian's headless
+Chromium): from the console's failed count to the run list's retry action, and a run page's
+Cancel button; a real ``rqworker --burst`` process then runs the retry in the tenant's schema.
+
+Screenshots go to /tmp (``kumiko_tenant_*.png``): docs/images/dashboard_tenant.png is the
+console's (a failed count, linked), docs/images/tenant_run_controls.png the run page's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kumiko_jobs.models import RunStatus
+from tests.browser.test_admin_browser import CHROMIUM, SCREENSHOTS, log_in
+from tests.browser.test_dashboard_browser import server  # noqa: F401  # the served project
+from tests.conftest import start_rqworker, work
+from tests.integration.test_dashboard import make_user
+from tests.integration.test_tenant_operate import plant
+from tests.testapp import jobs
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(),
+        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)",
+    ),
+]
+
+RUNS = "/admin/kumiko_jobs/jobrun/"
+CONSOLE = f"{RUNS}console/"
+
+
+@pytest.fixture
+def history(tenants: dict[str, Any]) -> dict[str, str]:
+    """In t1: two succeeded runs, a failed one (a retry can run it again) and a queued one; in
+    t2 a failed one. A t1 member who may act, and one who may only look."""
+    from django.core.cache import cache
+
+    cache.clear()
+    for n in range(2):
+        jobs.probe.enqueue(tenant="t1", tag=f"ok-{n}")
+    work()
+    failed, queued = plant("t1", [RunStatus.FAILED, RunStatus.QUEUED])
+    (other,) = plant("t2", [RunStatus.FAILED])
+    make_user("t1", "t1-operator", ("view_jobrun", "operate_tenant_runs"))
+    make_user("t1", "clerk", ("view_jobrun",))
+    return {"failed": str(failed.pk), "queued": str(queued.pk), "other": str(other.pk)}
+
+
+@pytest.fixture
+def browser(history: dict[str, str], server: int) -> Iterator[Any]:  # noqa: F811
+    # Every query of the test happens before Playwright's loop runs in this thread.
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def test_a_member_retries_from_the_console_and_cancels_from_the_run_page(
+    server: int,  # noqa: F811
+    browser: Any,
+    history: dict[str, str],
+) -> None:
+    context = browser.new_context(locale="en-US", viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    base = f"http://t1.localhost:{server}"
+    log_in(page, base, "t1-operator")
+
+    # The console: the job's failed count links to its failed runs.
+    page.goto(base + CONSOLE)
+    row = page.locator('[data-table="jobs"] tbody tr', has_text=jobs.probe.name)
+    row.locator("a").wait_for()
+    assert row.locator("a").inner_text() == "1"
+    page.screenshot(path=str(SCREENSHOTS / "kumiko_tenant_console_failures.png"), full_page=True)
+    row.locator("a").click()
+    page.wait_for_url(re.compile(r".*/kumiko_jobs/jobrun/\?.*status__exact=failed.*"))
+    checkboxes = page.locator("input.action-select")
+    assert checkboxes.count() == 1  # t1's failed run; t2's is not listed
+    assert checkboxes.first.get_attribute("value") == history["failed"]
+    checkboxes.first.check()
+    page.select_option("select[name=action]", "retry_selected")
+    page.click("button[name=index]")
+    assert "1 run retried." in page.inner_text("ul.messagelist")
+
+    # The queued run's page: Cancel, and no Retry (it has not failed).
+    page.goto(f"{base}{RUNS}{history['queued']}/change/")
+    assert page.locator("button.kj-run-retry").count() == 0
+    page.screenshot(path=str(SCREENSHOTS / "kumiko_tenant_run_controls.png"), full_page=True)
+    with page.expect_navigation():
+        page.locator("button.kj-run-cancel").click()
+    assert page.url == f"{base}{RUNS}{history['queued']}/change/"
+    assert "1 run cancelled." in page.inner_text("ul.messagelist")
+    assert page.locator("button.kj-run-cancel").count() == 0  # nothing left to cancel
+
+    # A real worker process runs the retry, in t1's schema.
+    worker = start_rqworker("default", "--burst")
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 0, output[-2000:]
+    page.goto(f"{base}{RUNS}?status__exact=succeeded")
+    assert page.locator("input.action-select").count() == 3  # two earlier runs and the retry
+    # t2's failed run by URL, and its act URL by hand: not this domain's.
+    page.goto(f"{base}{RUNS}{history['other']}/change/")
+    assert page.url == f"{base}/admin/"
+    context.close()
+
+    # A member who may only look gets neither the actions nor the buttons.
+    context = browser.new_context(locale="en-US")
+    page = context.new_page()
+    log_in(page, base, "clerk")
+    assert page.locator("select[name=action]").count() == 0
+    page.goto(f"{base}{RUNS}{history['failed']}/change/")
+    assert page.locator("form.kj-run-control").count() == 0
+    context.close()
