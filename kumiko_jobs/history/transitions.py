@@ -44,6 +44,7 @@ __all__ = [
     "cancel_abandoned",
     "cancel_waiting",
     "clear_failure",
+    "committed_success",
     "end_stray_transaction",
     "fail_closed",
     "finish",
@@ -221,6 +222,17 @@ def write_if_still_running(run_id: str, attempt: int, write: Callable[[], None])
         if running:
             write()
     return running
+
+
+def committed_success(run_id: str, attempt: int) -> bool:
+    """Whether the run's row says ``attempt`` succeeded: asked for an atomic attempt whose
+    COMMIT's reply was lost (run.steps.records._settle_in_doubt). The row is locked as the sweep
+    claims it, so a COMMIT still in flight on the server (its success function holds that lock)
+    has ended, one way or the other, before the answer is read."""
+    with transaction.atomic():
+        row = JobRun.objects.filter(pk=run_id).select_for_update()
+        found = row.values_list("status", "attempts").first()
+    return found == (RunStatus.SUCCEEDED, attempt)
 
 
 def end_stray_transaction() -> bool:
