@@ -27,7 +27,7 @@ import random
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # PostgreSQL's CommandComplete message for COMMIT: type, length (itself and the tag), tag.
@@ -36,9 +36,9 @@ COMMIT_COMPLETE = b"C\x00\x00\x00\x0bCOMMIT\x00"
 
 @dataclass
 class _Link:
-    """One proxied connection: armed once its client sent ``cut_reply``'s trigger."""
+    """One proxied connection: the armed cuts whose trigger its client sent."""
 
-    armed: bool = False
+    armed: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
 class Proxy:
@@ -53,14 +53,16 @@ class Proxy:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._rng = random.Random(28)
-        self._cut: tuple[bytes, bytes] | None = None  # (trigger from the client, reply to cut)
+        self._cuts: list[tuple[bytes, bytes]] = []  # (trigger from the client, reply to cut)
         self.replies_cut = 0
 
     def cut_reply(self, after: bytes, reply: bytes = COMMIT_COMPLETE) -> None:
-        """Once: on the first connection whose client sends ``after``, swallow the next server
-        chunk holding ``reply`` and close that connection both ways (the server has answered;
-        the client never hears it). ``replies_cut`` counts the cuts made."""
-        self._cut = (after, reply)
+        """Once: on a connection whose client sent ``after``, swallow the next server chunk
+        holding ``reply`` (``b""``: whatever comes next) and close that connection both ways
+        (the server has acted and answered; the client never hears it). Several cuts may be
+        armed at once, each fires once; ``replies_cut`` counts the cuts made."""
+        with self._lock:
+            self._cuts.append((after, reply))
 
     def start(self) -> Proxy:
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
@@ -124,20 +126,20 @@ class Proxy:
                 self._forget(src, dst)
 
     def _cuts_here(self, data: bytes, link: _Link, up: bool) -> bool:
-        cut = self._cut
-        if cut is None:
+        if not self._cuts:
             return False
         if up:
-            link.armed = link.armed or cut[0] in data
+            link.armed += [cut for cut in list(self._cuts) if cut[0] in data]
             return False
-        if not (link.armed and cut[1] in data):
-            return False
-        with self._lock:
-            if self._cut is None:
-                return False
-            self._cut = None
-            self.replies_cut += 1
-        return True
+        for cut in [cut for cut in link.armed if cut[1] in data]:
+            link.armed.remove(cut)
+            with self._lock:
+                if cut not in self._cuts:
+                    continue  # fired on another connection
+                self._cuts.remove(cut)
+                self.replies_cut += 1
+            return True
+        return False
 
     def _delay(self) -> None:
         if self.latency is not None:
