@@ -16,6 +16,9 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+# The request path a write origin keeps (JobRun.origin["path"]): the history lists this bound
+# with its column limits (history/transitions.py); it is defined here, where it is written.
+ORIGIN_PATH_LIMIT = 200
 
 
 @dataclass(slots=True)
@@ -83,7 +86,7 @@ def request_origin() -> dict[str, Any] | None:
         return None
     return {
         "anonymous": True,
-        "path": origin.request.path[:200],
+        "path": origin.request.path[:ORIGIN_PATH_LIMIT],
         "public_intake": bool(getattr(origin.request, "kumiko_public_intake", False)),
     }
 

@@ -66,7 +66,7 @@ class FlowPauseAdmin(CleanQueryStrings, OperatorsOnly, admin.ModelAdmin):  # typ
 
     def save_model(self, request: HttpRequest, obj: FlowPause, form: Any, change: bool) -> None:
         """Pause through ``worker.pauses`` (the row and the Redis sets)."""
-        pauses.pause(obj.queue, obj.job_name, obj.schema_name, by=str(request.user)[:150])
+        pauses.pause(obj.queue, obj.job_name, obj.schema_name, by=str(request.user))
         saved = FlowPause.objects.filter(
             queue=obj.queue, job_name=obj.job_name, schema_name=obj.schema_name
         ).first()

@@ -28,12 +28,16 @@ from django.utils import timezone
 
 from ..core import session
 from ..core.outcome import Outcome
-from ..models import WAITING_STATUSES, JobAttempt, JobFailure, JobRun, RunStatus
+from ..models import WAITING_STATUSES, FlowPause, JobAttempt, JobFailure, JobRun, RunStatus
+from ..origin import ORIGIN_PATH_LIMIT
 from .run_sql import Started, atomic_success, finish, start, write_progress
 
 __all__ = [
     "CANCEL_BY_LIMIT",
     "ERROR_MESSAGE_LIMIT",
+    "ERROR_TYPE_LIMIT",
+    "ORIGIN_PATH_LIMIT",
+    "PAUSED_BY_LIMIT",
     "REASON_LIMIT",
     "TRACEBACK_LIMIT",
     "TRIGGER_LIMIT",
@@ -44,6 +48,7 @@ __all__ = [
     "cancel_abandoned",
     "cancel_waiting",
     "clear_failure",
+    "committed_success",
     "end_stray_transaction",
     "fail_closed",
     "finish",
@@ -77,10 +82,18 @@ TRACEBACK_LIMIT = 20_000  # JobAttempt.traceback, its tail
 REASON_LIMIT = 4000  # Workflow.reason, WorkflowStep.reason (history/workflows.py writes them)
 CANCEL_BY_LIMIT = _max_length(JobRun, "cancel_requested_by")
 TRIGGER_LIMIT = _max_length(JobRun, "trigger")  # written with a new run (enqueueing)
+# JobRun.error_type, JobAttempt.error_type: an exception's class name, which a job chooses.
+ERROR_TYPE_LIMIT = min(_max_length(JobRun, "error_type"), _max_length(JobAttempt, "error_type"))
+PAUSED_BY_LIMIT = _max_length(FlowPause, "paused_by")  # written by worker/pauses.py
+# ORIGIN_PATH_LIMIT (JobRun.origin's "path"): origin.py's, where it is written, below us.
 
 
 def _message(text: str) -> str:
     return text[:ERROR_MESSAGE_LIMIT]
+
+
+def _type(name: str) -> str:
+    return name[:ERROR_TYPE_LIMIT]
 
 
 # --- start -----------------------------------------------------------------------------------
@@ -144,7 +157,7 @@ def run_columns(end: AttemptEnd) -> dict[str, Any]:
     if end.retry_in is not None:
         columns["scheduled_for"] = end.finished_at + timedelta(seconds=end.retry_in)
     if end.error_type is not None:
-        columns["error_type"] = end.error_type
+        columns["error_type"] = _type(end.error_type)
         columns["error_message"] = _message(end.error_message)
     elif outcome is Outcome.SUCCEEDED:
         columns["error_type"] = ""
@@ -166,7 +179,7 @@ def attempt_columns(end: AttemptEnd) -> dict[str, Any]:
         "finished_at": end.finished_at,
         "duration_ms": end.duration_ms,
         "outcome": str(end.outcome),
-        "error_type": end.error_type or "",
+        "error_type": _type(end.error_type or ""),
         "error_message": _message(end.error_message) if end.error_type is not None else "",
         "traceback": end.traceback[-TRACEBACK_LIMIT:],
         "log": end.log,
@@ -223,6 +236,17 @@ def write_if_still_running(run_id: str, attempt: int, write: Callable[[], None])
     return running
 
 
+def committed_success(run_id: str, attempt: int) -> bool:
+    """Whether the run's row says ``attempt`` succeeded: asked for an atomic attempt whose
+    COMMIT's reply was lost (run.steps.records._settle_in_doubt). The row is locked as the sweep
+    claims it, so a COMMIT still in flight on the server (its success function holds that lock)
+    has ended, one way or the other, before the answer is read."""
+    with transaction.atomic():
+        row = JobRun.objects.filter(pk=run_id).select_for_update()
+        found = row.values_list("status", "attempts").first()
+    return found == (RunStatus.SUCCEEDED, attempt)
+
+
 def end_stray_transaction() -> bool:
     """Roll back a transaction left open on the history's connection; True if there was one.
 
@@ -277,7 +301,7 @@ def fail_closed(run_id: Any, error_type: str, reason: str, *, attempts: int | No
     columns: dict[str, Any] = {
         "status": RunStatus.FAILED,
         "finished_at": timezone.now(),
-        "error_type": error_type,
+        "error_type": _type(error_type),
         "error_message": _message(reason),
     }
     if attempts is not None:
@@ -333,7 +357,7 @@ def _abandoned_attempt(
         finished_at=now,
         duration_ms=0,
         outcome=outcome,
-        error_type=error_type,
+        error_type=_type(error_type),
         error_message=message,
     )
 
@@ -351,7 +375,7 @@ def hand_back(
     its attempt row, then the run ``queued`` again until ``retry_at`` (when the relay may
     check), or ``failed`` (``retry_at`` None). ``run`` is updated in place."""
     _abandoned_attempt(run, outcome, error_type, _message(reason), now)
-    run.error_type, run.error_message = error_type, _message(reason)
+    run.error_type, run.error_message = _type(error_type), _message(reason)
     if retry_at is not None:
         run.status = RunStatus.QUEUED
         run.scheduled_for = retry_at
@@ -372,5 +396,5 @@ def cancel_abandoned(
     _abandoned_attempt(run, JobAttempt.Outcome.CANCELLED, error_type, text, now)
     run.status = RunStatus.CANCELLED
     run.finished_at = now
-    run.error_type, run.error_message = run_error_type, text
+    run.error_type, run.error_message = _type(run_error_type), text
     run.save(update_fields=["status", "finished_at", "error_type", "error_message"])

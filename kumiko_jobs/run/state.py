@@ -154,8 +154,11 @@ class Ending:
     reschedule: tuple[Envelope, float] | None = None
 
     def succeed(self, result: Any = None) -> None:
-        """The body (or the fan-out) returned ``result``, already made storable."""
-        self.outcome, self.result = Outcome.SUCCEEDED, result
+        """The body (or the fan-out) returned ``result``, already made storable; or an atomic
+        attempt taken for a failure had committed after all (records step): no error, no next."""
+        self.outcome, self.result, self.reschedule = Outcome.SUCCEEDED, result, None
+        self.error = self.rendered_error = self.failure_key = None
+        self.error_traceback = ""
 
     def defer(self, seconds: float, kind: DeferralKind) -> None:
         """Postponed by the job (``ctx.defer``) or a gate; the deferral step schedules it."""
@@ -290,18 +293,21 @@ class Cancellation:
 
 @dataclass(slots=True)
 class Atomicity:
-    """An ``atomic=True`` run's transaction (the atomic step's part, its only writer).
-
-    ``committed`` once the body's writes and the run's success committed together; False for
-    any other run or ending. Nothing later in the pipeline needs it (the run's row already says
-    ``succeeded``): it is the step's result as the state shows it, which its tests check.
-    """
+    """An ``atomic=True`` run's transaction (the atomic step's part; the records step settles
+    ``in_doubt``). ``committed`` once the body's writes and the run's success committed together;
+    ``in_doubt`` while nobody knows: its COMMIT met a lost connection, and the server may have
+    committed what the client never heard of (the records step asks the run's row)."""
 
     committed: bool = False
+    in_doubt: bool = False
 
-    def note_committed(self) -> None:
-        """The transaction holding the body's writes and the recorded success committed."""
-        self.committed = True
+    def note_committed(self, committed: bool = True) -> None:
+        """Whether the transaction holding the body's writes and the success committed."""
+        self.committed, self.in_doubt = committed, False
+
+    def note_in_doubt(self) -> None:
+        """The COMMIT was sent and its reply lost: committed or not, the row says."""
+        self.in_doubt = True
 
 
 @dataclass(slots=True)

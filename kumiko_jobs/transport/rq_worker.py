@@ -30,6 +30,7 @@ from rq.worker import WorkerStatus
 from . import done, fair
 from .one_trip_dequeue import one_trip_dequeue
 from .rate_limits import release_caps
+from .worker_cuts import RidesOutCuts
 
 # Re-exported for the worker package, which adds per-run hygiene to RQ's worker classes.
 SimpleWorkerBase = RQSimpleWorker
@@ -62,7 +63,7 @@ class _StopsPubSubFirst:
         super().unsubscribe()  # type: ignore[misc]
 
 
-class BookkeepingSimpleWorker(_StopsPubSubFirst, RQSimpleWorker):
+class BookkeepingSimpleWorker(RidesOutCuts, _StopsPubSubFirst, RQSimpleWorker):
     """RQ's ``SimpleWorker`` with its per-message bookkeeping in fewer Redis round trips.
 
     RQ 3's ``SimpleWorker`` sends, per message, besides the dequeue (``LMOVE``, then
@@ -246,7 +247,7 @@ def _release_caps(connection: Redis, job: Job) -> None:
         release_caps(connection, charge.job_id, charge.caps)
 
 
-class ForkingWorkerBase(_StopsPubSubFirst, RQForkingWorker):
+class ForkingWorkerBase(RidesOutCuts, _StopsPubSubFirst, RQForkingWorker):
     """RQ's forking worker with the fair dequeue. Its start and finish stay RQ's own, in the
     work horse; the parent charges the run's worker time (the horse's life) once the horse
     is gone, one round trip more per message (RQ's own finish sends many)."""

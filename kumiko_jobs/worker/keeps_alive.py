@@ -5,7 +5,9 @@ in the middle of an outage leaves nothing to pick the work up when Redis is back
 history is in PostgreSQL, so RQ's bookkeeping calls (heartbeat, state, suspension check,
 maintenance, teardown) can wait: a lost Redis is logged once, the worker keeps its loop, and it
 registers itself again when Redis returns without its data. A message that never started is
-still a queued run, which the relay pushes again.
+still a queued run, which the relay pushes again. Its calls before and after the loop (the
+worker's name on its connection, its registration with the kumiko mark, its command channel, a
+shutdown request's note) ride out a cut connection in the transport (transport/worker_cuts.py).
 
 The mixin also owns the worker's ``Heart`` (heart.py) for as long as ``work()`` runs, and tells
 it which RQ job the main thread executes; the worker classes say how an overrunning or
@@ -37,6 +39,7 @@ class KeepsRunsAlive:
     key: str
     _heart: Heart | None = None
     _redis_lost = False
+    register_birth: Callable[[], None]  # RQ's, through cuts (transport/worker_cuts.py)
     maintains = True
     # RQ's "job <RQ id> result is kept for N seconds" after every message: the run's own line
     # (kumiko_jobs.runs) says what matters, and the result of a kumiko message is not read.
@@ -57,13 +60,6 @@ class KeepsRunsAlive:
             return bool(super().work(*args, **kwargs))  # type: ignore[misc]
         finally:
             heart.stop()
-
-    def register_birth(self) -> None:
-        """RQ's registration plus the kumiko mark in the worker's hash, by which liveness tells a
-        kumiko worker from another class whose runs only the timeout rule may end.
-        """
-        super().register_birth()  # type: ignore[misc]
-        transport.mark_kumiko_worker(self.connection, self.key)
 
     def execute_job(self, job: Any, queue: Any) -> None:
         """Execute with the heart watching the job's timeout and cancellation; a Redis outage in

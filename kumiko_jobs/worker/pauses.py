@@ -24,6 +24,7 @@ from .. import transport
 from ..core import conf, project_settings
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
+from ..history.transitions import PAUSED_BY_LIMIT
 from ..models import FlowPause, JobRun, RunStatus
 
 logger = logging.getLogger("kumiko_jobs.worker")
@@ -60,7 +61,9 @@ def pause(queue: str = "", job: str = "", tenant: str = "", by: str = "") -> boo
     check(queue, job, tenant)
     try:
         with transaction.atomic():
-            FlowPause.objects.create(queue=queue, job_name=job, schema_name=tenant, paused_by=by)
+            FlowPause.objects.create(
+                queue=queue, job_name=job, schema_name=tenant, paused_by=by[:PAUSED_BY_LIMIT]
+            )
         created = True
     except IntegrityError:
         created = False

@@ -4,6 +4,14 @@
     proxy.latency = (0.05, 0.2)   # each chunk waits 50-200 ms, each direction
     proxy.drop()                  # close every current connection (the peers see FIN / RST)
     proxy.black_hole = True       # swallow everything both ways, close nothing (no FIN)
+    proxy.cut_reply(after=b"tag") # the next COMMIT on the connection that sent b"tag" commits
+                                  # on the server; its reply is swallowed, the connection cut
+
+``cut_reply`` reads PostgreSQL's protocol only as far as it must: the server's CommandComplete
+for a COMMIT (``C``, length 11, ``COMMIT\0``) is sent once the commit is done, so a cut there
+leaves the transaction committed and the client without an answer. The trigger and the reply
+are looked for within one chunk (a statement and its reply are one send each, well under the
+chunk size).
 
 Threads, two per connection (one per direction), so that a test needs no event loop. What a
 black hole here cannot do: withhold TCP ACKs. The proxy's kernel still acknowledges what the
@@ -19,7 +27,18 @@ import random
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
+
+# PostgreSQL's CommandComplete message for COMMIT: type, length (itself and the tag), tag.
+COMMIT_COMPLETE = b"C\x00\x00\x00\x0bCOMMIT\x00"
+
+
+@dataclass
+class _Link:
+    """One proxied connection: the armed cuts whose trigger its client sent."""
+
+    armed: list[tuple[bytes, bytes]] = field(default_factory=list)
 
 
 class Proxy:
@@ -34,6 +53,16 @@ class Proxy:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._rng = random.Random(28)
+        self._cuts: list[tuple[bytes, bytes]] = []  # (trigger from the client, reply to cut)
+        self.replies_cut = 0
+
+    def cut_reply(self, after: bytes, reply: bytes = COMMIT_COMPLETE) -> None:
+        """Once: on a connection whose client sent ``after``, swallow the next server chunk
+        holding ``reply`` (``b""``: whatever comes next) and close that connection both ways
+        (the server has acted and answered; the client never hears it). Several cuts may be
+        armed at once, each fires once; ``replies_cut`` counts the cuts made."""
+        with self._lock:
+            self._cuts.append((after, reply))
 
     def start(self) -> Proxy:
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
@@ -74,10 +103,11 @@ class Proxy:
             self.connections += 1
             with self._lock:
                 self._open.update((client, server))
-            for src, dst in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            link = _Link()
+            for src, dst, up in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pump, args=(src, dst, link, up), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, link: _Link, up: bool) -> None:
         try:
             while True:
                 data = src.recv(65536)
@@ -85,6 +115,8 @@ class Proxy:
                     break
                 if self.black_hole:
                     continue  # swallowed; nothing closed, nothing sent back
+                if self._cuts_here(data, link, up):
+                    break  # the reply swallowed; both sides closed below
                 self._delay()
                 dst.sendall(data)
         except OSError:
@@ -92,6 +124,22 @@ class Proxy:
         finally:
             if not self.black_hole:  # a black hole never says goodbye
                 self._forget(src, dst)
+
+    def _cuts_here(self, data: bytes, link: _Link, up: bool) -> bool:
+        if not self._cuts:
+            return False
+        if up:
+            link.armed += [cut for cut in list(self._cuts) if cut[0] in data]
+            return False
+        for cut in [cut for cut in link.armed if cut[1] in data]:
+            link.armed.remove(cut)
+            with self._lock:
+                if cut not in self._cuts:
+                    continue  # fired on another connection
+                self._cuts.remove(cut)
+                self.replies_cut += 1
+            return True
+        return False
 
     def _delay(self) -> None:
         if self.latency is not None:

@@ -10,7 +10,9 @@ transaction, which refuses without the attempt's secret (a job calling it for it
 another running run of its tenant: issue 22) and if the body ended the transaction itself (a
 raw COMMIT or ROLLBACK the guard did not see). Then it commits:
 a crash before the COMMIT leaves neither the effect nor the success, one after it leaves both,
-and the redelivered message finds the run ``succeeded`` and is dropped (records step).
+and the redelivered message finds the run ``succeeded`` and is dropped (records step). A
+COMMIT whose reply is lost (a cut, a terminated session) is in doubt: the state says so, and the
+records step asks the run's row before it records anything but the success.
 
 Anything but a success rolls the body back: an exception, a deferral, a swallowed guard
 denial. The records step then writes that outcome as for any job, on the project's connection.
@@ -44,33 +46,50 @@ def atomic(state: RunState, call_next: Next) -> None:
     key = state.delivery.atomic_secret
     # The body's search path, set (if it must be) before the transaction: kept for later runs.
     search_path.settle(connections[DEFAULT_DB_ALIAS])
-    with run_sql.atomic_transaction() as xid:
-        call_next(state)
-        if state.ending.outcome is not Outcome.SUCCEEDED or state.watch.violations:
-            run_sql.atomic_roll_back()
-            return
-        try:
-            transitions.atomic_success(
-                run_id=state.envelope.run_id,
-                attempt=state.envelope.attempt,
-                xid=xid,
-                key=key,
-                finished_at=timezone.now(),
-                result=state.ending.result,
-            )
-        except DatabaseError as exc:
-            if _connection_lost(exc):
-                # The session died under it (pg_terminate_backend, a restart, a cut network):
-                # the transaction died with it, uncommitted, the body's writes too. Nothing
-                # happened, so the run is retried like any run whose database went away.
-                raise
-            # Not retried: a job that ends its own transaction does so again, and what it
-            # committed before is committed (its effect may exist without the success).
-            raise Unrecoverable(
-                f"the atomic run's success could not be recorded in its transaction: {exc}"
-            ) from exc
-        crash_point(state)  # test hook: after the success, before the COMMIT
+    # Inside a caller's transaction (an inline run) the block is a savepoint: nothing commits.
+    outermost = not connections[DEFAULT_DB_ALIAS].in_atomic_block
+    committing = False
+    try:
+        with run_sql.atomic_transaction() as xid:
+            call_next(state)
+            if state.ending.outcome is not Outcome.SUCCEEDED or state.watch.violations:
+                run_sql.atomic_roll_back()
+                return
+            _record_success(state, xid, key)
+            crash_point(state)  # test hook: after the success, before the COMMIT
+            committing = outermost  # from here on, only the COMMIT can raise
+    except (OperationalError, InterfaceError):
+        if committing:
+            # The COMMIT was sent and its reply lost (a cut, a terminated session): PostgreSQL
+            # may have committed the effect and the success. The records step asks the row
+            # before it records anything else (records._settle_in_doubt).
+            state.atomicity.note_in_doubt()
+        raise
     state.atomicity.note_committed()
+
+
+def _record_success(state: RunState, xid: str, key: str) -> None:
+    """The run's success through migration 0017's function, in the body's transaction."""
+    try:
+        transitions.atomic_success(
+            run_id=state.envelope.run_id,
+            attempt=state.envelope.attempt,
+            xid=xid,
+            key=key,
+            finished_at=timezone.now(),
+            result=state.ending.result,
+        )
+    except DatabaseError as exc:
+        if _connection_lost(exc):
+            # The session died under it (pg_terminate_backend, a restart, a cut network):
+            # the transaction died with it, uncommitted, the body's writes too. Nothing
+            # happened, so the run is retried like any run whose database went away.
+            raise
+        # Not retried: a job that ends its own transaction does so again, and what it
+        # committed before is committed (its effect may exist without the success).
+        raise Unrecoverable(
+            f"the atomic run's success could not be recorded in its transaction: {exc}"
+        ) from exc
 
 
 def _connection_lost(exc: DatabaseError) -> bool:

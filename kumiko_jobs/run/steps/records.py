@@ -179,6 +179,7 @@ def _finish(state: RunState) -> None:
     """Write the attempt's outcome (then send its signal and report it)."""
     env = state.envelope
     _end_stray_transaction(state)
+    _settle_in_doubt(state)
     end = _attempt_end(state)
     outcome = end.outcome
     records_failure = (
@@ -312,6 +313,39 @@ def _write_finish(state: RunState, write: Callable[[], None]) -> None:
         if not written:
             logger.info("run %s: its finish had committed, or the run was taken", env.run_id)
         return
+
+
+def _settle_in_doubt(state: RunState) -> None:
+    """An atomic attempt whose COMMIT's reply was lost: the run's row says whether it committed.
+
+    The deferral step took the lost connection for a failure (a retry, or the last attempt's
+    failure). Written so, a retry would run the body again over a row the success function had
+    marked ``succeeded``: the effect twice. So before anything but the success is recorded, the
+    row is asked on a new connection (``transitions.committed_success``, which waits for the
+    COMMIT if the server is still on it): ``succeeded`` with this attempt means the body's
+    writes and the success committed, and the attempt is recorded as the success it was, with
+    no retry; anything else means nothing committed, and the failure stands. No statement more
+    on any other path. A connection lost again is tried ``FINISH_TRIES`` times in all, then the
+    run is left to the sweep, which claims only a run still ``running``.
+    """
+    if not state.atomicity.in_doubt or state.ending.outcome is Outcome.SUCCEEDED:
+        return
+    env = state.envelope
+    for tries_left in range(FINISH_TRIES - 1, -1, -1):
+        try:
+            committed = transitions.committed_success(env.run_id, env.attempt)
+            break
+        except (OperationalError, InterfaceError):
+            if tries_left == 0:
+                raise
+            connections[DEFAULT_DB_ALIAS].close()
+            time.sleep(FINISH_PAUSE)
+    state.atomicity.note_committed(committed)
+    if committed:
+        logger.warning("run %s: its COMMIT's reply was lost, and it had committed", env.run_id)
+        state.ending.succeed(state.ending.result)
+    else:
+        logger.info("run %s: its COMMIT's reply was lost, and it had not committed", env.run_id)
 
 
 def _other_writes(state: RunState, now: Any) -> None:
