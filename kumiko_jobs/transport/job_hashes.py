@@ -12,8 +12,10 @@ that job is the template, and each message's hash is the template with its own f
 The hashes are RQ's (tests/integration/test_enqueue_many_push.py compares them field
 by field with ``Queue.enqueue_many``'s, so an RQ upgrade that changes its format fails there),
 and the order on the queue is the messages' order (``at_front`` ones pushed where RQ would).
-The one difference: the job's data is compressed with a smaller zlib window (``_compressed``),
-which RQ and every reader of its hashes decompress the same.
+The one difference: the job's data of a usual message (up to ``COMPRESS_ABOVE`` bytes) is
+stored as its JSON, uncompressed, which RQ reads as it is (``Job.restore`` falls back to the raw
+bytes when they are no zlib stream, and a JSON list never is one); a bigger one is compressed
+with a smaller zlib window (``_data``).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def push_batch(
         args += (
             message.job_id,
             1 if message.at_front else 0,
-            _compressed(dumps((RUNNER, None, body, {}))),
+            _data(dumps((RUNNER, None, body, {}))),
             get_call_string(RUNNER, body, {}, max_length=_DESCRIPTION_ARG_LENGTH) or "",
             default_timeout if message.timeout is None else message.timeout,
             meta,
@@ -81,17 +83,26 @@ def push_batch(
     )
 
 
-def _compressed(data: bytes) -> bytes:
-    """``data`` as a zlib stream, as RQ stores a job's data (it reads any zlib stream back).
+def _data(data: bytes) -> bytes:
+    """A job hash's ``data`` field: ``data`` itself up to ``COMPRESS_ABOVE`` bytes, else as a
+    zlib stream (RQ reads both back).
 
-    ``zlib.compress`` sets up a 32 KB window and 128 KB of state on every call, which took
-    longer than compressing a message (about 6x): a 4 KB window and the fastest level compress
-    a message as small (within a few bytes) in an eighth of the time.
+    A usual message (a signed envelope of some 450 bytes, which its run and correlation ids
+    and its signature make nearly incompressible) shrank by a third and cost more CPU than
+    anything else in its push: a compressor's setup and flush, 7 % of a bulk enqueue's
+    time by profile (bench/README.md, "`enqueue_many` at 10,000 runs/s"). ``zlib.compress``
+    sets up a 32 KB window and 128 KB of state on every call; a 4 KB window and the fastest
+    level compress a message as small (within a few bytes) in an eighth of the time.
     """
+    if len(data) <= COMPRESS_ABOVE:
+        return data
     compressor = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WINDOW_BITS, _MEMORY_LEVEL)
     return compressor.compress(data) + compressor.flush()
 
 
+# Bytes of job data stored as they are: a queued message's hash is some 170 bytes bigger in
+# Redis than compressed (about 100 MB more for a backlog of 600,000 usual messages).
+COMPRESS_ABOVE = 1024
 _LEVEL, _WINDOW_BITS, _MEMORY_LEVEL = 1, 12, 4
 
 # KEYS: RQ's set of queues, the queue's list, its doorbell. ARGV: the job hash prefix, the
