@@ -25,7 +25,7 @@ class KeyedSigner(signing.Signer):
 
     def __init__(self, salt: str) -> None:
         super().__init__(salt=salt, algorithm="sha256")
-        derived = hashlib.sha256(force_bytes(self.salt + "signer") + force_bytes(self.key))
+        derived = hashlib.sha256(force_bytes(f"{salt}signer") + force_bytes(self.key))
         self._keyed = hmac.new(derived.digest(), digestmod=hashlib.sha256)
 
     def signature(self, value: str | bytes, key: str | bytes | None = None) -> str:

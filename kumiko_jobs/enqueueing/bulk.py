@@ -39,7 +39,7 @@ from . import followups, outbox
 from .bulk_rows import BatchRows
 from .fanout import insert_new
 from .handle import RunHandle, existing_handle, resolve
-from .messages import message_for, new_envelope, row_for
+from .messages import new_envelope, row_for, sibling_message
 from .validate import check_size, resolve_schema, validated
 
 logger = logging.getLogger("kumiko_jobs.enqueueing")
@@ -85,15 +85,16 @@ def _copied(
     messages: list[transport.Message] = []
     handles: list[RunHandle] = []
     run_ids: list[uuid.UUID] = []
+    first: transport.Message | None = None
     with telemetry.producer_span(definition.queue_name, definition.name) as trace_context:
         for index, kwargs in enumerate(items):
             try:
-                message, env, subject = _signed(definition, schema, kwargs, trace_context)
+                message, env, subject = _signed(definition, schema, kwargs, trace_context, first)
             except InvalidJob as exc:
                 raise InvalidJob(f"enqueue_many() item {index}: {exc}") from exc
             if rows is None:
-                rows = BatchRows(definition, env, subject)
-            run_ids.append(rows.add(env, subject))
+                first, rows = message, BatchRows(definition, env, subject)
+            run_ids.append(rows.add(env, subject, message.priority))
             messages.append(message)
             handles.append(
                 RunHandle(run_id=env.run_id, job_name=definition.name, schema_name=schema)
@@ -126,14 +127,16 @@ def _signed(
     schema: str | None,
     kwargs: Mapping[str, Any],
     trace_context: dict[str, str],
+    first: transport.Message | None = None,
 ) -> tuple[transport.Message, Envelope, str]:
-    """One item checked (arguments, JSON, subject, size): its message, envelope and subject."""
+    """One item checked (arguments, JSON, subject, size): its message, envelope and subject.
+    ``first``: the call's first message, whose shared fields the item's takes."""
     if not isinstance(kwargs, Mapping):
         raise InvalidJob(f"needs a dict of keyword arguments, got {type(kwargs).__name__}.")
     arguments = dict(kwargs)
     subject = validated(definition, arguments)
     env = new_envelope(definition, schema, arguments, None, None, trace=trace_context)
-    message = message_for(definition, env, 0.0)
+    message = sibling_message(definition, env, first)
     check_size(definition, env, message)
     return message, env, subject
 

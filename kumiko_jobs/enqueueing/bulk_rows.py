@@ -28,7 +28,7 @@ from psycopg.types.json import Jsonb
 from ..core.envelope import Envelope
 from ..definition.job import JobDefinition
 from ..models import JobRun
-from .messages import priority_of, row_for
+from .messages import row_for
 
 # The columns whose value differs between two runs of one bulk enqueue.
 # (A correlation id is new per enqueue outside a request, hence per item.)
@@ -68,20 +68,24 @@ class BatchRows:
             self._priority,
             self._queued_at,
         ) = (where[name] for name in _PER_ITEM)
-        self._payload_field = JobRun._meta.get_field("payload")
+        # The arguments as the JSON text the field would have psycopg write (its encoder's),
+        # without Django's preparation of a value per row.
+        prepared = JobRun._meta.get_field("payload").get_db_prep_save({}, connection)
+        self._payload_json = (prepared.dumps if isinstance(prepared, Jsonb) else None) or json.dumps
         self._now = row.queued_at
         self.rows: list[list[Any]] = []
 
-    def add(self, env: Envelope, subject: str) -> uuid.UUID:
-        """Add the row of ``env`` (validated, its subject ``subject``); its run id."""
+    def add(self, env: Envelope, subject: str, priority: int) -> uuid.UUID:
+        """Add the row of ``env`` (validated, its subject ``subject``, its message's priority
+        level ``priority``: ``priority_of``'s, as for any run); its run id."""
         values = list(self.template)
         run_id = uuid.UUID(env.run_id)
         values[self._run_id] = run_id
         values[self._rq_job_id] = env.rq_job_id
         values[self._correlation_id] = env.correlation_id
         values[self._subject] = subject
-        values[self._payload] = self._payload_field.get_db_prep_save(env.kwargs, connection)
-        values[self._priority] = priority_of(self.definition, env)
+        values[self._payload] = self._payload_json(env.kwargs)
+        values[self._priority] = priority
         # A microsecond apart, in the items' order: whoever orders by queued_at (the relay,
         # the admin) sees the batch in the order it was given.
         values[self._queued_at] = self._now + timedelta(microseconds=len(self.rows))

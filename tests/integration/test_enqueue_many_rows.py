@@ -83,3 +83,33 @@ def test_a_bad_item_in_the_last_chunk_writes_nothing_and_loses_nothing(tenants, 
     assert transport.queue_length("default") == 1
     work()
     assert [p.tag for p in probes("t1")] == ["before"]
+
+
+@pytest.mark.parametrize(
+    ("job", "items"),
+    [
+        (jobs.probe.using(priority=3), [{"tag": f"m{i}"} for i in range(3)]),
+        (jobs.tenant_rate_probe, [{"tag": "r0"}, {"tag": "r1"}]),
+        (jobs.per_account, [{"account": f"acct{i}", "tag": f"p{i}"} for i in range(3)]),
+    ],
+    ids=["priority", "tenant-rate", "rate-limit-by"],
+)
+def test_each_message_is_message_fors(tenants, job, items):
+    """The fields a bulk call's messages share are taken from its first message
+    (messages.sibling_message): each is still what message_for makes for its item, the
+    windows an item's own argument chooses (rate_limit_by) included."""
+    from kumiko_jobs.enqueueing.messages import message_for
+
+    with transaction.atomic():
+        handles = job.enqueue_many(items, tenant="t2")
+    queue = transport.get_queue("default")
+    metas = []
+    for handle in handles:
+        rq_job = queue.fetch_job(f"kj-{handle.run_id}-a1-d0-g0")
+        assert rq_job is not None
+        env = decode(rq_job.args[0])
+        expected = message_for(job, env, 0.0)
+        assert rq_job.meta == expected.meta and rq_job.timeout == expected.timeout
+        metas.append(rq_job.meta)
+    rates = {str(m["kumiko_fair"][4:]) for m in metas}
+    assert len(rates) == (len(items) if job is jobs.per_account else 1)

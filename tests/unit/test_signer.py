@@ -7,8 +7,8 @@ import pytest
 from django.core import signing
 from django.test import override_settings
 
-from kumiko_jobs.core.envelope import decode, encode
 from kumiko_jobs.core.envelope import Envelope as Env
+from kumiko_jobs.core.envelope import decode, encode
 from kumiko_jobs.core.signer import signer_for
 
 SALT = "kumiko_jobs.envelope.v2"
