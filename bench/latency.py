@@ -1,6 +1,7 @@
 """Latency you can quote: enqueue, pickup (commit to start), and bulk enqueue's rate.
 
     python -m bench.latency [--samples 500] [--pickups 300] [--bulk 20000] [--slots 1]
+                            [--no-roles]
 
 1. **enqueue**: ``job.enqueue()`` of ``billing.bench_write``, p50/p99 over ``--samples``:
    outside a transaction (the row's INSERT commits, then the push), and inside
@@ -32,6 +33,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bench.scale import roles_off
 from bench.throughput import (
     ROOT,
     clean_up,
@@ -161,11 +163,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--database", default=BENCH_DATABASE)
     parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
+    parser.add_argument(
+        "--no-roles", action="store_true", help="DB_ROLES off, here and in the workers"
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     admin_url = prepare_environment(args.database, args.redis_db)
+    roles_off(args.no_roles)
     machine = machine_facts()
     print(f"machine: {machine['cpus']} CPUs, load {machine['loadavg_at_start']} at start")
+    print(f"DB_ROLES {'off' if args.no_roles else 'on'}", flush=True)
     try:
         tenants = create_tenants(args.tenants)
         reset(tenants)

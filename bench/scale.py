@@ -1,6 +1,7 @@
 """Aggregate throughput per machine: worker processes x slots, kumiko against plain django-rq.
 
     python -m bench.scale [--procs 1,2,4] [--slots 1,4,16] [--jobs 2000] [--io-jobs 400]
+                          [--no-roles]
 
 For each workload, ``--procs`` worker processes (``manage.py rqworker default``, as a user
 starts them) run ``--slots`` slots each (``KUMIKO_JOBS_WORKER_CONCURRENCY``), and plain RQ
@@ -64,6 +65,20 @@ class Figure:
     @property
     def rate(self) -> float:
         return self.jobs / self.seconds
+
+
+def roles_off(off: bool) -> None:
+    """``--no-roles``: ``DB_ROLES`` off in this process and in the workers it starts (they read
+    bench/settings_db_roles.py), as bench/tenants.py's ``--no-roles``; else the example
+    project's settings (``DB_ROLES`` on) everywhere."""
+    if not off:
+        return
+    from django.conf import settings
+    from django.test import override_settings
+
+    os.environ["KUMIKO_BENCH_DB_ROLES"] = "0"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings_db_roles"
+    override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "DB_ROLES": False}).enable()
 
 
 def _cpu(pids: Sequence[int]) -> float:
@@ -212,13 +227,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--database", default=BENCH_DATABASE)
     parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
+    parser.add_argument(
+        "--no-roles", action="store_true", help="DB_ROLES off, here and in the workers"
+    )
     args = parser.parse_args(argv)
     procs_list = [int(p) for p in args.procs.split(",")]
     slots_list = [int(s) for s in args.slots.split(",")]
     sys.path.insert(0, str(ROOT))
     admin_url = prepare_environment(args.database, args.redis_db)
+    roles_off(args.no_roles)
     machine = machine_facts()
     print(f"machine: {machine['cpus']} CPUs, load {machine['loadavg_at_start']} at start")
+    print(f"DB_ROLES {'off' if args.no_roles else 'on'}", flush=True)
     try:
         tenants = create_tenants(args.tenants)
         for workload in args.workloads.split(","):
