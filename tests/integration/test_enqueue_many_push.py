@@ -112,3 +112,18 @@ def test_a_batch_over_one_pipeline_runs_in_order(tenants, monkeypatch):
     assert [i.split("-")[1] for i in ids] == [h.run_id for h in handles]
     work()
     assert sorted(p.tag for p in probes("t1")) == sorted(f"p{i}" for i in range(8))
+
+
+def test_slices_sent_back_to_back_land_in_order_even_after_a_script_flush():
+    """push_slices sends its script calls back to back and reads the replies at the end; a
+    script Redis lost (SCRIPT FLUSH, a restart) is loaded and its calls run again, in order."""
+    queue = transport.get_queue("default")
+    redis = queue.connection
+    for round_, flush in enumerate((True, False)):
+        if flush:
+            redis.script_flush()
+        names = [f"s{round_}x{i}" for i in range(7)]
+        job_hashes.push_slices(queue, [_message(n) for n in names], 600, 3600, 2)
+        assert [i.decode() for i in redis.lrange(queue.key, 0, -1)] == names
+        assert all(queue.fetch_job(n) is not None for n in names)
+        redis.delete(queue.key)
