@@ -16,7 +16,8 @@ starts instead of slots: RQ's ``worker-pool`` is that many forked workers). The 
 The workers start first and idle; then the jobs are pushed (kumiko: ``job.enqueue_many`` per
 tenant, which commits and pushes at once; plain: ``Queue.enqueue_many``) and the clock runs
 until every job's write is in its tenant's table. Printed: jobs/s, worker CPU per job (user +
-system of the worker processes, from /proc, not PostgreSQL's or Redis's), the ratio to plain RQ
+system of the worker processes, from /proc), PostgreSQL's CPU per job (the backends connected
+to the bench's database, this process's polling included; Redis's is not counted), the ratio to plain RQ
 with the same processes, and scaling efficiency (jobs/s over the one-slot, one-process figure
 times processes x slots). Runnable unchanged on a bigger machine; the machine's load is printed
 with every figure. Its own database (``kumiko_bench_scale``) and Redis database (3, flushed).
@@ -61,6 +62,7 @@ class Figure:
     seconds: float
     cpu: float
     load: float
+    db_cpu: float = 0.0  # the bench database's PostgreSQL backends (pg_stat_activity)
 
     @property
     def rate(self) -> float:
@@ -91,6 +93,18 @@ def _cpu(pids: Sequence[int]) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / _TICKS
     return total
+
+
+def _backend_cpu() -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend connected to the bench's database now (the
+    workers' and this process's; PostgreSQL's share of a job, which the worker's CPU leaves
+    out). Backends that ended meanwhile are missed."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        pids = [row[0] for row in cursor.fetchall()]
+    return {pid: _cpu([pid]) for pid in pids}
 
 
 def _start(kumiko: bool, procs: int, slots: int) -> list[subprocess.Popen[bytes]]:
@@ -185,7 +199,7 @@ def measure(
     try:
         _wait_registered(procs * (slots if kumiko else 1))
         pids = [w.pid for w in workers]
-        cpu_before = _cpu(pids)
+        cpu_before, db_before = _cpu(pids), _backend_cpu()
         started = time.perf_counter()
         _push(kumiko, workload, tenants, jobs)
         deadline = time.monotonic() + 600
@@ -195,10 +209,12 @@ def measure(
             time.sleep(0.05)
         seconds = time.perf_counter() - started
         cpu = _cpu(pids) - cpu_before
+        db_cpu = sum(c - db_before.get(pid, 0.0) for pid, c in _backend_cpu().items())
     finally:
         _stop(workers)
     side = "kumiko" if kumiko else "plain"
-    return Figure(side, workload, procs, slots, jobs, seconds, cpu, os.getloadavg()[0])
+    load = os.getloadavg()[0]
+    return Figure(side, workload, procs, slots, jobs, seconds, cpu, load, db_cpu)
 
 
 def _line(f: Figure, base: Figure | None, plain: Figure | None) -> str:
@@ -208,7 +224,8 @@ def _line(f: Figure, base: Figure | None, plain: Figure | None) -> str:
     ratio = f"  vs plain same procs {f.rate / plain.rate:5.2f}" if plain is not None else ""
     return (
         f"  {f.side:<6} {f.workload:<7} procs {f.procs} slots {f.slots:>2}: "
-        f"{f.rate:8.1f} jobs/s  {1000 * f.cpu / f.jobs:6.2f} ms CPU/job{ratio}{eff}"
+        f"{f.rate:8.1f} jobs/s  {1000 * f.cpu / f.jobs:6.2f} ms CPU/job"
+        f" (PostgreSQL {1000 * f.db_cpu / f.jobs:5.2f}){ratio}{eff}"
         f"  (load {f.load:.2f})"
     )
 
