@@ -17,10 +17,11 @@ The workers start first and idle; then the jobs are pushed (kumiko: ``job.enqueu
 tenant, which commits and pushes at once; plain: ``Queue.enqueue_many``) and the clock runs
 until every job's write is in its tenant's table. Printed: jobs/s, worker CPU per job (user +
 system of the worker processes, from /proc), PostgreSQL's CPU per job (the backends connected
-to the bench's database, this process's polling included; Redis's is not counted), the ratio to plain RQ
-with the same processes, and scaling efficiency (jobs/s over the one-slot, one-process figure
-times processes x slots). Runnable unchanged on a bigger machine; the machine's load is printed
-with every figure. Its own database (``kumiko_bench_scale``) and Redis database (3, flushed).
+to the bench's database, this process's polling included; Redis's is not counted), the ratio
+to plain RQ with the same processes, and scaling efficiency (jobs/s over the one-slot,
+one-process figure times processes x slots). Runnable unchanged on a bigger machine; the
+machine's load is printed with every figure. Its own database (``kumiko_bench_scale``) and
+Redis database (3, flushed).
 """
 
 from __future__ import annotations
