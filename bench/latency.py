@@ -135,7 +135,15 @@ def pickups(tenants: Sequence[Any], count: int, interval: float, jitter: bool) -
     _wait(lambda: runs.filter(started_at__isnull=True).count() == 0, "every pickup")
     started = dict(runs.values_list("run_id", "started_at"))
     # started_at is timezone-aware (USE_TZ): its timestamp() is the wall clock time.time() uses.
-    return [started[run_id].timestamp() - returned[run_id.hex] for run_id in started]
+    waits = {returned[r.hex]: started[r].timestamp() - returned[r.hex] for r in started}
+    # The tail's moments (epoch seconds), to line up with what the worker did then.
+    slowest = sorted(waits.items(), key=lambda item: -item[1])[: max(3, count // 100)]
+    print(
+        "  slowest pickups (enqueued at, ms): "
+        + ", ".join(f"{at:.2f} {1000 * wait:.0f}" for at, wait in sorted(slowest)),
+        flush=True,
+    )
+    return list(waits.values())
 
 
 def bulk_rate(tenants: Sequence[Any], total: int, chunk: int) -> float:
