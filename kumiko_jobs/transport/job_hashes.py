@@ -130,7 +130,9 @@ def _send(redis: Redis, keys: list[Any], calls: Iterator[list[Any]]) -> None:
     try:
         for args in itertools.chain((first, second), calls):
             connection.send_command(  # type: ignore[no-untyped-call]  # redis-py: untyped
-                "EVALSHA", script.sha, len(keys), *keys, *args
+                # A health check's PING (before the first only) would read a pending reply.
+                *("EVALSHA", script.sha, len(keys), *keys, *args),
+                check_health=not sent,
             )
             sent.append(args)
         for args in sent:
