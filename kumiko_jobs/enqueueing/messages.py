@@ -140,7 +140,7 @@ def sibling_message(
     first's, unless the item's own arguments choose it (``front_by_priority``,
     ``rate_limit_by``). Resolved once, ``TENANT_WEIGHT``'s and ``TENANT_RATE_LIMIT``'s
     callables are called once per call, not per item, as for any other push."""
-    if first is None or definition.front_by_priority or definition.rate_limit_by is not None:
+    if first is None or not shares_fields(definition):
         return message_for(definition, envelope, 0.0)
     return transport.Message(
         body=encode(envelope, delay=0.0),
@@ -154,6 +154,13 @@ def sibling_message(
         rates=first.rates,
         caps=first.caps,
     )
+
+
+def shares_fields(definition: JobDefinition) -> bool:
+    """Do the runs of one ``enqueue_many`` call of ``definition`` share their messages' fair
+    fields (``sibling_message``)? Not when an item's arguments choose its priority or its
+    rate window."""
+    return not definition.front_by_priority and definition.rate_limit_by is None
 
 
 def rates_of(definition: JobDefinition, envelope: Envelope) -> tuple[tuple[str, int, int], ...]:

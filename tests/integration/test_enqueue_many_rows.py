@@ -113,3 +113,52 @@ def test_each_message_is_message_fors(tenants, job, items):
         metas.append(rq_job.meta)
     rates = {str(m["kumiko_fair"][4:]) for m in metas}
     assert len(rates) == (len(items) if job is jobs.per_account else 1)
+
+
+def test_a_bad_item_mid_copy_outside_a_transaction_writes_nothing(tenants, monkeypatch):
+    """The rows stream into COPY as they are made (bulk._copied): a refusal after whole
+    chunks were copied, with no transaction of the caller's around it, takes them all back,
+    and the connection serves the next enqueue."""
+    monkeypatch.setattr(bulk_rows, "COPY_CHUNK", 2)
+    items: list[dict[str, Any]] = [{"tag": f"m{i}"} for i in range(5)] + [{"tag": object()}]
+    with pytest.raises(InvalidJob, match=r"item 5: "):
+        jobs.probe.enqueue_many(items, tenant="t1")
+    assert JobRun.objects.count() == 0 and transport.queue_length("default") == 0
+    jobs.probe.enqueue_many([{"tag": "after"}], tenant="t1")
+    work()
+    assert [p.tag for p in probes("t1")] == ["after"]
+
+
+_weights_asked: list[str] = []
+
+
+def weight_from_the_database(schema: str) -> float:
+    """TENANT_WEIGHT for the test below: asks PostgreSQL, as a project's callable may."""
+    from example_project.customers.models import Client
+
+    _weights_asked.append(schema)
+    return 2.0 if Client.objects.filter(schema_name=schema).exists() else 1.0
+
+
+@pytest.mark.parametrize(
+    ("job", "items", "asked"),
+    [
+        (jobs.probe, [{"tag": f"w{i}"} for i in range(4)], 1),
+        (jobs.per_account, [{"account": f"a{i}", "tag": f"w{i}"} for i in range(4)], 4),
+    ],
+    ids=["shared-fields-streamed", "per-item-fields-made-first"],
+)
+def test_a_weight_callable_that_queries_runs_outside_the_copy(tenants, job, items, asked):
+    """A project's TENANT_WEIGHT may query the database: it is called for the first item only
+    when the call's runs share their fields, and for every item, all before the COPY, when an
+    item's arguments choose them (a query during a COPY would fail)."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    _weights_asked.clear()
+    path = f"{__name__}.weight_from_the_database"
+    weighted = override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "TENANT_WEIGHT": path})
+    with weighted, transaction.atomic():
+        handles = job.enqueue_many(items, tenant="t1")
+    assert len(handles) == len(items) == JobRun.objects.count()
+    assert _weights_asked == ["t1"] * asked
