@@ -1,13 +1,16 @@
 """Latency you can quote: enqueue, pickup (commit to start), and bulk enqueue's rate.
 
     python -m bench.latency [--samples 500] [--pickups 300] [--bulk 20000] [--slots 1]
+                            [--no-roles]
 
 1. **enqueue**: ``job.enqueue()`` of ``billing.bench_write``, p50/p99 over ``--samples``:
    outside a transaction (the row's INSERT commits, then the push), and inside
    ``transaction.atomic()`` (the block, the commit and the push on commit: what a view under
    ``ATOMIC_REQUESTS`` pays); plain ``django_rq`` ``Queue.enqueue`` for comparison.
-2. **pickup**: one ``manage.py rqworker default`` process (``--slots`` slots) idles; runs are
-   enqueued one at a time, 30 ms apart (idle), then at 70 % of the measured capacity (runs
+2. **pickup**: one ``manage.py rqworker default`` process (``--slots`` slots) idles; after
+   ``--warmup-pickups`` runs (not measured: the worker's first runs open its connections, and
+   its first after the reset between the phases are slow again), runs are enqueued one at a
+   time, 30 ms apart (idle), then at 70 % of the measured capacity (runs
    enqueued one by one as fast as this process can while the worker drains them: the
    capacity with the enqueuer on the same machine), at random (exponential) intervals.
    Pickup = the run's ``started_at`` (written by the
@@ -32,6 +35,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bench.scale import roles_off
 from bench.throughput import (
     ROOT,
     clean_up,
@@ -117,7 +121,9 @@ def _capacity(tenants: Sequence[Any], jobs: int) -> float:
     return jobs / (time.perf_counter() - started)
 
 
-def pickups(tenants: Sequence[Any], count: int, interval: float, jitter: bool) -> list[float]:
+def pickups(
+    tenants: Sequence[Any], count: int, interval: float, jitter: bool, quiet: bool = False
+) -> list[float]:
     from example_project.billing.jobs import bench_write
     from kumiko_jobs.models import JobRun
 
@@ -133,7 +139,16 @@ def pickups(tenants: Sequence[Any], count: int, interval: float, jitter: bool) -
     _wait(lambda: runs.filter(started_at__isnull=True).count() == 0, "every pickup")
     started = dict(runs.values_list("run_id", "started_at"))
     # started_at is timezone-aware (USE_TZ): its timestamp() is the wall clock time.time() uses.
-    return [started[run_id].timestamp() - returned[run_id.hex] for run_id in started]
+    waits = {returned[r.hex]: started[r].timestamp() - returned[r.hex] for r in started}
+    # The tail's moments (epoch seconds), to line up with what the worker did then.
+    slowest = sorted(waits.items(), key=lambda item: -item[1])[: max(3, count // 100)]
+    if not quiet:
+        print(
+            "  slowest pickups (enqueued at, ms): "
+            + ", ".join(f"{at:.2f} {1000 * wait:.0f}" for at, wait in sorted(slowest)),
+            flush=True,
+        )
+    return list(waits.values())
 
 
 def bulk_rate(tenants: Sequence[Any], total: int, chunk: int) -> float:
@@ -158,14 +173,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bulk", type=int, default=20000)
     parser.add_argument("--chunk", type=int, default=1000)
     parser.add_argument("--slots", type=int, default=1)
+    parser.add_argument("--warmup-pickups", type=int, default=20, help="not measured (20)")
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--database", default=BENCH_DATABASE)
     parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
+    parser.add_argument(
+        "--no-roles", action="store_true", help="DB_ROLES off, here and in the workers"
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     admin_url = prepare_environment(args.database, args.redis_db)
+    roles_off(args.no_roles)
     machine = machine_facts()
     print(f"machine: {machine['cpus']} CPUs, load {machine['loadavg_at_start']} at start")
+    print(f"DB_ROLES {'off' if args.no_roles else 'on'}", flush=True)
     try:
         tenants = create_tenants(args.tenants)
         reset(tenants)
@@ -189,11 +210,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             redis = transport.connection_for("default")
             _wait(lambda: Worker.count(connection=redis) >= args.slots, "the worker")
+            # The worker's first runs open its connections and fill its caches (120 ms each
+            # here): a cold start, not a pickup, and 1 % of 300 samples is 3 of them.
+            pickups(tenants, args.warmup_pickups, 0.03, jitter=False, quiet=True)
             idle = pickups(tenants, args.pickups, 0.03, jitter=False)
             print(f"pickup, idle worker ({args.slots} slot(s)): {_ms(idle)}", flush=True)
             reset(tenants)
             capacity = _capacity(tenants, args.capacity_jobs)
             reset(tenants)
+            # After the reset (TRUNCATE, FLUSHDB) the worker's first runs are a cold start
+            # again (120-140 ms, a burst of them): not measured either.
+            pickups(tenants, args.warmup_pickups, 1 / (0.7 * capacity), jitter=True, quiet=True)
             busy = pickups(tenants, args.pickups, 1 / (0.7 * capacity), jitter=True)
             print(
                 f"pickup at 70 % load ({0.7 * capacity:.0f} runs/s of {capacity:.0f}): {_ms(busy)}",

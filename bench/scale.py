@@ -1,6 +1,7 @@
 """Aggregate throughput per machine: worker processes x slots, kumiko against plain django-rq.
 
     python -m bench.scale [--procs 1,2,4] [--slots 1,4,16] [--jobs 2000] [--io-jobs 400]
+                          [--no-roles]
 
 For each workload, ``--procs`` worker processes (``manage.py rqworker default``, as a user
 starts them) run ``--slots`` slots each (``KUMIKO_JOBS_WORKER_CONCURRENCY``), and plain RQ
@@ -15,10 +16,12 @@ starts instead of slots: RQ's ``worker-pool`` is that many forked workers). The 
 The workers start first and idle; then the jobs are pushed (kumiko: ``job.enqueue_many`` per
 tenant, which commits and pushes at once; plain: ``Queue.enqueue_many``) and the clock runs
 until every job's write is in its tenant's table. Printed: jobs/s, worker CPU per job (user +
-system of the worker processes, from /proc, not PostgreSQL's or Redis's), the ratio to plain RQ
-with the same processes, and scaling efficiency (jobs/s over the one-slot, one-process figure
-times processes x slots). Runnable unchanged on a bigger machine; the machine's load is printed
-with every figure. Its own database (``kumiko_bench_scale``) and Redis database (3, flushed).
+system of the worker processes, from /proc), PostgreSQL's CPU per job (the backends connected
+to the bench's database, this process's polling included; Redis's is not counted), the ratio
+to plain RQ with the same processes, and scaling efficiency (jobs/s over the one-slot,
+one-process figure times processes x slots). Runnable unchanged on a bigger machine; the
+machine's load is printed with every figure. Its own database (``kumiko_bench_scale``) and
+Redis database (3, flushed).
 """
 
 from __future__ import annotations
@@ -60,10 +63,25 @@ class Figure:
     seconds: float
     cpu: float
     load: float
+    db_cpu: float = 0.0  # the bench database's PostgreSQL backends (pg_stat_activity)
 
     @property
     def rate(self) -> float:
         return self.jobs / self.seconds
+
+
+def roles_off(off: bool) -> None:
+    """``--no-roles``: ``DB_ROLES`` off in this process and in the workers it starts (they read
+    bench/settings_db_roles.py), as bench/tenants.py's ``--no-roles``; else the example
+    project's settings (``DB_ROLES`` on) everywhere."""
+    if not off:
+        return
+    from django.conf import settings
+    from django.test import override_settings
+
+    os.environ["KUMIKO_BENCH_DB_ROLES"] = "0"
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings_db_roles"
+    override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "DB_ROLES": False}).enable()
 
 
 def _cpu(pids: Sequence[int]) -> float:
@@ -76,6 +94,18 @@ def _cpu(pids: Sequence[int]) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / _TICKS
     return total
+
+
+def _backend_cpu() -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend connected to the bench's database now (the
+    workers' and this process's; PostgreSQL's share of a job, which the worker's CPU leaves
+    out). Backends that ended meanwhile are missed."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        pids = [row[0] for row in cursor.fetchall()]
+    return {pid: _cpu([pid]) for pid in pids}
 
 
 def _start(kumiko: bool, procs: int, slots: int) -> list[subprocess.Popen[bytes]]:
@@ -170,7 +200,7 @@ def measure(
     try:
         _wait_registered(procs * (slots if kumiko else 1))
         pids = [w.pid for w in workers]
-        cpu_before = _cpu(pids)
+        cpu_before, db_before = _cpu(pids), _backend_cpu()
         started = time.perf_counter()
         _push(kumiko, workload, tenants, jobs)
         deadline = time.monotonic() + 600
@@ -180,10 +210,12 @@ def measure(
             time.sleep(0.05)
         seconds = time.perf_counter() - started
         cpu = _cpu(pids) - cpu_before
+        db_cpu = sum(c - db_before.get(pid, 0.0) for pid, c in _backend_cpu().items())
     finally:
         _stop(workers)
     side = "kumiko" if kumiko else "plain"
-    return Figure(side, workload, procs, slots, jobs, seconds, cpu, os.getloadavg()[0])
+    load = os.getloadavg()[0]
+    return Figure(side, workload, procs, slots, jobs, seconds, cpu, load, db_cpu)
 
 
 def _line(f: Figure, base: Figure | None, plain: Figure | None) -> str:
@@ -193,7 +225,8 @@ def _line(f: Figure, base: Figure | None, plain: Figure | None) -> str:
     ratio = f"  vs plain same procs {f.rate / plain.rate:5.2f}" if plain is not None else ""
     return (
         f"  {f.side:<6} {f.workload:<7} procs {f.procs} slots {f.slots:>2}: "
-        f"{f.rate:8.1f} jobs/s  {1000 * f.cpu / f.jobs:6.2f} ms CPU/job{ratio}{eff}"
+        f"{f.rate:8.1f} jobs/s  {1000 * f.cpu / f.jobs:6.2f} ms CPU/job"
+        f" (PostgreSQL {1000 * f.db_cpu / f.jobs:5.2f}){ratio}{eff}"
         f"  (load {f.load:.2f})"
     )
 
@@ -212,13 +245,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tenants", type=int, default=4)
     parser.add_argument("--database", default=BENCH_DATABASE)
     parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
+    parser.add_argument(
+        "--no-roles", action="store_true", help="DB_ROLES off, here and in the workers"
+    )
     args = parser.parse_args(argv)
     procs_list = [int(p) for p in args.procs.split(",")]
     slots_list = [int(s) for s in args.slots.split(",")]
     sys.path.insert(0, str(ROOT))
     admin_url = prepare_environment(args.database, args.redis_db)
+    roles_off(args.no_roles)
     machine = machine_facts()
     print(f"machine: {machine['cpus']} CPUs, load {machine['loadavg_at_start']} at start")
+    print(f"DB_ROLES {'off' if args.no_roles else 'on'}", flush=True)
     try:
         tenants = create_tenants(args.tenants)
         for workload in args.workloads.split(","):

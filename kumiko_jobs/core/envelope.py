@@ -38,6 +38,7 @@ from django.core import signing
 
 from . import conf, project_settings
 from .exceptions import EnvelopeError
+from .signer import signer_for
 
 VERSION = 2
 PREVIOUS_VERSION = 1
@@ -251,7 +252,7 @@ def new_run_id() -> str:
 
 
 def _signer(version: int = VERSION) -> signing.Signer:
-    return signing.Signer(salt=_SALTS[version], algorithm="sha256")
+    return signer_for(_SALTS[version])  # made once per secret (signer.py)
 
 
 # A signing time whose JSON is as long as any before 2100 (10 digits, 3 decimals). Times are

@@ -16,9 +16,10 @@ CONFLICT DO NOTHING`` (``fanout.insert_new``), which tells which keys were taken
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -28,7 +29,7 @@ from psycopg.types.json import Jsonb
 from ..core.envelope import Envelope
 from ..definition.job import JobDefinition
 from ..models import JobRun
-from .messages import priority_of, row_for
+from .messages import row_for
 
 # The columns whose value differs between two runs of one bulk enqueue.
 # (A correlation id is new per enqueue outside a request, hence per item.)
@@ -68,34 +69,42 @@ class BatchRows:
             self._priority,
             self._queued_at,
         ) = (where[name] for name in _PER_ITEM)
-        self._payload_field = JobRun._meta.get_field("payload")
+        # The arguments as the JSON text the field would have psycopg write (its encoder's),
+        # without Django's preparation of a value per row.
+        prepared = JobRun._meta.get_field("payload").get_db_prep_save({}, connection)
+        self._payload_json = (prepared.dumps if isinstance(prepared, Jsonb) else None) or json.dumps
         self._now = row.queued_at
-        self.rows: list[list[Any]] = []
+        self._made = 0
 
-    def add(self, env: Envelope, subject: str) -> uuid.UUID:
-        """Add the row of ``env`` (validated, its subject ``subject``); its run id."""
+    def row(self, env: Envelope, subject: str, priority: int) -> tuple[uuid.UUID, list[Any]]:
+        """The run id and the COPY row of ``env`` (validated, its subject ``subject``, its
+        message's priority level ``priority``: ``priority_of``'s, as for any run), the next
+        of the call's rows."""
         values = list(self.template)
         run_id = uuid.UUID(env.run_id)
         values[self._run_id] = run_id
         values[self._rq_job_id] = env.rq_job_id
         values[self._correlation_id] = env.correlation_id
         values[self._subject] = subject
-        values[self._payload] = self._payload_field.get_db_prep_save(env.kwargs, connection)
-        values[self._priority] = priority_of(self.definition, env)
+        values[self._payload] = self._payload_json(env.kwargs)
+        values[self._priority] = priority
         # A microsecond apart, in the items' order: whoever orders by queued_at (the relay,
         # the admin) sees the batch in the order it was given.
-        values[self._queued_at] = self._now + timedelta(microseconds=len(self.rows))
-        self.rows.append(values)
-        return run_id
+        values[self._queued_at] = self._now + timedelta(microseconds=self._made)
+        self._made += 1
+        return run_id, values
 
-    def copy(self) -> None:
-        """Write the rows with ``COPY`` in the current transaction, ``COPY_CHUNK`` at a time."""
+    def copy(self, rows: Iterable[Sequence[Any]]) -> None:
+        """Write ``rows`` with ``COPY`` in the current transaction, ``COPY_CHUNK`` a statement,
+        each row sent as ``rows`` yields it (PostgreSQL inserts them meanwhile). An exception
+        from ``rows`` aborts the statement under way and propagates."""
         table = connection.ops.quote_name(JobRun._meta.db_table)
         columns = ", ".join(connection.ops.quote_name(str(f.column)) for f in self.fields)
         sql = f"COPY {table} ({columns}) FROM STDIN"
+        rest = iter(rows)
         with connection.cursor() as cursor:
-            for start in range(0, len(self.rows), COPY_CHUNK):
-                chunk = self.rows[start : start + COPY_CHUNK]
+            while (head := next(rest, None)) is not None:
+                chunk = itertools.chain([head], itertools.islice(rest, COPY_CHUNK - 1))
                 # Through Django's execute wrappers (the DB guard, query counters) like any
                 # statement; the executor streams the rows on the psycopg cursor.
                 cursor._execute_with_wrappers(sql, None, False, executor=_copy_executor(chunk))
@@ -111,7 +120,7 @@ def _encoded_once(value: Any) -> Any:
     return value
 
 
-def _copy_executor(rows: Sequence[Sequence[Any]]) -> Any:
+def _copy_executor(rows: Iterable[Sequence[Any]]) -> Any:
     def execute(sql: str, params: Any, many: bool, context: dict[str, Any]) -> None:
         with context["connection"].wrap_database_errors, context["cursor"].cursor.copy(sql) as copy:
             for row in rows:

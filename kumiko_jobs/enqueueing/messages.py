@@ -131,6 +131,38 @@ def message_for(
     )
 
 
+def sibling_message(
+    definition: JobDefinition, envelope: Envelope, first: transport.Message | None
+) -> transport.Message:
+    """``message_for`` of one run of an ``enqueue_many`` call, due now, whose first message
+    is ``first``: the runs of one call share their job, tenant and moment, so what the fair
+    dequeue files and holds them by (bucket, weight, priority, rate windows, caps) is the
+    first's, unless the item's own arguments choose it (``front_by_priority``,
+    ``rate_limit_by``). Resolved once, ``TENANT_WEIGHT``'s and ``TENANT_RATE_LIMIT``'s
+    callables are called once per call, not per item, as for any other push."""
+    if first is None or not shares_fields(definition):
+        return message_for(definition, envelope, 0.0)
+    return transport.Message(
+        body=encode(envelope, delay=0.0),
+        queue=first.queue,
+        job_id=envelope.rq_job_id,
+        timeout=first.timeout,
+        bucket=first.bucket,
+        weight=first.weight,
+        priority=first.priority,
+        job=first.job,
+        rates=first.rates,
+        caps=first.caps,
+    )
+
+
+def shares_fields(definition: JobDefinition) -> bool:
+    """Do the runs of one ``enqueue_many`` call of ``definition`` share their messages' fair
+    fields (``sibling_message``)? Not when an item's arguments choose its priority or its
+    rate window."""
+    return not definition.front_by_priority and definition.rate_limit_by is None
+
+
 def rates_of(definition: JobDefinition, envelope: Envelope) -> tuple[tuple[str, int, int], ...]:
     """The rate-limit windows a start of this run counts in, as (key, starts, seconds): the
     job's across tenants (one per value of ``rate_limit_by``), the job's per tenant, and

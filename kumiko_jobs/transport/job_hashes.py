@@ -12,17 +12,21 @@ that job is the template, and each message's hash is the template with its own f
 The hashes are RQ's (tests/integration/test_enqueue_many_push.py compares them field
 by field with ``Queue.enqueue_many``'s, so an RQ upgrade that changes its format fails there),
 and the order on the queue is the messages' order (``at_front`` ones pushed where RQ would).
-The one difference: the job's data is compressed with a smaller zlib window (``_compressed``),
-which RQ and every reader of its hashes decompress the same.
+The one difference: the job's data of a usual message (up to ``COMPRESS_ABOVE`` bytes) is
+stored as its JSON, uncompressed, which RQ reads as it is (``Job.restore`` falls back to the raw
+bytes when they are no zlib stream, and a JSON list never is one); a bigger one is compressed
+with a smaller zlib window (``_data``).
 """
 
 from __future__ import annotations
 
+import itertools
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from redis import Redis
+from redis.exceptions import NoScriptError
 from rq import Queue
 from rq.job import Job, JobStatus
 from rq.utils import get_call_string
@@ -43,10 +47,25 @@ def push_batch(
     queue: Queue, messages: Sequence[Message], result_ttl: int, failure_ttl: int
 ) -> None:
     """Put ``messages`` (none delayed or rate-limited) on ``queue`` in one round trip."""
+    push_slices(queue, messages, result_ttl, failure_ttl, max(len(messages), 1))
+
+
+def push_slices(
+    queue: Queue, messages: Sequence[Message], result_ttl: int, failure_ttl: int, size: int
+) -> None:
+    """Put ``messages`` (none delayed or rate-limited) on ``queue``, one script call per
+    ``size`` of them (Redis serves no one else while a call runs), in their order.
+
+    The calls go out back to back on one connection and their replies are read at the end,
+    so Redis writes one slice while the next is built and packed here: at 10,000 messages
+    the push took as long in Redis's writes as in this process's packing, one after the
+    other (bench/README.md, "`enqueue_many` at 10,000 runs/s").
+    """
     if not messages:
         return
     if not _writes_like_rq(queue):
-        _push_with_rq(queue, messages, result_ttl, failure_ttl)
+        for start in range(0, len(messages), size):
+            _push_with_rq(queue, messages[start : start + size], result_ttl, failure_ttl)
         return
     seen: set[str] = set()
     for message in messages:
@@ -56,11 +75,25 @@ def push_batch(
         seen.add(message.job_id)
     template = _template(queue, result_ttl, failure_ttl)
     default_timeout = template.pop("timeout")
-    dumps = queue.serializer.dumps
-    metas: dict[tuple[Any, ...], bytes] = {}  # a batch's messages mostly share their meta
-    args: list[Any] = [queue.job_class.redis_job_namespace_prefix, len(template)]
+    head: list[Any] = [queue.job_class.redis_job_namespace_prefix, len(template)]
     for field, value in template.items():
-        args += (field, value)
+        head += (field, value)
+    metas: dict[tuple[Any, ...], bytes] = {}  # a push's messages mostly share their meta
+    calls = (
+        head + _message_args(queue, messages[start : start + size], default_timeout, metas)
+        for start in range(0, len(messages), size)
+    )
+    _send(
+        queue.connection, [queue.redis_queues_keys, queue.key, doorbell.bell_of(queue.name)], calls
+    )
+
+
+def _message_args(
+    queue: Queue, messages: Sequence[Message], default_timeout: Any, metas: dict[Any, bytes]
+) -> list[Any]:
+    """The script's arguments for ``messages`` after the template's (see ``_PUSH``)."""
+    dumps = queue.serializer.dumps
+    args: list[Any] = []
     for message in messages:
         body = (message.body,)
         # What Message.meta is made of.
@@ -71,27 +104,72 @@ def push_batch(
         args += (
             message.job_id,
             1 if message.at_front else 0,
-            _compressed(dumps((RUNNER, None, body, {}))),
+            _data(dumps((RUNNER, None, body, {}))),
             get_call_string(RUNNER, body, {}, max_length=_DESCRIPTION_ARG_LENGTH) or "",
             default_timeout if message.timeout is None else message.timeout,
             meta,
         )
-    _script(queue.connection)(
-        keys=[queue.redis_queues_keys, queue.key, doorbell.bell_of(queue.name)], args=args
-    )
+    return args
 
 
-def _compressed(data: bytes) -> bytes:
-    """``data`` as a zlib stream, as RQ stores a job's data (it reads any zlib stream back).
+def _send(redis: Redis, keys: list[Any], calls: Iterator[list[Any]]) -> None:
+    """Run the push script once per argument list of ``calls``, in order: one call as any
+    command; several sent back to back on one connection, each built as the one before it
+    runs in Redis, and their replies read after the last. A script Redis lost (a restart,
+    ``SCRIPT FLUSH``) is loaded and its calls run again, in order, one by one."""
+    script = _script(redis)
+    first = next(calls)
+    second = next(calls, None)
+    if second is None:
+        script(keys=keys, args=first)
+        return
+    pool = redis.connection_pool
+    connection = pool.get_connection()
+    sent: list[list[Any]] = []
+    lost: list[list[Any]] = []
+    try:
+        for args in itertools.chain((first, second), calls):
+            connection.send_command(  # type: ignore[no-untyped-call]  # redis-py: untyped
+                # A health check's PING (before the first only) would read a pending reply.
+                *("EVALSHA", script.sha, len(keys), *keys, *args),
+                check_health=not sent,
+            )
+            sent.append(args)
+        for args in sent:
+            try:
+                connection.read_response()
+            except NoScriptError:
+                lost.append(args)
+    except BaseException:
+        # Replies may be left unread on it: never reuse it.
+        connection.disconnect()  # type: ignore[no-untyped-call]  # redis-py: untyped
+        raise
+    finally:
+        pool.release(connection)
+    for args in lost:
+        script(keys=keys, args=args)
 
-    ``zlib.compress`` sets up a 32 KB window and 128 KB of state on every call, which took
-    longer than compressing a message (about 6x): a 4 KB window and the fastest level compress
-    a message as small (within a few bytes) in an eighth of the time.
+
+def _data(data: bytes) -> bytes:
+    """A job hash's ``data`` field: ``data`` itself up to ``COMPRESS_ABOVE`` bytes, else as a
+    zlib stream (RQ reads both back).
+
+    A usual message (a signed envelope of some 450 bytes, which its run and correlation ids
+    and its signature make nearly incompressible) shrank by a third and cost more CPU than
+    anything else in its push: a compressor's setup and flush, 7 % of a bulk enqueue's
+    time by profile (bench/README.md, "`enqueue_many` at 10,000 runs/s"). ``zlib.compress``
+    sets up a 32 KB window and 128 KB of state on every call; a 4 KB window and the fastest
+    level compress a message as small (within a few bytes) in an eighth of the time.
     """
+    if len(data) <= COMPRESS_ABOVE:
+        return data
     compressor = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WINDOW_BITS, _MEMORY_LEVEL)
     return compressor.compress(data) + compressor.flush()
 
 
+# Bytes of job data stored as they are: a queued message's hash is some 170 bytes bigger in
+# Redis than compressed (about 100 MB more for a backlog of 600,000 usual messages).
+COMPRESS_ABOVE = 1024
 _LEVEL, _WINDOW_BITS, _MEMORY_LEVEL = 1, 12, 4
 
 # KEYS: RQ's set of queues, the queue's list, its doorbell. ARGV: the job hash prefix, the

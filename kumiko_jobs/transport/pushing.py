@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from rq import RateLimit
 
 from ..core import conf
-from .job_hashes import push_batch
+from .job_hashes import push_slices
 from .queues import Message, delayed_set, get_queue
 from .rq_job import RUNNER
 
@@ -60,14 +60,13 @@ def push_many(messages: Iterable[Message]) -> None:
         else:
             batches.setdefault(msg.queue, []).append(msg)
     for queue_name, batch in batches.items():
-        queue = get_queue(queue_name)
-        for start in range(0, len(batch), _PIPELINE_MESSAGES):
-            push_batch(
-                queue,
-                batch[start : start + _PIPELINE_MESSAGES],
-                settings.RESULT_TTL,
-                settings.FAILURE_TTL,
-            )
+        push_slices(
+            get_queue(queue_name),
+            batch,
+            settings.RESULT_TTL,
+            settings.FAILURE_TTL,
+            _PIPELINE_MESSAGES,
+        )
 
 
 def _push_delayed(msg: Message, result_ttl: int) -> None:

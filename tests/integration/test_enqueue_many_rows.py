@@ -83,3 +83,82 @@ def test_a_bad_item_in_the_last_chunk_writes_nothing_and_loses_nothing(tenants, 
     assert transport.queue_length("default") == 1
     work()
     assert [p.tag for p in probes("t1")] == ["before"]
+
+
+@pytest.mark.parametrize(
+    ("job", "items"),
+    [
+        (jobs.probe.using(priority=3), [{"tag": f"m{i}"} for i in range(3)]),
+        (jobs.tenant_rate_probe, [{"tag": "r0"}, {"tag": "r1"}]),
+        (jobs.per_account, [{"account": f"acct{i}", "tag": f"p{i}"} for i in range(3)]),
+    ],
+    ids=["priority", "tenant-rate", "rate-limit-by"],
+)
+def test_each_message_is_message_fors(tenants, job, items):
+    """The fields a bulk call's messages share are taken from its first message
+    (messages.sibling_message): each is still what message_for makes for its item, the
+    windows an item's own argument chooses (rate_limit_by) included."""
+    from kumiko_jobs.enqueueing.messages import message_for
+
+    with transaction.atomic():
+        handles = job.enqueue_many(items, tenant="t2")
+    queue = transport.get_queue("default")
+    metas = []
+    for handle in handles:
+        rq_job = queue.fetch_job(f"kj-{handle.run_id}-a1-d0-g0")
+        assert rq_job is not None
+        env = decode(rq_job.args[0])
+        expected = message_for(job, env, 0.0)
+        assert rq_job.meta == expected.meta and rq_job.timeout == expected.timeout
+        metas.append(rq_job.meta)
+    rates = {str(m["kumiko_fair"][4:]) for m in metas}
+    assert len(rates) == (len(items) if job is jobs.per_account else 1)
+
+
+def test_a_bad_item_mid_copy_outside_a_transaction_writes_nothing(tenants, monkeypatch):
+    """The rows stream into COPY as they are made (bulk._copied): a refusal after whole
+    chunks were copied, with no transaction of the caller's around it, takes them all back,
+    and the connection serves the next enqueue."""
+    monkeypatch.setattr(bulk_rows, "COPY_CHUNK", 2)
+    items: list[dict[str, Any]] = [{"tag": f"m{i}"} for i in range(5)] + [{"tag": object()}]
+    with pytest.raises(InvalidJob, match=r"item 5: "):
+        jobs.probe.enqueue_many(items, tenant="t1")
+    assert JobRun.objects.count() == 0 and transport.queue_length("default") == 0
+    jobs.probe.enqueue_many([{"tag": "after"}], tenant="t1")
+    work()
+    assert [p.tag for p in probes("t1")] == ["after"]
+
+
+_weights_asked: list[str] = []
+
+
+def weight_from_the_database(schema: str) -> float:
+    """TENANT_WEIGHT for the test below: asks PostgreSQL, as a project's callable may."""
+    from example_project.customers.models import Client
+
+    _weights_asked.append(schema)
+    return 2.0 if Client.objects.filter(schema_name=schema).exists() else 1.0
+
+
+@pytest.mark.parametrize(
+    ("job", "items", "asked"),
+    [
+        (jobs.probe, [{"tag": f"w{i}"} for i in range(4)], 1),
+        (jobs.per_account, [{"account": f"a{i}", "tag": f"w{i}"} for i in range(4)], 4),
+    ],
+    ids=["shared-fields-streamed", "per-item-fields-made-first"],
+)
+def test_a_weight_callable_that_queries_runs_outside_the_copy(tenants, job, items, asked):
+    """A project's TENANT_WEIGHT may query the database: it is called for the first item only
+    when the call's runs share their fields, and for every item, all before the COPY, when an
+    item's arguments choose them (a query during a COPY would fail)."""
+    from django.conf import settings
+    from django.test import override_settings
+
+    _weights_asked.clear()
+    path = f"{__name__}.weight_from_the_database"
+    weighted = override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "TENANT_WEIGHT": path})
+    with weighted, transaction.atomic():
+        handles = job.enqueue_many(items, tenant="t1")
+    assert len(handles) == len(items) == JobRun.objects.count()
+    assert _weights_asked == ["t1"] * asked
