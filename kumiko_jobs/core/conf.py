@@ -105,7 +105,7 @@ class KumikoSettings:
     HISTORY_SYNCHRONOUS_COMMIT: bool = True
     # The start and finish of every run as prepared statements on the project's connection
     # (history/prepared.py), with DB_ROLES on only. Off behind a transaction pooler that does not
-    # keep prepared statements (PgBouncer before 1.21, or max_prepared_statements = 0).
+    # keep them (PgBouncer before 1.22, or max_prepared_statements = 0).
     HISTORY_PREPARED_STATEMENTS: bool = True
     PUSH_FAILURE_PAUSE: int = 5
     # Seconds past its due time a scheduled message (retry, enqueue_in, deferral, cron tick)

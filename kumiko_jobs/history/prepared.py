@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
-from psycopg.abc import Params, Query
+from psycopg.abc import Params, QueryNoTemplate
 from psycopg.pq import Format
 
 from ..core import conf, session
@@ -56,9 +56,10 @@ _RESHAPED = "cached plan must not change result type"  # feature_not_supported, 
 class PreparingCursor(psycopg.Cursor[Any]):
     """A server-side-binding cursor whose every statement is prepared (psycopg's cache)."""
 
-    def execute(
+    # One signature for psycopg's overloads (Django passes a str and a parameter list).
+    def execute(  # type: ignore[override]
         self,
-        query: Query,
+        query: QueryNoTemplate,
         params: Params | None = None,
         *,
         prepare: bool | None = None,

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
 from kumiko_jobs.history import prepared
