@@ -12,6 +12,7 @@ the run's tenant together) and one at the end (the attempt row and the run's out
 together), each its own implicit transaction. The rarer paths around them (a message the start
 did not take, a finish with more to write than its two rows) are ORM writes in ``transitions``,
 which is the only caller of the writes here: the run side reaches the history's rows through it.
+With ``DB_ROLES`` on, the start and the finish are sent as prepared statements (``prepared``).
 
 The start always commits asynchronously (``set_config('synchronous_commit', 'off', true)``
 inside the statement, so it applies to that one transaction and never to the job's own): it does
