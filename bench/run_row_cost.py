@@ -1,7 +1,7 @@
 """What PostgreSQL spends on a run's start and finish statements (bench/README.md, "2026-12-06").
 
     python -m bench.run_row_cost RUNS LABEL [--database=NAME] [--async-start] [--all-async]
-                                 [--prepared] [--ddl=SQL ...]
+                                 [--prepared] [--deallocate-each-run] [--ddl=SQL ...]
 
 A replay, not the worker: in a database that holds kumiko's run tables (one kept by
 ``bench.throughput --keep-database``, or a copy of its four tables: ``pg_dump -s -t
@@ -15,7 +15,11 @@ this machine and be readable), the wall clock, and from ``EXPLAIN (ANALYZE, BUFF
 ten more runs the planning and execution time and the WAL records and bytes of each statement.
 ``--ddl=SQL`` runs SQL first (an index to try); ``--async-start`` sends the start with
 ``synchronous_commit = off``, ``--all-async`` both; ``--prepared`` binds on the server and
-prepares both statements. It destroys the runs of the database it is given.
+prepares both statements (psycopg's ``prepare=True``, as ``kumiko_jobs/history/prepared.py``
+does); ``--deallocate-each-run`` sends ``DEALLOCATE ALL`` (as a simple query, as the session
+reset does) after each run's start, where ``DB_ROLES`` off resets the history's connection, so
+that a prepared start and finish are prepared again for every run. It destroys the runs of the
+database it is given.
 """
 
 from __future__ import annotations
@@ -53,9 +57,11 @@ def main() -> None:
     )
     async_start = "--async-start" in sys.argv
     all_async = "--all-async" in sys.argv
+    deallocate = "--deallocate-each-run" in sys.argv
     with psycopg.connect(DSN.format(database=database), autocommit=True) as conn:
         prepared = "--prepared" in sys.argv
         cur = conn.cursor() if prepared else psycopg.ClientCursor(conn)
+        reset = psycopg.ClientCursor(conn)
         for ddl in [a for a in sys.argv if a.startswith("--ddl=")]:
             cur.execute(ddl[6:])
         cur.execute("TRUNCATE kumiko_jobs_jobattempt, kumiko_jobs_jobrun CASCADE")
@@ -94,6 +100,8 @@ def main() -> None:
             else:
                 cur.execute(START, {"id": rid, "t": t}, prepare=prepared or None)
             cur.fetchone()
+            if deallocate:  # the body's reset sits between the start and the finish
+                reset.execute("DEALLOCATE ALL")
             b = time.perf_counter()
             cur.execute(FINISH, {"id": rid, "t": t}, prepare=prepared or None)
             c = time.perf_counter()
@@ -108,6 +116,8 @@ def main() -> None:
         "wall_ms_per_run": round(wall / n * 1000, 3),
         "start_p50_ms": round(statistics.median(starts) * 1000, 3),
         "finish_p50_ms": round(statistics.median(finishes) * 1000, 3),
+        "prepared": prepared,
+        "deallocate_each_run": deallocate,
     }
     for name, ps in plans.items():
         out[f"{name}_plan_ms"] = round(statistics.median(p["Planning Time"] for p in ps), 3)

@@ -103,6 +103,10 @@ class KumikoSettings:
     MAINTENANCE_INTERVAL: int = 10
     RELAY_GRACE: int = 30
     HISTORY_SYNCHRONOUS_COMMIT: bool = True
+    # The start and finish of every run as prepared statements on the project's connection
+    # (history/prepared.py), with DB_ROLES on only. Off behind a transaction pooler that does not
+    # keep them (PgBouncer before 1.22, or max_prepared_statements = 0).
+    HISTORY_PREPARED_STATEMENTS: bool = True
     PUSH_FAILURE_PAUSE: int = 5
     # Seconds past its due time a scheduled message (retry, enqueue_in, deferral, cron tick)
     # may wait before the worker log, the admin and check W003 say that no scheduler moves it

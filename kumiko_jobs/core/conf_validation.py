@@ -70,7 +70,12 @@ _NON_NEGATIVE_INTS = (
     "PROGRESS_INTERVAL",
     "ADMIN_STATEMENT_TIMEOUT_MS",
 )
-_BOOLEANS = ("HOUSEKEEPING", "HISTORY_SYNCHRONOUS_COMMIT", "DB_ROLES")
+_BOOLEANS = (
+    "HOUSEKEEPING",
+    "HISTORY_SYNCHRONOUS_COMMIT",
+    "HISTORY_PREPARED_STATEMENTS",
+    "DB_ROLES",
+)
 
 # Settings in seconds that take fractions: (lowest, highest, what the default is and does).
 _SECONDS: dict[str, tuple[float, float, str]] = {

@@ -48,6 +48,19 @@ def check_db_roles(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                     id="kumiko_jobs.W004",
                 )
             )
+            if settings.HISTORY_PREPARED_STATEMENTS:
+                found.append(
+                    checks.Warning(
+                        "KUMIKO_JOBS['DB_POOLER'] is 'transaction' and "
+                        "HISTORY_PREPARED_STATEMENTS is on: every run's start and finish are "
+                        "prepared statements on the project's connection, which the pooler "
+                        "must keep per client.",
+                        hint="Use PgBouncer 1.22 or later with max_prepared_statements above 0 "
+                        "(then silence this check), or set KUMIKO_JOBS["
+                        "'HISTORY_PREPARED_STATEMENTS'] = False (docs/settings.md).",
+                        id="kumiko_jobs.W009",
+                    )
+                )
     if not settings.DB_ROLES:
         if project_settings.debug() or settings.DB_GUARD == "off":
             return found

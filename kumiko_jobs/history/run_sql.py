@@ -12,6 +12,7 @@ the run's tenant together) and one at the end (the attempt row and the run's out
 together), each its own implicit transaction. The rarer paths around them (a message the start
 did not take, a finish with more to write than its two rows) are ORM writes in ``transitions``,
 which is the only caller of the writes here: the run side reaches the history's rows through it.
+With ``DB_ROLES`` on, the start and the finish are sent as prepared statements (``prepared``).
 
 The start always commits asynchronously (``set_config('synchronous_commit', 'off', true)``
 inside the statement, so it applies to that one transaction and never to the job's own): it does
@@ -41,6 +42,7 @@ from django_tenants.utils import get_tenant_model
 from ..core import conf, project_settings, session
 from ..core.db import ATOMIC_FUNCTION
 from ..models import JobAttempt, JobFailure, JobRun, RunStatus
+from . import prepared
 
 
 @contextmanager
@@ -216,14 +218,12 @@ def start(
         gate_defers,
         schema,
     ]
-    with public_cursor() as cursor:
-        # Asynchronous whatever HISTORY_SYNCHRONOUS_COMMIT says: the next synchronous commit
-        # anywhere on the server (the body's own, the finish's) flushes the WAL up to and past
-        # it, and a start lost with the server's last fraction of a second leaves the run
-        # queued for the relay to push again (docs/reliability.md, "A PostgreSQL crash and
-        # asynchronous history commits"). It saves a WAL flush per run.
-        cursor.execute(_start_sql(_ASYNCHRONOUS), params)
-        row = cursor.fetchone()
+    # Asynchronous whatever HISTORY_SYNCHRONOUS_COMMIT says: the next synchronous commit
+    # anywhere on the server (the body's own, the finish's) flushes the WAL up to and past
+    # it, and a start lost with the server's last fraction of a second leaves the run
+    # queued for the relay to push again (docs/reliability.md, "A PostgreSQL crash and
+    # asynchronous history commits"). It saves a WAL flush per run.
+    row = prepared.execute(public_cursor, _start_sql(_ASYNCHRONOUS), params, fetch=True)
     return Started(updated=bool(row[0]), tenant=_tenant_from(row[2:]), workflow_id=row[1])
 
 
@@ -309,8 +309,7 @@ def finish(
     params += list(clear_failure or ())
     params += [f.get_db_prep_save(run_update[f.name], connection) for f in statement.run_fields]
     params.append(uuid.UUID(run_id))
-    with public_cursor() as cursor:
-        cursor.execute(statement.sql, params)
+    prepared.execute(public_cursor, statement.sql, params, fetch=False)
 
 
 def write_progress(

@@ -122,8 +122,28 @@ def test_transaction_pooling_is_refused_without_roles_and_warned_with_them():
         "kumiko_jobs.E013",
         "kumiko_jobs.W005",
     ]
-    assert _ids(DB_ROLES=True, DB_POOLER="transaction") == ["kumiko_jobs.W004"]
+    assert _ids(DB_ROLES=True, DB_POOLER="transaction", HISTORY_PREPARED_STATEMENTS=False) == [
+        "kumiko_jobs.W004"
+    ]
     assert _ids(DB_ROLES=True, DB_POOLER="session") == []
+
+
+def test_transaction_pooling_with_prepared_history_statements_names_the_setting():
+    """The history's prepared statements need a pooler that keeps them (W009, naming the
+    setting that turns them off); a session pooler or a direct connection keeps them anyway."""
+    assert _ids(DB_ROLES=True, DB_POOLER="transaction") == [
+        "kumiko_jobs.W004",
+        "kumiko_jobs.W009",
+    ]
+    with override_settings(
+        KUMIKO_JOBS={"DB_GUARD": "enforce", "DB_ROLES": True, "DB_POOLER": "transaction"},
+        DEBUG=False,
+    ):
+        (warning,) = [m for m in checks.check_db_roles() if m.id == "kumiko_jobs.W009"]
+    assert "HISTORY_PREPARED_STATEMENTS" in str(warning.hint)
+    assert "max_prepared_statements" in str(warning.hint)
+    assert _ids(DB_ROLES=True, DB_POOLER="session") == []
+    assert _ids(DB_ROLES=True, DB_POOLER=None) == []
 
 
 def test_the_roles_check_needs_the_database_and_is_silent_without_it():
