@@ -1,12 +1,14 @@
-"""Fixtures shared by the two-walls suites (test_db_roles*.py); modules with a guard_data of
-their own (the classifier's suites) keep theirs."""
+"""Fixtures shared by the two-walls suites (test_db_roles*.py; modules with a guard_data of
+their own, the classifier's suites, keep theirs) and by the chaos suites (``procs``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.chaos.workers import Processes
 from tests.guardapp import support
 
 
@@ -26,3 +28,12 @@ def observer() -> Iterator[support.Observer]:
     seen = support.Observer()
     yield seen
     seen.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """The test's worker and scheduler processes (tests/chaos/workers.py), all stopped at its
+    end whatever it left running."""
+    pool = Processes(tmp_path)
+    yield pool
+    pool.stop_all()

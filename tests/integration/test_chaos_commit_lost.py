@@ -17,7 +17,6 @@ test's own process talks to PostgreSQL directly. Nothing is mocked.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -33,13 +32,6 @@ from tests.testapp import jobs
 pytestmark = pytest.mark.usefixtures("live_db")
 
 TAG = "commit-reply-lost"
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    pool = Processes(tmp_path)
-    yield pool
-    pool.stop_all()
 
 
 @pytest.fixture

@@ -27,7 +27,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -44,13 +43,6 @@ pytestmark = pytest.mark.usefixtures("live_db")
 JOB = "chaos_cron.every_second"  # registered in the scheduler processes only
 SECONDS = float(os.environ.get("KUMIKO_CHAOS_CRON_SECONDS", "20"))
 ENV = {"DJANGO_SETTINGS_MODULE": "tests.chaos.settings", "KUMIKO_CHAOS_EVERY_SECOND": "1"}
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    pool = Processes(tmp_path)
-    yield pool
-    pool.stop_all()
 
 
 def _live(redis_conn: object) -> int:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,13 +29,6 @@ from tests.integration.test_chaos_postgres import SCHEMAS, _check_effects, _unfi
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    pool = Processes(tmp_path)
-    yield pool
-    pool.stop_all()
 
 
 @pytest.fixture

@@ -40,13 +40,6 @@ SCHEMAS = ("t1", "t2", "t3")
 RUNS = 60  # per variant
 
 
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    pool = Processes(tmp_path)
-    yield pool
-    pool.stop_all()
-
-
 def _admin() -> psycopg.Connection[Any]:
     s = connection.settings_dict
     return psycopg.connect(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -29,13 +28,6 @@ from tests.conftest import probes, worker_env
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    pool = Processes(tmp_path)
-    yield pool
-    pool.stop_all()
 
 
 @pytest.fixture

@@ -63,7 +63,6 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any, LiteralString
 
 import psycopg
@@ -107,13 +106,6 @@ def pair(tenants: dict[str, Any]) -> Iterator[tuple[OwnPostgres, OwnPostgres]]:
         for server in (replica, primary):
             if server is not None:
                 server.close()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    pool = Processes(tmp_path)
-    yield pool
-    pool.stop_all()
 
 
 def _raw(server: OwnPostgres, port: int | None = None) -> psycopg.Connection[Any]:
