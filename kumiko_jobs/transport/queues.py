@@ -24,6 +24,7 @@ from rq.serializers import JSONSerializer
 
 from ..core import conf
 from . import fair
+from .cuts import through_cuts
 from .keys import BOOT_DATASET_KEY
 from .rq_job import JsonJob
 
@@ -129,12 +130,21 @@ def connection_for(queue: str) -> Redis:
 
 def boot_dataset_token(candidate: str) -> str:
     """The token of this Redis dataset for the boot jobs (worker/boot.py), set to ``candidate``
-    first if it has none (one round trip): it identifies the dataset until it is flushed."""
+    first if it has none (one round trip): it identifies the dataset until it is flushed.
+
+    Read when a worker starts, outside RQ's loop: a cut connection is tried again
+    (``cuts.through_cuts``) rather than ending the worker. Repeating it is safe: a try whose
+    reply was lost set the token, and the next one reads it (``SET NX`` leaves it as it is).
+    """
     redis = get_queue(conf.get().DEFAULT_QUEUE).connection
-    with redis.pipeline(transaction=True) as pipe:
-        pipe.set(BOOT_DATASET_KEY, candidate, nx=True)
-        pipe.get(BOOT_DATASET_KEY)
-        _, value = pipe.execute()
+
+    def set_and_read() -> Any:
+        with redis.pipeline(transaction=True) as pipe:
+            pipe.set(BOOT_DATASET_KEY, candidate, nx=True)
+            pipe.get(BOOT_DATASET_KEY)
+            return pipe.execute()[1]
+
+    value = through_cuts(set_and_read, "reading the boot jobs' dataset token", f"pid {os.getpid()}")
     return value.decode() if isinstance(value, bytes) else str(value)
 
 

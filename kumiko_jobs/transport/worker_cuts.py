@@ -10,8 +10,9 @@ that django-rq builds from a ``URL`` retries nothing (redis-py's connections get
 exited 1 with only "Connection closed by server." to say why (the long soak: 35 workers, most
 of them just started again, a few stopping).
 
-Now each of those calls is tried ``TRIES`` times with a doubling pause (0.25 s to 4 s: about 8
-s in all), then the worker exits with a line that says what failed and for how long. A
+Now each of those calls goes through ``cuts.through_cuts`` (as does the boot jobs' dataset
+token, ``queues.boot_dataset_token``): tried ``TRIES`` times with a doubling pause, then the
+worker exits with a line that says what failed and for how long. A
 registration whose reply was lost had been applied: the next try finds the worker's own hash
 (same host, pid and birth) and replaces it, where RQ would refuse it as another worker of the
 same name. A shutdown request's date is RQ's bookkeeping: when it cannot be written, the
@@ -21,51 +22,14 @@ request still stands (it is in the process), and the handler does not wait for R
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq.utils import utcformat
 
+from .cuts import CUT, through_cuts
 from .worker_commands import mark_kumiko_worker
 
 logger = logging.getLogger("kumiko_jobs.worker")
-
-TRIES = 6  # the first included
-FIRST_PAUSE = 0.25  # seconds before the second try, doubled before each next one
-_CUT = (RedisConnectionError, RedisTimeoutError)
-
-
-def through_cuts(call: Callable[[], None], what: str, worker: str) -> None:
-    """``call()``, tried again after a lost connection (``TRIES`` in all, pauses doubling from
-    ``FIRST_PAUSE``); the last try's error is raised after a line saying what failed."""
-    pause, started = FIRST_PAUSE, time.monotonic()
-    for tries_left in range(TRIES - 1, -1, -1):
-        try:
-            call()
-            return
-        except _CUT as exc:
-            if tries_left == 0:
-                logger.error(
-                    "worker %s: Redis unreachable while %s (%d tries in %.1f s: %s); exiting",
-                    worker,
-                    what,
-                    TRIES,
-                    time.monotonic() - started,
-                    exc,
-                )
-                raise
-            logger.warning(
-                "worker %s: lost Redis while %s (%s); trying again in %.2f s",
-                worker,
-                what,
-                exc,
-                pause,
-            )
-            time.sleep(pause)
-            pause *= 2
 
 
 class RidesOutCuts:
@@ -83,7 +47,7 @@ class RidesOutCuts:
     def _set_ip_address(self, connection: Any) -> None:
         """RQ's ``CLIENT SETNAME``/``CLIENT INFO`` when the worker is made, through cuts."""
         parent = super()._set_ip_address  # type: ignore[misc]
-        through_cuts(lambda: parent(connection), "naming its connection", self.name)
+        through_cuts(lambda: parent(connection), "naming its connection", f"worker {self.name}")
 
     def register_birth(self) -> None:
         """RQ's registration and the kumiko mark in its hash (by which liveness tells a kumiko
@@ -98,7 +62,7 @@ class RidesOutCuts:
             mark_kumiko_worker(self.connection, self.key)
 
         try:
-            through_cuts(register, "registering", self.name)
+            through_cuts(register, "registering", f"worker {self.name}")
         finally:
             self._birth_tried = False
 
@@ -122,14 +86,14 @@ class RidesOutCuts:
                 earlier.close()
             parent()
 
-        through_cuts(subscribe, "subscribing to its command channel", self.name)
+        through_cuts(subscribe, "subscribing to its command channel", f"worker {self.name}")
 
     def set_shutdown_requested_date(self) -> None:
         """RQ's note of a warm shutdown request (from the signal handler): skipped, with a line,
         when Redis is away; the request itself stands."""
         try:
             super().set_shutdown_requested_date()  # type: ignore[misc]
-        except _CUT as exc:
+        except CUT as exc:
             logger.warning(
                 "worker %s: could not note its shutdown request in Redis (%s); stopping anyway",
                 self.name,

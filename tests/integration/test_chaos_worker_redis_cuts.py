@@ -24,7 +24,7 @@ from django.conf import settings
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from tests.chaos.proxy import Proxy
 from tests.chaos.workers import Processes
-from tests.conftest import probes, worker_env
+from tests.conftest import TENANTS, probes, worker_env
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -38,8 +38,8 @@ def redis_proxy() -> Iterator[Proxy]:
     proxy.close()
 
 
-def _redis_through(proxy: Proxy) -> dict[str, str]:
-    env = worker_env()
+def _redis_through(proxy: Proxy, **extra: str) -> dict[str, str]:
+    env = {**worker_env(), **extra}
     url = urlsplit(env["REDIS_URL"])
     env["REDIS_URL"] = urlunsplit(url._replace(netloc=proxy.url_netloc()))
     return env
@@ -98,3 +98,49 @@ def test_a_worker_stopping_rides_out_a_cut(tenants: dict[str, Any], procs: Proce
     assert [p.attempt for p in probes("t1")] == [1]
     assert returncode == 0, log
     assert "could not note its shutdown request" in log
+
+
+def test_a_worker_with_a_boot_job_rides_out_a_cut_token(
+    tenants: dict[str, Any], procs: Processes, redis_proxy
+):
+    """The boot jobs' dataset token (a worker with a ``run_on_boot`` job reads it when it
+    starts) has its reply cut: the worker reads it again and starts, and the boot job runs
+    once in every tenant (the lost try had set the token; the next one reads the same)."""
+    redis_proxy.cut_reply(after=b"kumiko_jobs:boot:dataset", reply=b"")
+    # tests/testapp/jobs.py declares `testapp.booted` (run_on_boot, per tenant) only then.
+    worker = procs.start(env=_redis_through(redis_proxy, KUMIKO_TEST_BOOT_JOB="1"))
+
+    def booted_everywhere() -> bool:
+        return worker.poll() is not None or all(
+            [p.tag for p in probes(schema)] == ["booted"] for schema in TENANTS
+        )
+
+    procs.wait_for("the boot job in every tenant, or the worker's exit", booted_everywhere)
+    log = procs.log_of(worker)
+    assert worker.poll() is None, f"the worker exited {worker.returncode}:\n{log}"
+    assert redis_proxy.replies_cut == 1, log
+    assert "lost Redis while reading the boot jobs' dataset token" in log, log
+    parents = JobRun.objects.filter(job_name="testapp.booted", schema_name="")
+    assert parents.count() == 1, log
+
+
+def test_rqscheduler_starting_rides_out_a_cut(
+    tenants: dict[str, Any], procs: Processes, redis_proxy
+):
+    """``rqscheduler``'s registration has its reply cut as it starts: the scheduler registers
+    again (its own lost registration is not taken for another live scheduler) and moves a
+    delayed message when it falls due."""
+    from kumiko_jobs import transport
+
+    redis_proxy.cut_reply(after=b"rq:scheduler_instance", reply=b"")
+    waiting = jobs.probe.enqueue_in(1, tenant="t1", tag="moved-after-a-cut")
+    scheduler = procs.start("rqscheduler", "--interval", "1", env=_redis_through(redis_proxy))
+
+    def moved() -> bool:
+        return scheduler.poll() is not None or transport.queue_length("default") == 1
+
+    procs.wait_for("the delayed message on the queue, or the scheduler's exit", moved)
+    log = procs.log_of(scheduler)
+    assert scheduler.poll() is None, f"rqscheduler exited {scheduler.returncode}:\n{log}"
+    assert redis_proxy.replies_cut == 1, log
+    assert JobRun.objects.get(pk=waiting.run_id).status == RunStatus.QUEUED, log

@@ -539,3 +539,12 @@ def atomic_then_session_lost(ctx, *, tag: str, dsn: str) -> None:
         pid = connection.connection.info.backend_pid
         with psycopg.connect(dsn, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s, 30000)", [pid])
+
+
+if os.environ.get("KUMIKO_TEST_BOOT_JOB") == "1":
+    # Only in the worker processes of tests/integration/test_chaos_worker_redis_cuts.py: a
+    # worker with a boot job reads the Redis dataset's token when it starts.
+
+    @job(per_tenant=True, run_on_boot=True)
+    def booted(ctx) -> None:
+        _probe(ctx, "booted")
