@@ -15,7 +15,8 @@ against 9,000 to 10,000 backlogged buckets the whole time (the fair dequeue take
 of each tenant in turn). Printed per round: runs/s of each, the ratio many/one (target >= 0.95),
 and the Redis round trips per message (commands plus pipelines, this process's, i.e. the worker's;
 target 3, as tests/integration/test_worker_round_trips.py counts them), SQL statements per
-run, and CPU per run of the worker (this process) and of PostgreSQL's backends: on a loaded
+run, and CPU per run of the worker (this process), of PostgreSQL's backends and of the Redis server
+(``INFO cpu``: the whole server's, so only meaningful when nothing else uses it): on a loaded
 machine the wall-clock rates wander, and the CPU figures say where a difference comes from.
 The rounds alternate one/many so that a change of the machine's load hits both.
 
@@ -126,12 +127,21 @@ def enqueue_backlog(tenants: Sequence[Any], per_tenant: int, total: int) -> None
                     bench_write.enqueue_many([{"n": round_}], tenant=tenant)
 
 
+def redis_cpu_seconds(connection: Any) -> float:
+    """The Redis server's CPU seconds so far (``INFO cpu``: its main thread and the rest).
+    The whole server's, every client's and database's: only a quiet server makes the
+    difference of two readings this bench's."""
+    info = connection.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def drain(measure: int) -> tuple[float, dict[str, float]]:
-    """Drain ``measure`` runs; the seconds, and the round trips, this process's CPU seconds
-    and PostgreSQL's backends' CPU seconds (None: not readable) meanwhile."""
+    """Drain ``measure`` runs; the seconds, and the round trips, this process's CPU seconds,
+    PostgreSQL's backends' CPU seconds (None: not readable) and the Redis server's meanwhile."""
     queue = kumiko_queue()
     worker = _kumiko_worker()([queue], connection=queue.connection, serializer=queue.serializer)
     backend = _backend_cpu_seconds()
+    redis_before = redis_cpu_seconds(queue.connection)
     with counting_round_trips() as counts:
         started, cpu = time.perf_counter(), time.process_time()
         worker.work(burst=True, logging_level="WARNING", max_jobs=measure)
@@ -139,6 +149,7 @@ def drain(measure: int) -> tuple[float, dict[str, float]]:
     after = _backend_cpu_seconds()
     out: dict[str, float] = {**counts, "cpu": cpu}
     out["db_cpu"] = after - backend if after is not None and backend is not None else -1.0
+    out["redis_cpu"] = redis_cpu_seconds(queue.connection) - redis_before
     return seconds, out
 
 
@@ -172,12 +183,14 @@ def one_case(
         "sql": counts["sql"] / measure,
         "cpu_ms": 1000 * counts["cpu"] / measure,
         "db_cpu_ms": 1000 * counts["db_cpu"] / measure,
+        "redis_cpu_ms": 1000 * counts["redis_cpu"] / measure,
         "backlogged_after": backlog,
     }
     print(
         f"  {name:>4}: {result['rate']:7.1f} runs/s  {result['redis']:.2f} Redis round trips/msg"
         f"  {result['sql']:.2f} SQL/run  CPU/run: worker {result['cpu_ms']:.2f} ms, PostgreSQL"
-        f" {result['db_cpu_ms']:.2f} ms  ({backlog} tenants still backlogged after;"
+        f" {result['db_cpu_ms']:.2f} ms, Redis {result['redis_cpu_ms']:.3f} ms"
+        f"  ({backlog} tenants still backlogged after;"
         f" load {os.getloadavg()[0]:.2f})",
         flush=True,
     )
@@ -249,7 +262,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"worker {statistics.median(r['cpu_ms'] for r in results['one']):.2f} / "
             f"{statistics.median(r['cpu_ms'] for r in results['many']):.2f} ms, PostgreSQL "
             f"{statistics.median(r['db_cpu_ms'] for r in results['one']):.2f} / "
-            f"{statistics.median(r['db_cpu_ms'] for r in results['many']):.2f} ms (one / many)"
+            f"{statistics.median(r['db_cpu_ms'] for r in results['many']):.2f} ms, Redis "
+            f"{statistics.median(r['redis_cpu_ms'] for r in results['one']):.3f} / "
+            f"{statistics.median(r['redis_cpu_ms'] for r in results['many']):.3f} ms (one / many)"
         )
         if results["fifo"]:
             fair_over_fifo = [
@@ -261,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{statistics.median(fair_over_fifo):.3f} (per round "
                 f"{', '.join(f'{r:.3f}' for r in fair_over_fifo)}); CPU/run worker "
                 f"{statistics.median(r['cpu_ms'] for r in results['fifo']):.2f} ms, PostgreSQL "
-                f"{statistics.median(r['db_cpu_ms'] for r in results['fifo']):.2f} ms"
+                f"{statistics.median(r['db_cpu_ms'] for r in results['fifo']):.2f} ms, Redis "
+                f"{statistics.median(r['redis_cpu_ms'] for r in results['fifo']):.3f} ms"
             )
     finally:
         clean_up(admin_url, args.database, keep_database=False)
