@@ -18,8 +18,8 @@ from kumiko_jobs.models import RunStatus
 from tests.browser.test_admin_browser import CHROMIUM, SCREENSHOTS, log_in
 from tests.browser.test_dashboard_browser import server  # noqa: F401  # the served project
 from tests.conftest import start_rqworker, work
+from tests.integration.seed_runs import plant
 from tests.integration.test_dashboard import make_user
-from tests.integration.test_tenant_operate import plant
 from tests.testapp import jobs
 
 pytestmark = [
