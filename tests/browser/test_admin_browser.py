@@ -9,29 +9,21 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kumiko_jobs.models import JobRun, RunStatus
+from tests.browser.support import NEEDS_CHROMIUM, SCREENSHOTS, chromium, log_in
 from tests.conftest import work
-from tests.integration.test_admin import PASSWORD, make_user
+from tests.integration.test_admin import make_user
 from tests.testapp import jobs
 
-CHROMIUM = Path("/usr/bin/chromium")
-SCREENSHOTS = Path("/tmp")
 T1_SECRET = "s3cr3t-browser-t1"
 T2_SECRET = "s3cr3t-browser-t2"
 GERMAN_FAILURE = "Der Testauftrag ist wiederholt fehlgeschlagen und wurde aufgegeben."
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)",
-    ),
-]
+pytestmark = NEEDS_CHROMIUM
 
 
 # The django_db mark makes pytest-django create the test database even when this file runs
@@ -41,24 +33,6 @@ def test_admin_assets_are_found_for_the_test_server():
     from django.contrib.staticfiles import finders
 
     assert finders.find("admin/css/base.css")
-
-
-@pytest.fixture
-def server(live_db: None) -> Iterator[int]:
-    """A real HTTP server in a thread, serving the project and its static files; the port."""
-    from django.contrib.staticfiles.handlers import StaticFilesHandler
-    from django.test.testcases import LiveServerThread
-
-    # Not pytest-django's live_server: it assumes its own database handling, while these tests
-    # need live_db's real commits (the worker and the server threads see the same rows).
-    thread = LiveServerThread("127.0.0.1", StaticFilesHandler)
-    thread.daemon = True
-    thread.start()
-    thread.is_ready.wait(timeout=10)
-    if thread.error:
-        raise thread.error
-    yield thread.port
-    thread.terminate()
 
 
 @pytest.fixture
@@ -80,37 +54,9 @@ def runs(tenants: dict[str, Any]) -> dict[str, JobRun]:
 
 @pytest.fixture
 def browser(runs: dict[str, JobRun], server: int) -> Iterator[Any]:
-    """Chromium, started after the data exists.
-
-    Playwright's sync API runs an event loop in this thread, and Django refuses database
-    calls under a running loop; so every query of the test happens before this fixture.
-    """
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-            ],
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
-
-
-def log_in(page: Any, base: str, username: str) -> None:
-    page.goto(f"{base}/admin/login/?next=/admin/kumiko_jobs/jobrun/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{base}/admin/kumiko_jobs/jobrun/")
+    """Chromium, started after the data exists (tests/browser/support.py)."""
+    with chromium() as launched:
+        yield launched
 
 
 def column(page: Any, name: str) -> list[str]:

@@ -15,36 +15,15 @@ from typing import Any
 import pytest
 
 from kumiko_jobs.models import JobRun, RunStatus
-from tests.browser.test_admin_browser import CHROMIUM, SCREENSHOTS, log_in
+from tests.browser.support import NEEDS_CHROMIUM, SCREENSHOTS, chromium, log_in
 from tests.conftest import start_rqworker, work
 from tests.integration.test_dashboard import make_user
 from tests.testapp import jobs
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)",
-    ),
-]
+pytestmark = NEEDS_CHROMIUM
 
 DASHBOARD = "/admin/kumiko_jobs/jobrun/dashboard/"
 CONSOLE = "/admin/kumiko_jobs/jobrun/console/"
-
-
-@pytest.fixture
-def server(live_db: None) -> Iterator[int]:
-    from django.contrib.staticfiles.handlers import StaticFilesHandler
-    from django.test.testcases import LiveServerThread
-
-    thread = LiveServerThread("127.0.0.1", StaticFilesHandler)
-    thread.daemon = True
-    thread.start()
-    thread.is_ready.wait(timeout=10)
-    if thread.error:
-        raise thread.error
-    yield thread.port
-    thread.terminate()
 
 
 @pytest.fixture
@@ -70,17 +49,9 @@ def history(tenants: dict[str, Any]) -> dict[str, int]:
 
 @pytest.fixture
 def browser(history: dict[str, int], server: int) -> Iterator[Any]:
-    # Every query of the test happens before Playwright's loop runs in this thread.
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    """Chromium, started after the data exists (tests/browser/support.py)."""
+    with chromium() as launched:
+        yield launched
 
 
 def drawn(page: Any, chart: str) -> dict[str, list[float | None]]:

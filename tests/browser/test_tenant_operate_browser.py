@@ -15,20 +15,13 @@ from typing import Any
 import pytest
 
 from kumiko_jobs.models import RunStatus
-from tests.browser.test_admin_browser import CHROMIUM, SCREENSHOTS, log_in
-from tests.browser.test_dashboard_browser import server  # noqa: F401  # the served project
+from tests.browser.support import NEEDS_CHROMIUM, SCREENSHOTS, chromium, log_in
 from tests.conftest import start_rqworker, work
+from tests.integration.seed_runs import plant
 from tests.integration.test_dashboard import make_user
-from tests.integration.test_tenant_operate import plant
 from tests.testapp import jobs
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason="needs Debian's chromium at /usr/bin/chromium (apt-get install chromium)",
-    ),
-]
+pytestmark = NEEDS_CHROMIUM
 
 RUNS = "/admin/kumiko_jobs/jobrun/"
 CONSOLE = f"{RUNS}console/"
@@ -52,22 +45,14 @@ def history(tenants: dict[str, Any]) -> dict[str, str]:
 
 
 @pytest.fixture
-def browser(history: dict[str, str], server: int) -> Iterator[Any]:  # noqa: F811
-    # Every query of the test happens before Playwright's loop runs in this thread.
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"]
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+def browser(history: dict[str, str], server: int) -> Iterator[Any]:
+    """Chromium, started after the data exists (tests/browser/support.py)."""
+    with chromium() as launched:
+        yield launched
 
 
 def test_a_member_retries_from_the_console_and_cancels_from_the_run_page(
-    server: int,  # noqa: F811
+    server: int,
     browser: Any,
     history: dict[str, str],
 ) -> None:

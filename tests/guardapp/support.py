@@ -6,13 +6,16 @@ import contextlib
 import os
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection, connections
 
 from tests.conftest import TENANTS
 
 from .jobs import EXTRA_ALIAS
+
+if TYPE_CHECKING:
+    import psycopg
 
 GUARD_TABLES = ("guardapp_secret", "guardapp_person", "guardapp_finding")
 PLANS = (("basic", "10.00"), ("pro", "25.00"))
@@ -473,8 +476,11 @@ def discard_worker_connections() -> None:
     tenant_connections.close_all()  # the tenant roles' connections (DB_ROLES)
 
 
-def observed(query: str, params: Any = None) -> list[tuple[Any, ...]]:
-    """Rows as a second, independent connection sees them (committed data only)."""
+@contextlib.contextmanager
+def second_connection() -> Iterator[psycopg.Connection[Any]]:
+    """A psycopg connection of the test's own to the test database, from the test settings
+    (autocommit): another session than Django's and the in-process worker's, so it sees and
+    leaves committed data only."""
     import psycopg
 
     s = connection.settings_dict
@@ -486,6 +492,12 @@ def observed(query: str, params: Any = None) -> list[tuple[Any, ...]]:
         port=s["PORT"] or None,
         autocommit=True,
     ) as conn:
+        yield conn
+
+
+def observed(query: str, params: Any = None) -> list[tuple[Any, ...]]:
+    """Rows as a second, independent connection sees them (committed data only)."""
+    with second_connection() as conn:
         return list(conn.execute(query, params).fetchall())
 
 

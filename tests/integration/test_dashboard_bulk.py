@@ -9,7 +9,6 @@ runs the retried runs. ``BATCH_SIZE`` is lowered so that an operation takes seve
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterable
 from datetime import timedelta
 from urllib.parse import urlencode
@@ -23,6 +22,7 @@ from django.utils import timezone
 from kumiko_jobs import bulk, operations
 from kumiko_jobs.models import BulkItem, BulkOperation, BulkState, JobRun, RunStatus
 from tests.conftest import work
+from tests.integration.seed_runs import plant
 from tests.integration.test_dashboard import DATA, client_for, make_user, payload
 from tests.testapp import jobs
 
@@ -51,30 +51,6 @@ def operator() -> Client:
     """An operator who may act on runs: view_all_tenants and change_jobrun, not a superuser."""
     user = make_user("public", "ops", ("view_all_tenants", "view_jobrun", "change_jobrun"))
     return client_for("localhost", "public", user)
-
-
-def plant(
-    schema: str, statuses: Iterable[str], *, minutes_ago: float = 5, error: str = "RuntimeError"
-) -> list[JobRun]:
-    """Runs of ``probe`` as the runner leaves them (arguments a retry can enqueue again)."""
-    when = timezone.now() - timedelta(minutes=minutes_ago)
-    rows = [
-        JobRun(
-            run_id=uuid.uuid4(),
-            job_name=jobs.probe.name,
-            schema_name=schema,
-            status=status,
-            queue="default",
-            attempts=1,
-            payload={"tag": f"bulk-{n}"},
-            queued_at=when - timedelta(seconds=2, milliseconds=n),
-            started_at=when if status != RunStatus.QUEUED else None,
-            finished_at=when if status in (RunStatus.FAILED, RunStatus.SUCCEEDED) else None,
-            error_type=error if status == RunStatus.FAILED else "",
-        )
-        for n, status in enumerate(statuses)
-    ]
-    return JobRun.objects.bulk_create(rows)
 
 
 def confirmation(client: Client, url: str, query: dict[str, str]) -> dict[str, str]:

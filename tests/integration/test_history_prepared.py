@@ -53,15 +53,7 @@ def ours() -> dict[str, tuple[int, int]]:
 
 def elsewhere(statement: str) -> None:
     """A statement from another session (a migration, an operator), committed at once."""
-    s = connection.settings_dict
-    with psycopg.connect(
-        dbname=s["NAME"],
-        user=s["USER"],
-        password=s["PASSWORD"],
-        host=s["HOST"] or None,
-        port=s["PORT"] or None,
-        autocommit=True,
-    ) as conn:
+    with support.second_connection() as conn:
         conn.execute(statement)
 
 

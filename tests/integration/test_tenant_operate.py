@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -30,8 +29,8 @@ from django_tenants.utils import schema_context
 from kumiko_jobs.models import BulkOperation, JobRun, RunStatus
 from kumiko_jobs.transport.keys import CANCEL_KEY
 from tests.conftest import work
+from tests.integration.seed_runs import plant
 from tests.integration.test_dashboard import client_for, make_user
-from tests.testapp import jobs
 from tests.testapp.models import Probe
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -46,27 +45,6 @@ OPERATE = ("view_jobrun", "operate_tenant_runs")
 def _no_operations(live_db: None) -> None:
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE kumiko_jobs_bulkoperation, kumiko_jobs_bulkitem")
-
-
-def plant(schema: str, statuses: Iterable[str]) -> list[JobRun]:
-    """Runs of ``probe`` as the runner leaves them (arguments a retry can enqueue again)."""
-    when = timezone.now() - timedelta(minutes=5)
-    return JobRun.objects.bulk_create(
-        JobRun(
-            run_id=uuid.uuid4(),
-            job_name=jobs.probe.name,
-            schema_name=schema,
-            status=status,
-            queue="default",
-            attempts=0 if status == RunStatus.QUEUED else 1,
-            payload={"tag": f"{schema}-{status}-{n}"},
-            queued_at=when - timedelta(milliseconds=n),
-            started_at=None if status == RunStatus.QUEUED else when,
-            finished_at=when if status == RunStatus.FAILED else None,
-            error_type="RuntimeError" if status == RunStatus.FAILED else "",
-        )
-        for n, status in enumerate(statuses)
-    )
 
 
 def rows() -> dict[Any, tuple[str, Any]]:
