@@ -212,10 +212,14 @@ class RunJobForm(forms.Form):
         tenant; the select offers only tenants, so Django's choice check covered it.
         """
         schema = str(self.cleaned_data.get("tenant") or "").strip()
-        problem = text_problem(schema)
-        if problem:
+        if text_problem(schema):
+            # One sentence for both problems, so that it is whole in every language
+            # (text_problem's phrase is English: the enqueue and the command line use it).
             raise forms.ValidationError(
-                gettext("The schema name %(problem)s.") % {"problem": problem}
+                gettext(
+                    "A schema name cannot contain NUL characters or lone surrogates (text that "
+                    "is not valid Unicode)."
+                )
             )
         if not schema or not self.tenant_as_input:
             return schema

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.utils.translation import gettext
 from django_tenants.utils import get_tenant_model
 
 from .. import transport
@@ -124,11 +125,11 @@ def paused_by_rule(run: JobRun) -> str:
         _cache = (time.monotonic(), rows)
     for queue, job, tenant in rows:
         if queue and queue == run.queue:
-            return f"queue {queue}"
+            return gettext("queue %(queue)s") % {"queue": queue}
         if job and tenant and job == run.job_name and tenant == run.schema_name:
-            return f"{job} in {tenant}"
+            return gettext("%(job)s in %(tenant)s") % {"job": job, "tenant": tenant}
         if job and not tenant and job == run.job_name:
-            return f"job {job}"
+            return gettext("job %(job)s") % {"job": job}
         if tenant and not job and tenant == run.schema_name:
-            return f"tenant {tenant}"
+            return gettext("tenant %(tenant)s") % {"tenant": tenant}
     return ""

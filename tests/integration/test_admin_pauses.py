@@ -26,6 +26,9 @@ def test_an_operator_pauses_and_resumes_a_tenant_from_the_admin(operator, tenant
     assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.QUEUED
     runs = operator.get("/admin/kumiko_jobs/jobrun/").content.decode()
     assert "paused (tenant t1)" in runs
+    # In German the whole phrase is German (the rule's words were English inside it).
+    german = operator.get("/admin/kumiko_jobs/jobrun/", HTTP_ACCEPT_LANGUAGE="de")
+    assert "pausiert (Mandant t1)" in german.content.decode()
 
     response = operator.post(f"{PAGE}{pause.pk}/delete/", {"post": "yes"})
     assert response.status_code == 302
