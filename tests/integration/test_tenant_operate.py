@@ -15,6 +15,7 @@ t2's runs (``test_another_tenants_run_ids_posted_to_this_domain_change_nothing``
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -179,11 +180,14 @@ def test_bulk_controls_stay_the_operators() -> None:
     "select all" of the list's actions (every run the filter matches)."""
     failed = plant("t1", [RunStatus.FAILED] * 2)
     client = member("t1", "t1-operator")
-    for action in ("retry_selected", "cancel_selected"):
-        data = {"action": action, "index": 0, "select_across": "1"}
+    # Django's action form reads any value but "", "0" and "false" as "select all".
+    for action, across in itertools.product(
+        ("retry_selected", "cancel_selected"), ("1", "2", "true", "True", "on")
+    ):
+        data = {"action": action, "index": 0, "select_across": across}
         data["_selected_action"] = [str(failed[0].pk)]
         page = client.post(RUNS, data, follow=True).content.decode()
-        assert "acting on every run the filter matches is for operators" in page
+        assert "acting on every run the filter matches is for operators" in page, across
     assert "bulk/retry" not in client.get(RUNS).content.decode()
     for url in BULK:
         assert client.get(f"{url}?status__exact=failed").status_code == 403
