@@ -798,9 +798,10 @@ def test_a_long_running_worker_carries_nothing_from_one_tenants_run_to_the_next(
     finally:
         proc.terminate()  # a warm shutdown
         out, _ = proc.communicate(timeout=60)
-    assert JobRun.objects.filter(pk__in=[h.run_id for h in good]).exclude(
-        status="succeeded"
-    ).count() == 0, out[-3000:]
+    assert (
+        JobRun.objects.filter(pk__in=[h.run_id for h in good]).exclude(status="succeeded").count()
+        == 0
+    ), out[-3000:]
     assert sum(len(probes(schema)) for schema in TENANTS) == len(good)
     for schema in TENANTS:
         for probe in probes(schema):
