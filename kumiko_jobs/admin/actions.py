@@ -25,7 +25,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import (
@@ -134,7 +134,8 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
         """
         # Every run a filter matches is the operators' bulk control (admin/bulk.py): a
         # tenant's member acts on the runs it ticked, at most a page's worth per request.
-        if request.POST.get("select_across") == "1" and not is_operator_request():
+        across = self.selects_across(request)
+        if across and not is_operator_request():
             self.message_user(
                 request,
                 gettext(
@@ -146,7 +147,7 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
             return None
         # "Select all" acts on every row the filters match, which the list no longer counts
         # beyond its pages: refuse rather than retry or cancel an unknown number of runs.
-        if request.POST.get("select_across") == "1" and too_many_selected(queryset):
+        if across and too_many_selected(queryset):
             self.message_user(
                 request,
                 gettext(
@@ -158,6 +159,18 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
             )
             return None
         return super().response_action(request, queryset, *args, **kwargs)
+
+    def selects_across(self, request: HttpRequest) -> bool:
+        """Whether this action's POST asks for "select all", read as Django's action form reads
+        it (any value but ``""``, ``"0"`` and ``"false"``, so ``"2"`` and ``"true"`` are "select
+        all" too, not ``"1"`` alone). A value the form refuses counts as "select all": refused
+        here rather than acted on."""
+        field = self.action_form.base_fields["select_across"]
+        value = field.widget.value_from_datadict(request.POST, request.FILES, "select_across")
+        try:
+            return bool(field.clean(value))
+        except ValidationError:
+            return True
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """Retry and cancel: operators (``view_all_tenants``) holding the (otherwise unused)

@@ -2,8 +2,10 @@
 
 Adding a row is ``worker.pauses.pause`` and deleting it ``worker.pauses.resume`` (the same
 checks and the same Redis writes as ``manage.py kumiko_jobs pause|resume``), so the dequeue
-sees the change at once. Operators only: a tenant's domain shows no such page, and refuses
-adding or deleting whatever the user's permissions.
+sees the change at once. Operators only (``view_all_tenants``, on the public schema's domain):
+a tenant's domain shows no such page, and adding or deleting is refused to anyone else whatever
+their model permissions, including a staff user of the public domain without
+``view_all_tenants`` (with users shared by every tenant, a tenant's staff user signs in there).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from ..core.audience import is_operator_request
+from ..core.audience import sees_all_tenants
 from ..models import FlowPause
 from ..worker import pauses
 from .audiences import OperatorsOnly
@@ -53,16 +55,16 @@ class FlowPauseAdmin(CleanQueryStrings, OperatorsOnly, admin.ModelAdmin):  # typ
     actions = ("resume_selected",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        """Operators' domain only."""
-        return is_operator_request() and super().has_add_permission(request)
+        """Operators only (``view_all_tenants``): the public domain alone is not enough."""
+        return sees_all_tenants(request) and super().has_add_permission(request)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """A pause is added or deleted, never edited (resume, then pause the other thing)."""
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Operators' domain only."""
-        return is_operator_request() and super().has_delete_permission(request, obj)
+        """Operators only (``view_all_tenants``): the public domain alone is not enough."""
+        return sees_all_tenants(request) and super().has_delete_permission(request, obj)
 
     def save_model(self, request: HttpRequest, obj: FlowPause, form: Any, change: bool) -> None:
         """Pause through ``worker.pauses`` (the row and the Redis sets)."""

@@ -193,17 +193,26 @@ def _as_followups(
             f"MAX_FOLLOWUPS_PER_RUN={limit} follow-ups in one attempt. Enqueue one job that "
             "processes the batch, or raise the setting."
         )
-    for index, kwargs in enumerate(items):
-        try:
-            if not isinstance(kwargs, Mapping):
-                raise InvalidJob(f"needs a dict of keyword arguments, got {type(kwargs).__name__}.")
-            validated(definition, dict(kwargs))
-        except InvalidJob as exc:
-            raise InvalidJob(f"enqueue_many() item {index}: {exc}") from exc
-    return [
-        followups.prepare_followup(batch, definition, dict(kwargs), tenant=tenant)
-        for kwargs in items
-    ]
+    # All or nothing here too: an item refused by a check made per item (its message's size,
+    # say) after earlier items joined the batch takes them out again, so a job that catches
+    # the refusal and succeeds sends none of the call's runs.
+    start = len(batch.entries)
+    handles: list[RunHandle] = []
+    try:
+        for index, kwargs in enumerate(items):
+            try:
+                if not isinstance(kwargs, Mapping):
+                    raise InvalidJob(
+                        f"needs a dict of keyword arguments, got {type(kwargs).__name__}."
+                    )
+                handle = followups.prepare_followup(batch, definition, dict(kwargs), tenant=tenant)
+            except InvalidJob as exc:
+                raise InvalidJob(f"enqueue_many() item {index}: {exc}") from exc
+            handles.append(handle)
+    except BaseException:
+        del batch.entries[start:]
+        raise
+    return handles
 
 
 def _write(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kumiko_jobs.models import FlowPause, JobRun, RunStatus
+from kumiko_jobs.worker import pauses
 from tests.conftest import work
 from tests.integration.test_admin import client_for, make_user
 from tests.integration.test_admin import operator as operator  # fixture
@@ -56,3 +57,38 @@ def test_a_tenant_superuser_cannot_pause_or_see_pauses(tenants):
     response = boss.post(PAGE + "add/", {"queue": "default", "job_name": "", "schema_name": ""})
     assert response.status_code in (403, 404)
     assert not FlowPause.objects.exists()
+
+
+def test_staff_of_the_operators_domain_without_view_all_tenants_cannot_pause_or_resume(tenants):
+    """Operators are those holding ``view_all_tenants`` (core/audience.py), not whoever signs in
+    on the public schema's domain: with users shared by every tenant (layout (b)), a tenant's
+    staff user signs in there too, and the pause permissions may reach it through a group.
+    Holding ``add_``, ``delete_`` and ``view_flowpause`` without ``view_all_tenants`` it may
+    neither pause another tenant (or a whole queue) nor resume an operator's pause.
+
+    Calibrated: with ``has_add_permission`` asking ``is_operator_request()`` only (as before),
+    the POST pauses t2 (the assertion on ``FlowPause`` fails)."""
+    staff = client_for(
+        "localhost",
+        "public",
+        make_user(
+            "public", "pauser", perms=("add_flowpause", "delete_flowpause", "view_flowpause")
+        ),
+    )
+    assert staff.get(PAGE + "add/").status_code == 403
+    response = staff.post(PAGE + "add/", {"queue": "", "job_name": "", "schema_name": "t2"})
+    assert response.status_code == 403
+    assert not FlowPause.objects.exists()
+    handle = jobs.probe.enqueue(tenant="t2", tag="not-held")
+    work()
+    assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
+
+    pauses.pause("", "", "t1", by="operator")
+    pause = FlowPause.objects.get()
+    staff.post(f"{PAGE}{pause.pk}/delete/", {"post": "yes"})
+    staff.post(PAGE, {"action": "resume_selected", "index": 0, "_selected_action": [pause.pk]})
+    assert FlowPause.objects.filter(pk=pause.pk).exists()
+    held = jobs.probe.enqueue(tenant="t1", tag="held")
+    work()
+    assert JobRun.objects.get(pk=held.run_id).status == RunStatus.QUEUED
+    pauses.resume("", "", "t1")

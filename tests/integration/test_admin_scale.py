@@ -117,13 +117,15 @@ def test_calibration_an_uncapped_list_says_how_many(operator, monkeypatch):
     assert "130 job runs" in html and "More than" not in html
 
 
-def test_select_all_is_refused_beyond_what_the_list_counts(operator, monkeypatch):
+# Django's action form reads any value but "", "0" and "false" as "select all": each is refused.
+@pytest.mark.parametrize("across", ["1", "2", "true", "on"])
+def test_select_all_is_refused_beyond_what_the_list_counts(operator, monkeypatch, across):
     monkeypatch.setattr(pagination, "MAX_PAGES", 1)
     runs = bulk_runs(60, status=RunStatus.QUEUED)
     data = {
         "action": "cancel_selected",
         "index": 0,
-        "select_across": "1",
+        "select_across": across,
         "_selected_action": [str(runs[0].run_id)],
     }
     response = operator.post(RUNS, data, follow=True)

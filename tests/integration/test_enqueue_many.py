@@ -21,6 +21,7 @@ from tests.conftest import probes, redis_round_trips, work
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
+JOB_PREFIX = "many"
 
 
 @contextmanager
@@ -165,3 +166,36 @@ def test_a_failed_push_leaves_the_runs_to_the_relay(tenants, caplog):
     work()
     assert _statuses(handles) == [RunStatus.SUCCEEDED] * 4
     assert sorted(p.tag for p in probes("t2")) == ["r0", "r1", "r2", "r3"]
+
+
+def bulk_followups_with_a_bad_last_item(ctx: Any, *, tag: str) -> None:
+    """Inside a run: two good items and one whose message outgrows MAX_ENVELOPE_BYTES (its
+    arguments are JSON, so only the size check, made per item, refuses it). The job catches
+    the refusal, as a job that goes on without the batch would, and records it."""
+    from tests.testapp.models import Probe
+
+    items: list[dict[str, Any]] = [{"tag": f"{tag}-0"}, {"tag": f"{tag}-1"}]
+    items.append({"tag": f"{tag}-big", "payload": {"big": "x" * (512 * 1024)}})
+    try:
+        jobs.probe.enqueue_many(items)
+    except InvalidJob as exc:
+        Probe.objects.create(tag=tag, schema_seen=connection.schema_name, note=str(exc)[:300])
+    jobs.probe.enqueue_many([{"tag": f"{tag}-ok0"}, {"tag": f"{tag}-ok1"}])  # then a good one
+
+
+def test_followups_of_a_refused_call_are_all_dropped_and_the_item_named(tenants, declare):
+    """enqueue_many inside a run is all or nothing too: an item refused after the ones before it
+    were checked leaves none of them in the run's follow-ups (the run succeeds; nothing of the
+    refused call runs, the next call's runs do, in the run's tenant), and the refusal names the
+    item. Seen failing before the fix: the refused call's first two ran after the run's
+    success."""
+    job = declare(bulk_followups_with_a_bad_last_item)
+    handle = job.enqueue(tenant="t1", tag="batch")
+    work()
+    assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
+    recorded = next(p for p in probes("t1") if p.tag == "batch")
+    assert sorted(p.tag for p in probes("t1") if p.tag != "batch") == ["batch-ok0", "batch-ok1"]
+    assert recorded.note.startswith("enqueue_many() item 2: "), recorded.note
+    assert "MAX_ENVELOPE_BYTES" in recorded.note
+    assert JobRun.objects.filter(job_name=jobs.probe.name).count() == 2
+    assert probes("t2") == [] and probes("t3") == []

@@ -3,6 +3,7 @@ chunks, and nothing at all written when any item, the last chunk's included, is 
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 import pytest
@@ -162,3 +163,89 @@ def test_a_weight_callable_that_queries_runs_outside_the_copy(tenants, job, item
         handles = job.enqueue_many(items, tenant="t1")
     assert len(handles) == len(items) == JobRun.objects.count()
     assert _weights_asked == ["t1"] * asked
+
+
+# What COPY's text format gives a meaning to (tab and newline end a field or a row, a backslash
+# escapes, ``\N`` is NULL, ``\.`` ends the data), and text that looks like another row's fields.
+_CRAFTED = [
+    "a\tb",
+    "row\nnext",
+    "cr\rlf\r\n",
+    "back\\slash",
+    "\\.",
+    "\\.\n",
+    "\n\\.\n",
+    "\\N",
+    "end\\",
+    "\\t not a tab",
+    'x"\t"t2"\t"testapp.list_tags',
+    "\x01\x1f\x7f",
+    "\u2028ü€😀",
+    "t2\ttestapp.list_tags\t\\N\n",
+]
+
+
+def test_crafted_text_in_arguments_lands_as_given_in_its_own_row(tenants, monkeypatch):
+    """An attacker's pass at the COPY stream (bulk_rows.py): arguments holding what COPY's text
+    format gives a meaning to, in the tenant-visible subject (``flaky``'s ``tag``) and in the
+    payload (``probe``'s), keys included, across chunk boundaries. Every row is ``row_for``'s
+    field by field (its tenant, job and queue the call's), its payload the signed message's
+    arguments, and the worker runs each with exactly them in t1's schema; nothing reaches t2."""
+    monkeypatch.setattr(bulk_rows, "COPY_CHUNK", 3)
+    subject_items = [{"tag": text, "fail_times": 0} for text in _CRAFTED]
+    payload_items = [
+        {"tag": f"p{i}", "payload": {text: [text, {"k\t\\.": text}], "n": i}}
+        for i, text in enumerate(_CRAFTED)
+    ]
+    with transaction.atomic():
+        handles = jobs.flaky.enqueue_many(subject_items, tenant="t1")
+        handles += jobs.probe.enqueue_many(payload_items, tenant="t1")
+    envelopes = _pushed_envelopes()
+    rows = {r.run_id.hex: r for r in JobRun.objects.all()}
+    assert len(rows) == len(handles) == 2 * len(_CRAFTED)
+    fields = [f for f in JobRun._meta.concrete_fields if f.attname != "queued_at"]
+    for handle, (job, kwargs) in zip(
+        handles,
+        [(jobs.flaky, k) for k in subject_items] + [(jobs.probe, k) for k in payload_items],
+        strict=True,
+    ):
+        env = envelopes[handle.run_id]
+        assert env.kwargs == kwargs and env.schema == "t1" and env.job == job.name
+        got = rows[handle.run_id]
+        expected = row_for(job, env, build_subject(job, kwargs), 0.0)
+        for field in fields:
+            assert getattr(got, field.attname) == getattr(expected, field.attname), field.name
+        assert (got.schema_name, got.job_name, got.payload) == ("t1", job.name, kwargs)
+    assert [rows[h.run_id].subject for h in handles[: len(_CRAFTED)]] == [
+        f"tag={text}" for text in _CRAFTED
+    ]
+    work()
+    assert {r.status for r in JobRun.objects.all()} == {"succeeded"}
+    seen = [(p.tag, p.schema_seen, p.note) for p in probes("t1")]
+    assert {(text, "t1") for text in _CRAFTED} <= {(tag, schema) for tag, schema, _ in seen}
+    # The job records repr() of the dict it was given (the envelope's keys come sorted).
+    ran = {tag: ast.literal_eval(note) for tag, schema, note in seen if tag.startswith("p")}
+    assert ran == {item["tag"]: item["payload"] for item in payload_items}
+    assert probes("t2") == []
+
+
+@pytest.mark.parametrize(
+    ("bad", "why"),
+    [
+        ({"tag": "nul\x00"}, "NUL"),
+        ({"tag": "x", "payload": {"k": "\ud800"}}, "lone surrogate"),
+        ({"tag": "x", "payload": {"k\x00": 1}}, "NUL"),
+        ({"tag": "x", "payload": {"big": "x" * (512 * 1024)}}, "MAX_ENVELOPE_BYTES"),
+        ({"tag": "x", "payload": {"n": 10**5000}}, "digits"),
+    ],
+    ids=["nul-subject", "surrogate", "nul-key", "huge", "huge-int"],
+)
+def test_text_copy_cannot_carry_refuses_the_whole_call_by_index(tenants, monkeypatch, bad, why):
+    """What PostgreSQL's text and jsonb cannot hold, or what outgrows a message, in an item after
+    whole chunks were streamed: ``InvalidJob`` naming that item, before COPY sees it, and the
+    call writes and pushes nothing (no DataError from the middle of the stream)."""
+    monkeypatch.setattr(bulk_rows, "COPY_CHUNK", 2)
+    items: list[dict[str, Any]] = [{"tag": f"ok{i}"} for i in range(5)] + [bad]
+    with pytest.raises(InvalidJob, match=rf"item 5: .*{why}"):
+        jobs.probe.enqueue_many(items, tenant="t1")
+    assert JobRun.objects.count() == 0 and transport.queue_length("default") == 0

@@ -190,6 +190,55 @@ def test_db_roles_off_a_tenants_prepare_never_reaches_the_next_run(
     assert note == f"{finding['pid']}:0:0"
 
 
+def forges_the_history(ctx: Any, *, tag: str) -> None:
+    """A tenant body's attack on the history's prepared statements, past the classifier (a
+    hand-built cursor on the raw connection, as a job's own driver code would): it looks for
+    psycopg's statements, drops every prepared statement of its session and plants its own
+    under psycopg's names, so that a later start or finish sent by name would run its SQL."""
+    connection.ensure_connection()
+    with psycopg.ClientCursor(connection.connection) as cursor:
+        cursor.execute(
+            "SELECT pg_backend_pid(), "
+            "(SELECT count(*) FROM pg_prepared_statements WHERE name LIKE '\\_pg3\\_%')"
+        )
+        pid, found = cursor.fetchone()
+        cursor.execute("DEALLOCATE ALL")
+        for n in range(16):
+            cursor.execute(f"PREPARE _pg3_{n} AS SELECT 1 WHERE false")
+    Probe.objects.create(tag=tag, schema_seen=connection.schema_name, note=f"{pid}:{found}")
+
+
+def test_a_tenant_body_cannot_reach_the_historys_prepared_statements(
+    tenants, fresh_connection, declare
+):
+    """With DB_ROLES on the body runs on its tenant's login, another session: it finds none of
+    the history's statements, and its DEALLOCATE ALL and statements planted under psycopg's
+    names (``_pg3_<n>``) change nothing of the history's. Its own run and the next runs, of
+    another tenant, start and finish on the statements prepared before, in the same session
+    (no "does not exist" to repair, no result of the forged statements taken for a start).
+
+    Calibrated: forced to prepare with DB_ROLES off (the body on the history's connection),
+    the body runs in the history's own session (the same backend pid), and the assertion on
+    the note fails (there the session reset's DEALLOCATE ALL after the run is what takes the
+    planted statements away)."""
+    forger = declare(forges_the_history)
+    before = probe_runs(6, "before", "t2")
+    work()
+    pid = backend_pid()
+    forged = str(forger.enqueue(tenant="t1", tag="forger").run_id)
+    after = probe_runs(6, "after", "t2")
+    work()
+    assert succeeded([*before, forged, *after])
+    body_pid, found = probe_note("t1", "forger").split(":")
+    assert body_pid != str(pid) and found == "0"
+    assert backend_pid() == pid  # the history's session kept: nothing went stale
+    # One preparation of the start, used by all thirteen runs (five custom plans, then generic).
+    assert ours()[START] == (8, 5)
+    assert support.observed("SELECT count(*) FROM t2.testapp_probe WHERE tag LIKE 'after%%'") == [
+        (6,)
+    ]
+
+
 # --- the project's connection reset, rolled back, lost ------------------------------------------
 
 

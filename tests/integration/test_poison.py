@@ -759,3 +759,57 @@ def test_execute_records_any_argument_it_cannot_use(message, reason):
     assert reason in row.reason
     assert "\x00" not in row.excerpt
     row.excerpt.encode("utf-8")  # storable text, whatever came in (raises on a surrogate)
+
+
+def test_a_long_running_worker_carries_nothing_from_one_tenants_run_to_the_next(tenants):
+    """The process-wide state added for speed, under attack: a ``manage.py rqworker`` without
+    ``--burst`` (so it freezes its start-up heap, worker/classes.py, and keeps one signer per
+    secret from its first message on, core/signer.py) serves three tenants' runs interleaved,
+    with two messages among them that must not run: a t1 message re-pointed at t2 after it was
+    signed, and one signed with another secret (a key the cached signer must not accept because
+    a good message was verified before it). Each tenant's ``list_tags`` sees its own tenant's
+    tags only; the two are rejected as badly signed and their runs never start."""
+    good = [
+        jobs.list_tags.enqueue(tenant=schema, tag=f"{schema}-{n}")
+        for n in range(3)
+        for schema in ("t1", "t2", "t3")
+    ]
+    reaimed = document(schema="t1", kwargs={"tag": "reaimed"})
+    text = signed(reaimed)
+    tampered = text.replace('"schema": "t1"', '"schema": "t2"')
+    assert tampered != text
+    reaimed["schema"] = "t2"
+    foreign = document(schema="t3", kwargs={"tag": "foreign"})
+    other_key = signing.Signer(key="not-this-project", salt=SALT, algorithm="sha256")
+    for doc in (reaimed, foreign):
+        _waiting_row(doc)  # a run waits for each: only the signature can refuse them
+    push(tampered)
+    push(other_key.sign(json.dumps(foreign)))
+    good += [jobs.list_tags.enqueue(tenant=schema, tag=f"{schema}-last") for schema in TENANTS]
+    mark = rejected_mark()
+    proc = start_rqworker("default", "--worker-class", "kumiko_jobs.worker.Worker")
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            done = JobRun.objects.filter(pk__in=[h.run_id for h in good], status="succeeded")
+            if done.count() == len(good) and len(rejected_since(mark)) >= 2:
+                break
+            time.sleep(0.2)
+    finally:
+        proc.terminate()  # a warm shutdown
+        out, _ = proc.communicate(timeout=60)
+    assert (
+        JobRun.objects.filter(pk__in=[h.run_id for h in good]).exclude(status="succeeded").count()
+        == 0
+    ), out[-3000:]
+    assert sum(len(probes(schema)) for schema in TENANTS) == len(good)
+    for schema in TENANTS:
+        for probe in probes(schema):
+            seen = {tag.split("-")[0] for tag in probe.note.split(",") if tag}
+            assert seen <= {schema}, probe.note  # the first run of each sees nothing yet
+            assert probe.schema_seen == schema
+    reasons = [r.reason for r in rejected_since(mark)]
+    assert len(reasons) == 2 and all(r.startswith("bad signature") for r in reasons), reasons
+    for doc in (reaimed, foreign):
+        assert JobRun.objects.get(pk=doc["run_id"]).status == RunStatus.QUEUED
+    assert "reaimed" not in str(all_probes()) and "foreign" not in str(all_probes())

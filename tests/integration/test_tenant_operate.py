@@ -15,6 +15,7 @@ t2's runs (``test_another_tenants_run_ids_posted_to_this_domain_change_nothing``
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterable
 from typing import Any
@@ -179,11 +180,14 @@ def test_bulk_controls_stay_the_operators() -> None:
     "select all" of the list's actions (every run the filter matches)."""
     failed = plant("t1", [RunStatus.FAILED] * 2)
     client = member("t1", "t1-operator")
-    for action in ("retry_selected", "cancel_selected"):
-        data = {"action": action, "index": 0, "select_across": "1"}
+    # Django's action form reads any value but "", "0" and "false" as "select all".
+    for action, across in itertools.product(
+        ("retry_selected", "cancel_selected"), ("1", "2", "true", "True", "on")
+    ):
+        data = {"action": action, "index": 0, "select_across": across}
         data["_selected_action"] = [str(failed[0].pk)]
         page = client.post(RUNS, data, follow=True).content.decode()
-        assert "acting on every run the filter matches is for operators" in page
+        assert "acting on every run the filter matches is for operators" in page, across
     assert "bulk/retry" not in client.get(RUNS).content.decode()
     for url in BULK:
         assert client.get(f"{url}?status__exact=failed").status_code == 403
@@ -208,3 +212,44 @@ def test_the_console_links_a_jobs_failures_to_the_tenants_failed_runs() -> None:
     assert row["failed"] == 1
     listed = client.get(row["failed_link"])
     assert [r.schema_name for r in listed.context["cl"].result_list] == ["t1"]
+
+
+def test_forged_requests_reach_no_run_outside_the_members_tenant() -> None:
+    """An attacker's pass (issue 26's routes) that the tests above leave out: a POST without the
+    CSRF token (Django's test client skips the check unless asked), run ids of system runs
+    (schema ''), and the list's query string naming another tenant or every schema, with and
+    without "select all". Nothing but the member's own run is ever acted on."""
+    system_failed, system_queued = plant("", [RunStatus.FAILED, RunStatus.QUEUED])
+    t2_failed, t2_queued = plant("t2", [RunStatus.FAILED, RunStatus.QUEUED])
+    (mine,) = plant("t1", [RunStatus.FAILED])
+    before = rows()
+    user = make_user("t1", "t1-operator", OPERATE)
+
+    forged = Client(HTTP_HOST="t1.localhost", enforce_csrf_checks=True)
+    with schema_context("t1"):
+        forged.force_login(user)
+    assert forged.post(f"{RUNS}{mine.pk}/act/retry/").status_code == 403
+    data = {"action": "retry_selected", "index": 0, "_selected_action": [str(mine.pk)]}
+    assert forged.post(RUNS, data).status_code == 403
+    assert rows() == before and not JobRun.objects.filter(trigger__startswith="retry:").exists()
+
+    client = member("t1", "t1-operator")
+    for run, kind in ((system_failed, "retry"), (system_queued, "cancel")):
+        assert client.post(f"{RUNS}{run.pk}/act/{kind}/").status_code == 404
+    act(client, "retry_selected", system_failed)
+    act(client, "cancel_selected", system_queued)
+    for query in ("?schema_name=t2", "?schema_name__exact=t2", "?schema_name__in=t1,t2,", "?q=t2"):
+        for action, runs in (
+            ("retry_selected", [t2_failed, system_failed]),
+            ("cancel_selected", [t2_queued, system_queued]),
+        ):
+            for across in ("0", "1"):
+                data = {
+                    "action": action,
+                    "index": 0,
+                    "select_across": across,
+                    "_selected_action": [str(r.pk) for r in runs],
+                }
+                client.post(f"{RUNS}{query}", data, follow=True)
+    assert rows() == before
+    assert not JobRun.objects.filter(trigger__startswith="retry:").exists()

@@ -182,3 +182,27 @@ def test_a_rule_that_cannot_work_is_a_check_error(settings: Any) -> None:
 
 
 SETTINGS_NOT_A_FUNCTION = "a string"
+
+
+def test_a_tenants_staff_holding_the_pause_permissions_cannot_pause_on_the_operators_domain(
+    tenants: dict[str, Any],
+) -> None:
+    """One user table: alpha's staff user signs in on the operators' domain too, and a project
+    that hands its tenants' staff every kumiko permission (a group, say) gives it
+    ``add_flowpause`` and ``delete_flowpause``. Without ``view_all_tenants`` it may not pause
+    beta, nor a whole queue (admin/pauses.py). Calibrated: with the pauses' permission asking
+    for the public domain only, as before, the POST paused t2."""
+    from kumiko_jobs.models import FlowPause
+
+    user = member(
+        "alpha-pauser",
+        of=("t1",),
+        perms=(*TENANT_OPERATOR_PERMS, "add_flowpause", "delete_flowpause", "view_flowpause"),
+    )
+    client = signed_in(user, "localhost")
+    page = "/admin/kumiko_jobs/flowpause/add/"
+    assert client.get(page).status_code == 403
+    for form in ({"schema_name": "t2"}, {"queue": "default"}):
+        data = {"queue": "", "job_name": "", "schema_name": "", **form}
+        assert client.post(page, data).status_code == 403
+    assert not FlowPause.objects.exists()

@@ -1072,6 +1072,11 @@ def test_kumikos_admission_lock_table_is_refused_whatever_the_grants(sql: str) -
         ("LISTEN jobs", "notify"),
         ("UNLISTEN *", "notify"),
         ("DEALLOCATE ALL", "prepared_statement"),
+        # psycopg's names for the history's prepared start and finish (history/prepared.py)
+        ("DEALLOCATE PREPARE _pg3_0", "prepared_statement"),
+        ("EXPLAIN (ANALYZE) EXECUTE _pg3_1('x', 1)", "prepared_statement"),
+        ("PREPARE _pg3_0 (uuid) AS SELECT 1", "prepared_statement"),
+        ("CREATE TABLE x AS EXECUTE _pg3_0", "ddl"),
         ("DECLARE c CURSOR FOR SELECT 1", "cursor"),
         ("FETCH 10 FROM c", "cursor"),
         ("CLOSE c", "cursor"),
