@@ -6,7 +6,10 @@ domain, on any tenant's runs; and on a tenant's domain that tenant's members hol
 ``kumiko_jobs.operate_tenant_runs`` (core/audience.py), on that tenant's runs only: the runs
 come from the audience's queryset (``TenantScopedAdmin.get_queryset``: the domain's schema) and
 are limited to that schema once more here, so a run id of another tenant posted to this domain
-is not found, never acted on. Every act goes through kumiko_jobs/operations.py and records who
+is not found, never acted on. A member is also refused the runs that stay the operators'
+(admin/tenant_acts.py: a job declared ``tenant_operable=False``, a job no longer registered,
+the retry of a run no member of the tenant cancelled); the run page shows why instead of the
+button, and the list's actions skip them and count them. Every act goes through kumiko_jobs/operations.py and records who
 asked (``by=``): an operator's username, or a tenant member's with the tenant's schema
 (``alice (tenant t1)``), since a tenant's usernames are its own and may be an operator's too.
 
@@ -51,12 +54,13 @@ from ..core.audience import (
 from ..core.exceptions import KumikoJobsError, OperationRefused
 from ..history.transitions import CANCEL_BY_LIMIT
 from ..models import WAITING_STATUSES, JobRun, RunStatus
+from . import tenant_acts
 from .pagination import selectable_rows, too_many_selected
 
 # A run's page offers each act for the statuses it applies to (operations decides again).
 _ACTS = {
-    "retry": ("retry_selected", _("Retry this run"), frozenset(operations.RETRYABLE_STATUSES)),
-    "cancel": (
+    tenant_acts.RETRY: ("retry_selected", _("Retry this run"), frozenset(operations.RETRYABLE_STATUSES)),
+    tenant_acts.CANCEL: (
         "cancel_selected",
         _("Cancel this run"),
         frozenset((*WAITING_STATUSES, RunStatus.RUNNING)),
@@ -101,16 +105,27 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
         return HttpResponseRedirect(reverse(name, args=(object_id,)))
 
     def run_controls(self, request: HttpRequest, run: JobRun) -> list[dict[str, str]]:
-        """The buttons a run's page shows this request: each act that applies to the run's
-        status, for those who may act; none for anyone else."""
+        """The acts a run's page offers this request: each act that applies to the run's status,
+        for those who may act; none for anyone else. An act a tenant's member may not take on
+        this run (admin/tenant_acts.py) comes with ``refused``, the sentence the page shows
+        instead of its button."""
         if not self.has_operate_permission(request):
             return []
         name = f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_act"
-        return [
-            {"kind": kind, "label": str(label), "url": reverse(name, args=(run.pk, kind))}
-            for kind, (_action, label, statuses) in _ACTS.items()
-            if run.status in statuses
-        ]
+        controls = []
+        for kind, (_action, label, statuses) in _ACTS.items():
+            if run.status not in statuses:
+                continue
+            refused = member_refusal(kind, run)
+            controls.append(
+                {
+                    "kind": kind,
+                    "label": str(label),
+                    "url": reverse(name, args=(run.pk, kind)),
+                    "refused": str(refused.sentence) if refused else "",
+                }
+            )
+        return controls
 
     def action_checkbox(self, obj: Any) -> SafeString:
         """Django's row checkbox, written as markup directly: rendering Django's widget through the
@@ -188,6 +203,7 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
         by = acting_user(request)
 
         def retry(run: JobRun) -> None:
+            refuse_member(tenant_acts.RETRY, run)
             operations.retry_run(run, by=by)
 
         done, skipped = _apply(scoped(request, queryset), retry)
@@ -210,6 +226,7 @@ class RunActions(admin.ModelAdmin):  # type: ignore[type-arg]  # Django's admin 
 
         def cancel(run: JobRun) -> None:
             nonlocal requested
+            refuse_member(tenant_acts.CANCEL, run)
             result = operations.cancel_run(run, by=by)
             if not result:
                 raise OperationRefused(
@@ -256,9 +273,26 @@ def acting_user(request: HttpRequest) -> Any:
     whose users it was signed in (a tenant's ``admin`` is not the operators' ``admin``)."""
     if is_operator_request():
         return request.user
-    suffix = f" (tenant {tenant_schema()})"
-    name = operations.actor(request.user)[: max(0, CANCEL_BY_LIMIT - len(suffix))]
-    return f"{name}{suffix}"
+    return tenant_acts.member_label(operations.actor(request.user), tenant_schema(), CANCEL_BY_LIMIT)
+
+
+def member_refusal(kind: str, run: JobRun) -> tenant_acts.Refusal | None:
+    """Why a tenant's member may not ``kind`` this run (None: it may, or the request is an
+    operator's, whom tenant_acts never refuses)."""
+    if is_operator_request():
+        return None
+    return tenant_acts.refusal(run, kind, tenant_schema())
+
+
+def refuse_member(kind: str, run: JobRun) -> None:
+    """``OperationRefused`` with the list's reason when a tenant's member may not ``kind`` this
+    run: the action skips it and counts it, as it does a finished run."""
+    refused = member_refusal(kind, run)
+    if refused is not None:
+        raise OperationRefused(
+            f"Run {run.run_id}: a tenant's member may not {kind} it ({refused.reason}).",
+            reason=refused.reason,
+        )
 
 
 def _apply(

@@ -137,6 +137,9 @@ class JobDefinition:
     rate_limit: Rate | None = None
     tenant_rate_limit: Rate | None = None
     rate_limit_by: str | None = None
+    # Whether a tenant's members holding ``operate_tenant_runs`` may retry and cancel its runs on
+    # their tenant's domain (admin/tenant_acts.py); False leaves them to the operators.
+    tenant_operable: bool = True
 
     def __call__(self, ctx: Any, /, **kwargs: Any) -> Any:
         """Call the function directly (tests, with any context); no pipeline, no guard, no

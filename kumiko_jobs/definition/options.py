@@ -61,6 +61,7 @@ _OPTION_TYPES: dict[str, str] = {
     "rate_limit": "'<starts>/<s|m|h>' across all tenants, e.g. '100/m'",
     "tenant_rate_limit": "'<starts>/<s|m|h>' per tenant, e.g. '10/m'",
     "rate_limit_by": "an argument name: one rate_limit window per value of it",
+    "tenant_operable": "bool (False: only operators retry or cancel its runs)",
 }
 
 
@@ -89,6 +90,14 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
             where,
             "tenant_may_start=True lets tenant runs start a system job; this job is a tenant "
             "job, which tenant runs start anyway. Drop the option, or declare system=True.",
+        )
+    tenant_operable = options.get("tenant_operable", True)
+    if not tenant_operable and system:
+        raise parse.fail(
+            where,
+            "tenant_operable=False keeps a tenant's members from retrying or cancelling its runs; "
+            "a system job's runs belong to no tenant, so no member acts on them anyway. Drop "
+            "the option.",
         )
     description = options.get("description") or inspect.getdoc(func) or ""
     triggers = trigger_options(where, options, system)
@@ -120,6 +129,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         rate_limit=parse.rate(where, "rate_limit", options.get("rate_limit")),
         tenant_rate_limit=parse.rate(where, "tenant_rate_limit", options.get("tenant_rate_limit")),
         rate_limit_by=parse.rate_limit_by(where, options, params),
+        tenant_operable=tenant_operable,
         **triggers,
     )
 
@@ -177,7 +187,7 @@ def _name_and_queue(
 
 def _kind_flags(where: str, options: Mapping[str, Any]) -> EscapeHatch | None:
     """The yes-or-no options and the escape hatch, checked for their types."""
-    for flag in ("system", "manual", "tenant_may_start", "atomic"):
+    for flag in ("system", "manual", "tenant_may_start", "atomic", "tenant_operable"):
         if not isinstance(options.get(flag, False), bool):
             raise parse.fail(where, f"{flag} must be True or False, got {options[flag]!r}.")
     escape_hatch = options.get("escape_hatch")

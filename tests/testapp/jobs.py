@@ -24,6 +24,12 @@ def probe(ctx, *, tag: str, payload: dict | None = None) -> str:
     return tag
 
 
+@job(tenant_visible_run=["tag"], tenant_operable=False)
+def operators_only(ctx, *, tag: str) -> None:
+    """A tenant's job whose runs only the operators retry or cancel (a billing cron's, say)."""
+    _probe(ctx, tag)
+
+
 @job
 def list_tags(ctx, *, tag: str) -> None:
     """Record every tag this run can see: proves a run reads only its own tenant's rows."""

@@ -256,10 +256,27 @@ def test_integer_minimums_are_allowed(option, value):
     assert getattr(define(**{option: value}), option) == value
 
 
-@pytest.mark.parametrize("flag", ["system", "manual"])
+@pytest.mark.parametrize("flag", ["system", "manual", "tenant_operable"])
 @pytest.mark.parametrize("value", [1, 0, "yes", None])
 def test_flags_must_be_bool(flag, value):
     refused(f"{flag} must be True or False, got {value!r}", **{flag: value})
+
+
+def test_tenant_operable_is_true_unless_declared_false():
+    """Today's behaviour by default: a tenant's members holding operate_tenant_runs act on the
+    job's runs; ``False`` leaves them to the operators (admin/tenant_acts.py)."""
+    assert define().tenant_operable is True
+    assert define(tenant_operable=True).tenant_operable is True
+    assert define(tenant_operable=False).tenant_operable is False
+    assert define(tenant_operable=False, cron="0 3 * * *", per_tenant=True).tenant_operable is False
+
+
+def test_tenant_operable_false_is_refused_for_a_system_job():
+    """A system job's runs belong to no tenant: the option would promise a protection that
+    nothing needs. The message says to drop it."""
+    message = refused("a system job's runs belong to no tenant", system=True, tenant_operable=False)
+    assert "Drop the option" in message
+    assert define(system=True, tenant_operable=True).tenant_operable is True
 
 
 @pytest.mark.parametrize(
