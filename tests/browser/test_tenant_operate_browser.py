@@ -3,7 +3,8 @@ Chromium): from the console's failed count to the run list's retry action, and a
 Cancel button; a real ``rqworker --burst`` process then runs the retry in the tenant's schema.
 
 Screenshots go to /tmp (``kumiko_tenant_*.png``): docs/images/dashboard_tenant.png is the
-console's (a failed count, linked), docs/images/tenant_run_controls.png the run page's.
+console's (a failed count, linked), docs/images/tenant_run_controls.png the run page's,
+docs/images/tenant_run_refused.png a run page without the button (``tenant_operable=False``).
 """
 
 from __future__ import annotations
@@ -105,4 +106,45 @@ def test_a_member_retries_from_the_console_and_cancels_from_the_run_page(
     assert page.locator("select[name=action]").count() == 0
     page.goto(f"{base}{RUNS}{history['failed']}/change/")
     assert page.locator("form.kj-run-control").count() == 0
+    context.close()
+
+
+@pytest.fixture
+def operators_only(history: dict[str, str]) -> str:
+    """t1's failed run made a run of ``operators_only`` (``tenant_operable=False``), and an
+    operator who may act; before Chromium starts (no database access beside its loop)."""
+    from kumiko_jobs.models import JobRun
+
+    JobRun.objects.filter(pk=history["failed"]).update(job_name=jobs.operators_only.name)
+    make_user("public", "ops", ("view_all_tenants", "view_jobrun", "change_jobrun"))
+    return history["failed"]
+
+
+def test_a_run_of_an_operators_only_job_says_why_it_has_no_button(
+    server: int,
+    operators_only: str,
+    browser: Any,
+) -> None:
+    """``@job(tenant_operable=False)``: the member's page of its failed run shows the sentence
+    (in the browser's language) where the Retry button would be; the operators' shows the
+    button."""
+    context = browser.new_context(locale="de-DE")
+    page = context.new_page()
+    base = f"http://t1.localhost:{server}"
+    log_in(page, base, "t1-operator")
+    page.goto(f"{base}{RUNS}{operators_only}/change/")
+    assert page.locator("form.kj-run-control").count() == 0
+    assert page.inner_text("p.kj-run-refused-retry") == (
+        "Nur die Betreiber wiederholen oder brechen die Läufe dieses Auftrags ab."
+    )
+    page.screenshot(path=str(SCREENSHOTS / "kumiko_tenant_run_refused.png"), full_page=True)
+    context.close()
+
+    context = browser.new_context(locale="en-US")
+    page = context.new_page()
+    base = f"http://localhost:{server}"
+    log_in(page, base, "ops")
+    page.goto(f"{base}{RUNS}{operators_only}/change/")
+    assert page.locator("button.kj-run-retry").count() == 1
+    assert page.locator("p.kj-run-refused-retry").count() == 0
     context.close()

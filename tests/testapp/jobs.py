@@ -26,7 +26,7 @@ def probe(ctx, *, tag: str, payload: dict | None = None) -> str:
 
 @job(tenant_visible_run=["tag"], tenant_operable=False)
 def operators_only(ctx, *, tag: str) -> None:
-    """A tenant's job whose runs only the operators retry or cancel (a billing cron's, say)."""
+    """Send the tenant's monthly invoice: only the operators retry or cancel its runs."""
     _probe(ctx, tag)
 
 
