@@ -9,9 +9,10 @@ are limited to that schema once more here, so a run id of another tenant posted 
 is not found, never acted on. A member is also refused the runs that stay the operators'
 (admin/tenant_acts.py: a job declared ``tenant_operable=False``, a job no longer registered,
 the retry of a run no member of the tenant cancelled); the run page shows why instead of the
-button, and the list's actions skip them and count them. Every act goes through kumiko_jobs/operations.py and records who
-asked (``by=``): an operator's username, or a tenant member's with the tenant's schema
-(``alice (tenant t1)``), since a tenant's usernames are its own and may be an operator's too.
+button, and the list's actions skip them and count them. Every act goes through
+kumiko_jobs/operations.py and records who asked (``by=``): an operator's username, or a tenant
+member's with the tenant's schema (``alice (tenant t1)``), since a tenant's usernames are its
+own and may be an operator's too.
 
 Each run is handled in its own transaction, so one refusal (a run that has finished, a
 tenant that is gone) skips that run only, and the message says how many were skipped and
@@ -59,7 +60,11 @@ from .pagination import selectable_rows, too_many_selected
 
 # A run's page offers each act for the statuses it applies to (operations decides again).
 _ACTS = {
-    tenant_acts.RETRY: ("retry_selected", _("Retry this run"), frozenset(operations.RETRYABLE_STATUSES)),
+    tenant_acts.RETRY: (
+        "retry_selected",
+        _("Retry this run"),
+        frozenset(operations.RETRYABLE_STATUSES),
+    ),
     tenant_acts.CANCEL: (
         "cancel_selected",
         _("Cancel this run"),
@@ -273,7 +278,9 @@ def acting_user(request: HttpRequest) -> Any:
     whose users it was signed in (a tenant's ``admin`` is not the operators' ``admin``)."""
     if is_operator_request():
         return request.user
-    return tenant_acts.member_label(operations.actor(request.user), tenant_schema(), CANCEL_BY_LIMIT)
+    return tenant_acts.member_label(
+        operations.actor(request.user), tenant_schema(), CANCEL_BY_LIMIT
+    )
 
 
 def member_refusal(kind: str, run: JobRun) -> tenant_acts.Refusal | None:

@@ -53,8 +53,7 @@ OPERATORS_ONLY = Refusal(
 NOT_THEIR_CANCEL = Refusal(
     reason=_("not cancelled by a member of this tenant"),
     sentence=_(
-        "This run was not cancelled by a member of this tenant, so only the operators may "
-        "retry it."
+        "This run was not cancelled by a member of this tenant, so only the operators may retry it."
     ),
 )
 
