@@ -91,14 +91,6 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
             "tenant_may_start=True lets tenant runs start a system job; this job is a tenant "
             "job, which tenant runs start anyway. Drop the option, or declare system=True.",
         )
-    tenant_operable = options.get("tenant_operable", True)
-    if not tenant_operable and system:
-        raise parse.fail(
-            where,
-            "tenant_operable=False keeps a tenant's members from retrying or cancelling its runs; "
-            "a system job's runs belong to no tenant, so no member acts on them anyway. Drop "
-            "the option.",
-        )
     description = options.get("description") or inspect.getdoc(func) or ""
     triggers = trigger_options(where, options, system)
     atomic = bool(options.get("atomic", False))
@@ -129,7 +121,7 @@ def build_definition(func: Callable[..., Any], options: Mapping[str, Any]) -> Jo
         rate_limit=parse.rate(where, "rate_limit", options.get("rate_limit")),
         tenant_rate_limit=parse.rate(where, "tenant_rate_limit", options.get("tenant_rate_limit")),
         rate_limit_by=parse.rate_limit_by(where, options, params),
-        tenant_operable=tenant_operable,
+        tenant_operable=_tenant_operable(where, options, system),
         **triggers,
     )
 
@@ -194,6 +186,19 @@ def _kind_flags(where: str, options: Mapping[str, Any]) -> EscapeHatch | None:
     if escape_hatch is not None and not isinstance(escape_hatch, EscapeHatch):
         raise parse.fail(where, "escape_hatch must be EscapeHatch(reason=..., grants=[...]).")
     return escape_hatch
+
+
+def _tenant_operable(where: str, options: Mapping[str, Any], system: bool) -> bool:
+    """``tenant_operable=`` (its type checked with the other flags): False only on a tenant job."""
+    operable = bool(options.get("tenant_operable", True))
+    if not operable and system:
+        raise parse.fail(
+            where,
+            "tenant_operable=False keeps a tenant's members from retrying or cancelling its runs; "
+            "a system job's runs belong to no tenant, so no member acts on them anyway. Drop "
+            "the option.",
+        )
+    return operable
 
 
 def _check_atomic(
