@@ -10,8 +10,10 @@ kumiko worker in burst mode) in the tenant's schema. Every refusal path: the lis
 why instead) and a POST to its ``act/<kind>/`` URL; "select all" is refused to members whatever
 the runs (test_tenant_operate.py).
 
-Calibrated: with ``tenant_acts.refusal`` answering None, every test here but the operators'
-fails (the member's retries and cancels go through).
+Calibrated (2026-12-06): with ``tenant_acts.refusal`` answering None, every test here but the
+operators' fails (the member's retries and cancels go through); without its unregistered-job
+check, its tenant_operable check or its who-cancelled check, exactly the test of that check
+fails; with the run page's template showing refused buttons, the three members' tests fail.
 """
 
 from __future__ import annotations
