@@ -139,8 +139,8 @@ class SlotTimeout:
 
     Per run this costs a heap push and, when the body ends, a flag: no thread and no class are
     made per run (one ``threading.Timer`` thread and one exception class each were, ~0.2 ms).
-    The exception class is made once per base class; its constructor finds the penalty it
-    belongs to through the thread it is raised in (``_armed_in_thread``).
+    The exception class is made once per base class; its constructor finds the penalty that
+    raised it through the thread it is raised in (``_fired_in_thread``).
     """
 
     def __init__(self, timeout: Any, exception: Any = None, **kwargs: Any) -> None:
@@ -153,7 +153,6 @@ class SlotTimeout:
         self._lock = threading.Lock()
         self._armed = False  # on the alarm thread's heap, not fired and not withdrawn
         self._pending = False  # raised in the slot's thread but not delivered yet
-        self._outer: SlotTimeout | None = None  # the penalty armed in this thread before it
         self._exception = _noting_class(base)
 
     def __enter__(self) -> SlotTimeout:
@@ -168,8 +167,6 @@ class SlotTimeout:
         (``core.current.job_alarm``)."""
         if self._timeout <= 0:
             return
-        self._outer = _armed_in_thread.get(self._thread)
-        _armed_in_thread[self._thread] = self
         self._armed = True
         _alarms.arm(time.monotonic() + self._timeout, self)
         if self._job_timeout:
@@ -182,13 +179,10 @@ class SlotTimeout:
             if self._pending:
                 _raise_in(self._thread, None)
                 self._pending = False
+                if _fired_in_thread.get(self._thread) is self:
+                    del _fired_in_thread[self._thread]
         if withdrawn:
             _alarms.withdrawn()
-        if _armed_in_thread.get(self._thread) is self:
-            if self._outer is not None:
-                _armed_in_thread[self._thread] = self._outer
-            else:
-                _armed_in_thread.pop(self._thread, None)
         if self._job_timeout:
             job_alarm.set(None)
 
@@ -199,6 +193,7 @@ class SlotTimeout:
                 return  # withdrawn meanwhile
             self._armed = False
             self._pending = True
+            _fired_in_thread[self._thread] = self  # before the raise: its constructor reads it
             _raise_in(self._thread, self._exception)
             # An async job's thread waits for its coroutine without running bytecode: hand
             # it something to run, so the timeout is delivered now (run/async_body.py).
@@ -209,9 +204,10 @@ class SlotTimeout:
         self._pending = False
 
 
-# The penalty armed in each slot's thread (by thread id): the exception's constructor, which
-# runs in that thread, finds it here. Written only by that thread (setup and cancel).
-_armed_in_thread: dict[int, SlotTimeout] = {}
+# The penalty whose timeout was raised in a slot's thread (by thread id) and not delivered yet:
+# the exception's constructor, which runs in that thread, takes it from here (a withdrawal that
+# takes the exception back removes it).
+_fired_in_thread: dict[int, SlotTimeout] = {}
 _noting_classes: dict[type[BaseException], type[BaseException]] = {}
 
 
@@ -222,7 +218,7 @@ def _noting_class(base: type[BaseException]) -> type[BaseException]:
     if cls is None:
 
         def noted(exc: BaseException, *args: Any) -> None:
-            penalty = _armed_in_thread.get(threading.get_ident())
+            penalty = _fired_in_thread.pop(threading.get_ident(), None)
             seconds = int(penalty._timeout) if penalty is not None else 0
             BaseException.__init__(exc, f"Task exceeded maximum timeout value ({seconds} seconds)")
             if penalty is None:
@@ -244,8 +240,8 @@ class _SlotAlarms:
     withdrawn penalty stays on the heap (no wake-up, no search) until its time, when the thread
     finds it disarmed and drops it, or until withdrawn entries are the larger part of the heap,
     when it is rebuilt without them: the heap holds at most about twice the armed deadlines,
-    however long the timeouts (memory stays flat over a long drain). Started on first use, and
-    again in a forked child (which has the heap's entries but not the thread).
+    however long the timeouts (memory stays flat over a long drain). Started on first use; a
+    forked child starts with none (as no timer thread survived a fork before).
     """
 
     def __init__(self) -> None:
@@ -253,12 +249,11 @@ class _SlotAlarms:
         self._heap: list[tuple[float, int, SlotTimeout]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
-        self._pid = 0
         self._withdrawn = 0  # withdrawals since the last rebuild (some may have been dropped)
 
     def arm(self, deadline: float, penalty: SlotTimeout) -> None:
         with self._cond:
-            if self._thread is None or self._pid != os.getpid():
+            if self._thread is None:
                 self._start()
             heapq.heappush(self._heap, (deadline, next(self._seq), penalty))
             if self._heap[0][2] is penalty:
@@ -274,7 +269,6 @@ class _SlotAlarms:
                 self._withdrawn = 0
 
     def _start(self) -> None:
-        self._pid = os.getpid()
         self._thread = threading.Thread(target=self._run, name="kumiko-slot-alarms", daemon=True)
         self._thread.start()
 
@@ -305,6 +299,16 @@ class _SlotAlarms:
 # Withdrawals before the heap is rebuilt at the earliest (a rebuild is O(heap)).
 _REBUILD_AFTER = 64
 _alarms = _SlotAlarms()
+
+
+def _forget_in_child() -> None:
+    # The child has this thread only: no alarm thread, and a heap lock another thread may hold.
+    global _alarms
+    _alarms = _SlotAlarms()
+    _fired_in_thread.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _raise_in(thread: int, exception: type[BaseException] | None) -> None:

@@ -8,6 +8,7 @@ slots) are tests/integration/test_worker_slots.py and test_async_jobs.py.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -164,3 +165,39 @@ def _set_after(seconds: float) -> threading.Event:
     event = threading.Event()
     threading.Timer(seconds, event.set).start()
     return event
+
+
+# Forking with threads running is what the test is about.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+def test_a_forked_child_starts_with_no_alarms() -> None:
+    """A job that forks while slots' deadlines are armed: the child has no alarm thread and no
+    deadlines of the parent's (no timer thread survived a fork before either), and arms its own
+    on a thread of its own."""
+    hold = threading.Event()
+    armed = threading.Event()
+
+    def slot() -> None:
+        with SlotTimeout(60, transport.JobTimeout):
+            armed.set()
+            hold.wait(DEADLINE)
+
+    thread = threading.Thread(target=slot)
+    thread.start()
+    armed.wait(DEADLINE)
+    try:
+        assert timeouts._alarms.pending() >= 1
+        pid = os.fork()
+        if pid == 0:  # the child: report through the exit code only
+            fresh = timeouts._alarms.pending() == 0 and timeouts._alarms._thread is None
+            out = _in_thread(lambda: _timed_spin(0.3)) if fresh else {}
+            os._exit(0 if fresh and isinstance(out.get("raised"), transport.JobTimeout) else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        hold.set()
+        thread.join(DEADLINE)
+
+
+def _timed_spin(seconds: float) -> None:
+    with SlotTimeout(seconds, transport.JobTimeout):
+        _spin()
