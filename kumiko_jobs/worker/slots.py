@@ -12,10 +12,11 @@ uses), so a fair dequeue or a rate limit applies to every slot.
 What a slot never shares (docs/design.md, "Slots"): its Django connections (Django keeps
 them per thread) and so its tenant logins (``guard.roles.connections``' pool is per thread), its
 context (each attempt runs in ``attempt_context()`` in the slot's thread), its kept search
-path and session reset (the tenancy step, on the slot's connections), its timeout (a timer,
-``timeouts.SlotTimeout``), its liveness beat, watchdog and cancellation (each slot's own
-``Heart``), its RQ execution and span. What slots share: the process (its memory, imported
-code, job registry), the Redis client's connection pool, and the worker's settings.
+path and session reset (the tenancy step, on the slot's connections), its timeout (its own
+deadline on the process's one alarm thread, ``timeouts.SlotTimeout``), its liveness beat,
+watchdog and cancellation (each slot's own ``Heart``), its RQ execution and span. What slots
+share: the process (its memory, imported code, job registry, the alarm thread), the Redis
+client's connection pool, and the worker's settings.
 
 A sibling waits for messages in one-second polls (a blocking pop of one second), so that a warm
 shutdown (SIGTERM to the process) reaches it within a second; the main slot's handler asks

@@ -11,8 +11,12 @@ interrupts) is ended by the worker's watchdog (heart.py); ``record_overrun`` rec
 from __future__ import annotations
 
 import ctypes
+import heapq
+import itertools
 import logging
+import os
 import threading
+import time
 from typing import Any
 
 from django.db import connections
@@ -119,18 +123,24 @@ def record_overrun(job_id: str, how: str, *, push: bool) -> bool:
 
 
 class SlotTimeout:
-    """The death penalty of a slot (worker/slots.py): a timer, because SIGALRM is one per
-    process and only the main thread can take a signal.
+    """The death penalty of a slot (worker/slots.py): a deadline on the process's one alarm
+    thread (``_SlotAlarms``), because SIGALRM is one per process and only the main thread can
+    take a signal.
 
-    When the timer fires it raises the timeout in the slot's thread (``PyThreadState_
-    SetAsyncExc``, as RQ's ``TimerDeathPenalty``). The exception is made in that thread, in
-    the run's own context, and its constructor notes the timeout on the run first, as
-    ``FinalTimeout`` does from its signal handler: a job that catches it still ends timed out
-    (``run.entry.call_job``). Python delivers it at the thread's next bytecode: a slot waiting in
-    a SQL statement or a C call (``time.sleep``) sees it when that call returns, and the
-    worker's watchdog (``TIMEOUT_KILL_AFTER``) bounds what never returns. The alarm is
+    When the deadline passes, the alarm thread raises the timeout in the slot's thread
+    (``PyThreadState_SetAsyncExc``, as RQ's ``TimerDeathPenalty``). The exception is made in
+    that thread, in the run's own context, and its constructor notes the timeout on the run
+    first, as ``FinalTimeout`` does from its signal handler: a job that catches it still ends
+    timed out (``run.entry.call_job``). Python delivers it at the thread's next bytecode: a slot
+    waiting in a SQL statement or a C call (``time.sleep``) sees it when that call returns, and
+    the worker's watchdog (``TIMEOUT_KILL_AFTER``) bounds what never returns. The alarm is
     withdrawn under a lock, so a timeout that has not been delivered when the body ends is
     taken back and never interrupts the writes of the outcome.
+
+    Per run this costs a heap push and, when the body ends, a flag: no thread and no class are
+    made per run (one ``threading.Timer`` thread and one exception class each were, ~0.2 ms).
+    The exception class is made once per base class; its constructor finds the penalty that
+    raised it through the thread it is raised in (``_fired_in_thread``).
     """
 
     def __init__(self, timeout: Any, exception: Any = None, **kwargs: Any) -> None:
@@ -141,18 +151,9 @@ class SlotTimeout:
         self._job_timeout = issubclass(base, transport.JobTimeout)
         self._thread = threading.get_ident()
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._armed = False  # on the alarm thread's heap, not fired and not withdrawn
         self._pending = False  # raised in the slot's thread but not delivered yet
-        seconds, penalty = int(self._timeout), self
-
-        def noted(exc: BaseException, *args: Any) -> None:
-            BaseException.__init__(exc, f"Task exceeded maximum timeout value ({seconds} seconds)")
-            penalty._delivered()
-            state = current_run.get() if penalty._job_timeout else None
-            if state is not None:
-                state.note_timeout(seconds)
-
-        self._exception = type(base.__name__, (base,), {"__init__": noted})
+        self._exception = _noting_class(base)
 
     def __enter__(self) -> SlotTimeout:
         self.setup_death_penalty()
@@ -162,33 +163,37 @@ class SlotTimeout:
         self.cancel_death_penalty()
 
     def setup_death_penalty(self) -> None:
-        """Start the timer, and publish how to withdraw it (``core.current.job_alarm``)."""
+        """Put the deadline on the alarm thread, and publish how to withdraw it
+        (``core.current.job_alarm``)."""
         if self._timeout <= 0:
             return
-        self._timer = threading.Timer(self._timeout, self._fire)
-        self._timer.daemon = True
-        self._timer.start()
+        self._armed = True
+        _alarms.arm(time.monotonic() + self._timeout, self)
         if self._job_timeout:
             job_alarm.set(self.cancel_death_penalty)
 
     def cancel_death_penalty(self) -> None:
-        """Stop the timer; a timeout raised but not yet delivered is taken back."""
+        """Withdraw the deadline; a timeout raised but not yet delivered is taken back."""
         with self._lock:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            withdrawn, self._armed = self._armed, False
             if self._pending:
                 _raise_in(self._thread, None)
                 self._pending = False
+                if _fired_in_thread.get(self._thread) is self:
+                    del _fired_in_thread[self._thread]
+        if withdrawn:
+            _alarms.withdrawn()
         if self._job_timeout:
             job_alarm.set(None)
 
     def _fire(self) -> None:
+        """On the alarm thread, once the deadline passed."""
         with self._lock:
-            if self._timer is None:
+            if not self._armed:
                 return  # withdrawn meanwhile
-            self._timer = None
+            self._armed = False
             self._pending = True
+            _fired_in_thread[self._thread] = self  # before the raise: its constructor reads it
             _raise_in(self._thread, self._exception)
             # An async job's thread waits for its coroutine without running bytecode: hand
             # it something to run, so the timeout is delivered now (run/async_body.py).
@@ -197,6 +202,113 @@ class SlotTimeout:
     def _delivered(self) -> None:
         # In the slot's thread, as the exception is made: nothing is pending any more.
         self._pending = False
+
+
+# The penalty whose timeout was raised in a slot's thread (by thread id) and not delivered yet:
+# the exception's constructor, which runs in that thread, takes it from here (a withdrawal that
+# takes the exception back removes it).
+_fired_in_thread: dict[int, SlotTimeout] = {}
+_noting_classes: dict[type[BaseException], type[BaseException]] = {}
+
+
+def _noting_class(base: type[BaseException]) -> type[BaseException]:
+    """``base`` with a constructor that notes the timeout on the run first (made once per base;
+    named like ``base``, so the history's error type is RQ's ``JobTimeoutException``)."""
+    cls = _noting_classes.get(base)
+    if cls is None:
+
+        def noted(exc: BaseException, *args: Any) -> None:
+            penalty = _fired_in_thread.pop(threading.get_ident(), None)
+            seconds = int(penalty._timeout) if penalty is not None else 0
+            BaseException.__init__(exc, f"Task exceeded maximum timeout value ({seconds} seconds)")
+            if penalty is None:
+                return
+            penalty._delivered()
+            state = current_run.get() if penalty._job_timeout else None
+            if state is not None:
+                state.note_timeout(seconds)
+
+        cls = type(base.__name__, (base,), {"__init__": noted})
+        _noting_classes[base] = cls
+    return cls
+
+
+class _SlotAlarms:
+    """The process's one alarm thread for every sibling slot's timeout: a heap of deadlines.
+
+    ``arm`` pushes a deadline and wakes the thread only when it is the new earliest; a
+    withdrawn penalty stays on the heap (no wake-up, no search) until its time, when the thread
+    finds it disarmed and drops it, or until withdrawn entries are the larger part of the heap,
+    when it is rebuilt without them: the heap holds at most about twice the armed deadlines,
+    however long the timeouts (memory stays flat over a long drain). Started on first use; a
+    forked child starts with none (as no timer thread survived a fork before).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, SlotTimeout]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._withdrawn = 0  # withdrawals since the last rebuild (some may have been dropped)
+
+    def arm(self, deadline: float, penalty: SlotTimeout) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._start()
+            heapq.heappush(self._heap, (deadline, next(self._seq), penalty))
+            if self._heap[0][2] is penalty:
+                self._cond.notify()
+
+    def withdrawn(self) -> None:
+        """A penalty on the heap was withdrawn; rebuild the heap once most entries are."""
+        with self._cond:
+            self._withdrawn += 1
+            if self._withdrawn > max(_REBUILD_AFTER, len(self._heap) // 2):
+                self._heap = [entry for entry in self._heap if entry[2]._armed]
+                heapq.heapify(self._heap)
+                self._withdrawn = 0
+
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="kumiko-slot-alarms", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            due: list[SlotTimeout] = []
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                now = time.monotonic()
+                while self._heap and self._heap[0][0] <= now:
+                    due.append(heapq.heappop(self._heap)[2])
+                if not due:
+                    self._cond.wait(self._heap[0][0] - now)
+                    continue
+            for penalty in due:  # outside the heap's lock: arm() never waits for a firing
+                try:
+                    penalty._fire()
+                except Exception:
+                    logger.exception("could not raise a slot's timeout")
+
+    def pending(self) -> int:
+        """Deadlines on the heap, withdrawn ones included (tests)."""
+        with self._cond:
+            return len(self._heap)
+
+
+# Withdrawals before the heap is rebuilt at the earliest (a rebuild is O(heap)).
+_REBUILD_AFTER = 64
+_alarms = _SlotAlarms()
+
+
+def _forget_in_child() -> None:
+    # The child has this thread only: no alarm thread, and a heap lock another thread may hold.
+    global _alarms
+    _alarms = _SlotAlarms()
+    _fired_in_thread.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def _raise_in(thread: int, exception: type[BaseException] | None) -> None:
