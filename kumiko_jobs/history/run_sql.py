@@ -383,7 +383,7 @@ def atomic_begin() -> str:
                 raise psycopg.errors.error_from_result(result, encoding=raw.info.encoding)
     value = results[-1].get_value(0, 0)
     assert value is not None
-    return value.decode()
+    return bytes(value).decode()
 
 
 def atomic_digest(secret: str) -> str:
