@@ -8,8 +8,12 @@ Drains ``--jobs`` runs of ``bench_write`` and as many of ``bench_write_atomic`` 
 * **PostgreSQL queries**: every query psycopg sends on any connection of this process (the
   project's and, with ``DB_ROLES``, the tenant logins'), including the ``BEGIN`` and ``COMMIT``
   psycopg sends itself and django-tenants' ``SET search_path``; each is one round trip;
-* **commits** among them (``COMMIT`` sent by psycopg; statements in autocommit commit on their
-  own and are counted under queries only);
+* **commits** among them (``COMMIT`` sent by psycopg, or ending a query as an atomic run's
+  success sends it; statements in autocommit commit on their own and are counted under queries
+  only);
+* **waited**: the queries whose reply the worker waited for before going on (all of them but
+  a tenant login's session reset, which ``core.session.send_discard`` sends without waiting and
+  reads after the run's finish);
 * **Redis round trips** (a pipeline counts once).
 
 Counts, not timings: they do not depend on the machine's load. Runs psycopg's pure-Python
@@ -40,13 +44,15 @@ def counting(statements: list[str] | None = None) -> Iterator[dict[str, int]]:
     from psycopg.pq import pq_ctypes
     from redis.client import Pipeline, Redis
 
-    counts = {"pg_queries": 0, "pg_commits": 0, "pg_begins": 0, "redis": 0}
+    from kumiko_jobs.core import session
+
+    counts = {"pg_queries": 0, "pg_commits": 0, "pg_begins": 0, "redis": 0, "pg_unwaited": 0}
 
     def pg(original: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
             counts["pg_queries"] += 1
             text = bytes(command).strip().upper() if isinstance(command, bytes | bytearray) else b""
-            counts["pg_commits"] += text == b"COMMIT"
+            counts["pg_commits"] += text == b"COMMIT" or text.endswith(b"; COMMIT")
             counts["pg_begins"] += text.startswith(b"BEGIN")
             if statements is not None:
                 shown = bytes(command) if isinstance(command, bytes | bytearray) else command
@@ -66,6 +72,16 @@ def counting(statements: list[str] | None = None) -> Iterator[dict[str, int]]:
         (pq_ctypes.PGconn, name, pg) for name in SEND_METHODS if hasattr(pq_ctypes.PGconn, name)
     ]
     patches += [(Redis, "execute_command", redis), (Pipeline, "execute", redis)]
+
+    def unwaited(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts["pg_unwaited"] += 1
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    if hasattr(session, "send_reset"):  # not before the reset was sent without waiting
+        patches.append((session, "send_reset", unwaited))
     originals = [(cls, name, cls.__dict__[name]) for cls, name, _ in patches]
     for cls, name, wrap in patches:
         setattr(cls, name, wrap(cls.__dict__[name]))
@@ -127,10 +143,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         tenants = create_tenants(args.tenants)
         rows = [(j.name, per_run(j, tenants, args.jobs)) for j in (bench_write, bench_write_atomic)]
         print(f"\nper run, {args.jobs} runs, {args.tenants} tenants, DB_ROLES {args.db_roles}")
-        print(f"  {'job':<34}{'PG queries':>11}{'BEGIN':>7}{'COMMIT':>8}{'Redis':>7}")
+        print(f"  {'job':<34}{'PG queries':>11}{'waited':>8}{'BEGIN':>7}{'COMMIT':>8}{'Redis':>7}")
         for name, c in rows:
+            waited = c["pg_queries"] - c["pg_unwaited"]
             print(
-                f"  {name:<34}{c['pg_queries']:>11.2f}{c['pg_begins']:>7.2f}"
+                f"  {name:<34}{c['pg_queries']:>11.2f}{waited:>8.2f}{c['pg_begins']:>7.2f}"
                 f"{c['pg_commits']:>8.2f}{c['redis']:>7.2f}"
             )
         if args.show:

@@ -19,6 +19,7 @@ from django.db import connection
 from django.test import override_settings
 from django_tenants.utils import tenant_context
 
+from kumiko_jobs.core import session
 from kumiko_jobs.guard.roles import connections as tenant_connections
 from kumiko_jobs.guard.roles import names as role_names
 from kumiko_jobs.guard.roles import privileges as role_grants
@@ -305,15 +306,24 @@ def test_a_warm_tenant_connection_costs_no_extra_statement(tenants):
         counted.append(str(query)[:40])
         return original(self, query, *args, **kwargs)
 
+    # A tenant login's reset is sent past psycopg's cursor, without waiting (core.session).
+    send_reset = session.send_reset
+
+    def counting_reset(raw: Any, statement: str) -> None:
+        counted.append(statement[:40])
+        send_reset(raw, statement)
+
     def statements_of_a_warm_run(mode: dict[str, Any]) -> int:
         support.run_for(tenants["t1"], role_jobs.role_whoami, mode)  # warm: connected, schema known
         counted.clear()
         psycopg.Cursor.execute = counting  # type: ignore[method-assign]
+        session.send_reset = counting_reset
         try:
             connects = tenant_connections.connects()
             run = support.run_for(tenants["t1"], role_jobs.role_whoami, mode)
         finally:
             psycopg.Cursor.execute = original  # type: ignore[method-assign]
+            session.send_reset = send_reset
         assert run.status == RunStatus.SUCCEEDED, run.error_message
         assert tenant_connections.connects() == connects  # no new connection
         return len(counted)

@@ -40,6 +40,7 @@ def reset(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     if request.param == "calibration":
         monkeypatch.setattr(session, "reset_borrowed", lambda conn: None)
         monkeypatch.setattr(session, "discard", lambda conn, raw=False: None)
+        monkeypatch.setattr(session, "send_discard", lambda conn: None)
     return str(request.param)
 
 

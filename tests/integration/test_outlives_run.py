@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django_tenants.utils import tenant_context
 
-from kumiko_jobs.core import current
+from kumiko_jobs.core import current, session
 from kumiko_jobs.core.db import ADMISSION_LOCK_CLASS
 from kumiko_jobs.guard.roles import names as role_names
 from kumiko_jobs.models import JobRun, RunStatus
@@ -232,15 +232,24 @@ def test_a_clean_warm_run_with_roles_costs_four_statements(tenants, guard_data):
         counted.append(str(query)[:60])
         return original(self, query, *args, **kwargs)
 
+    # The tenant login's reset is sent past psycopg's cursor, without waiting (core.session).
+    send_reset = session.send_reset
+
+    def counting_reset(raw: Any, statement: str) -> None:
+        counted.append(statement[:60])
+        send_reset(raw, statement)
+
     _runs((tenants["t1"], outlive_jobs.write_finding, {"value": "warm"}), mode=ROLES)
     with override_settings(KUMIKO_JOBS=ROLES):
         with tenant_context(tenants["t1"]):
             handle = outlive_jobs.write_finding.enqueue(value="x")
         psycopg.Cursor.execute = counting  # type: ignore[method-assign]
+        session.send_reset = counting_reset
         try:
             work()
         finally:
             psycopg.Cursor.execute = original  # type: ignore[method-assign]
+            session.send_reset = send_reset
     connection.set_schema_to_public()
     _succeeded(JobRun.objects.get(pk=handle.run_id))
     assert len(counted) == 4, counted

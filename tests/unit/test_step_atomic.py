@@ -53,11 +53,21 @@ class Transaction:
     def atomic_roll_back(self) -> None:
         self._rollback = True
 
-    def atomic_success(self, **params: Any) -> None:
+    def atomic_success(self, **params: Any) -> bool:
         if self.refuse:
-            raise DatabaseError("the run's transaction ended (xid-42 is not current)")
+            # As Django raises it: psycopg's error (the function's SQLSTATE) as its cause.
+            error = DatabaseError("the run's transaction ended (xid-42 is not current)")
+            error.__cause__ = _Refusal()
+            raise error
         self.events.append("success")
         self.successes.append(params)
+        return bool(params.get("commit"))
+
+
+class _Refusal(Exception):
+    """The success function's refusal as psycopg raises it (migration 0017)."""
+
+    sqlstate = "KJ001"
 
 
 @pytest.fixture
@@ -96,6 +106,7 @@ def test_a_success_is_recorded_in_the_bodys_transaction(tx: Transaction) -> None
     # With this delivery's secret, whose hash the records step wrote with the start.
     assert success["key"] == state.delivery.atomic_secret
     assert len(success["key"]) == 64
+    assert success["commit"] is True  # the outermost transaction: its COMMIT rides along
     assert state.atomicity.committed
 
 
@@ -180,5 +191,26 @@ def test_a_body_that_committed_on_its_own_fails_for_good(monkeypatch: pytest.Mon
         atomic(state, body(tx, lambda s: s.ending.succeed(1)))
     assert isinstance(caught.value.__cause__, DatabaseError)
     assert "xid-42 is not current" in str(caught.value)
+    assert tx.events == ["begin", "body", "rollback"]
+    assert not state.atomicity.committed
+
+
+def test_a_commit_that_failed_with_the_success_is_raised_as_it_came(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the COMMIT in the success's statement, an error that is not the function's refusal
+    (a deferred constraint checked at COMMIT) is the COMMIT's: raised as it came, for the
+    retry policy, not turned into a failure for good."""
+    from django.db import IntegrityError
+
+    tx = install(monkeypatch, Transaction())
+
+    def commit_fails(**params: Any) -> bool:
+        raise IntegrityError("deferred constraint violated at COMMIT")
+
+    monkeypatch.setattr(transitions, "atomic_success", commit_fails)
+    state = atomic_run(retries=5)
+    with pytest.raises(IntegrityError):
+        atomic(state, body(tx, lambda s: s.ending.succeed(1)))
     assert tx.events == ["begin", "body", "rollback"]
     assert not state.atomicity.committed

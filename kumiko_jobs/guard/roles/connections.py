@@ -109,6 +109,9 @@ def wrapper_for(alias: str, tenant_pk: Any, suffix: str = "") -> Any:
     if wrapper is None:
         wrapper = _new_wrapper(alias, role)
     else:
+        # The last run's session reset was sent without waiting (core.session.send_discard):
+        # its reply is read now, before anything else; a reset that failed closes the session.
+        session.settle_reset(wrapper)
         # Ended by PostgreSQL while pooled (a restart, idle_session_timeout): closed here, before
         # the run sends anything, so the wrapper logs in anew as the same role at its first
         # statement, where the run's guard adopts it (core.idle_connections).
@@ -134,6 +137,8 @@ def _new_wrapper(alias: str, role: str) -> Any:
     # It serves one tenant: its search path is set once, not again for every run.
     wrapper = search_path.keeping(load_backend(settings["ENGINE"]).DatabaseWrapper)(settings, alias)
     setattr(wrapper, ROLE_ATTRIBUTE, role)
+    # Only wrapper_for() hands it out again, and it reads the reset's reply first.
+    setattr(wrapper, session.DEFERS_RESET, True)
     original = wrapper.get_new_connection
 
     def get_new_connection(conn_params: Any) -> Any:

@@ -8,7 +8,9 @@ runs, and after a successful body
 records the success through migration 0017's SECURITY DEFINER function in the same
 transaction, which refuses without the attempt's secret (a job calling it for its own run or
 another running run of its tenant: issue 22) and if the body ended the transaction itself (a
-raw COMMIT or ROLLBACK the guard did not see). Then it commits:
+raw COMMIT or ROLLBACK the guard did not see). Then it commits, in the same round trip as the
+success (``SELECT ...; COMMIT``; the ``BEGIN`` likewise rides on the query that reads the
+transaction's id, ``run_sql.atomic_begin``):
 a crash before the COMMIT leaves neither the effect nor the success, one after it leaves both,
 and the redelivered message finds the run ``succeeded`` and is dropped (records step). A
 COMMIT whose reply is lost (a cut, a terminated session) is in doubt: the state says so, and the
@@ -55,9 +57,11 @@ def atomic(state: RunState, call_next: Next) -> None:
             if state.ending.outcome is not Outcome.SUCCEEDED or state.watch.violations:
                 run_sql.atomic_roll_back()
                 return
-            _record_success(state, xid, key)
-            crash_point(state)  # test hook: after the success, before the COMMIT
-            committing = outermost  # from here on, only the COMMIT can raise
+            crash_point(state)  # test hook: after the body, before its success and COMMIT
+            # The outermost transaction's COMMIT rides on the success (one round trip): from
+            # here on, a lost reply may hide a COMMIT that happened.
+            committing = outermost
+            _record_success(state, xid, key, commit=outermost)
     except (OperationalError, InterfaceError):
         if committing:
             # The COMMIT was sent and its reply lost (a cut, a terminated session): PostgreSQL
@@ -68,8 +72,9 @@ def atomic(state: RunState, call_next: Next) -> None:
     state.atomicity.note_committed()
 
 
-def _record_success(state: RunState, xid: str, key: str) -> None:
-    """The run's success through migration 0017's function, in the body's transaction."""
+def _record_success(state: RunState, xid: str, key: str, *, commit: bool) -> None:
+    """The run's success through migration 0017's function, in the body's transaction; with
+    ``commit``, the COMMIT in the same round trip (``run_sql.atomic_success``)."""
     try:
         transitions.atomic_success(
             run_id=state.envelope.run_id,
@@ -78,18 +83,30 @@ def _record_success(state: RunState, xid: str, key: str) -> None:
             key=key,
             finished_at=timezone.now(),
             result=state.ending.result,
+            commit=commit,
         )
     except DatabaseError as exc:
         if _connection_lost(exc):
             # The session died under it (pg_terminate_backend, a restart, a cut network):
-            # the transaction died with it, uncommitted, the body's writes too. Nothing
-            # happened, so the run is retried like any run whose database went away.
+            # without ``commit`` the transaction died with it, uncommitted, and the run is
+            # retried like any run whose database went away; with it, the COMMIT may have
+            # happened, and the records step asks the row (``atomic``: in doubt).
+            raise
+        if commit and not _refused(exc):
+            # Not the function's refusal: the COMMIT's own error (a deferred constraint, a
+            # serialization failure), or the function's on a live session. Nothing
+            # committed; raised as a failed COMMIT always was.
             raise
         # Not retried: a job that ends its own transaction does so again, and what it
         # committed before is committed (its effect may exist without the success).
         raise Unrecoverable(
             f"the atomic run's success could not be recorded in its transaction: {exc}"
         ) from exc
+
+
+def _refused(exc: DatabaseError) -> bool:
+    """Whether ``exc`` is the success function's refusal (migration 0017: SQLSTATE KJ001-KJ004)."""
+    return str(getattr(exc.__cause__, "sqlstate", None) or "").startswith("KJ")
 
 
 def _connection_lost(exc: DatabaseError) -> bool:

@@ -23,7 +23,7 @@ from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connec
 from django.utils import timezone
 
 from ... import signals
-from ...core import conf
+from ...core import conf, session
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
 from ...enqueueing import workflow_release
@@ -59,10 +59,14 @@ def records(state: RunState, call_next: Next) -> None:
         # Interrupted (cold shutdown, timeout outside the job body): never leave it running.
         state.ending.fail(state.ending.error or exc)
         _finish(state)
+        session.settle_resets()
         raise
     if state.ending.outcome is Outcome.SUCCEEDED and not state.definition.atomic:
         crash_point(state)  # test hook: the body's effect committed, its success not yet
     _finish(state)
+    # The tenant login's session reset (tenancy step) was sent without waiting; its reply came
+    # while the finish was written, and is read now, before the worker moves on (core.session).
+    session.settle_resets()
 
 
 def crash_point(state: RunState) -> None:
