@@ -3,10 +3,9 @@
 A run's row moves ``queued``/``deferred`` -> ``running`` -> an outcome, and each attempt leaves
 one ``JobAttempt`` row; whoever moves it (the records step, the relay, the sweep, an operator's
 cancel, a ``replace`` enqueue, a message for an unknown job) calls a function here, so the
-conditions of each move and the bounds of each column are written once. The two statements
-every run costs (start, finish), the progress update and an atomic run's success are SQL text
-in ``run_sql``; only this module calls those writes, and exports them with the rest, so the run
-side has one door to the history's rows.
+conditions of each move and the bounds of each column are written once. The start, the finish
+and the progress update are SQL text in ``run_sql``, an atomic run's success in ``atomic_sql``:
+only this module calls those writes, and exports them, so the run side has one door to them.
 
 Writes that are not a state change live beside their data: a new run's row is the enqueue's
 (``enqueueing``: ``outbox.save``, ``fanout.insert_new``, ``bulk_rows``, cron ticks, boot jobs),
@@ -30,7 +29,8 @@ from ..core import session
 from ..core.outcome import Outcome
 from ..models import WAITING_STATUSES, FlowPause, JobAttempt, JobFailure, JobRun, RunStatus
 from ..origin import ORIGIN_PATH_LIMIT
-from .run_sql import Started, atomic_success, finish, start, write_progress
+from .atomic_sql import atomic_success
+from .run_sql import Started, finish, start, write_progress
 
 __all__ = [
     "CANCEL_BY_LIMIT",

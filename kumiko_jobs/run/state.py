@@ -123,7 +123,7 @@ class Delivery:
     in_callers_transaction: bool = False
     # An ``atomic=True`` run's secret for this delivery: the records step writes its hash on
     # the run's row with the start, the atomic step hands it to the success function, which
-    # refuses without it (history/run_sql.py, ``atomic_digest``). Only this process holds it.
+    # refuses without it (history/atomic_sql.py, ``atomic_digest``). Only this process holds it.
     atomic_secret: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
 

@@ -20,7 +20,7 @@ from kumiko_jobs import transport
 from kumiko_jobs.core import conf
 from kumiko_jobs.core.envelope import decode
 from kumiko_jobs.enqueueing.messages import message_for
-from kumiko_jobs.history import run_sql
+from kumiko_jobs.history import atomic_sql
 from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
 from tests.conftest import probes, work, worker_env
 from tests.integration.test_reliability import Workers, attempts_of, status, workers  # noqa: F401
@@ -124,13 +124,13 @@ def test_the_success_function_forces_a_synchronous_commit(tenants):
     handle = jobs.probe.enqueue(tenant="t1", tag="x")
     key = "a secret of this test's own"
     JobRun.objects.filter(pk=handle.run_id).update(
-        status=RunStatus.RUNNING, attempts=1, atomic_key=run_sql.atomic_digest(key)
+        status=RunStatus.RUNNING, attempts=1, atomic_key=atomic_sql.atomic_digest(key)
     )
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit = off")
-        xid = run_sql.atomic_begin()
-        run_sql.atomic_success(
+        xid = atomic_sql.atomic_begin()
+        atomic_sql.atomic_success(
             run_id=handle.run_id,
             attempt=1,
             xid=xid,
@@ -157,7 +157,7 @@ def test_the_success_function_refuses_another_schemas_run(tenants):
         cursor.execute("SELECT pg_current_xact_id()::text")
         xid = cursor.fetchone()[0]
         cursor.execute(
-            f"SELECT {run_sql.atomic_function()}(%s, 1, %s::xid8, now(), NULL, NULL)",
+            f"SELECT {atomic_sql.atomic_function()}(%s, 1, %s::xid8, now(), NULL, NULL)",
             [handle.run_id, xid],
         )
     t1.close()

@@ -553,26 +553,30 @@ def _history_writes(name: str, tree: ast.AST) -> list[str]:
     return sorted(found)
 
 
-# The writes of ``history/run_sql.py``: only ``transitions`` calls them (and exports them).
-RUN_SQL_WRITES = frozenset({"start", "finish", "write_progress", "atomic_success"})
+# The writes of ``history/run_sql.py`` and ``history/atomic_sql.py``: only ``transitions`` calls
+# them (and exports them).
+HISTORY_SQL_WRITES = {
+    "run_sql": frozenset({"start", "finish", "write_progress"}),
+    "atomic_sql": frozenset({"atomic_success"}),
+}
 
 
 def _run_sql_writes(name: str, tree: ast.AST) -> list[str]:
-    """Calls of ``run_sql.<write>`` and imports of those names from ``run_sql``."""
+    """Calls of ``run_sql.<write>`` / ``atomic_sql.<write>`` and imports of those names."""
     found = []
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Attribute)
-            and node.attr in RUN_SQL_WRITES
             and isinstance(node.value, ast.Name)
-            and node.value.id == "run_sql"
+            and node.attr in HISTORY_SQL_WRITES.get(node.value.id, ())
         ):
-            found.append(f"{name}:{node.lineno} calls run_sql.{node.attr}")
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").endswith("run_sql"):
+            found.append(f"{name}:{node.lineno} calls {node.value.id}.{node.attr}")
+        elif isinstance(node, ast.ImportFrom):
+            module = (node.module or "").rsplit(".", 1)[-1]
             found += [
-                f"{name}:{node.lineno} imports run_sql.{alias.name}"
+                f"{name}:{node.lineno} imports {module}.{alias.name}"
                 for alias in node.names
-                if alias.name in RUN_SQL_WRITES
+                if alias.name in HISTORY_SQL_WRITES.get(module, ())
             ]
     return found
 
@@ -613,9 +617,20 @@ def test_the_history_rule_can_fail() -> None:
         "    d = {}\n"
         "    d.update(a=1)\n"
     )
-    assert _run_sql_writes("bad", ast.parse("from .run_sql import finish\nrun_sql.start()")) == [
+    assert sorted(
+        _run_sql_writes(
+            "bad",
+            ast.parse(
+                "from .run_sql import finish\nrun_sql.start()\n"
+                "from ..history.atomic_sql import atomic_success\natomic_sql.atomic_success()\n"
+                "atomic_sql.atomic_begin()\nother.finish()"
+            ),
+        )
+    ) == [
         "bad:1 imports run_sql.finish",
         "bad:2 calls run_sql.start",
+        "bad:3 imports atomic_sql.atomic_success",
+        "bad:4 calls atomic_sql.atomic_success",
     ]
     assert _history_writes("bad", bad) == [
         "bad:10 JobRun .delete()",

@@ -1,6 +1,6 @@
 """Unit tests for the atomic step (run/steps/atomic.py): no database.
 
-The step reaches its transaction only through ``history.run_sql`` (``atomic_transaction``,
+The step reaches its transaction only through ``history.atomic_sql`` (``atomic_transaction``,
 ``atomic_roll_back``) and records the success through ``history.transitions``
 (``atomic_success``); ``Transaction`` below stands in for both and notes what happened.
 Pinned: only an ``atomic=True`` tenant run gets the transaction; a success is recorded in it
@@ -22,7 +22,7 @@ from django.db import DatabaseError
 
 from kumiko_jobs.core.exceptions import Unrecoverable
 from kumiko_jobs.core.outcome import DeferralKind
-from kumiko_jobs.history import run_sql, transitions
+from kumiko_jobs.history import atomic_sql, transitions
 from kumiko_jobs.run.state import RunState
 from kumiko_jobs.run.steps.atomic import atomic
 from tests.unit.states import make_state
@@ -76,8 +76,8 @@ def tx(monkeypatch: pytest.MonkeyPatch) -> Transaction:
 
 
 def install(monkeypatch: pytest.MonkeyPatch, tx: Transaction) -> Transaction:
-    monkeypatch.setattr(run_sql, "atomic_transaction", tx.atomic_transaction)
-    monkeypatch.setattr(run_sql, "atomic_roll_back", tx.atomic_roll_back)
+    monkeypatch.setattr(atomic_sql, "atomic_transaction", tx.atomic_transaction)
+    monkeypatch.setattr(atomic_sql, "atomic_roll_back", tx.atomic_roll_back)
     monkeypatch.setattr(transitions, "atomic_success", tx.atomic_success)
     return tx
 

@@ -28,7 +28,7 @@ from kumiko_jobs.core.exceptions import Unrecoverable
 from kumiko_jobs.core.outcome import DeferralKind, Outcome
 from kumiko_jobs.enqueueing import followups
 from kumiko_jobs.enqueueing.followups import collecting
-from kumiko_jobs.history import rejections, run_sql, transitions
+from kumiko_jobs.history import atomic_sql, rejections, run_sql, transitions
 from kumiko_jobs.models import JobRun
 from kumiko_jobs.run.state import Found, Missing, RunState
 from kumiko_jobs.run.steps.records import records
@@ -219,7 +219,7 @@ def test_a_taken_over_atomic_run_gets_the_new_deliverys_key(
     history = install(monkeypatch, History(updated=False, row=("running", 1)))
     state = make_state(attempt=2, atomic=True)
     records(state, succeeding())
-    assert history.took_over_key == run_sql.atomic_digest(state.delivery.atomic_secret)
+    assert history.took_over_key == atomic_sql.atomic_digest(state.delivery.atomic_secret)
     assert history.start_params["atomic_key"] == history.took_over_key
 
 

@@ -2,7 +2,7 @@
 
 Between the tenancy step (the body's connection: under DB_ROLES the tenant's login) and the
 guard. The records step has already written, with the run's start, the hash of a secret only
-this delivery holds (``Delivery.atomic_secret``, ``run_sql.atomic_digest``). The transaction is
+this delivery holds (``Delivery.atomic_secret``, ``atomic_sql.atomic_digest``). The transaction is
 opened on the default alias of the body's connection; the runner reads its id before the body
 runs, and after a successful body
 records the success through migration 0017's SECURITY DEFINER function in the same
@@ -10,7 +10,7 @@ transaction, which refuses without the attempt's secret (a job calling it for it
 another running run of its tenant: issue 22) and if the body ended the transaction itself (a
 raw COMMIT or ROLLBACK the guard did not see). Then it commits, in the same round trip as the
 success (``SELECT ...; COMMIT``; the ``BEGIN`` likewise rides on the query that reads the
-transaction's id, ``run_sql.atomic_begin``):
+transaction's id, ``atomic_sql.atomic_begin``):
 a crash before the COMMIT leaves neither the effect nor the success, one after it leaves both,
 and the redelivered message finds the run ``succeeded`` and is dropped (records step). A
 COMMIT whose reply is lost (a cut, a terminated session) is in doubt: the state says so, and the
@@ -29,7 +29,7 @@ from django.utils import timezone
 from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
 from ...guard.roles import search_path
-from ...history import run_sql, transitions
+from ...history import atomic_sql, transitions
 from ..pipeline import Next
 from ..state import RunState
 from .records import crash_point
@@ -52,10 +52,10 @@ def atomic(state: RunState, call_next: Next) -> None:
     outermost = not connections[DEFAULT_DB_ALIAS].in_atomic_block
     committing = False
     try:
-        with run_sql.atomic_transaction() as xid:
+        with atomic_sql.atomic_transaction() as xid:
             call_next(state)
             if state.ending.outcome is not Outcome.SUCCEEDED or state.watch.violations:
-                run_sql.atomic_roll_back()
+                atomic_sql.atomic_roll_back()
                 return
             crash_point(state)  # test hook: after the body, before its success and COMMIT
             # The outermost transaction's COMMIT rides on the success (one round trip): from
@@ -74,7 +74,7 @@ def atomic(state: RunState, call_next: Next) -> None:
 
 def _record_success(state: RunState, xid: str, key: str, *, commit: bool) -> None:
     """The run's success through migration 0017's function, in the body's transaction; with
-    ``commit``, the COMMIT in the same round trip (``run_sql.atomic_success``)."""
+    ``commit``, the COMMIT in the same round trip (``atomic_sql.atomic_success``)."""
     try:
         transitions.atomic_success(
             run_id=state.envelope.run_id,

@@ -28,7 +28,7 @@ from ...core.exceptions import Unrecoverable
 from ...core.outcome import Outcome
 from ...enqueueing import workflow_release
 from ...enqueueing.fanout import insert_new
-from ...history import audit, rejections, run_sql, transitions
+from ...history import atomic_sql, audit, rejections, transitions
 from ...models import RunStatus
 from .. import report
 from ..pipeline import Next
@@ -89,7 +89,7 @@ def _start(state: RunState) -> bool:
     now = timezone.now()
     state.timing = Timing(started_at=now)
     # An atomic run's key rides on the start: no statement of its own (the atomic step).
-    key = run_sql.atomic_digest(state.delivery.atomic_secret) if state.definition.atomic else ""
+    key = atomic_sql.atomic_digest(state.delivery.atomic_secret) if state.definition.atomic else ""
     started = transitions.start(
         run_id=env.run_id,
         attempt=env.attempt,
