@@ -17,10 +17,11 @@ ADMISSION_LOCK_TABLE = "kumiko_jobs_admissionlock"
 # the advisory lock during a rolling deploy, cannot be blocked by a tenant run of this one.
 ADMISSION_LOCK_CLASS = 0x4B4A  # "KJ"
 
-# Created by migration 0011, replaced by 0017 (SECURITY DEFINER, owned by the project user);
-# its signature. The last argument is the attempt's key (run/steps/atomic.py).
+# Created by migration 0011, replaced by 0017 and 0029 (SECURITY DEFINER, owned by the project
+# user); its signature. The sixth argument is the attempt's key, the seventh the attempt's finish
+# written in the same transaction (run/steps/atomic.py).
 ATOMIC_FUNCTION = "kumiko_jobs_atomic_success"
-ATOMIC_SIGNATURE = "(uuid, integer, xid8, timestamptz, jsonb, text)"
+ATOMIC_SIGNATURE = "(uuid, integer, xid8, timestamptz, jsonb, text, jsonb)"
 
 # The dashboard's rollups (migrations 0024, 0025 and 0026): tables without a model, written only by
 # the workers' maintenance round (history/rollup.py). Without a model the guard would not know

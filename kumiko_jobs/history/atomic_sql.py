@@ -1,6 +1,7 @@
 """The atomic run's statements on the body's connection (docs/reliability.md, "Exactly once for
 database-only jobs"): its transaction and that transaction's id, and its success, recorded in
-the same transaction through migration 0017's function.
+the same transaction through migration 0029's function (with the attempt's finish, in the
+common case).
 
 Apart from ``run_sql`` (the start and the finish every run costs) because they are a concern of
 their own: they run on the body's connection, inside the job's transaction, where the start
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
@@ -99,12 +100,16 @@ def atomic_success(
     finished_at: datetime,
     result: Any,
     commit: bool = False,
+    finish: Mapping[str, Any] | None = None,
 ) -> bool:
-    """The run's success, in the body's transaction, through migration 0017's function: the
+    """The run's success, in the body's transaction, through migration 0029's function: the
     body's login may hold no privilege on kumiko's tables (DB_ROLES). The function also sets
     ``synchronous_commit = on`` for the transaction and refuses when the job ended the
     transaction the runner opened (``xid``), without the attempt's secret (``key``, see
     ``atomic_digest``), or when the run no longer runs this attempt.
+
+    ``finish`` (``riding_finish``): the attempt's row and the run's last columns, written by the
+    function in the same transaction, so no finish statement follows on the project's connection.
 
     With ``commit`` (the outermost transaction), the ``COMMIT`` follows in the same simple
     query (``SELECT ...; COMMIT``): one round trip for both. If the function refuses, PostgreSQL
@@ -117,7 +122,7 @@ def atomic_success(
     with public_cursor() as cursor:
         commits = commit and isinstance(cursor.cursor, psycopg.ClientCursor)
         cursor.execute(
-            f"SELECT {atomic_function()}(%s, %s, %s::xid8, %s, %s, %s)"
+            f"SELECT {atomic_function()}(%s, %s, %s::xid8, %s, %s, %s, %s)"
             + ("; COMMIT" if commits else ""),
             [
                 uuid.UUID(run_id),
@@ -126,6 +131,29 @@ def atomic_success(
                 finished_at,
                 None if result is None else Jsonb(result),
                 key,
+                None if finish is None else Jsonb(dict(finish)),
             ],
         )
     return commits
+
+
+def riding_finish(
+    attempt: Mapping[str, Any], run: Mapping[str, Any], clear_subject: str | None
+) -> dict[str, Any]:
+    """What the success function writes of a successful attempt's finish (migration 0029):
+    ``attempt`` and ``run`` are the finish's columns (``transitions.attempt_columns`` and
+    ``run_columns``); ``clear_subject``, the subject whose tenant-visible failure the success
+    clears (the function takes the schema and the job from the run's row). The outcome, the
+    error columns and ``finished_at`` are the function's own."""
+    finish: dict[str, Any] = {
+        "started_at": attempt["started_at"].isoformat(),
+        "duration_ms": attempt["duration_ms"],
+        "log": attempt["log"],
+        "worker": attempt["worker"],
+    }
+    if "progress" in run:
+        finish["progress"] = run["progress"]
+        finish["progress_message"] = run["progress_message"]
+    if clear_subject is not None:
+        finish["clear_subject"] = clear_subject
+    return finish

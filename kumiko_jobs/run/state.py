@@ -294,12 +294,13 @@ class Cancellation:
 @dataclass(slots=True)
 class Atomicity:
     """An ``atomic=True`` run's transaction (the atomic step's part; the records step settles
-    ``in_doubt``). ``committed`` once the body's writes and the run's success committed together;
-    ``in_doubt`` while nobody knows: its COMMIT met a lost connection, and the server may have
-    committed what the client never heard of (the records step asks the run's row)."""
+    ``in_doubt``). ``committed`` once the body's writes and the success (with a ``riding_end``,
+    its finish too) committed together; ``in_doubt`` while nobody knows: its COMMIT met a lost
+    connection, and the server may have committed it (the records step asks the run's row)."""
 
     committed: bool = False
     in_doubt: bool = False
+    riding_end: Any = None  # the attempt's end the success function wrote (0029), or None
 
     def note_committed(self, committed: bool = True) -> None:
         """Whether the transaction holding the body's writes and the success committed."""
@@ -379,9 +380,7 @@ class RunState:
 
     @tenant.setter
     def tenant(self, tenant: Any) -> None:
-        """Set by the gates step; stored on the Watch, so the guard checks against the same tenant
-        the run enters.
-        """
+        """Set by the gates step; on the Watch, so the guard checks against the tenant entered."""
         self.watch.tenant = tenant
 
     def note_timeout(self, seconds: int) -> None:

@@ -169,12 +169,20 @@ def granted_session_advisory_lock(ctx: JobContext) -> None:
 # --- the atomic success function ----------------------------------------------------------------
 
 FORGED = {"forged": True}
+# A finish a forger would have the function write with the success (migration 0029's seventh
+# argument): an attempt row and the run's duration of its choice.
+FORGED_FINISH = (
+    '{"started_at": "2026-01-01T00:00:00+00:00", "duration_ms": 1, "log": ["forged"], '
+    '"worker": "forged", "clear_subject": ""}'
+)
 
 
 def _call_success(cursor: Any, run_id: str, attempt: int) -> str:
     """Call the success function for ``run_id`` with this transaction's own id and a result of
-    the job's choice, in every signature it had (0011: five arguments, 0017: six)."""
+    the job's choice, in every signature it had (0011: five arguments, 0017: six, 0029: seven)."""
     calls = [
+        "SELECT public.kumiko_jobs_atomic_success(%s::uuid, %s, pg_current_xact_id(), now(), "
+        "%s::jsonb, %s, %s::jsonb)",
         "SELECT public.kumiko_jobs_atomic_success(%s::uuid, %s, pg_current_xact_id(), now(), "
         "%s::jsonb, %s)",
         "SELECT public.kumiko_jobs_atomic_success(%s::uuid, %s, pg_current_xact_id(), now(), "
@@ -183,8 +191,10 @@ def _call_success(cursor: Any, run_id: str, attempt: int) -> str:
     outcomes = []
     for sql in calls:
         params: list[Any] = [run_id, attempt, '{"forged": true}']
-        if sql.count("%s") == 4:
+        if sql.count("%s") >= 4:
             params.append("a guessed key")
+        if sql.count("%s") == 5:
+            params.append(FORGED_FINISH)
         try:
             with transaction.atomic():
                 cursor.execute(sql, params)
@@ -198,6 +208,11 @@ def _raw_success(raw: Any, run_id: str, attempt: int) -> str:
     """``_call_success`` on the raw driver, each call in a savepoint (or its own transaction)."""
     outcomes = []
     for sql, params in (
+        (
+            "SELECT public.kumiko_jobs_atomic_success(%s::uuid, %s, pg_current_xact_id(), now(), "
+            "%s::jsonb, %s, %s::jsonb)",
+            [run_id, attempt, '{"forged": true}', "a guessed key", FORGED_FINISH],
+        ),
         (
             "SELECT public.kumiko_jobs_atomic_success(%s::uuid, %s, pg_current_xact_id(), now(), "
             "%s::jsonb, %s)",

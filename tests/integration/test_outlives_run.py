@@ -372,6 +372,15 @@ def _victim_state(observer: support.Observer, run_id: str) -> tuple[str, Any]:
     return row[0][0], row[0][1]
 
 
+def _planted(observer: support.Observer, run_id: str) -> int:
+    """Attempt rows a forged finish (``outlive_jobs.FORGED_FINISH``) would have written."""
+    rows = observer.rows(
+        "SELECT count(*) FROM public.kumiko_jobs_jobattempt WHERE run_id = %s AND worker = %s",
+        (run_id, "forged"),
+    )
+    return int(rows[0][0])
+
+
 def test_a_grantless_job_cannot_mark_another_run_succeeded(tenants, guard_data, observer):
     """Roles on: a tenant login may execute the function; with its own pg_current_xact_id()
     and a result of its choice it marked any running run of its tenant succeeded."""
@@ -382,6 +391,7 @@ def test_a_grantless_job_cannot_mark_another_run_succeeded(tenants, guard_data, 
     )
     assert "accepted" not in _findings(observer, "t1")["forged"]
     assert _victim_state(observer, str(victim.run_id)) == ("running", None)
+    assert _planted(observer, str(victim.run_id)) == 0
     assert run.status in (RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
@@ -396,6 +406,7 @@ def test_unsafe_raw_cannot_mark_another_run_succeeded_either(tenants, guard_data
     _succeeded(run)
     assert _findings(observer, "t1")["forged"].startswith("refused")
     assert _victim_state(observer, str(victim.run_id)) == ("running", None)
+    assert _planted(observer, str(victim.run_id)) == 0
 
 
 @MODES
@@ -404,12 +415,18 @@ def test_an_atomic_job_cannot_choose_its_own_result(tenants, guard_data, observe
     _succeeded(run)
     status, result = _victim_state(observer, str(run.run_id))
     assert (status, result) == ("succeeded", {"returned": True})
+    assert _planted(observer, str(run.run_id)) == 0
     assert "accepted" not in _findings(observer, "t1")["forged"]
 
 
-def test_the_success_function_of_migration_0011_is_gone(observer):
-    old = "public.kumiko_jobs_atomic_success(uuid, integer, xid8, timestamptz, jsonb)"
-    assert observer.value("SELECT to_regprocedure(%s)", (old,)) is None
+def test_the_success_functions_of_migrations_0011_and_0017_are_gone(observer):
+    for old in (
+        "public.kumiko_jobs_atomic_success(uuid, integer, xid8, timestamptz, jsonb)",
+        "public.kumiko_jobs_atomic_success(uuid, integer, xid8, timestamptz, jsonb, text)",
+    ):
+        assert observer.value("SELECT to_regprocedure(%s)", (old,)) is None, old
+    new = "public.kumiko_jobs_atomic_success(uuid, integer, xid8, timestamptz, jsonb, text, jsonb)"
+    assert observer.value("SELECT to_regprocedure(%s)::text", (new,)) is not None
 
 
 def test_every_context_variable_of_kumiko_carries_its_prefix():

@@ -436,6 +436,18 @@ def plain_write(ctx, *, tag: str, how: str = "") -> str:
     return tag
 
 
+@job(
+    atomic=True,
+    tenant_visible_failure={"message_key": "testapp.generic", "subject_fields": ["tag"]},
+)
+def atomic_reports(ctx, *, tag: str) -> str:
+    """Logs, reports progress and writes (tests/integration/test_atomic_finish_rides.py)."""
+    ctx.log.info("writing", tag=tag)
+    ctx.progress(0.5, "half way")
+    _probe(ctx, tag)
+    return tag
+
+
 @job(atomic=True)
 def atomic_followup(ctx, *, tag: str) -> None:
     ctx.enqueue(probe, tag=tag)

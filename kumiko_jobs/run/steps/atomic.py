@@ -4,9 +4,10 @@ Between the tenancy step (the body's connection: under DB_ROLES the tenant's log
 guard. The records step has already written, with the run's start, the hash of a secret only
 this delivery holds (``Delivery.atomic_secret``, ``atomic_sql.atomic_digest``). The transaction is
 opened on the default alias of the body's connection; the runner reads its id before the body
-runs, and after a successful body
-records the success through migration 0017's SECURITY DEFINER function in the same
-transaction, which refuses without the attempt's secret (a job calling it for its own run or
+runs, and after a successful body records the success through migration 0029's SECURITY
+DEFINER function in the same transaction (in the common case with the attempt's row and the
+run's last columns: the run's finish, so no finish statement and no second synchronous commit
+follow), which refuses without the attempt's secret (a job calling it for its own run or
 another running run of its tenant: issue 22) and if the body ended the transaction itself (a
 raw COMMIT or ROLLBACK the guard did not see). Then it commits, in the same round trip as the
 success (``SELECT ...; COMMIT``; the ``BEGIN`` likewise rides on the query that reads the
@@ -32,7 +33,7 @@ from ...guard.roles import search_path
 from ...history import atomic_sql, transitions
 from ..pipeline import Next
 from ..state import RunState
-from .records import crash_point
+from .records import attempt_end, crash_point
 
 
 def atomic(state: RunState, call_next: Next) -> None:
@@ -73,19 +74,31 @@ def atomic(state: RunState, call_next: Next) -> None:
 
 
 def _record_success(state: RunState, xid: str, key: str, *, commit: bool) -> None:
-    """The run's success through migration 0017's function, in the body's transaction; with
-    ``commit``, the COMMIT in the same round trip (``atomic_sql.atomic_success``)."""
+    """The run's success through migration 0029's function, in the body's transaction; with
+    ``commit``, the COMMIT in the same round trip (``atomic_sql.atomic_success``). In the common
+    case the attempt's finish rides along (``_riding_end``), and the records step writes none."""
+    end = _riding_end(state)
+    finish = None
+    if end is not None:
+        state.atomicity.riding_end = end
+        clears = state.tenancy.subject if state.envelope.schema else None
+        finish = atomic_sql.riding_finish(
+            transitions.attempt_columns(end), transitions.run_columns(end), clears
+        )
     try:
         transitions.atomic_success(
             run_id=state.envelope.run_id,
             attempt=state.envelope.attempt,
             xid=xid,
             key=key,
-            finished_at=timezone.now(),
+            finished_at=end.finished_at if end is not None else timezone.now(),
             result=state.ending.result,
             commit=commit,
+            finish=finish,
         )
     except DatabaseError as exc:
+        if end is not None and end.progress:
+            state.progress.dirty = True  # not written: the records step's finish writes it
         if _connection_lost(exc):
             # The session died under it (pg_terminate_backend, a restart, a cut network):
             # without ``commit`` the transaction died with it, uncommitted, and the run is
@@ -102,6 +115,17 @@ def _record_success(state: RunState, xid: str, key: str, *, commit: bool) -> Non
         raise Unrecoverable(
             f"the atomic run's success could not be recorded in its transaction: {exc}"
         ) from exc
+
+
+def _riding_end(state: RunState) -> transitions.AttemptEnd | None:
+    """The successful attempt's end, when its finish can be written by the success function: the
+    records step's common case (one statement: the attempt's row, the run's columns, the tenant's
+    failure cleared). A finish with more to write (escape-hatch uses, a workflow moved on) is
+    written by the records step after the COMMIT, as before. (An atomic job has no follow-ups:
+    ``ctx.enqueue`` refuses them.)"""
+    if state.audit_uses.reported or state.workflow.workflow_id:
+        return None
+    return attempt_end(state)
 
 
 def _refused(exc: DatabaseError) -> bool:

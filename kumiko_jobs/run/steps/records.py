@@ -184,7 +184,11 @@ def _finish(state: RunState) -> None:
     env = state.envelope
     _end_stray_transaction(state)
     _settle_in_doubt(state)
-    end = _attempt_end(state)
+    if state.atomicity.committed and state.atomicity.riding_end is not None:
+        # Written by the atomic step's success function, in the body's transaction (0029).
+        _finished(state, state.atomicity.riding_end)
+        return
+    end = attempt_end(state)
     outcome = end.outcome
     records_failure = (
         bool(env.schema) and outcome is Outcome.FAILED and bool(state.ending.failure_key)
@@ -202,6 +206,11 @@ def _finish(state: RunState) -> None:
     else:
         now = end.finished_at
         transitions.finish_attempt(end, also=lambda: _other_writes(state, now))
+    _finished(state, end)
+
+
+def _finished(state: RunState, end: transitions.AttemptEnd) -> None:
+    """The attempt's outcome is written: send its signal and report it."""
     # Written: an enqueue from here on (a signal receiver's) is an ordinary enqueue.
     state.followups.close()
     _send_outcome(state, end)
@@ -224,7 +233,7 @@ def _end_stray_transaction(state: RunState) -> None:
         )
 
 
-def _attempt_end(state: RunState) -> transitions.AttemptEnd:
+def attempt_end(state: RunState) -> transitions.AttemptEnd:
     """The attempt's end as the history records it (``transitions`` makes the columns)."""
     now = timezone.now()
     ending = state.ending
