@@ -35,6 +35,7 @@ from .fair_common import COMMON
 from .fair_policy import DEFAULT_ESTIMATE
 from .fair_rates import RATE_PREFIX, RATES
 from .keys import FAIR_PREFIX, FAIR_TOKEN, PAUSE_PREFIX
+from .rq_start import START
 
 # The finish's half (fair_charge.py) and the pieces every script shares (fair_common.py), at
 # the paths the worker, the tests and the benches use.
@@ -119,7 +120,9 @@ local function field(fields, name)
   end
   return nil
 end
-
+"""
+    + START
+    + """
 -- After a bucket's head left: its next score, or out of the ready set when it ran dry.
 local function requeue(L, bucket, score)
   if redis.call('LLEN', L .. 'b:' .. bucket) == 0 then
@@ -284,7 +287,8 @@ local function pick()
             requeue(L, bucket, finish)
           end
           redis.call('LPOP', inbox)
-          redis.call('RPUSH', taken, id)
+          -- RQ's start, with the worker's arguments (rq_start.py), or the intermediate queue
+          if not rq_start(id, fields) then redis.call('RPUSH', taken, id) end
           local held_caps = ''
           if caps then held_caps = cjson.encode(caps) end
           return {id, fields, L, bucket, tostring(estimate), tostring(weight), held_caps}
@@ -307,14 +311,21 @@ def prefix_of(queue: str) -> str:
 
 
 def dequeue(
-    connection: Redis, queue: str, inbox: str, taken: str, job_prefix: str, mode: str
+    connection: Redis,
+    queue: str,
+    inbox: str,
+    taken: str,
+    job_prefix: str,
+    mode: str,
+    start: tuple[str, ...] = (),
 ) -> list[Any]:
     """Run the dequeue script: ``[job id, fields, lane, bucket, estimate, weight, caps]`` for a
     pick, ``[job id, 0]`` for a key that is not a hash, ``["", why]`` for none ("empty",
     "paused": nothing eligible (paused, or held by a cap), "busy": more than 1000 ineligible
     heads met at once), and
     ``["", "rate", seconds]`` when only work over its rate limit waits: the soonest window
-    reopens in ``seconds``."""
+    reopens in ``seconds``. With ``start`` (``rq_start.StartArguments.args``) the script also
+    writes RQ's start of the job it picks."""
     script = _scripts.get(connection)
     if script is None:
         script = _scripts[connection] = connection.register_script(_DEQUEUE)
@@ -328,6 +339,7 @@ def dequeue(
             queue,
             DEFAULT_ESTIMATE,
             RATE_PREFIX,
+            *start,
         ],
     )
     return list(reply)

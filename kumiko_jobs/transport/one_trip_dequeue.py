@@ -18,7 +18,7 @@ from rq.job import Job, parse_job_id
 from rq.utils import as_text, backend_class, get_version
 
 from ..core import conf
-from . import doorbell, fair
+from . import doorbell, fair, rq_start
 
 
 class _OneTripDequeue:
@@ -61,7 +61,9 @@ class _OneTripDequeue:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             why, reopens = "", None
+            make_start = rq_start.starter.get()
             for queue in queues:
+                start = make_start(queue) if make_start is not None else None
                 popped = fair.dequeue(
                     connection,
                     queue.name,
@@ -69,6 +71,7 @@ class _OneTripDequeue:
                     queue.intermediate_queue_key,
                     job_cls.redis_job_namespace_prefix,
                     mode,
+                    start.args if start is not None else (),
                 )
                 job_id = as_text(popped[0])
                 if not job_id:
@@ -81,6 +84,8 @@ class _OneTripDequeue:
                     queue, job_id, popped, connection, job_cls, serializer, death_penalty_class
                 )
                 if found is not None:
+                    if start is not None and popped[1] != 0:  # the script wrote RQ's start
+                        found[0].kumiko_execution = start.execution(found[0])  # type: ignore[attr-defined]
                     return found
                 why = "busy"
             if why == "busy":

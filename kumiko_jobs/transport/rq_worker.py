@@ -27,7 +27,7 @@ from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQForkingWorker
 from rq.worker import WorkerStatus
 
-from . import done, fair
+from . import done, fair, rq_start
 from .one_trip_dequeue import one_trip_dequeue
 from .rate_limits import release_caps
 from .worker_cuts import RidesOutCuts
@@ -73,12 +73,13 @@ class BookkeepingSimpleWorker(RidesOutCuts, _StopsPubSubFirst, RQSimpleWorker):
     suspension check. This class writes the same keys and fields, so ``rq info``, django-rq's
     pages and RQ's registries show exactly what they show for RQ's own worker, in:
 
-    * one round trip for the dequeue of a single queue (a script doing RQ's ``LMOVE`` and the
-      ``HGETALL`` of the job hash; ``one_trip_dequeue.py``);
-    * one start pipeline (``MULTI``/``EXEC``): the execution, ``StartedJobRegistry``, the
-      worker's execution set, its state ``busy``, its heartbeat, the job's ``started`` fields,
-      ``PERSIST``, and the removal from the intermediate queue. One transaction, so no reader
-      ever sees the job in neither the intermediate queue nor the started registry;
+    * one round trip for the dequeue and the start (a script doing the pick, the ``HGETALL``
+      of the job hash, and RQ's start: the execution, ``StartedJobRegistry``, the worker's
+      execution set, its state ``busy``, its heartbeat, the job's ``started`` fields and
+      ``PERSIST``; ``one_trip_dequeue.py``, ``rq_start.py``). One atomic step, so no reader
+      ever sees the job in neither its queue nor the started registry. (A subclass with its
+      own ``get_heartbeat_ttl``, or a Redis before 6.2: RQ's start follows in one pipeline,
+      ``MULTI``/``EXEC``, with the removal from the intermediate queue);
     * one finish pipeline (``MULTI``/``EXEC``) for a successful attempt: RQ's own writes
       (counters, job status and fields, its last heartbeat and end time, the result stream,
       ``FinishedJobRegistry``, the execution's removal), the worker's state ``idle``, and two
@@ -144,8 +145,29 @@ class BookkeepingSimpleWorker(RidesOutCuts, _StopsPubSubFirst, RQSimpleWorker):
             return
         super().check_for_suspension(burst)
 
+    def dequeue_job_and_maintain_ttl(self, timeout: Any, max_idle_time: Any = None) -> Any:
+        """RQ's dequeue; its script also writes the picked job's start (``rq_start.py``), unless
+        this worker class computes RQ's heartbeat TTL its own way."""
+        if type(self).get_heartbeat_ttl is not RQSimpleWorker.get_heartbeat_ttl:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        token = rq_start.starter.set(self._start_arguments)
+        try:
+            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+        finally:
+            rq_start.starter.reset(token)
+
+    def _start_arguments(self, queue: Queue) -> rq_start.StartArguments:
+        busy_sent = self._state_sent == WorkerStatus.BUSY
+        return rq_start.start_arguments(self, queue, busy_sent=busy_sent)
+
     def prepare_execution(self, job: Job) -> Execution:
-        """RQ's execution record, written later in the start pipeline."""
+        """RQ's execution record, written later in the start pipeline (or already, by the
+        dequeue script: ``rq_start.py``)."""
+        started: Execution | None = getattr(job, "kumiko_execution", None)
+        if started is not None:
+            self.executions[started.id] = started
+            self._state = self._state_sent = WorkerStatus.BUSY
+            return started
         # RQ's rq.executions.prepare_execution, minus its execute(): the commands wait for
         # prepare_job_execution, which runs next (SimpleWorker.execute_job -> perform_job).
         pipeline = self.connection.pipeline()
@@ -165,7 +187,17 @@ class BookkeepingSimpleWorker(RidesOutCuts, _StopsPubSubFirst, RQSimpleWorker):
         """RQ's start of the job, sent with the execution record in one pipeline."""
         pipeline, self._start_pipeline = self._start_pipeline, None
         if pipeline is None:
-            super().prepare_job_execution(job, remove_from_intermediate_queue)
+            started: Execution | None = getattr(job, "kumiko_execution", None)
+            if started is None:
+                super().prepare_job_execution(job, remove_from_intermediate_queue)
+                return
+            # Written by the dequeue script; what RQ's heartbeat and prepare_for_execution
+            # set on the worker and the job besides.
+            self.last_heartbeat = started.created_at
+            job.worker_name = self.name
+            job.last_heartbeat = job.started_at = started.created_at
+            job._status = JobStatus.STARTED
+            self.procline(f"Processing {job.func_name} from {job.origin} since {time.time()}")
             return
         # RQ's prepare_job_execution on the start pipeline. Its job.heartbeat() is left out:
         # prepare_for_execution writes the same last_heartbeat field in the same HSET.

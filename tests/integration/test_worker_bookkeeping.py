@@ -242,3 +242,84 @@ def test_rq_suspend_during_a_message_stops_the_burst_before_the_next(
     expected = ["s0"] if suspend_now else ["s0", "s1", "s2"]
     assert sorted(SEEN) == expected
     assert transport.queue_length("default") == 3 - len(expected)
+
+
+# --- RQ's start, written by the dequeue script (transport/rq_start.py) --------------------------
+
+
+def _start_shape(job: Job) -> dict[str, Any]:
+    """What RQ's start left in Redis for ``job``, seen from its body: every key, field and TTL of
+    the execution, its registries, the worker's hash and the job's hash, relative to the job's
+    timeout and the clock (so that two workers' starts compare)."""
+    conn = job.connection
+    clock = int(conn.time()[0])
+    (execution_key,) = conn.keys(f"rq:execution:{job.id}:*")
+    execution_id = execution_key.decode().rsplit(":", 1)[1]
+    execution = {k.decode(): v.decode() for k, v in conn.hgetall(execution_key).items()}
+    worker_key = f"rq:worker:{execution['worker_name']}"
+    worker_executions = f"{worker_key}:executions"
+    registry = f"rq:executions:{job.id}"
+    composite = f"{job.id}:{execution_id}"
+    wip = StartedJobRegistry(queue=Queue(job.origin, connection=conn)).key
+    names = ("timeout", "status", "started_at", "last_heartbeat", "worker_name")
+    stored = dict(zip(names, (v.decode() for v in conn.hmget(job.key, names)), strict=True))
+    timeout = int(stored["timeout"])
+
+    def near(value: float) -> int:  # seconds relative to the job's timeout, to within a second
+        return round(value - timeout)
+
+    return {
+        "execution_fields": sorted(execution),
+        "execution_ids": (execution["id"], execution["job_id"]) == (execution_id, job.id),
+        "execution_ttl": near(conn.ttl(execution_key)),
+        "registry": [m.decode() for m in conn.zrange(registry, 0, -1)] == [execution_id],
+        "registry_score": near(conn.zscore(registry, execution_id) - clock),
+        "registry_ttl": near(conn.ttl(registry)),
+        "started_score": near(conn.zscore(wip, composite) - clock),
+        "worker_executions": conn.smembers(worker_executions) == {composite.encode()},
+        "worker_executions_ttl": near(conn.ttl(worker_executions)),
+        "worker_state": conn.hget(worker_key, "state"),
+        "worker_ttl": near(conn.ttl(worker_key)),
+        "worker_beat": conn.hget(worker_key, "last_heartbeat") is not None,
+        "job_status": stored["status"],
+        "job_started": stored["started_at"] == stored["last_heartbeat"] != "",
+        "job_worker": stored["worker_name"] == execution["worker_name"],
+        "job_ttl": conn.ttl(job.key),
+        "intermediate": conn.lrange(
+            Queue(job.origin, connection=conn).intermediate_queue_key, 0, 9
+        ),
+    }
+
+
+def observes_start(ctx: Any, *, tag: str) -> str:
+    job = get_current_job()
+    assert job is not None
+    SEEN[tag] = _start_shape(job)
+    return tag
+
+
+def plain_observes_start(tag: str) -> str:
+    """The same observation in a plain RQ job, under RQ's own SimpleWorker (the calibration)."""
+    job = get_current_job()
+    assert job is not None
+    SEEN[tag] = _start_shape(job)
+    return tag
+
+
+def test_the_dequeue_script_writes_rq_s_start_as_rq_s_own_worker_does(tenants, declare):
+    """One round trip for the pick and the start (rq_start.py), and Redis holds what RQ's own
+    SimpleWorker's start pipeline leaves: the same keys, fields and TTLs."""
+    job = declare(observes_start)
+    handle = job.enqueue(tenant="t1", tag="kumiko")
+    work()
+    assert JobRun.objects.get(pk=handle.run_id).status == RunStatus.SUCCEEDED
+    queue = transport.get_queue("default")
+    queue.enqueue(plain_observes_start, "rq", job_timeout=180, result_ttl=60)
+    RQSimpleWorker([queue], connection=queue.connection, serializer=queue.serializer).work(
+        burst=True
+    )
+    kumiko, rq = SEEN["kumiko"], SEEN["rq"]
+    assert kumiko["execution_ids"] and kumiko["registry"] and kumiko["worker_executions"]
+    assert kumiko["job_status"] == JobStatus.STARTED and kumiko["job_ttl"] == -1
+    assert kumiko["worker_state"] == b"busy" and kumiko["intermediate"] == []
+    assert kumiko == rq, {k: (kumiko[k], rq[k]) for k in kumiko if kumiko[k] != rq[k]}
