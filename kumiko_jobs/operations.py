@@ -6,6 +6,12 @@ started by an operator is indistinguishable from any other run except for its ``
 An action that does not apply raises ``OperationRefused``, defined with the other errors in
 core/exceptions.py and re-exported here: operators' code catches it under this module's name
 (docs/reference.md).
+
+``retry_run`` and ``cancel_run`` do not ask who may act (nor read ``@job(tenant_operable=...)``):
+the audience check is the caller's. The admin's run actions and a run page's buttons, the only
+callers a tenant's member reaches, ask admin/tenant_acts.py first (admin/actions.py,
+``refuse_member``); the others are the operators' (bulk.py, started from the operators' bulk
+page only; the CLI, management/cli/jobs.py).
 """
 
 from __future__ import annotations

@@ -136,12 +136,28 @@ def redis_conn() -> Any:
     return transport.connection_for("default")
 
 
+def refuse_unless_test_database() -> None:
+    """Raise unless the default database is a test database (``test_...``): what empties tables
+    (``live_db``, the guard suites' seed) asks first, so that a changed ``django_db_setup``
+    that left the settings on a development database fails instead of emptying it."""
+    from django.db import connection
+
+    name = str(connection.settings_dict["NAME"])
+    if not name.startswith("test_"):
+        raise RuntimeError(
+            f"refusing to run against {name!r}: not a test database (its name does not start "
+            "with test_)"
+        )
+
+
 @pytest.fixture
 def live_db(django_db_setup: None, django_db_blocker: Any, redis_conn: Any) -> Iterator[None]:
-    """Real commits (no wrapping transaction), clean tables and a flushed test Redis db."""
+    """Real commits (no wrapping transaction), clean tables and a flushed test Redis db; on a
+    test database only (``refuse_unless_test_database``)."""
     from django.db import connection
 
     with django_db_blocker.unblock():
+        refuse_unless_test_database()
         connection.set_schema_to_public()
         _truncate_all()
         redis_conn.flushdb()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection, connections
 
-from tests.conftest import TENANTS
+from tests.conftest import TENANTS, refuse_unless_test_database
 
 from .jobs import EXTRA_ALIAS
 
@@ -19,15 +19,6 @@ if TYPE_CHECKING:
 
 GUARD_TABLES = ("guardapp_secret", "guardapp_person", "guardapp_finding")
 PLANS = (("basic", "10.00"), ("pro", "25.00"))
-
-
-def refuse_unless_test_database() -> None:
-    name = str(connection.settings_dict["NAME"])
-    if not name.startswith("test_"):
-        raise RuntimeError(
-            f"refusing to run against {name!r}: not a test database (pytest-django creates one "
-            "only when a test of the session is marked django_db)"
-        )
 
 
 def seed() -> None:

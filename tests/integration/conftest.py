@@ -1,5 +1,6 @@
 """Fixtures shared by the two-walls suites (test_db_roles*.py; modules with a guard_data of
-their own, the classifier's suites, keep theirs) and by the chaos suites (``procs``)."""
+their own, the classifier's suites, keep theirs; ``cold_pool``, for the suites that watch a
+run's first connection) and by the chaos suites (``procs``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from kumiko_jobs.guard.roles import connections as tenant_connections
 from tests.chaos.workers import Processes
 from tests.guardapp import support
 
@@ -20,6 +22,16 @@ def guard_data(live_db: None) -> Iterator[None]:
     yield
     support.discard_worker_connections()
     support.clean()
+
+
+@pytest.fixture
+def cold_pool() -> Iterator[None]:
+    """Every test starts without pooled tenant connections, so its first run connects; those
+    its runs pooled are closed after it. Before ``live_db`` in ``usefixtures("cold_pool",
+    "live_db")``, so closed after ``live_db``'s end too."""
+    tenant_connections.close_all()
+    yield
+    tenant_connections.close_all()
 
 
 @pytest.fixture

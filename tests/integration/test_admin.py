@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from django.contrib.admin import DateFieldListFilter
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
@@ -185,7 +186,11 @@ def test_operator_lists_runs_of_every_tenant(operator, history):
         ("job=billing.sync_invoice", ("t1_sync",)),
         ("tenant=t1&status__exact=succeeded", ("t1_ok", "t1_sync")),
         ("q=t2-ok", ("t2_ok",)),
-        ("queued_at__gte=2000-01-01&queued_at__lt=2000-01-02", ()),
+        # As the date filter's links give them: with the time zone (a naive time warns).
+        (
+            "queued_at__gte=2000-01-01T00:00:00%2B00:00&queued_at__lt=2000-01-02T00:00:00%2B00:00",
+            (),
+        ),
     ],
 )
 def test_operator_filters_and_search(operator, history, query, expected):
@@ -464,6 +469,24 @@ def test_tenant_filters_stay_within_the_tenant(clerk, history):
     }
     assert "Send an invoice to the (pretend) accounting provider." in job_choices
     assert "testapp.probe" in job_choices
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_the_date_filters_links_are_aware_times_for_both_audiences(operator, clerk, history):
+    """Each link of the run list's "queued at" filter (Django's DateFieldListFilter), followed
+    on either audience's list, filters without a naive datetime (its RuntimeWarning is an
+    error here); "Past 7 days" lists the audience's runs."""
+    for client, runs in (
+        (operator, ids(*vars(history).values())),
+        (clerk, ids(history.t1_ok, history.t1_bad, history.t1_sync)),
+    ):
+        changelist = client.get(RUNS).context["cl"]
+        (spec,) = [s for s in changelist.filter_specs if isinstance(s, DateFieldListFilter)]
+        links = {str(c["display"]): c["query_string"] for c in spec.choices(changelist)}
+        assert len(links) == 5, links  # any date, today, past 7 days, this month, this year
+        for query in links.values():
+            listed(client.get(f"{RUNS}{query}"))
+        assert listed(client.get(f"{RUNS}{links['Past 7 days']}")) == runs
 
 
 def test_tenant_reads_failures_as_translated_sentences(clerk, history):

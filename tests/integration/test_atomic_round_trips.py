@@ -8,7 +8,6 @@ one round trip each. Now the ``BEGIN`` goes in the query that reads the transact
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +20,9 @@ from kumiko_jobs.guard.roles import names as role_names
 from kumiko_jobs.models import RunStatus
 from tests.guardapp import role_jobs, support
 
-pytestmark = pytest.mark.usefixtures("live_db")
+pytestmark = pytest.mark.usefixtures("cold_pool", "live_db")
 
 ROLES = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce", "DB_ROLES": True}
-
-
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
-@pytest.fixture(autouse=True)
-def _cold_pool() -> Iterator[None]:
-    tenant_connections.close_all()
-    yield
-    tenant_connections.close_all()
 
 
 def _pooled(tenant: Any) -> Any:

@@ -35,11 +35,6 @@ ROLES_ENFORCE = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce", "DB_ROLES": True
 NO_WALLS = {**settings.KUMIKO_JOBS, "DB_GUARD": "off", "DB_ROLES": False}
 
 
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
 def _project_user() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SELECT session_user")

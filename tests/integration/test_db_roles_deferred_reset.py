@@ -12,7 +12,6 @@ and never the planted state.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,21 +27,9 @@ from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import work
 from tests.guardapp import route_jobs, support
 
-pytestmark = pytest.mark.usefixtures("live_db")
+pytestmark = pytest.mark.usefixtures("cold_pool", "live_db")
 
 ROLES = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce", "DB_ROLES": True}
-
-
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
-@pytest.fixture(autouse=True)
-def _cold_pool() -> Iterator[None]:
-    tenant_connections.close_all()
-    yield
-    tenant_connections.close_all()
 
 
 def _run(tenant: Any, job: Any, **kwargs: Any) -> JobRun:

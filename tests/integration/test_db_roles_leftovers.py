@@ -29,11 +29,6 @@ pytestmark = pytest.mark.usefixtures("live_db")
 ROLES_ENFORCE = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce", "DB_ROLES": True}
 
 
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
 @pytest.fixture(params=["closed", "calibration"])
 def reset(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """``closed``: as shipped. ``calibration``: the reset that closes the case is off."""

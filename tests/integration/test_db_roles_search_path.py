@@ -10,7 +10,6 @@ tables are not, and fail the run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -23,22 +22,9 @@ from kumiko_jobs.guard.roles import names as role_names
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.guardapp import role_jobs, route_jobs, support
 
-pytestmark = pytest.mark.usefixtures("live_db")
+pytestmark = pytest.mark.usefixtures("cold_pool", "live_db")
 
 ROLES_ENFORCE = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce", "DB_ROLES": True}
-
-
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
-@pytest.fixture(autouse=True)
-def _cold_pool() -> Iterator[None]:
-    """Every test starts without pooled tenant connections: its first run connects."""
-    tenant_connections.close_all()
-    yield
-    tenant_connections.close_all()
 
 
 def _run(tenant: Any, job: Any, mode: dict[str, Any] = ROLES_ENFORCE, **kwargs: Any) -> JobRun:

@@ -29,11 +29,6 @@ pytestmark = pytest.mark.usefixtures("live_db")
 ROLES = {**settings.KUMIKO_JOBS, "DB_GUARD": "enforce", "DB_ROLES": True}
 
 
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
 def _enqueue(tenant: Any, job: Any, **kwargs: Any) -> str:
     with tenant_context(tenant):
         handle = job.enqueue(**kwargs)

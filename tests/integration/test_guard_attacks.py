@@ -47,12 +47,6 @@ pytestmark = pytest.mark.usefixtures("live_db")
 
 
 @pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    """Runs before live_db (autouse first), which would otherwise empty a development database."""
-    support.refuse_unless_test_database()
-
-
-@pytest.fixture(autouse=True)
 def _first_wall_only() -> Iterator[None]:
     """The classifier (the first wall) on its own: every run of this module shares the test's
     connection, as with DB_ROLES off. The second wall has its own suites (test_db_roles.py and

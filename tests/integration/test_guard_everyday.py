@@ -35,14 +35,8 @@ from kumiko_jobs.definition.registry import registry
 from kumiko_jobs.guard.wrapper import GuardWrapper
 from kumiko_jobs.history import audit
 from kumiko_jobs.run.state import RunState
-from tests.guardapp import support
 
 pytestmark = pytest.mark.usefixtures("live_db")
-
-
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
 
 
 def _state(tenant: Any) -> RunState:

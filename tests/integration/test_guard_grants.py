@@ -30,12 +30,6 @@ from tests.guardapp import jobs, support
 pytestmark = pytest.mark.usefixtures("live_db")
 
 
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    """Runs before live_db (autouse first), which would otherwise empty a development database."""
-    support.refuse_unless_test_database()
-
-
 SETTINGS = {"DB_GUARD": "enforce", "DEFAULT_RETRIES": 0}
 
 

@@ -36,11 +36,6 @@ ROLES_ONLY = {**settings.KUMIKO_JOBS, "DB_GUARD": "log", "DB_ROLES": True}
 MODES = {"roles_off": ROLES_OFF, "roles_on": ROLES_ON}
 
 
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
 @pytest.fixture
 def operators(observer: support.Observer) -> Iterator[support.Observer]:
     """The operators' rows in public (a session, a user, an admin log entry), each holding

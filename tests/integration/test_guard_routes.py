@@ -47,11 +47,6 @@ FIRST_WALL = {**settings.KUMIKO_JOBS, "DB_ROLES": False}
 OFF = {**FIRST_WALL, "DB_GUARD": "off"}
 
 
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
 @pytest.fixture
 def guard_data(live_db: None) -> Iterator[None]:
     support.seed()

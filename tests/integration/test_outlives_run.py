@@ -35,11 +35,6 @@ CLASSIFIER = {**ROLES, "DB_ROLES": False}
 MODES = pytest.mark.parametrize("mode", [ROLES, CLASSIFIER], ids=["roles", "classifier"])
 
 
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
 def _runs(*jobs: tuple[Any, ...], mode: dict[str, Any]) -> list[JobRun]:
     """Enqueue ``(tenant, job[, kwargs])`` in order, then one worker drains them all."""
     handles = []

@@ -48,11 +48,6 @@ SECRET = "gx-t2-private-value"
 
 
 @pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
-@pytest.fixture(autouse=True)
 def _roles_for_the_roles_mode(request: pytest.FixtureRequest) -> None:
     """With roles on, the tenants' roles exist also when the suite runs without them
     (KUMIKO_TEST_DB_ROLES=0), as in test_task_results_by_id.py."""

@@ -39,11 +39,6 @@ def _first_wall_only() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(autouse=True)
-def _only_on_a_test_database(django_db_setup: None) -> None:
-    support.refuse_unless_test_database()
-
-
 @pytest.fixture
 def guard_data(live_db: None) -> Iterator[None]:
     support.seed()

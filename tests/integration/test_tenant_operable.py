@@ -14,6 +14,8 @@ Calibrated (2026-12-06): with ``tenant_acts.refusal`` answering None, every test
 operators' fails (the member's retries and cancels go through); without its unregistered-job
 check, its tenant_operable check or its who-cancelled check, exactly the test of that check
 fails; with the run page's template showing refused buttons, the three members' tests fail.
+With ``RunActions.action_checkbox`` drawing every box again (2026-12-07), the checkbox test
+fails.
 """
 
 from __future__ import annotations
@@ -157,6 +159,25 @@ def test_runs_of_a_job_no_longer_registered_are_the_operators() -> None:
     assert rows() == before and not retries_of(failed)
 
     assert "1 run cancelled." in act(operator(), "cancel_selected", queued)
+
+
+def test_a_members_run_list_has_no_checkbox_on_the_runs_of_jobs_it_may_never_act_on() -> None:
+    """``RunActions.action_checkbox``: no box on a member's list for the runs of an operators-only
+    job or of a job no longer registered (listed all the same); its other runs keep theirs, a
+    cancelled one too (whether the member may retry it depends on who cancelled, which the list
+    does not read). The operators' list has a box on every run."""
+    (only,) = plant_of(jobs.operators_only.name, "t1", [RunStatus.FAILED])
+    (gone,) = plant_of(GONE, "t1", [RunStatus.QUEUED])
+    mine, cancelled = plant("t1", [RunStatus.FAILED, RunStatus.CANCELLED])
+    planted = (only, gone, mine, cancelled)
+
+    def boxed(client: Client) -> set[Any]:
+        page = client.get(RUNS).content.decode()
+        assert all(f"{RUNS}{r.pk}/change/" in page for r in planted)
+        return {r.pk for r in planted if f'name="_selected_action" value="{r.pk}"' in page}
+
+    assert boxed(member()) == {mine.pk, cancelled.pk}
+    assert boxed(operator()) == {r.pk for r in planted}
 
 
 def test_a_member_retries_a_cancelled_run_only_when_its_tenant_cancelled_it() -> None:
