@@ -64,15 +64,7 @@ class _OneTripDequeue:
             make_start = rq_start.starter.get()
             for queue in queues:
                 start = make_start(queue) if make_start is not None else None
-                popped = fair.dequeue(
-                    connection,
-                    queue.name,
-                    queue.key,
-                    queue.intermediate_queue_key,
-                    job_cls.redis_job_namespace_prefix,
-                    mode,
-                    start.args if start is not None else (),
-                )
+                popped = _pop(connection, queue, job_cls, mode, start)
                 job_id = as_text(popped[0])
                 if not job_id:
                     if as_text(popped[1]) == "rate":  # seconds until a rate window reopens
@@ -81,11 +73,16 @@ class _OneTripDequeue:
                     why = why if why == "busy" else as_text(popped[1])
                     continue
                 found = cls._restore_popped(
-                    queue, job_id, popped, connection, job_cls, serializer, death_penalty_class
+                    queue,
+                    job_id,
+                    popped,
+                    connection,
+                    job_cls,
+                    serializer,
+                    death_penalty_class,
+                    start,
                 )
                 if found is not None:
-                    if start is not None and popped[1] != 0:  # the script wrote RQ's start
-                        found[0].kumiko_execution = start.execution(found[0])  # type: ignore[attr-defined]
                     return found
                 why = "busy"
             if why == "busy":
@@ -108,8 +105,10 @@ class _OneTripDequeue:
         job_cls: type[Job],
         serializer: Any,
         death_penalty_class: Any,
+        start: rq_start.StartArguments | None = None,
     ) -> tuple[Job, Queue] | None:
-        """The dequeued job from the script's reply, read as RQ reads it (None: look again)."""
+        """The dequeued job from the script's reply, read as RQ reads it (None: look again);
+        with ``start``, the execution the script wrote for it (``rq_start.py``) goes with it."""
         flat = popped[1]
         if flat == 0:  # not a hash: RQ's own read raises, tagged for the worker
             return cast(
@@ -147,6 +146,8 @@ class _OneTripDequeue:
             job_id=job_id,
             caps=as_text(popped[6]) if len(popped) > 6 else "",
         )
+        if start is not None:  # the script wrote RQ's start of it
+            job.kumiko_execution = start.execution(job)  # type: ignore[attr-defined]
         return job, found
 
     @classmethod
@@ -164,6 +165,25 @@ class _OneTripDequeue:
         # wait for a push's ring (or a resume's), looking again within a second regardless.
         if not doorbell.wait_for_ring(connection, [q.name for q in queues], timeout):
             raise DequeueTimeout(timeout, queues[0].key)
+
+
+def _pop(
+    connection: Redis,
+    queue: Queue,
+    job_cls: type[Job],
+    mode: str,
+    start: rq_start.StartArguments | None,
+) -> list[Any]:
+    """One call of the dequeue script on ``queue`` (writing RQ's start too, with ``start``)."""
+    return fair.dequeue(
+        connection,
+        queue.name,
+        queue.key,
+        queue.intermediate_queue_key,
+        job_cls.redis_job_namespace_prefix,
+        mode,
+        start.args if start is not None else (),
+    )
 
 
 def _wait_for_window(
