@@ -14,6 +14,7 @@ import pytest
 
 from kumiko_jobs.transport.fair_policy import (
     DEFAULT_ESTIMATE,
+    OTHER_BUCKET,
     SYSTEM_BUCKET,
     Lane,
     Paused,
@@ -143,3 +144,26 @@ def test_jain_index():
     assert jain_index([1, 1, 1]) == 1.0
     assert jain_index([1, 0, 0]) == pytest.approx(1 / 3)
     assert jain_index([]) == 1.0
+
+
+def test_no_schema_name_shares_a_bucket_or_breaks_the_dequeue_s_separators():
+    """django-tenants accepts a tab, "!system" and "~other" in a schema name: those names are
+    encoded, so each tenant has a bucket of its own, none is the system's or the foreign
+    messages', and no bucket holds the tab the dequeue's members are split on. Plain names are
+    their own bucket (stored keys keep their names)."""
+    assert [bucket_of(s) for s in ("acme", "t1", "Acme-2", "a:b", "{x}", "a b", "zé")] == [
+        "acme",
+        "t1",
+        "Acme-2",
+        "a:b",
+        "{x}",
+        "a b",
+        "zé",
+    ]
+    assert bucket_of(None) == bucket_of("") == SYSTEM_BUCKET
+    hostile = [SYSTEM_BUCKET, OTHER_BUCKET, "x\tt2", "\t", "=", "=3d", "a\x1fb", "~", "!a"]
+    names = {"acme", "3d", "t2", *hostile, *(bucket_of(s) for s in hostile)}
+    buckets = [bucket_of(s) for s in names]
+    assert len(set(buckets)) == len(names)  # one bucket per name (encoded ones included)
+    assert SYSTEM_BUCKET not in buckets and OTHER_BUCKET not in buckets
+    assert not any(c < " " or c == "\x7f" for b in buckets for c in b)

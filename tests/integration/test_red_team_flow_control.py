@@ -1,0 +1,109 @@
+"""Red team, flow control: tenants named to collide with the dequeue's own names and separators.
+
+django-tenants 4 accepts almost any text as a schema name (it refuses only quotes, backslashes,
+";", NUL and line breaks, and a leading "pg_"): a tab, "!system" and "~other" are valid. The
+fair dequeue's Redis structures use the bucket (the tenant's schema) inside members and keys
+separated by tabs, and "!system"/"~other" are the buckets of system runs and foreign messages.
+These tests push real messages onto real Redis and drive the real dequeue and pause scripts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from kumiko_jobs import transport
+from kumiko_jobs.transport import fair
+from kumiko_jobs.transport.fair_policy import OTHER_BUCKET, SYSTEM_BUCKET
+
+pytestmark = pytest.mark.usefixtures("live_db")
+
+JOB = "testapp.probe"
+
+
+def message(n: int, schema: str | None, **extra: Any) -> transport.Message:
+    return transport.Message(
+        body="{}",
+        queue="default",
+        job_id=f"kj-attack-{n}",
+        timeout=60,
+        bucket=transport.bucket_of(schema),
+        job=JOB,
+        **extra,
+    )
+
+
+def dequeue() -> tuple[str, str]:
+    """(job id, bucket) of the next pick, or ("", why) when there is none."""
+    queue = transport.get_queue("default")
+    reply = fair.dequeue(
+        queue.connection, "default", queue.key, queue.intermediate_queue_key, "rq:job:", "tenant"
+    )
+    first = transport.decoded(reply[0]) or ""
+    if not first:
+        return "", transport.decoded(reply[1]) or ""
+    return first, transport.decoded(reply[3]) or ""
+
+
+def pause(*, tenants: tuple[str | None, ...] = (), job_tenants: tuple[str, ...] = ()) -> int:
+    """Assert these pauses into Redis as every maintenance round does; returns what it released."""
+    return transport.assert_pauses(
+        transport.connection_for("default"),
+        [],
+        [transport.bucket_of(t) for t in tenants],
+        [],
+        [(JOB, transport.bucket_of(t)) for t in job_tenants],
+        "tenant",
+    )
+
+
+def test_a_tenant_named_with_a_tab_cannot_move_its_held_runs_into_another_tenants_bucket():
+    """Attack: tenant ``x<TAB>t2`` has a job paused. Its held messages sat on
+    ``held:<job>\\tx\\tt2``, which the release read back as job ``<job>\\tx`` of bucket
+    ``t2``: at the resume they went to the head of t2's bucket, ran as t2's share (charged to
+    t2, ahead of t2's own backlog) and would wait on t2's pause or caps."""
+    evil = "x\tt2"
+    transport.push_many([message(0, evil), message(1, evil)])
+    pause(job_tenants=(evil,))
+    assert dequeue() == ("", "paused")  # held: the job is paused in that tenant
+    assert pause(job_tenants=(evil,)) == 0  # the next maintenance round releases nothing
+    assert dequeue() == ("", "paused")
+    assert sorted(transport.waiting_job_ids("default")) == ["kj-attack-0", "kj-attack-1"]
+
+    pause()  # the resume: they run now, from their own bucket
+    picks = [dequeue(), dequeue()]
+    assert [job_id for job_id, _ in picks] == ["kj-attack-0", "kj-attack-1"]
+    assert {bucket for _, bucket in picks} == {transport.bucket_of(evil)} != {"t2"}
+
+
+@pytest.mark.parametrize("name", [SYSTEM_BUCKET, OTHER_BUCKET])
+def test_a_tenant_named_like_the_system_bucket_pauses_only_itself(name: str):
+    """Attack: a tenant whose schema is ``!system`` shared the bucket of every system run, so
+    pausing it (or capping or rate-limiting it) held the system's runs too, and its backlog
+    took the system's share; ``~other`` is the bucket of foreign messages."""
+    transport.push_many([message(0, None), message(1, name)])
+    pause(tenants=(name,))
+    assert dequeue() == ("kj-attack-0", SYSTEM_BUCKET)
+    assert dequeue() == ("", "paused")
+    pause()
+    assert dequeue()[0] == "kj-attack-1"
+
+
+def test_a_tenant_named_with_a_tab_comes_back_after_its_rate_window():
+    """A tenant-wide rate wait is the ``rwait`` member ``<level>\\t<bucket>``; with a tab in
+    the bucket it was read back as a job's wait (``<level>\\t<x>\\t<rest>``), so the bucket
+    never re-entered its lane: its runs waited forever."""
+    evil = "acme\ttestapp.probe"
+    rates = ((f"t:{transport.bucket_of(evil)}", 1, 1),)
+    transport.push_many([message(0, evil, rates=rates), message(1, evil, rates=rates)])
+    assert dequeue()[0] == "kj-attack-0"
+    job_id, why = dequeue()
+    assert (job_id, why) == ("", "rate")
+    for _ in range(60):  # the window is one second
+        job_id, _ = dequeue()
+        if job_id:
+            break
+        time.sleep(0.05)
+    assert job_id == "kj-attack-1"
