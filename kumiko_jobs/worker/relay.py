@@ -53,7 +53,7 @@ from ..core import conf, project_settings
 from ..core.envelope import rq_job_id_of, run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
-from ..enqueueing.messages import message_for, pending_counters, waiting_envelope
+from ..enqueueing.messages import pending_counters, pushable, waiting_envelope
 from ..history import transitions
 from ..models import FINISHED_STATUSES, WAITING_STATUSES, JobRun
 from . import pauses
@@ -298,7 +298,9 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
                 failed += 1
                 continue
             # Due already (that is why it is relayed): straight to the queue, not the scheduler.
-            message = message_for(definition, waiting_envelope(run), 0.0, priority=run.priority)
+            message = pushable(definition, waiting_envelope(run), 0.0, priority=run.priority)
+            if message is None:
+                continue  # its tenant's TENANT_WEIGHT/TENANT_RATE_LIMIT fails: it waits, logged
             limit = conf.get().MAX_ENVELOPE_BYTES
             if len(message.body) > limit:
                 # Every worker would refuse it, and each round would push it again, forever

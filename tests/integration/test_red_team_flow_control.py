@@ -13,10 +13,18 @@ import time
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
 
 from kumiko_jobs import transport
+from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.transport import fair
 from kumiko_jobs.transport.fair_policy import OTHER_BUCKET, SYSTEM_BUCKET
+from kumiko_jobs.worker.relay import relay_pending
+from tests.conftest import work
+from tests.integration.test_reliability import status
+from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
@@ -107,3 +115,92 @@ def test_a_tenant_named_with_a_tab_comes_back_after_its_rate_window():
             break
         time.sleep(0.05)
     assert job_id == "kj-attack-1"
+
+
+# --- one tenant's TENANT_WEIGHT / TENANT_RATE_LIMIT failing must not stop everyone's runs ---
+
+WEIGHT_FAILS_FOR = {"schema": ""}
+
+
+def weight_failing_for_one_tenant(schema: str) -> float:
+    """TENANT_WEIGHT as a project writes it (the tenant's plan), for a tenant whose plan row
+    is gone: it raises for that one tenant."""
+    if schema == WEIGHT_FAILS_FOR["schema"]:
+        raise LookupError(f"no plan for {schema}")
+    return 1.0
+
+
+def rate_failing_for_one_tenant(schema: str) -> str | None:
+    return "0/m" if schema == WEIGHT_FAILS_FOR["schema"] else None
+
+
+def kumiko(**extra: Any) -> dict[str, Any]:
+    return {**settings.KUMIKO_JOBS, **extra}
+
+
+WEIGHT = {"TENANT_WEIGHT": f"{__name__}.weight_failing_for_one_tenant"}
+RATE = {"TENANT_RATE_LIMIT": f"{__name__}.rate_failing_for_one_tenant"}
+
+
+@pytest.mark.parametrize("setting", [WEIGHT, RATE], ids=["weight raises", "bad rate"])
+def test_the_relay_pushes_the_other_tenants_runs_when_one_tenants_setting_fails(
+    tenants: Any, redis_conn: Any, setting: dict[str, str]
+) -> None:
+    """Attack: a tenant whose weight (or rate) the project's callable cannot give, because its
+    plan row is gone. Redis lost the queued runs (a failover): the relay built every message
+    in one loop, so that tenant's run raised and no tenant's run was pushed again, at every
+    maintenance round. Now its run waits (logged) and the others are pushed."""
+    handles = [jobs.probe.enqueue(tenant=t, tag=t) for t in ("t1", "t2", "t3")]
+    redis_conn.flushdb()  # the failover to a replica that never saw the pushes
+    WEIGHT_FAILS_FOR["schema"] = "t2"
+    try:
+        with override_settings(KUMIKO_JOBS=kumiko(**setting)):
+            result = relay_pending(grace=0)
+            work()
+    finally:
+        WEIGHT_FAILS_FOR["schema"] = ""
+    assert result.pushed == 2
+    assert [status(h.run_id) for h in handles] == ["succeeded", "queued", "succeeded"]
+    with override_settings(KUMIKO_JOBS=kumiko(**setting)):
+        assert relay_pending(grace=0).pushed == 1  # fixed: the next round pushes it
+        work()
+    assert status(handles[1].run_id) == RunStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("setting", [WEIGHT, RATE], ids=["weight raises", "bad rate"])
+def test_a_fan_out_reaches_every_tenant_whose_setting_works(
+    tenants: Any, setting: dict[str, str]
+) -> None:
+    """The same tenant in a fan-out: its child's message raised in the middle of the chunk,
+    so the children after it (and in later chunks) were never created or pushed, and the
+    parent failed. Now that child waits (its row is written: the relay pushes it once the
+    callable works) and every other tenant's child runs."""
+    WEIGHT_FAILS_FOR["schema"] = "t2"
+    try:
+        with override_settings(KUMIKO_JOBS=kumiko(**setting)):
+            jobs.fanned.enqueue(tag="everyone")
+            work()
+    finally:
+        WEIGHT_FAILS_FOR["schema"] = ""
+    children = dict(JobRun.objects.exclude(schema_name="").values_list("schema_name", "status"))
+    assert children == {"t1": "succeeded", "t2": "queued", "t3": "succeeded"}
+    assert JobRun.objects.get(schema_name="").status == RunStatus.SUCCEEDED
+    with override_settings(KUMIKO_JOBS=kumiko(**setting)):
+        assert relay_pending(grace=0).pushed == 1
+        work()
+    assert JobRun.objects.exclude(status=RunStatus.SUCCEEDED).count() == 0
+
+
+def test_an_enqueue_whose_tenant_setting_raises_fails_naming_the_setting_and_tenant(
+    tenants: Any,
+) -> None:
+    WEIGHT_FAILS_FOR["schema"] = "t2"
+    try:
+        with (
+            override_settings(KUMIKO_JOBS=kumiko(**WEIGHT)),
+            pytest.raises(ImproperlyConfigured, match=r"TENANT_WEIGHT.*LookupError.*'t2'"),
+        ):
+            jobs.probe.enqueue(tenant="t2", tag="never")
+    finally:
+        WEIGHT_FAILS_FOR["schema"] = ""
+    assert JobRun.objects.count() == 0
