@@ -204,3 +204,43 @@ def test_an_enqueue_whose_tenant_setting_raises_fails_naming_the_setting_and_ten
     finally:
         WEIGHT_FAILS_FOR["schema"] = ""
     assert JobRun.objects.count() == 0
+
+
+# --- a paused tenant: nothing of it starts, whatever route its next message takes -------------
+
+
+def test_a_tenant_paused_mid_flight_holds_its_retry_its_next_workflow_step_and_its_bulk_runs(
+    tenants: Any,
+) -> None:
+    """Attack: the routes that push a tenant's message from inside a worker (a retry, a
+    workflow step released by its predecessor's finish) or in one COPY (enqueue_many), after
+    the tenant was paused. None of them starts before the resume; each runs once after it."""
+    from kumiko_jobs import chain, workflow
+    from kumiko_jobs.worker import pauses
+    from tests.integration.test_fair_dequeue import work_some
+    from tests.testapp import workflow_jobs as wf
+
+    retried = jobs.flaky.enqueue(tenant="t1", tag="retry", fail_times=1)
+    flow = workflow(
+        chain(wf.record.step(tag="a", key="a"), wf.record.step(tag="b", key="b")), name="mid"
+    )
+    handle = flow.enqueue(tenant="t1")
+    work_some(2)  # the flaky run's first attempt fails (its retry is pushed), step a succeeds
+    assert JobRun.objects.get(pk=retried.run_id).attempts == 1
+    assert handle.steps() == {"a": "succeeded", "b": "released"}
+
+    pauses.pause(tenant="t1")
+    bulk = jobs.probe.enqueue_many([{"tag": f"bulk-{i}"} for i in range(3)], tenant="t1")
+    jobs.probe.enqueue(tenant="t2", tag="other")
+    work()
+    waiting = JobRun.objects.filter(schema_name="t1").exclude(status=RunStatus.SUCCEEDED)
+    assert waiting.count() == 5 and {r.status for r in waiting} == {RunStatus.QUEUED}
+    assert JobRun.objects.get(schema_name="t2").status == RunStatus.SUCCEEDED
+    assert relay_pending(grace=0).pushed == 0  # RQ holds them: nothing pushed twice
+
+    pauses.resume(tenant="t1")
+    work()
+    assert JobRun.objects.exclude(status=RunStatus.SUCCEEDED).count() == 0
+    assert JobRun.objects.get(pk=retried.run_id).attempts == 2
+    assert all(JobRun.objects.get(pk=h.run_id).attempts == 1 for h in bulk)
+    assert handle.steps() == {"a": "succeeded", "b": "succeeded"}
