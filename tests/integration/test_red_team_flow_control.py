@@ -244,3 +244,39 @@ def test_a_tenant_paused_mid_flight_holds_its_retry_its_next_workflow_step_and_i
     assert JobRun.objects.get(pk=retried.run_id).attempts == 2
     assert all(JobRun.objects.get(pk=h.run_id).attempts == 1 for h in bulk)
     assert handle.steps() == {"a": "succeeded", "b": "succeeded"}
+
+
+def test_the_sweep_hands_back_every_tenants_abandoned_run_when_one_tenants_weight_fails(
+    tenants: Any,
+) -> None:
+    """The same tenant among runs whose workers died: the retry's message raised inside the
+    sweep's loop, so the runs after it were never handed back, at every round. Now each is
+    handed back (queued); that tenant's retry is pushed by the relay once its weight works."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from kumiko_jobs.transport import keys
+    from kumiko_jobs.worker.sweep import sweep
+
+    handles = [jobs.flaky.enqueue(tenant=t, tag=t, fail_times=0) for t in ("t2", "t1", "t3")]
+    transport.get_queue("default").empty()  # the messages died with their worker
+    for i, handle in enumerate(handles):  # t2's run first in the sweep's order
+        JobRun.objects.filter(pk=handle.run_id).update(
+            status=RunStatus.RUNNING,
+            attempts=1,
+            started_at=timezone.now() - timedelta(hours=2, minutes=-i),
+        )
+    transport.connection_for("default").set(keys.WORKERS_SINCE_KEY, time.time() - 3600)
+    WEIGHT_FAILS_FOR["schema"] = "t2"
+    try:
+        with override_settings(KUMIKO_JOBS=kumiko(**WEIGHT)):
+            assert sweep().retried == 3
+            work()
+    finally:
+        WEIGHT_FAILS_FOR["schema"] = ""
+    assert [status(h.run_id) for h in handles] == ["queued", "succeeded", "succeeded"]
+    with override_settings(KUMIKO_JOBS=kumiko(**WEIGHT)):
+        assert relay_pending(grace=0).pushed == 1
+        work()
+    assert [status(h.run_id) for h in handles] == ["succeeded"] * 3
