@@ -273,7 +273,8 @@ def weight_of(schema: str | None) -> float:
     if weight is None:
         raise ImproperlyConfigured(
             f"settings.KUMIKO_JOBS['TENANT_WEIGHT'] ({path}) returned {value!r} for tenant "
-            f"{schema!r}; it must return a finite number > 0 (1 is the default share)."
+            f"{schema!r}; it must return a finite number from {transport.WEIGHT_MIN:g} to "
+            f"{transport.WEIGHT_MAX:g} (1 is the default share)."
         )
     return weight
 

@@ -19,7 +19,6 @@ Start-time fair queuing, per lane (a queue and a priority level):
 
 from __future__ import annotations
 
-import math
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -39,6 +38,11 @@ DEFAULT_ESTIMATE = 0.05
 # Weight of the newest duration in a bucket's mean worker time.
 MEAN_ALPHA = 0.3
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
+# A weight's range: a share between a thousandth and a thousand times the default. Beyond it
+# the lane's float times break (a weight of 1e-20 serves one run at a virtual time of 5e18,
+# where every other bucket's charge of 0.05 rounds to nothing: ties by name then decide, and
+# one tenant takes every pick); the dequeue script reads a weight outside it as 1.
+WEIGHT_MIN, WEIGHT_MAX = 0.001, 1000.0
 
 
 def bucket_of(schema: str | None) -> str:
@@ -76,11 +80,11 @@ def next_mean(mean: float | None, actual: float) -> float:
 
 
 def valid_weight(value: object) -> float | None:
-    """``value`` as a weight (a finite number > 0), or None when it is not one."""
+    """``value`` as a weight (a number from ``WEIGHT_MIN`` to ``WEIGHT_MAX``), or None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     weight = float(value)
-    return weight if math.isfinite(weight) and weight > 0 else None
+    return weight if WEIGHT_MIN <= weight <= WEIGHT_MAX else None
 
 
 def valid_priority(value: object) -> int | None:

@@ -9,6 +9,7 @@ These tests push real messages onto real Redis and drive the real dequeue and pa
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -280,3 +281,59 @@ def test_the_sweep_hands_back_every_tenants_abandoned_run_when_one_tenants_weigh
         assert relay_pending(grace=0).pushed == 1
         work()
     assert [status(h.run_id) for h in handles] == ["succeeded"] * 3
+
+
+# --- a forged message's fair field (it is not signed: the dequeue reads it before any check) ---
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"weight": math.nan},
+        {"weight": 1e-320},  # estimate / weight is inf: the lane's virtual time would be too
+        {"priority": math.nan},  # type: ignore[dict-item]
+        {"rates": (("j:forged", 1, math.inf),)},
+    ],
+    ids=["weight nan", "weight tiny", "level nan", "rate period inf"],
+)
+def test_a_forged_fair_field_cannot_stall_or_skew_the_queue_for_other_tenants(
+    fields: dict[str, Any],
+) -> None:
+    """Attack: whoever can write to Redis pushes a message whose fair field (RQ's job meta,
+    outside the signed envelope) holds NaN or a value that makes the lane's times infinite.
+    The script's ZADD of a NaN score failed after it had popped the entry, and the NaN it
+    had stored as the bucket's finish made every later arrival of that bucket fail the sort:
+    every worker's dequeue raised, for every tenant. The worker refuses the forged body
+    later; the dequeue must serve everyone meanwhile, fairly."""
+    transport.push_many([message(0, "t1", **fields)])
+    arrivals = ((1, "t1"), (2, "t2"), (3, "t3"), (4, "t2"), (9, "t3"))
+    transport.push_many([message(n, t) for n, t in arrivals])
+    picks = [dequeue() for _ in range(6)]
+    assert sorted(job_id for job_id, _ in picks) == [f"kj-attack-{n}" for n in (0, 1, 2, 3, 4, 9)]
+    # Later arrivals of the forged bucket and of the others are still sorted and served, in
+    # turns (the lane's virtual time is a number).
+    transport.push_many([message(n, t) for n, t in ((5, "t1"), (6, "t2"), (7, "t3"), (8, "t2"))])
+    order = [dequeue() for _ in range(4)]
+    assert sorted(job_id for job_id, _ in order) == [f"kj-attack-{n}" for n in range(5, 9)]
+    assert [bucket for _, bucket in order[:3]].count("t2") == 1, order
+    assert dequeue() == ("", "empty")
+
+
+def test_a_forged_priority_is_not_inherited_by_the_runs_retry(tenants: Any) -> None:
+    """Attack: a Redis writer sets a queued message's level to 10**9; its retry (and every
+    later message of the run) inherited whatever the executing message's field said. Now
+    an invalid level is not inherited: the retry has the job's own."""
+    from tests.integration.test_fair_dequeue import work_some
+
+    handle = jobs.flaky.enqueue(tenant="t1", tag="forged", fail_times=1)
+    job_id = JobRun.objects.get(pk=handle.run_id).rq_job_id
+    queue = transport.get_queue("default")
+    forged = transport.JsonJob.fetch(job_id, connection=queue.connection)
+    forged.meta["kumiko_fair"][2] = 10**9
+    forged.save_meta()
+    work_some(1)  # the first attempt fails; its retry is pushed
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert run.attempts == 1 and run.status == RunStatus.QUEUED
+    (retry_id,) = [i for i in transport.waiting_job_ids("default") if i != job_id]
+    retry = transport.JsonJob.fetch(retry_id, connection=queue.connection)
+    assert retry.meta["kumiko_fair"][2] == 0
