@@ -337,3 +337,19 @@ def test_a_forged_priority_is_not_inherited_by_the_runs_retry(tenants: Any) -> N
     (retry_id,) = [i for i in transport.waiting_job_ids("default") if i != job_id]
     retry = transport.JsonJob.fetch(retry_id, connection=queue.connection)
     assert retry.meta["kumiko_fair"][2] == 0
+
+
+def test_messages_of_one_push_that_differ_only_in_their_caps_keep_their_own_caps() -> None:
+    """The push wrote one meta per distinct fair field, but its cache of them left the caps
+    out: a message pushed with an uncapped one of the same tenant, job, weight, level and
+    windows took the first's (no cap), and started over its cap."""
+    capped = (("t:t1", 1, "t"),)
+    transport.push_many([message(0, "t1"), message(1, "t1", caps=capped)])
+    connection = transport.get_queue("default").connection
+    metas = [transport.JsonJob.fetch(f"kj-attack-{n}", connection=connection).meta for n in (0, 1)]
+    assert [len(m["kumiko_fair"]) for m in metas] == [4, 6]
+    assert metas[1]["kumiko_fair"][5] == [["t:t1", 1, "t"]]
+    assert dequeue()[0] == "kj-attack-0"
+    assert dequeue()[0] == "kj-attack-1"  # takes the cap's one slot
+    transport.push_many([message(2, "t1", caps=capped)])
+    assert dequeue() == ("", "paused")  # held by the cap
