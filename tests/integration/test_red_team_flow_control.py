@@ -9,6 +9,7 @@ These tests push real messages onto real Redis and drive the real dequeue and pa
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
@@ -22,6 +23,7 @@ from kumiko_jobs import transport
 from kumiko_jobs.models import JobRun, RunStatus
 from kumiko_jobs.transport import fair
 from kumiko_jobs.transport.fair_policy import OTHER_BUCKET, SYSTEM_BUCKET
+from kumiko_jobs.transport.rate_limits import release_caps
 from kumiko_jobs.worker.relay import relay_pending
 from tests.conftest import work
 from tests.integration.test_reliability import status
@@ -353,3 +355,24 @@ def test_messages_of_one_push_that_differ_only_in_their_caps_keep_their_own_caps
     assert dequeue()[0] == "kj-attack-1"  # takes the cap's one slot
     transport.push_many([message(2, "t1", caps=capped)])
     assert dequeue() == ("", "paused")  # held by the cap
+
+
+def test_a_paused_job_s_set_aside_runs_keep_their_order_through_the_pause() -> None:
+    """A sequential job (cap 1) of t1: m0 runs, m1 is set aside at the cap, m2 arrives, then
+    the job is paused in t1. The pause held m2 (the bucket's head) first and m1 (woken by
+    m0's release) after it, and the resume put them back as [m2, m1]: m2 ran first."""
+    caps = (("j:testapp.probe\tt1", 1, "j"),)
+    connection = transport.get_queue("default").connection
+    transport.push_many([message(0, "t1", caps=caps)])
+    assert dequeue()[0] == "kj-attack-0"
+    transport.push_many([message(1, "t1", caps=caps)])
+    assert dequeue() == ("", "paused")  # m1 set aside: the job is at its cap
+    transport.push_many([message(2, "t1", caps=caps)])
+    pause(job_tenants=("t1",))
+    assert dequeue() == ("", "paused")
+    release_caps(connection, "kj-attack-0", json.dumps([list(c) for c in caps]))
+    assert dequeue() == ("", "paused")
+    pause()  # the resume
+    assert dequeue()[0] == "kj-attack-1"
+    release_caps(connection, "kj-attack-1", json.dumps([list(c) for c in caps]))
+    assert dequeue()[0] == "kj-attack-2"
