@@ -108,6 +108,7 @@ def fan_out(parent: Envelope, definition: JobDefinition, subject: str) -> int:
             "with TENANT_QUERYSET."
         )
     count = 0
+    unpushable: set[str | None] = set()
     for schemas in tenant_chunks(tenants, size):
         children = [parent.child(schema) for schema in schemas]
         rows = [row_for(definition, child, subject, 0.0) for child in children]
@@ -117,7 +118,7 @@ def fan_out(parent: Envelope, definition: JobDefinition, subject: str) -> int:
         # A child whose tenant's TENANT_WEIGHT or TENANT_RATE_LIMIT fails waits (its row is
         # written; the relay pushes it once the setting works): the others go on.
         messages = (
-            pushable(definition, child, 0.0)
+            pushable(definition, child, 0.0, failed=unpushable)
             for child in children
             if uuid.UUID(child.run_id) in inserted
         )

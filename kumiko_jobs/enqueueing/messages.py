@@ -294,21 +294,33 @@ def call_tenant_setting(name: str, path: str, func: Callable[[str], Any], schema
 
 
 def pushable(
-    definition: JobDefinition, envelope: Envelope, delay: float, *, priority: int | None = None
+    definition: JobDefinition,
+    envelope: Envelope,
+    delay: float,
+    *,
+    priority: int | None = None,
+    failed: set[str | None] | None = None,
 ) -> transport.Message | None:
     """``message_for``, or None (logged) when the run's tenant's ``TENANT_WEIGHT`` or
     ``TENANT_RATE_LIMIT`` cannot be resolved: for pushes made on behalf of many tenants (the
     relay, a fan-out's children, the sweep's retries), whose runs are written already. The run
     stays waiting in PostgreSQL, the relay pushes it once the setting works, and the other
-    tenants' runs go on; an enqueue's caller gets the error instead (fails closed)."""
+    tenants' runs go on; an enqueue's caller gets the error instead (fails closed).
+
+    ``failed``: the tenants that failed earlier in the same pass, filled here; their other
+    runs wait too, without calling the project's callable again or logging again."""
+    if failed is not None and envelope.schema in failed:
+        return None
     try:
         return message_for(definition, envelope, delay, priority=priority)
     except ImproperlyConfigured as exc:
+        if failed is not None:
+            failed.add(envelope.schema)
         logger.error(
-            "run %s of %s in tenant %s waits: its message cannot be made: %s",
+            "the runs of tenant %s wait (first: run %s of %s): their messages cannot be made: %s",
+            envelope.schema,
             envelope.run_id,
             definition.name,
-            envelope.schema,
             exc,
         )
         return None

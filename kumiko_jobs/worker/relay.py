@@ -274,6 +274,7 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
     messages: list[transport.Message] = []
     forget: list[tuple[str, str]] = []
     failed = 0
+    unpushable: set[str | None] = set()  # tenants whose weight or rate cannot be resolved
     with transaction.atomic():
         # Locked while we push: a worker's start (UPDATE ... WHERE status IN waiting) waits for
         # this commit, so the row cannot move on between our check and our push. Rows a worker
@@ -298,7 +299,9 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
                 failed += 1
                 continue
             # Due already (that is why it is relayed): straight to the queue, not the scheduler.
-            message = pushable(definition, waiting_envelope(run), 0.0, priority=run.priority)
+            message = pushable(
+                definition, waiting_envelope(run), 0.0, priority=run.priority, failed=unpushable
+            )
             if message is None:
                 continue  # its tenant's TENANT_WEIGHT/TENANT_RATE_LIMIT fails: it waits, logged
             limit = conf.get().MAX_ENVELOPE_BYTES
