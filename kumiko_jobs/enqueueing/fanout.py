@@ -34,7 +34,7 @@ from ..core.envelope import Envelope
 from ..core.exceptions import Unrecoverable
 from ..definition.job import JobDefinition
 from ..models import JobRun
-from .messages import message_for, row_for
+from .messages import pushable, row_for
 
 
 def active_tenants() -> QuerySet[Any]:
@@ -108,16 +108,20 @@ def fan_out(parent: Envelope, definition: JobDefinition, subject: str) -> int:
             "with TENANT_QUERYSET."
         )
     count = 0
+    unpushable: set[str | None] = set()
     for schemas in tenant_chunks(tenants, size):
         children = [parent.child(schema) for schema in schemas]
         rows = [row_for(definition, child, subject, 0.0) for child in children]
         # One short transaction per chunk: its rows commit before its messages exist.
         with transaction.atomic():
             inserted = insert_new(rows)
-        transport.push_many(
-            message_for(definition, child, 0.0)
+        # A child whose tenant's TENANT_WEIGHT or TENANT_RATE_LIMIT fails waits (its row is
+        # written; the relay pushes it once the setting works): the others go on.
+        messages = (
+            pushable(definition, child, 0.0, failed=unpushable)
             for child in children
             if uuid.UUID(child.run_id) in inserted
         )
+        transport.push_many(m for m in messages if m is not None)
         count += len(schemas)
     return count

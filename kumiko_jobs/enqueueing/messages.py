@@ -11,6 +11,7 @@ apart (a field the row keeps and a rebuilt message drops).
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
@@ -29,6 +30,8 @@ from ..definition.job import JobDefinition
 from ..models import DeferralKind, JobRun, RunStatus
 from . import unique
 from .admission import concurrency_owner
+
+logger = logging.getLogger("kumiko_jobs.enqueueing")
 
 
 def new_envelope(
@@ -198,7 +201,7 @@ def tenant_rate_of(schema: str) -> Rate | None:
     func = _rate_callables.get(setting)
     if func is None:
         func = _rate_callables[setting] = import_rate_callable(setting)
-    value = func(schema)
+    value = call_tenant_setting("TENANT_RATE_LIMIT", setting, func, schema)
     if value is None:
         return None
     try:
@@ -265,14 +268,62 @@ def weight_of(schema: str | None) -> float:
                 "name a callable that takes a schema name and returns a number > 0."
             ) from exc
         _weight_callables[path] = func
-    value = func(schema)
+    value = call_tenant_setting("TENANT_WEIGHT", path, func, schema)
     weight = transport.valid_weight(value)
     if weight is None:
         raise ImproperlyConfigured(
             f"settings.KUMIKO_JOBS['TENANT_WEIGHT'] ({path}) returned {value!r} for tenant "
-            f"{schema!r}; it must return a finite number > 0 (1 is the default share)."
+            f"{schema!r}; it must return a finite number from {transport.WEIGHT_MIN:g} to "
+            f"{transport.WEIGHT_MAX:g} (1 is the default share)."
         )
     return weight
+
+
+def call_tenant_setting(name: str, path: str, func: Callable[[str], Any], schema: str) -> Any:
+    """What the project's callable for setting ``name`` says for ``schema``; whatever it
+    raises becomes ImproperlyConfigured naming the setting and the tenant, the one error the
+    pushes made for other tenants than the caller's (the relay, a fan-out, the sweep) catch
+    to leave this tenant's run waiting rather than stop everyone's (``pushable``)."""
+    try:
+        return func(schema)
+    except Exception as exc:
+        raise ImproperlyConfigured(
+            f"settings.KUMIKO_JOBS[{name!r}] ({path}) raised {type(exc).__name__}: {exc} for "
+            f"tenant {schema!r}."
+        ) from exc
+
+
+def pushable(
+    definition: JobDefinition,
+    envelope: Envelope,
+    delay: float,
+    *,
+    priority: int | None = None,
+    failed: set[str | None] | None = None,
+) -> transport.Message | None:
+    """``message_for``, or None (logged) when the run's tenant's ``TENANT_WEIGHT`` or
+    ``TENANT_RATE_LIMIT`` cannot be resolved: for pushes made on behalf of many tenants (the
+    relay, a fan-out's children, the sweep's retries), whose runs are written already. The run
+    stays waiting in PostgreSQL, the relay pushes it once the setting works, and the other
+    tenants' runs go on; an enqueue's caller gets the error instead (fails closed).
+
+    ``failed``: the tenants that failed earlier in the same pass, filled here; their other
+    runs wait too, without calling the project's callable again or logging again."""
+    if failed is not None and envelope.schema in failed:
+        return None
+    try:
+        return message_for(definition, envelope, delay, priority=priority)
+    except ImproperlyConfigured as exc:
+        if failed is not None:
+            failed.add(envelope.schema)
+        logger.error(
+            "the runs of tenant %s wait (first: run %s of %s): their messages cannot be made: %s",
+            envelope.schema,
+            envelope.run_id,
+            definition.name,
+            exc,
+        )
+        return None
 
 
 def caps_of(definition: JobDefinition, schema: str | None) -> tuple[tuple[str, int, str], ...]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 from .cap_waits import held_by_cap
 from .done import note_done, signal_done, wait_for
 from .errors import RedisConnectionError, RedisError, RedisTimeoutError
-from .fair_policy import bucket_of, valid_priority, valid_weight
+from .fair_policy import WEIGHT_MAX, WEIGHT_MIN, bucket_of, valid_priority, valid_weight
 from .live_workers import Liveness, beat, goodbye, liveness, request_cancel, vanished_workers
 from .maintenance_turns import take_dead_sweep_turn, take_maintenance_turn
 from .pausing import assert_pauses
@@ -118,6 +118,8 @@ __all__ = [
     "HOOK_FIELDS",
     "JSON_SERIALIZER_PATH",
     "RUNNER",
+    "WEIGHT_MAX",
+    "WEIGHT_MIN",
     "BookkeepingSimpleWorker",
     "CronFiring",
     "CronHooks",

@@ -204,6 +204,10 @@ local function pick()
         elseif redis.call('SISMEMBER', pause .. 'jobs', job) == 1
             or redis.call('SISMEMBER', pause .. 'jobtenants', job .. '\\t' .. bucket) == 1 then
           local held = L .. 'held:' .. job .. '\\t' .. bucket
+          -- The job's set-aside messages (at its cap or over its rate) were heads before this
+          -- one: older, they are held first, so that the resume gives back the job's order.
+          -- (While the job is paused nothing is set aside: one move per pause.)
+          while redis.call('LMOVE', aside, held, 'LEFT', 'RIGHT') do end
           redis.call('RPUSH', held, entry)
           redis.call('SADD', HOLDS, held)
           requeue(L, bucket, score)

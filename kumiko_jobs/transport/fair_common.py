@@ -9,7 +9,7 @@ credit) serve them all. docs/design.md, "Flow control: the fair dequeue".
 
 from __future__ import annotations
 
-from .fair_policy import OTHER_BUCKET
+from .fair_policy import OTHER_BUCKET, PRIORITY_MAX, PRIORITY_MIN, WEIGHT_MAX, WEIGHT_MIN
 from .keys import FAIR_PREFIX, FAIR_TOKEN
 
 # The pieces both scripts share: how a message's fair field reads, how a bucket enters a lane.
@@ -25,8 +25,10 @@ local function fair_of(meta)
   if type(f) ~= 'table' then return OTHER, 1, 0, '' end
   local bucket, weight, level, job = f[1], tonumber(f[2]), tonumber(f[3]), f[4]
   if type(bucket) ~= 'string' or bucket == '' then bucket = OTHER end
-  if not weight or weight <= 0 then weight = 1 end
-  if not level then level = 0 end
+  -- The field is not signed (a forged or foreign message): a NaN or a weight out of range
+  -- would make a score NaN (ZADD fails, after the pop) or infinite (the lane's time with it).
+  if not weight or not (weight >= {WEIGHT_MIN} and weight <= {WEIGHT_MAX}) then weight = 1 end
+  if not level or not (level >= {PRIORITY_MIN} and level <= {PRIORITY_MAX}) then level = 0 end
   if type(job) ~= 'string' then job = '' end
   local rates, caps = f[5], f[6]
   if type(rates) ~= 'table' then rates = nil end

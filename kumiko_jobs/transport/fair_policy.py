@@ -19,25 +19,43 @@ Start-time fair queuing, per lane (a queue and a priority level):
 
 from __future__ import annotations
 
-import math
+import re
 from collections import deque
 from dataclasses import dataclass, field
 
 # The bucket of system runs (no tenant) and of job ids pushed without kumiko's fair field.
-# Schema names match [a-z_][a-z0-9_-]*, so neither collides with a tenant. Equal scores go to
-# the smaller name (Redis's order): the system's bucket first, foreign messages last.
+# No tenant's bucket is either (``bucket_of``). Equal scores go to the smaller name (Redis's
+# order): the system's bucket first, foreign messages last.
 SYSTEM_BUCKET = "!system"
 OTHER_BUCKET = "~other"
+# A schema name that is its own bucket name: no control character (the dequeue's members and
+# keys are tab-separated), not starting with "!" or "~" (the two above) or "=" (the mark of an
+# encoded name). django-tenants 4 accepts nearly any text as a schema name (it refuses only
+# quotes, backslashes, ";", NUL and line breaks), so the others are encoded, never trusted.
+_PLAIN = re.compile(r"[^\x00-\x1f\x7f!~=][^\x00-\x1f\x7f]*")
 # Worker seconds a message is assumed to take before its bucket (or lane) has a mean.
 DEFAULT_ESTIMATE = 0.05
 # Weight of the newest duration in a bucket's mean worker time.
 MEAN_ALPHA = 0.3
 PRIORITY_MIN, PRIORITY_MAX = -100, 100
+# A weight's range: a share between a thousandth and a thousand times the default. Beyond it
+# the lane's float times break (a weight of 1e-20 serves one run at a virtual time of 5e18,
+# where every other bucket's charge of 0.05 rounds to nothing: ties by name then decide, and
+# one tenant takes every pick); the dequeue script reads a weight outside it as 1.
+WEIGHT_MIN, WEIGHT_MAX = 0.001, 1000.0
 
 
 def bucket_of(schema: str | None) -> str:
-    """The bucket a run's messages wait in: its tenant's schema, or the system's."""
-    return schema or SYSTEM_BUCKET
+    """The bucket a run's messages wait in: its tenant's schema, or the system's.
+
+    One name per tenant and none shared (the system's and foreign messages' included): a
+    schema that is not plain (``_PLAIN``) is "=" and its UTF-8 in hex, which no plain name and
+    no other schema can be. Buckets are stored, so plain names stay as they always were."""
+    if not schema:
+        return SYSTEM_BUCKET
+    if _PLAIN.fullmatch(schema):
+        return schema
+    return "=" + schema.encode().hex()
 
 
 def entry_score(finish: float, vtime: float) -> float:
@@ -62,11 +80,11 @@ def next_mean(mean: float | None, actual: float) -> float:
 
 
 def valid_weight(value: object) -> float | None:
-    """``value`` as a weight (a finite number > 0), or None when it is not one."""
+    """``value`` as a weight (a number from ``WEIGHT_MIN`` to ``WEIGHT_MAX``), or None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     weight = float(value)
-    return weight if math.isfinite(weight) and weight > 0 else None
+    return weight if WEIGHT_MIN <= weight <= WEIGHT_MAX else None
 
 
 def valid_priority(value: object) -> int | None:

@@ -27,7 +27,9 @@ local function each_rate(rates, fn)
   for _, r in ipairs(rates) do
     if type(r) == 'table' then
       local key, limit, per = r[1], tonumber(r[2]), tonumber(r[3])
-      if type(key) == 'string' and limit and per and limit >= 1 and per > 0 then
+      -- (bounded: the field is not signed, and an infinite period fails PEXPIRE after the pop)
+      if type(key) == 'string' and limit and per and limit >= 1 and limit <= 1e9
+          and per > 0 and per <= 86400 then
         fn(RATE .. key, limit, per)
       end
     end

@@ -97,7 +97,14 @@ def _message_args(
     for message in messages:
         body = (message.body,)
         # What Message.meta is made of.
-        fair = (message.bucket, message.weight, message.priority, message.job, message.rates)
+        fair = (
+            message.bucket,
+            message.weight,
+            message.priority,
+            message.job,
+            message.rates,
+            message.caps,
+        )
         meta = metas.get(fair)
         if meta is None:
             meta = metas[fair] = dumps(message.meta) if message.meta else b""

@@ -25,6 +25,7 @@ from rq.serializers import JSONSerializer
 from ..core import conf
 from . import fair
 from .cuts import through_cuts
+from .fair_policy import valid_priority
 from .keys import BOOT_DATASET_KEY
 from .rq_job import JsonJob
 
@@ -166,8 +167,9 @@ def current_priority(run_id: str) -> int | None:
     if job is None or not job.id.startswith(f"kj-{run_id}-"):
         return None
     fair = (job.meta or {}).get("kumiko_fair")
-    if isinstance(fair, list) and len(fair) > 2 and isinstance(fair[2], int):
-        return int(fair[2])
+    if isinstance(fair, list) and len(fair) > 2:
+        # (checked: the fair field is not signed, and the run's next messages keep it)
+        return valid_priority(fair[2])
     return None
 
 

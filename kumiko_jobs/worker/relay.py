@@ -53,7 +53,7 @@ from ..core import conf, project_settings
 from ..core.envelope import rq_job_id_of, run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
-from ..enqueueing.messages import message_for, pending_counters, waiting_envelope
+from ..enqueueing.messages import pending_counters, pushable, waiting_envelope
 from ..history import transitions
 from ..models import FINISHED_STATUSES, WAITING_STATUSES, JobRun
 from . import pauses
@@ -274,6 +274,7 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
     messages: list[transport.Message] = []
     forget: list[tuple[str, str]] = []
     failed = 0
+    unpushable: set[str | None] = set()  # tenants whose weight or rate cannot be resolved
     with transaction.atomic():
         # Locked while we push: a worker's start (UPDATE ... WHERE status IN waiting) waits for
         # this commit, so the row cannot move on between our check and our push. Rows a worker
@@ -298,7 +299,11 @@ def _push_missing(missing: dict[uuid.UUID, _Missing]) -> tuple[int, int]:
                 failed += 1
                 continue
             # Due already (that is why it is relayed): straight to the queue, not the scheduler.
-            message = message_for(definition, waiting_envelope(run), 0.0, priority=run.priority)
+            message = pushable(
+                definition, waiting_envelope(run), 0.0, priority=run.priority, failed=unpushable
+            )
+            if message is None:
+                continue  # its tenant's TENANT_WEIGHT/TENANT_RATE_LIMIT fails: it waits, logged
             limit = conf.get().MAX_ENVELOPE_BYTES
             if len(message.body) > limit:
                 # Every worker would refuse it, and each round would push it again, forever

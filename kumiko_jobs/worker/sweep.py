@@ -35,7 +35,7 @@ from ..core import conf
 from ..core.envelope import run_id_of
 from ..core.exceptions import JobNotRegistered
 from ..definition.registry import registry
-from ..enqueueing.messages import envelope_of, message_for
+from ..enqueueing.messages import envelope_of, pushable
 from ..history import retention, transitions
 from ..models import JobAttempt, JobRun, RunStatus
 
@@ -203,14 +203,16 @@ def _hand_back(
             retry_at=now + timedelta(seconds=delay) if retry else None,
         )
         if retry and push:
-            message = message_for(
+            message = pushable(
                 definition,
                 envelope_of(claimed, attempt=claimed.attempts + 1),
                 delay,
                 priority=claimed.priority,
             )
-            # Redis down: the run is queued in PostgreSQL, and the relay pushes it later.
-            transaction.on_commit(functools.partial(transport.push, message), robust=True)
+            # Redis down (or its tenant's weight or rate unknown now, message None): the run is
+            # queued in PostgreSQL, and the relay pushes it later.
+            if message is not None:
+                transaction.on_commit(functools.partial(transport.push, message), robust=True)
         return str(claimed.status)
 
 

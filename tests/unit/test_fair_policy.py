@@ -14,7 +14,10 @@ import pytest
 
 from kumiko_jobs.transport.fair_policy import (
     DEFAULT_ESTIMATE,
+    OTHER_BUCKET,
     SYSTEM_BUCKET,
+    WEIGHT_MAX,
+    WEIGHT_MIN,
     Lane,
     Paused,
     after_pick,
@@ -134,6 +137,9 @@ def test_weights_and_priorities_are_checked():
     for bad in (0, -1, math.inf, math.nan, "2", True, None):
         assert valid_weight(bad) is None
     assert valid_weight(3) == 3.0 and valid_weight(0.5) == 0.5
+    for bad in (1e-20, 0.0009, 1000.5, 1e15):  # outside WEIGHT_MIN..WEIGHT_MAX
+        assert valid_weight(bad) is None
+    assert valid_weight(WEIGHT_MIN) == 0.001 and valid_weight(WEIGHT_MAX) == 1000.0
     for bad in (101, -101, 1.0, "1", False):
         assert valid_priority(bad) is None
     assert valid_priority(-100) == -100 and valid_priority(100) == 100
@@ -143,3 +149,46 @@ def test_jain_index():
     assert jain_index([1, 1, 1]) == 1.0
     assert jain_index([1, 0, 0]) == pytest.approx(1 / 3)
     assert jain_index([]) == 1.0
+
+
+def test_no_schema_name_shares_a_bucket_or_breaks_the_dequeue_s_separators():
+    """django-tenants accepts a tab, "!system" and "~other" in a schema name: those names are
+    encoded, so each tenant has a bucket of its own, none is the system's or the foreign
+    messages', and no bucket holds the tab the dequeue's members are split on. Plain names are
+    their own bucket (stored keys keep their names)."""
+    assert [bucket_of(s) for s in ("acme", "t1", "Acme-2", "a:b", "{x}", "a b", "zé")] == [
+        "acme",
+        "t1",
+        "Acme-2",
+        "a:b",
+        "{x}",
+        "a b",
+        "zé",
+    ]
+    assert bucket_of(None) == bucket_of("") == SYSTEM_BUCKET
+    hostile = [SYSTEM_BUCKET, OTHER_BUCKET, "x\tt2", "\t", "=", "=3d", "a\x1fb", "~", "!a"]
+    names = {"acme", "3d", "t2", *hostile, *(bucket_of(s) for s in hostile)}
+    buckets = [bucket_of(s) for s in names]
+    assert len(set(buckets)) == len(names)  # one bucket per name (encoded ones included)
+    assert SYSTEM_BUCKET not in buckets and OTHER_BUCKET not in buckets
+    assert not any(c < " " or c == "\x7f" for b in buckets for c in b)
+
+
+@pytest.mark.parametrize("weight", [1e-20, WEIGHT_MIN])
+def test_one_tenant_s_tiny_weight_served_alone_leaves_the_others_fair_only_inside_the_range(
+    weight: float,
+) -> None:
+    """Why weights are bounded: a tenant of weight 1e-20 served alone moves the lane's
+    virtual time to 5e18, where the others' charges (0.05) round to nothing, so their scores
+    never move and the smaller name takes every pick (t3: none of 50). At the smallest
+    accepted weight the two alternate."""
+    lane = Lane()
+    for message in ("m0", "m1"):
+        lane.enter("t1", message, weight)
+        lane.pick()
+    for i in range(50):
+        lane.enter("t2", f"a{i}")
+        lane.enter("t3", f"b{i}")
+    order = Counter(picked[0] for picked in (lane.pick() for _ in range(50)) if picked)
+    fair = order["t2"] == order["t3"] == 25
+    assert fair is (weight >= WEIGHT_MIN), order

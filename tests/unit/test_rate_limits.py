@@ -115,3 +115,36 @@ def test_admitting_by_the_window_never_exceeds_the_limit_and_uses_it() -> None:
     for t in starts:
         assert sum(1 for s in starts if t <= s < t + per) <= limit
     assert starts[-1] - starts[0] < (50 / limit) * per  # 10 windows for 50 starts, no more
+
+
+def test_no_argument_value_or_schema_name_reaches_another_window(settings: Any) -> None:
+    """Attack: a tenant chooses the ``rate_limit_by`` value (":", "{", "}", a tab, JSON
+    look-alikes, other types, a long text) or its schema name (django-tenants accepts a tab,
+    "!system"): no choice makes its window key another job's, another value's, another
+    tenant's, or the tenant-wide one."""
+    settings.KUMIKO_JOBS = {**settings.KUMIKO_JOBS, "TENANT_RATE_LIMIT": "30/h"}
+    definition = define(rate_limit="100/m", tenant_rate_limit="10/s", rate_limit_by="account")
+    values: list[Any] = [
+        "a",
+        "a:k:b",
+        '"a"',
+        "{a}",
+        "a\tt2",
+        "t:t2",
+        5,
+        "5",
+        5.5,
+        True,
+        None,
+        ["a"],
+        "x" * 5000,
+    ]
+    schemas = ["t1", "t2", "t1\tt2", "!system", "~other", "=7431", None]
+    windows: dict[str, tuple[str, Any]] = {}
+    for schema in schemas:
+        for value in values:
+            for key, _, _ in rates_of(definition, envelope(schema, account=value)):
+                owner = ("", repr(value)) if key.startswith("j:") else (str(schema), "")
+                assert windows.setdefault(key, owner) == owner, key  # one owner per window
+    plain = rates_of(define(rate_limit="1/s"), envelope("t1"))[0][0]
+    assert plain == "j:rates.a_job" and plain not in windows  # the job's window without _by
