@@ -20,6 +20,7 @@ one-trip dequeue needs, keeps RQ's own start. Re-read on every RQ upgrade, with
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -111,7 +112,7 @@ def start_arguments(worker: Any, queue: Any, *, busy_sent: bool) -> StartArgumen
     worker's hash already says ``busy`` (RQ writes the state only when it changes, here)."""
     execution_id = uuid.uuid4().hex
     at = now()
-    probe = Execution(id="", job_id="", connection=worker.connection)
+    execution_prefix, executions_prefix = _key_prefixes()
     args = (
         worker.name,
         execution_id,
@@ -121,10 +122,18 @@ def start_arguments(worker: Any, queue: Any, *, busy_sent: bool) -> StartArgumen
         queue.started_job_registry.key,
         worker.key,
         worker.executions_key,
-        probe.key[:-1],  # "<prefix>:execution:" (its key is that plus "<job>:<id>")
-        ExecutionRegistry(job_id="", connection=worker.connection).key,
+        execution_prefix,
+        executions_prefix,
         str(DEFAULT_WORKER_TTL),
         "" if busy_sent else "1",
         "1" if len(worker.queues) == 1 else "",
     )
     return StartArguments(execution_id=execution_id, at=at, args=args)
+
+
+@functools.cache
+def _key_prefixes() -> tuple[str, str]:
+    """RQ's key of an execution, less "<job>:<id>", and of a job's executions, less "<job>",
+    from RQ's own classes (``RQ_KEY_PREFIX`` included)."""
+    probe = Execution(id="", job_id="", connection=None)  # type: ignore[arg-type]
+    return probe.key[:-1], ExecutionRegistry(job_id="", connection=None).key  # type: ignore[arg-type]
