@@ -45,7 +45,9 @@ What asynchronous replication loses, asserted exactly:
   old primary after the replica's last replayed record. The new primary has these runs
   ``queued``/``deferred`` (their messages finished or failed in Redis: the relay pushes them
   again) or ``running`` under a live worker that no longer executes them (the sweep hands them
-  back); either way they run again and succeed. An atomic run's effect committed with its
+  back); either way they run again and succeed, every job of the load having retries left
+  (a run held ``running`` on its last attempt fails as ``Abandoned`` instead: the second test,
+  which makes both cases certain). An atomic run's effect committed with its
   success, so it was lost with it and is written once more: atomic effects exist exactly once.
   A plain run's effect may have reached the replica without its success: it then exists twice
   (at least once, as with any plain run whose success is lost);
@@ -86,7 +88,10 @@ pytestmark = pytest.mark.usefixtures("live_db")
 
 NAME = "kumiko_failover"
 SCHEMAS = ("t1", "t2", "t3")
-SEQUENTIAL = "testapp.one_at_a_time"  # concurrency="sequential": a slot per job and tenant
+# concurrency="sequential" (a slot per job and tenant), with retries as the soak's jobs: a run
+# the new primary holds ``running`` is handed back by the sweep, and only a run with an attempt
+# left runs again (one_at_a_time, retries=0, failed so in CI: the second test).
+SEQUENTIAL = "testapp.sequential_sleeper"
 JOBS = ("soak.work", soak.ATOMIC_JOB, SEQUENTIAL)
 CRON_JOB = "chaos_cron.every_second"  # registered in the scheduler process only
 CRON_ENV = {"DJANGO_SETTINGS_MODULE": "tests.chaos.settings", "KUMIKO_CHAOS_EVERY_SECOND": "1"}
@@ -188,7 +193,7 @@ class Load(threading.Thread):
                             )
                             ids.append(uuid.UUID(str(handle.run_id)).hex)
                         tenant = SCHEMAS[(n // BATCH) % len(SCHEMAS)]
-                        handle = jobs.one_at_a_time.enqueue(tenant=tenant, tag=f"seq-{n}")
+                        handle = jobs.sequential_sleeper.enqueue(tenant=tenant, tag=f"seq-{n}")
                         ids.append(uuid.UUID(str(handle.run_id)).hex)
                         self.tags[ids[-1]] = f"seq-{n}"
                 except Exception:  # no primary, or it died under us: nothing, or uncertain
