@@ -45,7 +45,9 @@ What asynchronous replication loses, asserted exactly:
   old primary after the replica's last replayed record. The new primary has these runs
   ``queued``/``deferred`` (their messages finished or failed in Redis: the relay pushes them
   again) or ``running`` under a live worker that no longer executes them (the sweep hands them
-  back); either way they run again and succeed. An atomic run's effect committed with its
+  back); either way they run again and succeed, every job of the load having retries left
+  (a run held ``running`` on its last attempt fails as ``Abandoned`` instead: the second test,
+  which makes both cases certain). An atomic run's effect committed with its
   success, so it was lost with it and is written once more: atomic effects exist exactly once.
   A plain run's effect may have reached the replica without its success: it then exists twice
   (at least once, as with any plain run whose success is lost);
@@ -63,6 +65,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, LiteralString
 
 import psycopg
@@ -78,14 +81,17 @@ from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
 from tests.chaos.workers import Processes
 from tests.conftest import probes
 from tests.integration.test_outages import OwnPostgres, clone_test_database, default_connection_on
-from tests.integration.test_reliability import effects
+from tests.integration.test_reliability import attempts_of, effects
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
 
 NAME = "kumiko_failover"
 SCHEMAS = ("t1", "t2", "t3")
-SEQUENTIAL = "testapp.one_at_a_time"  # concurrency="sequential": a slot per job and tenant
+# concurrency="sequential" (a slot per job and tenant), with retries as the soak's jobs: a run
+# the new primary holds ``running`` is handed back by the sweep, and only a run with an attempt
+# left runs again (one_at_a_time, retries=0, failed so in CI: the second test).
+SEQUENTIAL = "testapp.sequential_sleeper"
 JOBS = ("soak.work", soak.ATOMIC_JOB, SEQUENTIAL)
 CRON_JOB = "chaos_cron.every_second"  # registered in the scheduler process only
 CRON_ENV = {"DJANGO_SETTINGS_MODULE": "tests.chaos.settings", "KUMIKO_CHAOS_EVERY_SECOND": "1"}
@@ -113,6 +119,32 @@ def _raw(server: OwnPostgres, port: int | None = None) -> psycopg.Connection[Any
     return psycopg.connect(
         host="127.0.0.1", port=port or server.port, user="postgres", dbname=NAME, autocommit=True
     )
+
+
+def _pair_settings(
+    primary: OwnPostgres, replica: OwnPostgres
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """This process's ``default`` settings for the pair, and the processes' environment."""
+    # connect_timeout bounds each host's attempt (psycopg's default: 130 s), for a dead host
+    # that drops packets instead of refusing (docs/reliability.md).
+    default = {
+        "HOST": "127.0.0.1,127.0.0.1",
+        "PORT": f"{primary.port},{replica.port}",
+        "OPTIONS": {"target_session_attrs": "read-write", "connect_timeout": 5},
+    }
+    url = (
+        f"postgres://postgres@127.0.0.1:{primary.port},127.0.0.1:{replica.port}/{NAME}"
+        "?target_session_attrs=read-write&connect_timeout=5"
+    )
+    return default, {"DATABASE_URL": url}
+
+
+def _cut_off(replica: OwnPostgres) -> None:
+    """The replica's link to its primary breaks (``primary_conninfo`` emptied and reloaded: its
+    WAL receiver ends, as on a broken link); it replays what it received, then nothing more."""
+    with _raw(replica) as conn:
+        conn.execute("ALTER SYSTEM SET primary_conninfo TO ''")
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def _one(conn: psycopg.Connection[Any], query: LiteralString, params: Sequence[Any] = ()) -> Any:
@@ -161,7 +193,7 @@ class Load(threading.Thread):
                             )
                             ids.append(uuid.UUID(str(handle.run_id)).hex)
                         tenant = SCHEMAS[(n // BATCH) % len(SCHEMAS)]
-                        handle = jobs.one_at_a_time.enqueue(tenant=tenant, tag=f"seq-{n}")
+                        handle = jobs.sequential_sleeper.enqueue(tenant=tenant, tag=f"seq-{n}")
                         ids.append(uuid.UUID(str(handle.run_id)).hex)
                         self.tags[ids[-1]] = f"seq-{n}"
                 except Exception:  # no primary, or it died under us: nothing, or uncertain
@@ -260,16 +292,8 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
     pair: tuple[OwnPostgres, OwnPostgres], procs: Processes
 ) -> None:
     primary, replica = pair
-    hosts = {"HOST": "127.0.0.1,127.0.0.1", "PORT": f"{primary.port},{replica.port}"}
-    # connect_timeout bounds each host's attempt (psycopg's default: 130 s), for a dead host
-    # that drops packets instead of refusing (docs/reliability.md).
-    options = {"target_session_attrs": "read-write", "connect_timeout": 5}
-    url = (
-        f"postgres://postgres@127.0.0.1:{primary.port},127.0.0.1:{replica.port}/{NAME}"
-        "?target_session_attrs=read-write&connect_timeout=5"
-    )
-    env = {"DATABASE_URL": url}
-    with default_connection_on(primary, NAME, **hosts, OPTIONS=options):
+    default, env = _pair_settings(primary, replica)
+    with default_connection_on(primary, NAME, **default):
         call_command("kumiko_jobs", "roles", stdout=io.StringIO())  # roles are cluster-wide
         workers = [procs.start(env=env) for _ in range(2)]
         scheduler = procs.start("rqscheduler", "--interval", "1", env={**env, **CRON_ENV})
@@ -287,9 +311,7 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
             _wait("successes before the failure", lambda: _succeeded(primary) >= 10, 60, why)
 
             # 1. The replica is cut off; what it holds then is what the promotion keeps.
-            with _raw(replica) as conn:
-                conn.execute("ALTER SYSTEM SET primary_conninfo TO ''")
-                conn.execute("SELECT pg_reload_conf()")
+            _cut_off(replica)
             _wait("the replica to replay what reached it", lambda: _caught_up(replica), 60, why)
             cut = time.monotonic()
             with _raw(replica) as conn:
@@ -518,3 +540,106 @@ def test_primary_fails_and_the_promoted_replica_takes_over_under_load(
     assert all(schema == seen for (_tag, schema), seen in probed.items()), "another schema"
     # Each follow-over within the bound (checked by follow() already; stated for the record).
     assert max(followed.values()) <= FOLLOW_WITHIN, followed
+
+
+def test_a_success_the_promoted_replica_lacks_is_run_again_or_on_a_last_attempt_abandoned(
+    pair: tuple[OwnPostgres, OwnPostgres], procs: Processes, tmp_path: Path
+) -> None:
+    """A run the new primary holds ``running``, whose success committed on the old primary
+    only, made certain: the case the first test meets by chance (and that failed it in CI).
+
+    Two sequential runs start on the primary, and the replica replays their starts; then it is
+    cut off, and both succeed on the primary (their bodies wait for the test's signal). The
+    primary dies and the replica is promoted: it holds both ``running``, under live workers
+    that have moved on. The sweep hands both back (docs/reliability.md, rule 1): the run with
+    a retry left runs again and succeeds, its effect once on the new primary; the run on its
+    last attempt (``retries=0``) fails as ``Abandoned``, as after any attempt whose end is
+    unknown: kumiko cannot tell a success lost with the old primary from an attempt cut off,
+    and never runs a job more often than its retries allow. It is not lost (failed, with the
+    reason, its effect gone with its success: nothing says it ran), and not stuck. Its slot is
+    free: the next run of the job in that tenant succeeds on its first attempt.
+    """
+    primary, replica = pair
+    default, env = _pair_settings(primary, replica)
+    gate = tmp_path / "go"  # the bodies' signal to end their first attempt
+    with default_connection_on(primary, NAME, **default):
+        call_command("kumiko_jobs", "roles", stdout=io.StringIO())
+        for _ in range(2):
+            procs.start(env=env)
+        procs.wait_ready(2)
+
+        retried = jobs.held_retried.enqueue(tenant="t1", tag="retried", gate=str(gate))
+        last = jobs.held_once.enqueue(tenant="t2", tag="last", gate=str(gate))
+        ids = [retried.run_id, last.run_id]
+        runs = JobRun.objects.filter(pk__in=ids)
+
+        def why() -> str:
+            state = list(runs.values_list("job_name", "status", "attempts", "error_message"))
+            servers = f"--- primary\n{primary.log()}\n--- replica\n{replica.log()}"
+            return f"{state}\n{procs.logs()}\n{servers}"
+
+        _wait(
+            "both runs to start",
+            lambda: runs.filter(status=RunStatus.RUNNING).count() == 2,
+            60,
+            why,
+        )
+        with _raw(primary) as conn:
+            # The insert position: a start commits asynchronously (history/run_sql.py), so its
+            # commit record may not be written yet (pg_current_wal_lsn is the write position).
+            started = _one(conn, "SELECT pg_current_wal_insert_lsn()::text")
+        _wait("the replica to replay the starts", lambda: _caught_up_to(replica, started), 60, why)
+        _cut_off(replica)
+        _wait("the replica to replay what reached it", lambda: _caught_up(replica), 60, why)
+        gate.touch()
+        _wait(
+            "both runs to succeed on the primary",
+            lambda: runs.filter(status=RunStatus.SUCCEEDED).count() == 2,
+            60,
+            why,
+        )
+        # What the replica holds (the promotion keeps it: checked below), read before the
+        # promotion: the workers' sweep may hand the runs back the moment it ends.
+        with _raw(replica) as conn:
+            held = _one(
+                conn,
+                "SELECT array_agg(status::text) FROM kumiko_jobs_jobrun WHERE run_id = ANY(%s)",
+                [[uuid.UUID(str(r)) for r in ids]],
+            )
+            replayed = _one(conn, "SELECT pg_last_wal_replay_lsn()::text")
+        assert held == [RunStatus.RUNNING] * 2, held
+        connections["default"].close()
+        primary.stop("immediate")
+        replica.promote()
+        with _raw(replica) as conn:
+            kept = _one(conn, "SELECT pg_last_wal_replay_lsn()::text")
+        assert kept == replayed, "the promotion replayed more than the test read"
+
+        waiting = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.DEFERRED)
+        _wait(
+            "the sweep to hand both back",
+            lambda: not runs.filter(status__in=waiting).exists(),
+            60,
+            why,
+        )
+        assert JobRun.objects.get(pk=retried.run_id).status == RunStatus.SUCCEEDED, why()
+        assert attempts_of(retried.run_id) == [(1, "failed", "Abandoned"), (2, "succeeded", "")]
+        assert [p.attempt for p in probes("t1") if p.tag == "retried"] == [2]
+        run = JobRun.objects.get(pk=last.run_id)
+        assert (run.status, run.attempts, run.error_type) == (RunStatus.FAILED, 1, "Abandoned")
+        assert "is alive but no longer executes it" in run.error_message, run.error_message
+        assert attempts_of(last.run_id) == [(1, "failed", "Abandoned")]
+        assert not [p for p in probes("t2") if p.tag == "last"], "lost with its success"
+
+        after = jobs.held_once.enqueue(tenant="t2", tag="after", gate=str(gate))
+        _wait(
+            "the next sequential run of the tenant",
+            lambda: not JobRun.objects.filter(pk=after.run_id, status__in=waiting).exists(),
+            30,
+            why,
+        )
+        assert JobRun.objects.filter(pk=after.run_id).values_list("status", "attempts").get() == (
+            RunStatus.SUCCEEDED,
+            1,
+        )
+        connections["default"].close()

@@ -545,6 +545,26 @@ def effect_then_history_lost(ctx, *, tag: str, history_pid: int, dsn: str) -> No
             admin.execute("SELECT pg_terminate_backend(%s, 30000)", [history_pid])
 
 
+# A failover's lost success (tests/integration/test_failover_postgres.py): sequential runs whose
+# first attempt waits for the test's signal, a file, so that the test decides when it ends.
+def _held(ctx, tag: str, gate: str) -> None:
+    deadline = time.monotonic() + _WAIT_BOUND
+    while ctx.attempt == 1 and not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _probe(ctx, tag)
+
+
+@job(concurrency="sequential")
+def held_once(ctx, *, tag: str, gate: str) -> None:
+    """No retries: an attempt whose end is unknown is its last."""
+    _held(ctx, tag, gate)
+
+
+@job(concurrency="sequential", retries=1, backoff={"type": "fixed", "delay": 0})
+def held_retried(ctx, *, tag: str, gate: str) -> None:
+    _held(ctx, tag, gate)
+
+
 @job(atomic=True, retries=2, backoff={"type": "fixed", "delay": 0})
 def atomic_then_session_lost(ctx, *, tag: str, dsn: str) -> None:
     """Writes its effect in its atomic transaction, then (first attempt only) has PostgreSQL end
