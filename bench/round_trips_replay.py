@@ -12,7 +12,13 @@ blocks of ``--runs`` runs, medians of the blocks' wall clock per run:
 * **atomic**: an atomic body, ``BEGIN``, the xid read, the ``INSERT``, a success function
   (``SECURITY``-less stand-in for migration 0017's: the same checks' shape and one ``UPDATE``)
   and ``COMMIT``, as five round trips or as three (``BEGIN; SELECT ...``, the ``INSERT``,
-  ``SELECT ...; COMMIT``: ``history.run_sql``).
+  ``SELECT ...; COMMIT``: ``history.run_sql``);
+* **finish**: that atomic body (three round trips) followed by the run's finish on a second
+  connection (the attempt's ``INSERT`` and the run's ``UPDATE`` in one statement, its own
+  synchronous commit: before migration 0029), or with the attempt's row written by the success
+  function inside the body's transaction and no finish after it (0029's riding finish).
+
+``--only reset,atomic,finish`` picks replays (all by default).
 
 Timings, so they move with the machine's load: print ``uptime`` beside them.
 """
@@ -35,11 +41,21 @@ RESET = (
     "SELECT pg_advisory_unlock_all(); DISCARD PLANS; DISCARD TEMP; DISCARD SEQUENCES; "
     "SELECT set_config('TimeZone', 'UTC', false); SET search_path = \"public\""
 )
-SUCCESS = """CREATE FUNCTION success(p int, x xid8) RETURNS void LANGUAGE plpgsql AS $$
+SUCCESS = """CREATE OR REPLACE FUNCTION success(p int, x xid8) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
   IF pg_current_xact_id_if_assigned() IS DISTINCT FROM x THEN RAISE EXCEPTION 'x'; END IF;
   UPDATE run SET n = n + 1 WHERE id = p;
+END $$"""
+
+# 0029's shape: the success function also writes the attempt's row (a stand-in, as SUCCESS).
+SUCCESS_WITH_FINISH = """CREATE FUNCTION success_finish(p int, x xid8, d float8) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM set_config('synchronous_commit', 'on', true);
+  IF pg_current_xact_id_if_assigned() IS DISTINCT FROM x THEN RAISE EXCEPTION 'x'; END IF;
+  UPDATE run SET n = n + 1, duration = d WHERE id = p;
+  INSERT INTO attempt (run, duration, log) VALUES (p, d, '[]');
 END $$"""
 
 Conn = psycopg.Connection[tuple[object, ...]]
@@ -66,8 +82,10 @@ def _replay(blocks: int, runs: int, one: Callable[[int, bool], None]) -> dict[bo
 def reset_replay(database: str, blocks: int, runs: int) -> dict[bool, list[float]]:
     body, history = _connect(database), _connect(database)
     body.execute("CREATE TABLE log (id bigserial PRIMARY KEY, message text, at timestamptz)")
-    history.execute("CREATE TABLE run (id int PRIMARY KEY, status text, n int)")
-    history.execute("INSERT INTO run SELECT g, 'queued', 0 FROM generate_series(1, 10) g")
+    history.execute("CREATE TABLE IF NOT EXISTS run (id int PRIMARY KEY, status text, n int)")
+    history.execute(
+        "INSERT INTO run SELECT g, 'queued', 0 FROM generate_series(1, 10) g ON CONFLICT DO NOTHING"
+    )
 
     def one(n: int, unwaited: bool) -> None:
         body.execute("INSERT INTO log (message, at) VALUES (%s, now())", [f"w{n}"])
@@ -124,20 +142,67 @@ def atomic_replay(database: str, blocks: int, runs: int) -> dict[bool, list[floa
         conn.close()
 
 
+def finish_replay(database: str, blocks: int, runs: int) -> dict[bool, list[float]]:
+    body, history = _connect(database), _connect(database)
+    body.execute("CREATE TABLE flog (id bigserial PRIMARY KEY, message text, at timestamptz)")
+    body.execute("CREATE TABLE frun (id int PRIMARY KEY, status text, n int)")
+    body.execute("INSERT INTO frun SELECT g, 'running', 0 FROM generate_series(1, 10) g")
+    body.execute("CREATE TABLE IF NOT EXISTS run (id int PRIMARY KEY, status text, n int)")
+    body.execute("ALTER TABLE run ADD COLUMN IF NOT EXISTS duration float8")
+    body.execute(
+        "INSERT INTO run SELECT g, 'running', 0 FROM generate_series(1, 10) g "
+        "ON CONFLICT DO NOTHING"
+    )
+    body.execute(
+        "CREATE TABLE attempt (id bigserial PRIMARY KEY, run int, duration float8, log jsonb)"
+    )
+    body.execute(SUCCESS)
+    body.execute(SUCCESS_WITH_FINISH)
+
+    def one(n: int, riding: bool) -> None:
+        run = n % 10 + 1
+        body.pgconn.send_query(b"BEGIN; SELECT pg_current_xact_id()::text")
+        value = body.wait(generators.execute(body.pgconn))[-1].get_value(0, 0)
+        xid = bytes(value or b"").decode()
+        body.execute("INSERT INTO flog (message, at) VALUES (%s, now())", [f"w{n}"])
+        if riding:
+            body.execute("SELECT success_finish(%s, %s::xid8, 1.5); COMMIT", [run, xid])
+            return
+        body.execute("SELECT success(%s, %s::xid8); COMMIT", [run, xid])
+        history.execute(
+            "WITH a AS (INSERT INTO attempt (run, duration, log) VALUES (%s, 1.5, '[]')) "
+            "UPDATE run SET duration = 1.5 WHERE id = %s",
+            [run, run],
+            prepare=True,
+        )
+
+    try:
+        return _replay(blocks, runs, one)
+    finally:
+        body.close()
+        history.close()
+
+
+REPLAYS = {
+    "reset": (reset_replay, ("reset waited for", "reset read after the finish")),
+    "atomic": (atomic_replay, ("5 round trips", "3 round trips")),
+    "finish": (finish_replay, ("finish after the COMMIT", "finish in the success")),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.round_trips_replay", description=__doc__)
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--database", default="kumiko_rt")
+    parser.add_argument("--only", default=",".join(REPLAYS), help="replays, comma-separated")
     args = parser.parse_args(argv)
     with psycopg.connect(DSN.format("postgres"), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{args.database}"')
         admin.execute(f'CREATE DATABASE "{args.database}"')
     try:
-        for name, replay, labels in (
-            ("reset", reset_replay, ("reset waited for", "reset read after the finish")),
-            ("atomic", atomic_replay, ("5 round trips", "3 round trips")),
-        ):
+        for name in args.only.split(","):
+            replay, labels = REPLAYS[name]
             found = replay(args.database, args.blocks, args.runs)
             for new, label in zip((False, True), labels, strict=True):
                 blocks = " ".join(f"{v:.0f}" for v in found[new])
