@@ -111,6 +111,10 @@ def _backend_cpu() -> dict[int, float]:
 def _start(kumiko: bool, procs: int, slots: int) -> list[subprocess.Popen[bytes]]:
     env = dict(os.environ)
     env["KUMIKO_JOBS_WORKER_CONCURRENCY"] = str(slots if kumiko else 1)
+    # manage.py would write every span to stdout as indented JSON (the example's default), a
+    # cost only kumiko's workers pay (plain RQ's make no spans): none, as in throughput.py
+    # (no tracing SDK) and fairness.py; OTEL_TRACES_EXPORTER=console measures it.
+    env.setdefault("OTEL_TRACES_EXPORTER", "none")
     # Plain RQ reads with the queue's JSON serializer (as kumiko's worker forces it).
     plain = ["--worker-class", "rq.worker.SimpleWorker", "--serializer", JSON]
     extra = [] if kumiko else plain
