@@ -10,7 +10,6 @@ apart (a field the row keeps and a rebuilt message drops).
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -176,7 +175,7 @@ def rates_of(definition: JobDefinition, envelope: Envelope) -> tuple[tuple[str, 
         key = f"j:{definition.name}"
         if definition.rate_limit_by is not None:
             value = envelope.kwargs.get(definition.rate_limit_by)
-            key += ":k:" + json.dumps(value, sort_keys=True, default=str)
+            key = transport.value_window(definition.name, value)
         rates.append((key, definition.rate_limit.limit, definition.rate_limit.per))
     bucket = transport.bucket_of(envelope.schema)
     if definition.tenant_rate_limit is not None:
