@@ -2,12 +2,12 @@
 
 A window is a sorted set of the start times of the last ``per`` seconds (members
 ``<job id>@<time>``), one per key the push wrote into the message's fair field: ``j:<job>``
-(``:k:<argument value>`` with ``rate_limit_by``, or ``:h:<its hash>``: ``value_window``), ``jt:<job>\t<bucket>`` (a job's limit per
-tenant), ``t:<bucket>`` (``TENANT_RATE_LIMIT``). The dequeue script (``fair.py``) checks a
-head's windows before it starts (``rate_block``) and counts the start in the same call
-(``rate_count``), on Redis's clock (``TIME``: one clock for every worker), so no window ever
-admits more than its limit. What waits for a window, and how it comes back, is the dequeue's
-(``rwait``; docs/design.md, "Flow control: rate limits").
+(``:k:<argument value>`` with ``rate_limit_by``, or ``:h:<its hash>``: ``value_window``),
+``jt:<job>\t<bucket>`` (a job's limit per tenant), ``t:<bucket>`` (``TENANT_RATE_LIMIT``).
+The dequeue script (``fair.py``) checks a head's windows before it starts (``rate_block``)
+and counts the start in the same call (``rate_count``), on Redis's clock (``TIME``: one clock
+for every worker), so no window ever admits more than its limit. What waits for a window, and
+how it comes back, is the dequeue's (``rwait``; docs/design.md, "Flow control: rate limits").
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def value_window(job: str, value: Any) -> str:
     if _READABLE.fullmatch(text):
         return f"j:{job}:k:{text}"
     return f"j:{job}:h:{hashlib.sha256(text.encode()).hexdigest()}"
+
 
 # After fair.COMMON; the dequeue passes RATE_PREFIX as ARGV[7]. Plain text: Lua tables.
 RATES = """
