@@ -9,14 +9,17 @@ in the same round trips, as the mixins sent themselves.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from rq.executions import Execution, ExecutionRegistry
 
+from .errors import RedisError
 from .keys import RQ_WORKER_MARK
 from .queues import decoded
+from .rate_limits import release_caps
 from .rq_job import HOOK_FIELDS
 
 
@@ -65,13 +68,16 @@ def forget_start(pipe: Any, queue: Any, started: Execution | None) -> None:
 def fail_refused(redis: Any, job: Any, queue: Any, reason: str) -> None:
     """A refused message taken off ``queue``'s intermediate list and failed in RQ, with
     ``reason`` as its error, without being called, and RQ's start of it that the dequeue script
-    wrote removed (one transaction)."""
+    wrote removed (one transaction); then the cap slots its pick took are freed."""
     with redis.pipeline() as pipe:
         forget_start(pipe, queue, getattr(job, "kumiko_execution", None))
         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         job.set_status("failed", pipeline=pipe)
         queue.failed_job_registry.add(job, ttl=job.failure_ttl, exc_string=reason, pipeline=pipe)
         pipe.execute()
+    charge = getattr(job, "kumiko_charge", None)
+    if charge is not None:
+        free_caps(redis, charge.job_id, charge.caps)
 
 
 def unreadable_job_dump(redis: Any, queue: Any, job_id: str) -> str:
@@ -85,13 +91,25 @@ def unreadable_job_dump(redis: Any, queue: Any, job_id: str) -> str:
 
 
 def remove_unreadable_job(
-    redis: Any, queue: Any, job_id: str, started: Execution | None = None
+    redis: Any, queue: Any, job_id: str, started: Execution | None = None, caps: str = ""
 ) -> None:
     """The job hash RQ could not load removed, its id from ``queue``'s intermediate list, and
     ``started``, RQ's start of it that the dequeue script wrote (``forget_start``), in one
-    transaction, so that it stops no other worker and counts as started nowhere."""
+    transaction, so that it stops no other worker and counts as started nowhere; then the
+    slots its pick took of ``caps`` (the dequeue's JSON) are freed."""
     with redis.pipeline() as pipe:
         forget_start(pipe, queue, started)
         pipe.lrem(queue.intermediate_queue_key, 1, job_id)
         pipe.delete(queue.job_class.key_for(job_id))
         pipe.execute()
+    free_caps(redis, job_id, caps)
+
+
+def free_caps(redis: Any, job_id: str, caps: str) -> None:
+    """Free the cap slots the dequeue's pick took for a message the worker refused (no finish
+    frees them), so that its tenant is not held at its cap by a message that never runs."""
+    if not caps:
+        return
+    # Redis away: the relay's repair frees the slot (rate_limits.py).
+    with contextlib.suppress(RedisError):
+        release_caps(redis, job_id, caps)

@@ -140,4 +140,5 @@ class RefusesForeignMessages:
         _record(raw, reason, job_id, queue.name)
         # RQ's start of it, when the dequeue script wrote one (transport/rq_start.py)
         started = getattr(exc, "kumiko_execution", None)
-        transport.remove_unreadable_job(self.connection, queue, job_id, started)
+        caps = getattr(exc, "kumiko_caps", "")
+        transport.remove_unreadable_job(self.connection, queue, job_id, started, caps)

@@ -5,8 +5,9 @@ execution's hash, the job's execution registry, ``StartedJobRegistry``, the work
 execution set) in the same call as the pick, before the worker reads the job. When the worker
 then refuses it (a job hash RQ cannot load, or a message that is not kumiko's to call), what
 the script wrote is removed with the refusal: nothing of it is left for RQ's TTL cleanup to
-find, and the refusal is recorded as before (``RejectedMessage``); no job body runs in any
-schema (``Batch.run``'s checks, tests/integration/test_poison.py).
+find, the cap slots its pick took are free again, and the refusal is recorded as before
+(``RejectedMessage``); no job body runs in any schema (``Batch.run``'s checks,
+tests/integration/test_poison.py).
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 from rq.executions import Execution, ExecutionRegistry
 
 from kumiko_jobs import transport
-from kumiko_jobs.models import JobRun, RunStatus
+from kumiko_jobs.models import JobRun, RejectedMessage, RunStatus
+from kumiko_jobs.transport.fair_caps import CAP_PREFIX
+from tests.conftest import probes, work
 from tests.integration.test_poison import Batch, queue
 from tests.testapp import jobs
 
@@ -89,3 +94,28 @@ def test_a_tampered_message_leaves_nothing_of_its_start(tenants: Any, tamper: An
     else:
         assert not q.connection.exists(q.job_class.key_for(job_id))
     assert transport.queue_length("default") == 0
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [{"created_at": "not a date"}, {"failure_callback_name": "os.system"}],
+    ids=["unreadable", "refused"],
+)
+def test_a_tampered_message_gives_back_the_cap_slot_its_pick_took(tenants: Any, tamper: Any):
+    """TENANT_CONCURRENCY=1: t1's first message is tampered, its second is not. The dequeue's
+    pick of the first took t1's one slot; the worker refuses it and frees the slot, so t1's
+    second run starts in the same burst and no slot is left taken. Proven able to fail:
+    without the release (``worker_commands.free_caps``) t1 stays at its cap and the second run
+    waits, queued, after the burst."""
+    with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "TENANT_CONCURRENCY": 1}):
+        first = jobs.probe.enqueue(tenant="t1", tag="tampered")
+        second = jobs.probe.enqueue(tenant="t1", tag="next")
+    job_id = JobRun.objects.get(pk=first.run_id).rq_job_id
+    q = queue()
+    q.connection.hset(q.job_class.key_for(job_id), mapping=tamper)
+    work()
+    assert [r.rq_job_id for r in RejectedMessage.objects.all()] == [job_id]
+    assert JobRun.objects.get(pk=second.run_id).status == RunStatus.SUCCEEDED
+    assert [p.tag for p in probes("t1")] == ["next"]
+    assert q.connection.scard(CAP_PREFIX + "t:t1") == 0
+    assert leftovers(job_id) == {}
