@@ -119,3 +119,28 @@ def test_a_tenant_at_its_cap_gets_no_extra_run_through_a_system_job(
     assert _most_at_once(_spans("t1")) == 1, _spans("t1")
     assert _most_at_once(_spans("t2")) == 1, _spans("t2")
     assert _most_at_once(_spans("t1") + _spans("t2")) == 2  # the tenants side by side
+
+
+def test_a_relayed_system_run_still_waits_for_its_tenant_s_resume(
+    tenants: Any, redis_conn: Any
+) -> None:
+    """The system run t1's run started loses its message (Redis flushed) and is pushed again
+    by the relay, from its row: the rebuilt message is t1's too, so t1's pause holds it until
+    the resume. Proven able to fail: without the row's ``flow_schema`` in the rebuilt envelope
+    (``messages.envelope_of``) the relayed message runs while t1 is paused."""
+    from tests.integration.test_flow_end_to_end_relay import relay_all
+
+    jobs.starts_system_runs.enqueue(tenant="t1", tag="starter")
+    queue = transport.get_queue("default")
+    Worker([queue], connection=queue.connection).work(burst=True, max_jobs=1)
+    [started] = system_runs()
+    redis_conn.flushdb()  # the message is lost; the row waits, queued
+    assert command("pause", "--tenant", "t1") == "paused tenant t1\n"
+    relay_all(1)
+    work()
+    started.refresh_from_db()
+    assert started.status == RunStatus.QUEUED and not started.attempt_set.exists()
+    assert command("resume", "--tenant", "t1") == "resumed tenant t1\n"
+    work()
+    started.refresh_from_db()
+    assert started.status == RunStatus.SUCCEEDED, started.error_message
