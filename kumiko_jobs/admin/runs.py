@@ -141,6 +141,7 @@ class JobRunAdmin(DashboardViews, BulkViews, RunActions, RunJobView, RunDisplay,
                     ("trigger", "triggered_by"),
                     ("correlation_id", "trace_id"),
                     ("parent_run_id", "rq_job_id"),
+                    "flow_schema",
                 )
             },
         ),

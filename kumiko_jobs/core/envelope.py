@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field, fields, replace
@@ -38,6 +36,7 @@ from django.core import signing
 
 from . import conf, project_settings
 from .exceptions import EnvelopeError
+from .run_ids import new_run_id as new_run_id  # (re-exported: callers import it from here)
 from .signer import signer_for
 
 VERSION = 2
@@ -69,6 +68,9 @@ _FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "due_at": (int, float),
 }
 _FIELDS_OF = {2: _FIELD_TYPES, 1: _V1_FIELD_TYPES}
+# Fields of version 2 written only when set (not None): a message without one is the same text
+# as before they existed, which a worker of the previous release still reads.
+_OPTIONAL_FIELDS: dict[str, type] = {"flow_schema": str}
 _TICK_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\+00:00$")
 # The write origin the guard reads (origin.request_origin()); any other shape is forged.
 _ORIGIN_TYPES: dict[str, type] = {"anonymous": bool, "path": str, "public_intake": bool}
@@ -130,6 +132,9 @@ class Envelope:
     # A cron tick's scheduled time (UTC, ISO 8601): with the job (and the schema of a fan-out
     # child) the tick's identity, from which its run id is derived (tick_run_id).
     tick: str | None = None
+    # A system run that a tenant's run started (directly, or through other system runs): that
+    # tenant's schema, whose flow control the run counts against (``flow_tenant``); else None.
+    flow_schema: str | None = None
     # Set by ``encode`` (what a caller passes is ignored) and read back by ``decode``; not part
     # of what a message *means*, so two signings of one message compare equal.
     signed_at: float = field(default=0.0, compare=False)
@@ -195,6 +200,8 @@ class Envelope:
             trace=trace,
             origin=self.origin,
             parent_run_id=self.run_id,
+            # A system follow-up counts against the tenant this run counts against.
+            flow_schema=self.flow_tenant if schema is None else None,
         )
 
     def next_attempt(self) -> Envelope:
@@ -214,6 +221,14 @@ class Envelope:
         return self.trigger == "cron" and self.run_id == TEMPLATE_RUN_ID
 
     @property
+    def flow_tenant(self) -> str | None:
+        """The tenant whose flow control this run counts against in the fair dequeue (its
+        bucket, weight, pause, ``TENANT_CONCURRENCY``, ``TENANT_RATE_LIMIT``): its own, or,
+        for a system run a tenant's run started, that tenant (``flow_schema``); None for
+        other system runs."""
+        return self.schema if self.schema is not None else self.flow_schema
+
+    @property
     def trace_id(self) -> str:
         """The W3C trace id of the carried context (``00-<trace id>-<span id>-<flags>``), or ""."""
         return self.trace.get("traceparent", "")[3:35]
@@ -222,33 +237,6 @@ class Envelope:
     def rq_job_id(self) -> str:
         """One RQ job per attempt and deferral; a repeated push of the same message is a no-op."""
         return rq_job_id_of(self.run_id, self.attempt, self.defers, self.gate_defers)
-
-
-_last_ms = 0
-_sequence = 0
-_id_lock = threading.Lock()
-
-
-def new_run_id() -> str:
-    """A time-ordered UUID (version 7 layout), as 32 hex digits.
-
-    RQ's RateLimit admits waiting jobs oldest second first and breaks ties by job id; ids that
-    sort by creation (a per-process sequence within a millisecond) keep waiting runs FIFO. They
-    also keep the history table's primary-key index append-mostly.
-    """
-    global _last_ms, _sequence
-    with _id_lock:
-        ms = time.time_ns() // 1_000_000
-        if ms <= _last_ms:
-            ms, _sequence = _last_ms, _sequence + 1
-            if _sequence > 0xFFF:
-                ms, _sequence = ms + 1, 0
-        else:
-            _sequence = 0
-        _last_ms = ms
-        value = (ms & (2**48 - 1)) << 80 | 0x7 << 76 | _sequence << 64
-        value |= 0b10 << 62 | secrets.randbits(62)
-    return f"{value:032x}"
 
 
 def _signer(version: int = VERSION) -> signing.Signer:
@@ -270,6 +258,9 @@ def encode(envelope: Envelope, *, delay: float = 0.0, now: float | None = None) 
     # A shallow dict, not ``asdict``'s deep copy: the values are JSON already (the kwargs were
     # checked at enqueue), so the text is the same, without copying every nested value.
     document = {name: getattr(envelope, name) for name in _FIELD_NAMES}
+    for name in _OPTIONAL_FIELDS:
+        if document[name] is None:
+            del document[name]
     document.update(
         {
             "v": VERSION,
@@ -344,6 +335,8 @@ def decode(message: object, *, now: float | None = None) -> Envelope:
     if claimed != version:
         raise EnvelopeError(f"envelope says version {claimed} but was signed as version {version}")
     field_types = _FIELDS_OF[version]
+    if version >= 2:
+        field_types = field_types | {k: t for k, t in _OPTIONAL_FIELDS.items() if k in document}
     if set(document) != set(field_types):
         raise EnvelopeError(f"envelope fields {sorted(document)} do not match version {version}")
     for key, expected in field_types.items():
@@ -352,11 +345,7 @@ def decode(message: object, *, now: float | None = None) -> Envelope:
             raise EnvelopeError(f"envelope field {key!r} has the wrong type")
     if not _RUN_ID_RE.fullmatch(document["run_id"]):
         raise EnvelopeError("envelope run_id is not a UUID hex")
-    schema = document["schema"]
-    if schema is not None and not _SCHEMA_RE.fullmatch(schema):
-        raise EnvelopeError("envelope schema is not a valid schema name")
-    if schema == project_settings.public_schema_name():
-        raise EnvelopeError("envelope names the public schema; tenant runs never run there")
+    _check_schemas(document["schema"], document.get("flow_schema"))
     if min(document["attempt"] - 1, document["defers"], document["gate_defers"]) < 0:
         raise EnvelopeError("envelope counters are negative")
     origin = document["origin"]
@@ -375,6 +364,18 @@ def decode(message: object, *, now: float | None = None) -> Envelope:
     if version >= 2:
         _check_times(document, now)
     return Envelope(**document, version=version)
+
+
+def _check_schemas(schema: str | None, flow: str | None) -> None:
+    if schema is not None and not _SCHEMA_RE.fullmatch(schema):
+        raise EnvelopeError("envelope schema is not a valid schema name")
+    public = project_settings.public_schema_name()
+    if schema == public:
+        raise EnvelopeError("envelope names the public schema; tenant runs never run there")
+    if flow is not None and (
+        schema is not None or not _SCHEMA_RE.fullmatch(flow) or flow == public
+    ):
+        raise EnvelopeError("envelope flow_schema is not the tenant of a system run")
 
 
 def _check_times(document: dict[str, Any], now: float | None) -> None:

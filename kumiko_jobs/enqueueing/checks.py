@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from .. import transport
 from ..core import conf, project_settings
 from ..definition.registry import registry
-from .messages import import_rate_callable
+from .tenant_settings import import_rate_callable
 
 
 @checks.register()

@@ -9,6 +9,9 @@ when the attempt succeeded.
 The run side opens the batch (``collecting``) around the pipeline; the enqueue side finds it
 through ``current()``, so it never needs the run's state. ``prepare_followup`` is such an
 enqueue: checked like any other (``validate``), kept in the run's tenant, and added to the batch.
+A system follow-up of a tenant's run (``tenant_may_start``) runs in public but counts against
+that tenant's flow control (``Envelope.followup`` sets its ``flow_schema``; docs/design.md,
+"Flow control: system runs a tenant's run started").
 """
 
 from __future__ import annotations

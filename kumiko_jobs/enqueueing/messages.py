@@ -10,26 +10,24 @@ apart (a field the row keeps and a rebuilt message drops).
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
-from django.utils.module_loading import import_string
 from django_tenants.utils import get_tenant_model
 
 from .. import origin, transport
 from ..core import conf
-from ..core.envelope import Envelope, encode, new_run_id
-from ..core.rates import Rate, parse_rate
+from ..core.envelope import Envelope, encode
+from ..core.run_ids import new_run_id
 from ..definition.job import JobDefinition
 from ..models import DeferralKind, JobRun, RunStatus
 from . import unique
 from .admission import concurrency_owner
+from .tenant_settings import tenant_rate_of, weight_of
 
 logger = logging.getLogger("kumiko_jobs.enqueueing")
 
@@ -84,6 +82,7 @@ def row_for(definition: JobDefinition, env: Envelope, subject: str, delay: float
         rq_job_id=env.rq_job_id,
         unique_key=unique.key_of(definition, env.schema, env.kwargs),
         priority=priority_of(definition, env),
+        flow_schema=env.flow_schema or "",
     )
 
 
@@ -108,6 +107,7 @@ def envelope_of(
         origin=run.origin,
         parent_run_id=run.parent_run_id.hex if run.parent_run_id else None,
         trace=dict(run.trace_context or {}),
+        flow_schema=run.flow_schema or None,
     )
 
 
@@ -115,9 +115,9 @@ def message_for(
     definition: JobDefinition, envelope: Envelope, delay: float, *, priority: int | None = None
 ) -> transport.Message:
     """The queue message of ``envelope``: signed now, due after ``delay`` seconds, on the job's
-    queue, with its timeout, and what the fair dequeue files it by (the tenant's bucket and
-    weight, the priority: ``priority`` when given, else the job's) and holds it back by (its
-    rate windows and caps)."""
+    queue, with its timeout, and what the fair dequeue files it by (the bucket and weight of
+    the tenant it counts against, ``Envelope.flow_tenant``; the priority: ``priority`` when
+    given, else the job's) and holds it back by (its rate windows and caps)."""
     return transport.Message(
         # Signed now, due after the delay: the message expires MESSAGE_MAX_AGE after that.
         body=encode(envelope, delay=delay),
@@ -125,12 +125,12 @@ def message_for(
         job_id=envelope.rq_job_id,
         timeout=definition.timeout_seconds,
         delay=delay,
-        bucket=transport.bucket_of(envelope.schema),
-        weight=weight_of(envelope.schema),
+        bucket=transport.bucket_of(envelope.flow_tenant),
+        weight=weight_of(envelope.flow_tenant),
         priority=priority if priority is not None else priority_of(definition, envelope),
         job=definition.name,
         rates=rates_of(definition, envelope),
-        caps=caps_of(definition, envelope.schema),
+        caps=caps_of(definition, envelope.schema, flow=envelope.flow_schema),
     )
 
 
@@ -168,68 +168,26 @@ def shares_fields(definition: JobDefinition) -> bool:
 
 def rates_of(definition: JobDefinition, envelope: Envelope) -> tuple[tuple[str, int, int], ...]:
     """The rate-limit windows a start of this run counts in, as (key, starts, seconds): the
-    job's across tenants (one per value of ``rate_limit_by``), the job's per tenant, and
-    ``TENANT_RATE_LIMIT`` across the tenant's jobs (tenants only: system runs are no tenant's).
-    Decided at the push like the fair field, so the dequeue script asks no one."""
+    job's across tenants (one per value of ``rate_limit_by``), the job's per tenant (a system
+    job's: the system's), and ``TENANT_RATE_LIMIT`` across the runs of the tenant the run counts
+    against (``Envelope.flow_tenant``: none for a system run no tenant's run started). Decided
+    at the push like the fair field, so the dequeue script asks no one."""
     rates: list[tuple[str, int, int]] = []
     if definition.rate_limit is not None:
         key = f"j:{definition.name}"
         if definition.rate_limit_by is not None:
             value = envelope.kwargs.get(definition.rate_limit_by)
-            key += ":k:" + json.dumps(value, sort_keys=True, default=str)
+            key = transport.value_window(definition.name, value)
         rates.append((key, definition.rate_limit.limit, definition.rate_limit.per))
     bucket = transport.bucket_of(envelope.schema)
     if definition.tenant_rate_limit is not None:
         limit = definition.tenant_rate_limit
         rates.append((f"jt:{definition.name}\t{bucket}", limit.limit, limit.per))
-    tenant_limit = tenant_rate_of(envelope.schema) if envelope.schema is not None else None
-    if tenant_limit is not None:
-        rates.append((f"t:{bucket}", tenant_limit.limit, tenant_limit.per))
+    tenant = envelope.flow_tenant
+    tenant_limit = tenant_rate_of(tenant) if tenant is not None else None
+    if tenant is not None and tenant_limit is not None:
+        rates.append((f"t:{transport.bucket_of(tenant)}", tenant_limit.limit, tenant_limit.per))
     return tuple(rates)
-
-
-_rate_callables: dict[str, Callable[[str], Any]] = {}
-
-
-def tenant_rate_of(schema: str) -> Rate | None:
-    """A tenant's ``TENANT_RATE_LIMIT``: the fixed rate, or what the configured callable says
-    for ``schema`` ("100/m", a ``Rate``, or None for no limit), resolved at every push as
-    ``TENANT_WEIGHT`` is, so a plan change applies to the next message."""
-    setting = conf.get().TENANT_RATE_LIMIT
-    if not isinstance(setting, str):
-        return setting
-    func = _rate_callables.get(setting)
-    if func is None:
-        func = _rate_callables[setting] = import_rate_callable(setting)
-    value = call_tenant_setting("TENANT_RATE_LIMIT", setting, func, schema)
-    if value is None:
-        return None
-    try:
-        return parse_rate(value)
-    except ValueError as exc:
-        raise ImproperlyConfigured(
-            f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] ({setting}) returned {value!r} for tenant "
-            f"{schema!r}: {exc}; or None for no limit."
-        ) from exc
-
-
-def import_rate_callable(path: str) -> Callable[[str], Any]:
-    """The callable ``TENANT_RATE_LIMIT`` names; ImproperlyConfigured naming the fix (the
-    system check ``kumiko_jobs.E017`` says the same at start-up)."""
-    try:
-        func = import_string(path)
-    except ImportError as exc:
-        raise ImproperlyConfigured(
-            f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] = {path!r} cannot be imported ({exc}); "
-            "name a callable that takes a schema name and returns a rate such as '100/m' or "
-            "None, or give a fixed rate."
-        ) from exc
-    if not callable(func):
-        raise ImproperlyConfigured(
-            f"settings.KUMIKO_JOBS['TENANT_RATE_LIMIT'] = {path!r} is not callable; name a "
-            "function that takes a schema name and returns a rate such as '100/m' or None."
-        )
-    return func  # type: ignore[no-any-return]
 
 
 def priority_of(definition: JobDefinition, envelope: Envelope) -> int:
@@ -249,50 +207,6 @@ def priority_of(definition: JobDefinition, envelope: Envelope) -> int:
     return definition.priority
 
 
-_weight_callables: dict[str, Callable[[str], Any]] = {}
-
-
-def weight_of(schema: str | None) -> float:
-    """A tenant's weight in the fair dequeue, from ``TENANT_WEIGHT`` (resolved at every push,
-    so a plan change applies to the next message; system runs weigh 1)."""
-    path = conf.get().TENANT_WEIGHT
-    if path is None or schema is None:
-        return 1.0
-    func = _weight_callables.get(path)
-    if func is None:
-        try:
-            func = import_string(path)
-        except ImportError as exc:
-            raise ImproperlyConfigured(
-                f"settings.KUMIKO_JOBS['TENANT_WEIGHT'] = {path!r} cannot be imported ({exc}); "
-                "name a callable that takes a schema name and returns a number > 0."
-            ) from exc
-        _weight_callables[path] = func
-    value = call_tenant_setting("TENANT_WEIGHT", path, func, schema)
-    weight = transport.valid_weight(value)
-    if weight is None:
-        raise ImproperlyConfigured(
-            f"settings.KUMIKO_JOBS['TENANT_WEIGHT'] ({path}) returned {value!r} for tenant "
-            f"{schema!r}; it must return a finite number from {transport.WEIGHT_MIN:g} to "
-            f"{transport.WEIGHT_MAX:g} (1 is the default share)."
-        )
-    return weight
-
-
-def call_tenant_setting(name: str, path: str, func: Callable[[str], Any], schema: str) -> Any:
-    """What the project's callable for setting ``name`` says for ``schema``; whatever it
-    raises becomes ImproperlyConfigured naming the setting and the tenant, the one error the
-    pushes made for other tenants than the caller's (the relay, a fan-out, the sweep) catch
-    to leave this tenant's run waiting rather than stop everyone's (``pushable``)."""
-    try:
-        return func(schema)
-    except Exception as exc:
-        raise ImproperlyConfigured(
-            f"settings.KUMIKO_JOBS[{name!r}] ({path}) raised {type(exc).__name__}: {exc} for "
-            f"tenant {schema!r}."
-        ) from exc
-
-
 def pushable(
     definition: JobDefinition,
     envelope: Envelope,
@@ -309,16 +223,16 @@ def pushable(
 
     ``failed``: the tenants that failed earlier in the same pass, filled here; their other
     runs wait too, without calling the project's callable again or logging again."""
-    if failed is not None and envelope.schema in failed:
+    if failed is not None and envelope.flow_tenant in failed:
         return None
     try:
         return message_for(definition, envelope, delay, priority=priority)
     except ImproperlyConfigured as exc:
         if failed is not None:
-            failed.add(envelope.schema)
+            failed.add(envelope.flow_tenant)
         logger.error(
             "the runs of tenant %s wait (first: run %s of %s): their messages cannot be made: %s",
-            envelope.schema,
+            envelope.flow_tenant,
             envelope.run_id,
             definition.name,
             exc,
@@ -326,7 +240,9 @@ def pushable(
         return None
 
 
-def caps_of(definition: JobDefinition, schema: str | None) -> tuple[tuple[str, int, str], ...]:
+def caps_of(
+    definition: JobDefinition, schema: str | None, *, flow: str | None = None
+) -> tuple[tuple[str, int, str], ...]:
     """The concurrency caps a run's start takes a slot of, as (key, limit, scope), which the
     fair dequeue enforces (transport/fair_caps.py): the job's own per tenant (scope ``j``:
     ``sequential`` is 1, ``tenant_concurrency=N`` is N; only that job's messages wait), else
@@ -337,19 +253,23 @@ def caps_of(definition: JobDefinition, schema: str | None) -> tuple[tuple[str, i
     tenant of a system job is the system (its bucket); ``TENANT_CONCURRENCY`` is a fairness cap
     between tenants and does not hold system runs back; a system job's own
     ``tenant_concurrency=`` caps the system's runs. A fan-out parent has no tenant: no cap.
+    A system run a tenant's run started (``flow``: that tenant, ``Envelope.flow_schema``)
+    takes a slot of that tenant's ``TENANT_CONCURRENCY`` too, besides its job's own cap (the
+    system's, which is no per-tenant override): a tenant at its cap gets no extra run through
+    a system job.
     """
     if concurrency_owner(definition, schema) is None:
         return ()
-    bucket = transport.bucket_of(schema)
+    caps: list[tuple[str, int, str]] = []
     limits = [n for n in (definition.tenant_concurrency,) if n]
     if definition.concurrency == "sequential":
         limits.append(1)
     if limits:
-        return ((f"j:{definition.name}\t{bucket}", min(limits), "j"),)
-    tenant_limit = conf.get().TENANT_CONCURRENCY
-    if tenant_limit and schema is not None:
-        return ((f"t:{bucket}", tenant_limit, "t"),)
-    return ()
+        caps.append((f"j:{definition.name}\t{transport.bucket_of(schema)}", min(limits), "j"))
+    tenant, tenant_limit = schema if schema is not None else flow, conf.get().TENANT_CONCURRENCY
+    if tenant_limit and tenant is not None and not (limits and schema is not None):
+        caps.append((f"t:{transport.bucket_of(tenant)}", tenant_limit, "t"))
+    return tuple(caps)
 
 
 def pending_counters(

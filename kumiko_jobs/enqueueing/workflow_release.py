@@ -26,8 +26,9 @@ from django.utils import timezone
 
 from .. import transport
 from ..core import conf
-from ..core.envelope import Envelope, new_run_id
+from ..core.envelope import Envelope
 from ..core.exceptions import KumikoJobsError
+from ..core.run_ids import new_run_id
 from ..definition.registry import registry
 from ..history import transitions
 from ..history import workflows as sql

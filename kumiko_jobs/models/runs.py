@@ -102,6 +102,13 @@ class JobRun(models.Model):
     # sweep) continues the same trace.
     trace_context = models.JSONField(default=dict, blank=True)
     parent_run_id = models.UUIDField(null=True, blank=True)
+    # A system run a tenant's run started (a system job with tenant_may_start, or a system run
+    # such a run started): that tenant's schema, whose flow control (pause, caps, rate limits,
+    # fair share) its messages count against (Envelope.flow_schema); "" for every other run.
+    # db_default: a process of the previous release inserts rows without this column.
+    flow_schema = models.CharField(
+        _("counts against tenant"), max_length=63, default="", db_default="", blank=True
+    )
     payload = models.JSONField(default=dict, blank=True)
     origin = models.JSONField(null=True, blank=True, help_text="Write origin of the request.")
     error_type = models.CharField(max_length=200, blank=True)

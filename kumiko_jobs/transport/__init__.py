@@ -38,6 +38,7 @@ from .cap_waits import held_by_cap
 from .done import note_done, signal_done, wait_for
 from .errors import RedisConnectionError, RedisError, RedisTimeoutError
 from .fair_policy import WEIGHT_MAX, WEIGHT_MIN, bucket_of, valid_priority, valid_weight
+from .fair_rates import value_window
 from .live_workers import Liveness, beat, goodbye, liveness, request_cancel, vanished_workers
 from .maintenance_turns import take_dead_sweep_turn, take_maintenance_turn
 from .pausing import assert_pauses
@@ -197,6 +198,7 @@ __all__ = [
     "utcnow",
     "valid_priority",
     "valid_weight",
+    "value_window",
     "vanished_workers",
     "wait_for",
     "waiting_job_ids",

@@ -2,18 +2,42 @@
 
 A window is a sorted set of the start times of the last ``per`` seconds (members
 ``<job id>@<time>``), one per key the push wrote into the message's fair field: ``j:<job>``
-(``:k:<argument value>`` with ``rate_limit_by``), ``jt:<job>\t<bucket>`` (a job's limit per
-tenant), ``t:<bucket>`` (``TENANT_RATE_LIMIT``). The dequeue script (``fair.py``) checks a
-head's windows before it starts (``rate_block``) and counts the start in the same call
-(``rate_count``), on Redis's clock (``TIME``: one clock for every worker), so no window ever
-admits more than its limit. What waits for a window, and how it comes back, is the dequeue's
-(``rwait``; docs/design.md, "Flow control: rate limits").
+(``:k:<argument value>`` with ``rate_limit_by``, or ``:h:<its hash>``: ``value_window``),
+``jt:<job>\t<bucket>`` (a job's limit per tenant), ``t:<bucket>`` (``TENANT_RATE_LIMIT``).
+The dequeue script (``fair.py``) checks a head's windows before it starts (``rate_block``)
+and counts the start in the same call (``rate_count``), on Redis's clock (``TIME``: one clock
+for every worker), so no window ever admits more than its limit. What waits for a window, and
+how it comes back, is the dequeue's (``rwait``; docs/design.md, "Flow control: rate limits").
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
+from typing import Any
+
 # The windows' keys: + "j:<job>", "jt:<job>\t<bucket>", "t:<bucket>".
 RATE_PREFIX = "kumiko:rate:"
+
+# A ``rate_limit_by`` value's JSON stays readable in its window's key (``:k:<json>``) up to this
+# many characters, all printable ASCII; any other is ``:h:`` and the SHA-256 (hex) of its JSON.
+READABLE_VALUE_MAX = 100
+_READABLE = re.compile(rf"[\x20-\x7e]{{0,{READABLE_VALUE_MAX}}}")
+
+
+def value_window(job: str, value: Any) -> str:
+    """The window key of one ``rate_limit_by`` value of ``job`` (the tenant chooses the value,
+    up to the argument's size). A value is its JSON (sorted keys: one text per value), so two
+    different values never share a window. A short printable JSON is kept as it is, readable
+    (``j:<job>:k:"acc-1"``; the JSON escapes every other character); a longer one becomes
+    a fixed-size key (``j:<job>:h:<64 hex digits>``): never the short
+    form of another value, whose marker is ``k``, and never as long as the argument."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    if _READABLE.fullmatch(text):
+        return f"j:{job}:k:{text}"
+    return f"j:{job}:h:{hashlib.sha256(text.encode()).hexdigest()}"
+
 
 # After fair.COMMON; the dequeue passes RATE_PREFIX as ARGV[7]. Plain text: Lua tables.
 RATES = """

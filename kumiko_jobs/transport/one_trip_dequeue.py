@@ -136,6 +136,11 @@ class _OneTripDequeue:
             # As RQ's _fetch_dequeued_job: the worker handles an unreadable hash.
             exc.job_id = job_id  # type: ignore[attr-defined]
             exc.queue = found  # type: ignore[attr-defined]
+            # ...which also removes RQ's start of it that the script wrote and frees the cap
+            # slots its pick took (worker_commands.py)
+            if start is not None:
+                exc.kumiko_execution = start.execution(job)  # type: ignore[attr-defined]
+            exc.kumiko_caps = as_text(popped[6]) if len(popped) > 6 else ""  # type: ignore[attr-defined]
             raise
         job.kumiko_charge = fair.Charge(  # type: ignore[attr-defined]
             lane=as_text(popped[2]),

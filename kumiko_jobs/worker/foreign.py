@@ -138,4 +138,7 @@ class RefusesForeignMessages:
         raw = transport.unreadable_job_dump(self.connection, queue, job_id)
         reason = f"RQ cannot load the job ({type(exc).__name__}: {exc})"
         _record(raw, reason, job_id, queue.name)
-        transport.remove_unreadable_job(self.connection, queue, job_id)
+        # RQ's start of it, when the dequeue script wrote one (transport/rq_start.py)
+        started = getattr(exc, "kumiko_execution", None)
+        caps = getattr(exc, "kumiko_caps", "")
+        transport.remove_unreadable_job(self.connection, queue, job_id, started, caps)

@@ -48,7 +48,9 @@ def hold_of(run: JobRun) -> Hold | None:
     if held:
         return Hold(HoldKind.PAUSED, gettext("paused (%(what)s)") % {"what": held})
     if run.status == RunStatus.QUEUED:
-        schema = run.schema_name or None
+        # (the bucket its messages wait in: a system run a tenant's run started waits in that
+        # tenant's, Envelope.flow_tenant)
+        schema = run.schema_name or run.flow_schema or None
         reopens = transport.rate_wait_until(run.queue, schema, run.priority, run.job_name)
         if reopens is not None:
             at = datetime.fromtimestamp(reopens, UTC)

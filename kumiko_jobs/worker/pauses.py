@@ -6,9 +6,11 @@ runs wait where they are, in their order, without a worker polling them or an at
 spent, and resume where they were. Nothing is moved between PostgreSQL and Redis: the
 messages stay in Redis (parked or held by the dequeue), and the relay does not push them
 again (RQ still holds them, queued). A paused tenant's cron ticks and fan-out children are
-messages in its bucket, so they wait too. The operators' admin (``FlowPauseAdmin``) and
-``manage.py kumiko_jobs pause|resume`` call ``pause`` and ``resume``; every maintenance round
-calls ``assert_pauses`` so that Redis says what PostgreSQL says after a failover or a flush.
+messages in its bucket, so they wait too, and so do the system runs its runs started
+(``@job(system=True, tenant_may_start=True)``, filed in its bucket: ``Envelope.flow_tenant``).
+The operators' admin (``FlowPauseAdmin``) and ``manage.py kumiko_jobs pause|resume`` call
+``pause`` and ``resume``; every maintenance round calls ``assert_pauses`` so that Redis says
+what PostgreSQL says after a failover or a flush.
 """
 
 from __future__ import annotations
@@ -123,13 +125,16 @@ def paused_by_rule(run: JobRun) -> str:
     if time.monotonic() - read_at > 1.0:
         rows = list(FlowPause.objects.values_list("queue", "job_name", "schema_name"))
         _cache = (time.monotonic(), rows)
+    # A system run a tenant's run started is paused with that tenant (its messages wait in the
+    # tenant's bucket: Envelope.flow_tenant).
+    counts_against = run.schema_name or run.flow_schema
     for queue, job, tenant in rows:
         if queue and queue == run.queue:
             return gettext("queue %(queue)s") % {"queue": queue}
-        if job and tenant and job == run.job_name and tenant == run.schema_name:
+        if job and tenant and job == run.job_name and tenant == counts_against:
             return gettext("%(job)s in %(tenant)s") % {"job": job, "tenant": tenant}
         if job and not tenant and job == run.job_name:
             return gettext("job %(job)s") % {"job": job}
-        if tenant and not job and tenant == run.schema_name:
+        if tenant and not job and tenant == counts_against:
             return gettext("tenant %(tenant)s") % {"tenant": tenant}
     return ""

@@ -146,10 +146,9 @@ def text(response: Any) -> str:
 # --- rendering helpers (no database) ----------------------------------------------------------
 
 
-# The django_db mark makes pytest-django create the test database even when this file runs
-# alone: tests that only use live_db do not ask for one, and would otherwise run against (and
-# truncate) the development database.
-@pytest.mark.django_db
+# No django_db mark needed: live_db (this module's pytestmark) creates the test database
+# through django_db_setup, and refuses to empty any database that is not a test database
+# (refuse_unless_test_database, tests/conftest.py).
 @pytest.mark.parametrize(
     ("ms", "shown"),
     [

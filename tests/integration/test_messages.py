@@ -319,7 +319,7 @@ def _version_1_body(env: Any) -> str:
     from django.core import signing
 
     document = {"v": 1, **asdict(env)}
-    for key in ("tick", "signed_at", "due_at", "version"):
+    for key in ("tick", "signed_at", "due_at", "version", "flow_schema"):
         del document[key]
     payload = json.dumps(document, separators=(",", ":"), sort_keys=True)
     return signing.Signer(salt="kumiko_jobs.envelope.v1", algorithm="sha256").sign(payload)

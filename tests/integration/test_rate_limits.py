@@ -83,3 +83,25 @@ def test_a_tenant_over_its_limit_does_not_hold_back_another(tenants: Any) -> Non
     # the admin says why they wait; t2's finished runs say nothing of it
     assert "waiting for a rate limit" in RunDisplay().status_label(waiting.first())
     assert "rate limit" not in RunDisplay().status_label(started.filter(schema_name="t2")[0])
+
+
+def test_long_rate_limit_by_values_get_their_own_short_windows(tenants: Any) -> None:
+    """``rate_limit="2/h", rate_limit_by="account"`` with two long values (3,001 characters,
+    different only in the last one): each value gets its own window (two starts each; the
+    third run of the first waits, queued, with no attempt), and no window's key is as long as
+    the value: one fixed-size key per value (``transport.value_window``). Proven able to
+    fail: with the value's JSON in the key as it was, the keys are 3,000+ bytes long."""
+    first, second = "a" * 3000 + "1", "a" * 3000 + "2"
+    for i in range(3):
+        jobs.per_account.enqueue(tenant="t1" if i % 2 else "t2", account=first, tag=f"a{i}")
+    for i in range(2):
+        jobs.per_account.enqueue(tenant="t1", account=second, tag=f"b{i}")
+    queue = transport.get_queue("default")
+    Worker([queue], connection=queue.connection).work(max_jobs=4, max_idle_time=3)
+    started = JobRun.objects.exclude(started_at=None)
+    assert sorted(r.payload["tag"] for r in started) == ["a0", "a1", "b0", "b1"]
+    waiting = JobRun.objects.get(payload__tag="a2")
+    assert waiting.status == RunStatus.QUEUED and not waiting.attempt_set.exists()
+    keys = [k.decode() for k in queue.connection.scan_iter(match="kumiko:rate:j:*")]
+    assert len(keys) == 2, keys  # one window per value
+    assert all(len(k) < 200 for k in keys), [len(k) for k in keys]

@@ -13,7 +13,6 @@ then returned tenant two's result, arguments and traceback).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from io import StringIO
 from typing import Any
 
@@ -47,13 +46,6 @@ def mode(request: pytest.FixtureRequest, tenants: Any) -> dict[str, Any]:
         with override_settings(KUMIKO_JOBS=chosen):
             call_command("kumiko_jobs", "roles", stdout=StringIO())
     return chosen
-
-
-@pytest.fixture
-def observer() -> Iterator[support.Observer]:
-    seen = support.Observer()
-    yield seen
-    seen.close()
 
 
 @pytest.fixture

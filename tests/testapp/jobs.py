@@ -586,3 +586,22 @@ if os.environ.get("KUMIKO_TEST_BOOT_JOB") == "1":
     @job(per_tenant=True, run_on_boot=True)
     def booted(ctx) -> None:
         _probe(ctx, "booted")
+
+
+# A system job tenant runs may start, counted against the starting tenant's flow control
+# (tests/integration/test_flow_tenant_started.py).
+
+
+@job(system=True, tenant_may_start=True)
+def tenant_started_system(ctx, *, tag: str, seconds: float = 0.0) -> str:
+    """Sleeps ``seconds``; returns the schema it ran in (a system run: public)."""
+    time.sleep(seconds)
+    return str(connection.schema_name)
+
+
+@job
+def starts_system_runs(ctx, *, tag: str, count: int = 1, seconds: float = 0.0) -> None:
+    """A tenant's run that starts ``count`` runs of ``tenant_started_system``."""
+    _probe(ctx, tag)
+    for n in range(count):
+        ctx.enqueue(tenant_started_system, tag=f"{tag}-{n}", seconds=seconds)

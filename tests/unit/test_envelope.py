@@ -60,6 +60,7 @@ def document(**changes: Any) -> dict[str, Any]:
     """The JSON document ``encode`` signs, with changes (``None`` values are kept)."""
     doc = {"v": VERSION, **asdict(envelope())}
     del doc["version"]
+    del doc["flow_schema"]  # written only when set (a system run a tenant's run started)
     now = round(time.time(), 3)
     doc.update(signed_at=now, due_at=now)
     doc.update(changes)

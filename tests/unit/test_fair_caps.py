@@ -12,7 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from kumiko_jobs.checks import check_settings
 from kumiko_jobs.core import conf as conf_module
-from kumiko_jobs.enqueueing import messages
+from kumiko_jobs.enqueueing import tenant_settings
 from kumiko_jobs.enqueueing.messages import caps_of, message_for, rates_of
 from kumiko_jobs.transport.fair_policy import cap_admits, set_aside_goes_first
 from tests.unit.test_rate_limits import define, envelope
@@ -102,7 +102,7 @@ def test_tenant_rate_limit_may_be_a_callable_by_plan(settings: Any) -> None:
     path = f"{__name__}.plan_rate"
     assert path == conf_module._validate({"TENANT_RATE_LIMIT": path}).TENANT_RATE_LIMIT
     settings.KUMIKO_JOBS = {**settings.KUMIKO_JOBS, "TENANT_RATE_LIMIT": path}
-    messages._rate_callables.clear()
+    tenant_settings._rate_callables.clear()
     assert rates_of(define(), envelope("t1")) == (("t:t1", 10, 60),)
     assert rates_of(define(), envelope("t2")) == ()  # None: no limit for this plan
     assert rates_of(define(), envelope(schema=None)) == ()  # the system is not called for

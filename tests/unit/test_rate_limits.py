@@ -15,6 +15,7 @@ from kumiko_jobs.core.rates import Rate, parse_rate
 from kumiko_jobs.definition.options import build_definition
 from kumiko_jobs.enqueueing.messages import message_for, rates_of
 from kumiko_jobs.transport.fair_policy import window_reopens
+from kumiko_jobs.transport.fair_rates import READABLE_VALUE_MAX, value_window
 
 RUN_ID = "0123456789abcdef0123456789abcdef"
 
@@ -148,3 +149,43 @@ def test_no_argument_value_or_schema_name_reaches_another_window(settings: Any) 
                 assert windows.setdefault(key, owner) == owner, key  # one owner per window
     plain = rates_of(define(rate_limit="1/s"), envelope("t1"))[0][0]
     assert plain == "j:rates.a_job" and plain not in windows  # the job's window without _by
+
+
+def test_a_rate_limit_by_value_window_is_short_and_its_own() -> None:
+    """``value_window``: a short value stays readable as it was; a long one becomes a
+    fixed-size hashed key. Distinct values,
+    long or short, never share a key, and no hashed key is a short one's (the marker differs:
+    a value whose JSON reads like a hash stays in ``:k:``). Proven able to fail: with the JSON
+    in the key (the code before) a 500 KB value makes a 500 KB key."""
+    assert value_window("rates.a_job", "acc-1") == 'j:rates.a_job:k:"acc-1"'
+    assert value_window("rates.a_job", {"b": 1, "a": [2]}) == 'j:rates.a_job:k:{"a": [2], "b": 1}'
+    long = "x" * 500_000
+    hashed = value_window("rates.a_job", long)
+    assert hashed.startswith("j:rates.a_job:h:") and len(hashed) == len("j:rates.a_job:h:") + 64
+    values: list[Any] = [
+        long,
+        long[:-1] + "y",
+        "x" * 100,
+        "x" * 98,  # JSON of 100 characters: the longest kept readable
+        "x" * 99,  # 101: hashed
+        "a\x7fb",
+        "a\tb",
+        "é",
+        hashed,
+        hashed.rsplit(":", 1)[1],  # a value that looks like a hash stays a readable value
+        5,
+        "5",
+        None,
+        [long],
+    ]
+    keys = [value_window("rates.a_job", v) for v in values]
+    assert len(set(keys)) == len(values), keys  # one window per value
+    assert all(len(k) <= len("j:rates.a_job:k:") + READABLE_VALUE_MAX for k in keys)
+    assert value_window("rates.a_job", "x" * 98).split(":")[2] == "k"
+    assert value_window("rates.a_job", "x" * 99).split(":")[2] == "h"
+    # control characters, DEL and non-ASCII are escaped by the JSON: printable, readable
+    assert value_window("rates.a_job", "a\tb\x7f") == 'j:rates.a_job:k:"a\\tb\\u007f"'
+    # the same value is the same window, at every push
+    assert value_window("rates.a_job", [long]) == value_window("rates.a_job", [long])
+    definition = define(rate_limit="100/m", rate_limit_by="account")
+    assert rates_of(definition, envelope(account=long))[0][0] == hashed

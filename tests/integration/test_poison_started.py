@@ -1,0 +1,121 @@
+"""A tampered message the dequeue script has already started, through a real burst worker.
+
+The dequeue script writes RQ's start of the message it picks (transport/rq_start.py: the
+execution's hash, the job's execution registry, ``StartedJobRegistry``, the worker's
+execution set) in the same call as the pick, before the worker reads the job. When the worker
+then refuses it (a job hash RQ cannot load, or a message that is not kumiko's to call), what
+the script wrote is removed with the refusal: nothing of it is left for RQ's TTL cleanup to
+find, the cap slots its pick took are free again, and the refusal is recorded as before
+(``RejectedMessage``); no job body runs in any schema (``Batch.run``'s checks,
+tests/integration/test_poison.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.test import override_settings
+from rq.executions import Execution, ExecutionRegistry
+
+from kumiko_jobs import transport
+from kumiko_jobs.models import JobRun, RejectedMessage, RunStatus
+from kumiko_jobs.transport.fair_caps import CAP_PREFIX
+from tests.conftest import probes, work
+from tests.integration.test_poison import Batch, queue
+from tests.testapp import jobs
+
+pytestmark = pytest.mark.usefixtures("live_db")
+
+
+def leftovers(job_id: str) -> dict[str, Any]:
+    """Everything of RQ's start of ``job_id`` still in Redis (empty: nothing)."""
+    q = queue()
+    redis = q.connection
+    found: dict[str, Any] = {}
+    started = [m for m in q.started_job_registry.get_job_ids() if m.startswith(job_id)]
+    started += [
+        m.decode()
+        for m in redis.zrange(q.started_job_registry.key, 0, -1)
+        if m.decode().startswith(job_id)
+    ]
+    if started:
+        found["StartedJobRegistry"] = started
+    execution_key = Execution(id="*", job_id=job_id, connection=redis).key
+    executions = [k.decode() for k in redis.scan_iter(match=execution_key)]
+    if executions:
+        found["execution hashes"] = executions
+    registry = ExecutionRegistry(job_id=job_id, connection=redis).key
+    if redis.exists(registry):
+        found["execution registry"] = redis.zrange(registry, 0, -1)
+    for key in redis.scan_iter(match="rq:worker:*"):
+        if redis.type(key) == b"set":
+            held = [m for m in redis.smembers(key) if m.decode().startswith(job_id)]
+            if held:
+                found[key.decode()] = held
+    return found
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        ({"created_at": "not a date"}, "RQ cannot load the job"),
+        ({"failure_callback_name": "os.system"}, "failure_callback_name"),
+    ],
+    ids=["unreadable", "refused"],
+)
+def test_a_tampered_message_leaves_nothing_of_its_start(tenants: Any, tamper: Any, reason: str):
+    """A real kumiko message of t1, its job hash tampered in Redis before a worker takes it
+    (a field RQ cannot restore; an RQ hook, which kumiko refuses). The burst worker refuses
+    it and runs the next message; the refusal is recorded; its run never started (still
+    queued, no attempt: the relay signs it anew); and StartedJobRegistry, the execution's
+    hash and registry and the worker's execution set hold nothing of it.
+
+    Proven able to fail: without the removal (``worker_commands.forget_start``) the
+    execution the script wrote stays in all four until RQ's TTL cleanup."""
+    handle = jobs.probe.enqueue(tenant="t1", tag="tampered")
+    job_id = JobRun.objects.get(pk=handle.run_id).rq_job_id
+    q = queue()
+    assert q.connection.exists(q.job_class.key_for(job_id))
+    q.connection.hset(q.job_class.key_for(job_id), mapping=tamper)
+    batch = Batch()
+    batch.add(job_id)
+    rejected, _ = batch.run()  # the control job ran after it, alone, in t2
+    assert [r.rq_job_id for r in rejected] == [job_id]
+    assert reason in rejected[0].reason
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert run.status == RunStatus.QUEUED and run.attempts == 0
+    assert not run.attempt_set.exists()
+    assert leftovers(job_id) == {}
+    # the refused one is failed in RQ (as before), the unreadable one removed
+    if "callback" in reason:
+        assert job_id in q.failed_job_registry.get_job_ids()
+    else:
+        assert not q.connection.exists(q.job_class.key_for(job_id))
+    assert transport.queue_length("default") == 0
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [{"created_at": "not a date"}, {"failure_callback_name": "os.system"}],
+    ids=["unreadable", "refused"],
+)
+def test_a_tampered_message_gives_back_the_cap_slot_its_pick_took(tenants: Any, tamper: Any):
+    """TENANT_CONCURRENCY=1: t1's first message is tampered, its second is not. The dequeue's
+    pick of the first took t1's one slot; the worker refuses it and frees the slot, so t1's
+    second run starts in the same burst and no slot is left taken. Proven able to fail:
+    without the release (``worker_commands.free_caps``) t1 stays at its cap and the second run
+    waits, queued, after the burst."""
+    with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "TENANT_CONCURRENCY": 1}):
+        first = jobs.probe.enqueue(tenant="t1", tag="tampered")
+        second = jobs.probe.enqueue(tenant="t1", tag="next")
+    job_id = JobRun.objects.get(pk=first.run_id).rq_job_id
+    q = queue()
+    q.connection.hset(q.job_class.key_for(job_id), mapping=tamper)
+    work()
+    assert [r.rq_job_id for r in RejectedMessage.objects.all()] == [job_id]
+    assert JobRun.objects.get(pk=second.run_id).status == RunStatus.SUCCEEDED
+    assert [p.tag for p in probes("t1")] == ["next"]
+    assert q.connection.scard(CAP_PREFIX + "t:t1") == 0
+    assert leftovers(job_id) == {}
