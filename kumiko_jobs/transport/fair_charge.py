@@ -17,7 +17,7 @@ from .fair_common import COMMON
 from .fair_policy import MEAN_ALPHA
 
 # The finish's script (in its own transaction): the caps' release, then the charge.
-CHARGE_SCRIPT = (
+_CHARGE = (
     COMMON
     + CAPS
     + f"""
@@ -64,15 +64,14 @@ class Charge:
 
 
 def charge_on(pipeline: Any, charge: Charge, actual: float) -> None:
-    """Queue the finish's correction on ``pipeline`` (the finish's own transaction; the
-    worker's finish sends it as a function of its script, ``rq_finish.py``).
+    """Queue the finish's correction on ``pipeline`` (the finish's own transaction).
 
     ``EVAL`` with the script's text, not ``EVALSHA``: a script unknown to the server (after a
     restart or failover) would fail inside the transaction, and redis-py's pre-loading of
     scripts for a pipeline costs a round trip of its own.
     """
     pipeline.eval(
-        CHARGE_SCRIPT,
+        _CHARGE,
         0,
         charge.lane,
         charge.bucket,

@@ -27,7 +27,7 @@ from rq.worker import SimpleWorker as RQSimpleWorker
 from rq.worker import Worker as RQForkingWorker
 from rq.worker import WorkerStatus
 
-from . import done, fair, rq_finish, rq_start
+from . import done, fair, rq_start
 from .one_trip_dequeue import one_trip_dequeue
 from .rate_limits import release_caps
 from .worker_cuts import RidesOutCuts
@@ -80,8 +80,7 @@ class BookkeepingSimpleWorker(RidesOutCuts, _StopsPubSubFirst, RQSimpleWorker):
       ever sees the job in neither its queue nor the started registry. (A subclass with its
       own ``get_heartbeat_ttl``, or a Redis before 6.2: RQ's start follows in one pipeline,
       ``MULTI``/``EXEC``, with the removal from the intermediate queue);
-    * one finish for a successful attempt (RQ's commands queued on a pipeline, sent as one
-      script: ``rq_finish.py``, as atomic as ``MULTI``/``EXEC``): RQ's own writes
+    * one finish pipeline (``MULTI``/``EXEC``) for a successful attempt: RQ's own writes
       (counters, job status and fields, its last heartbeat and end time, the result stream,
       ``FinishedJobRegistry``, the execution's removal), the worker's state ``idle``, and two
       reads in the same transaction: the job's dependents and whether workers are suspended;
@@ -252,8 +251,7 @@ class BookkeepingSimpleWorker(RidesOutCuts, _StopsPubSubFirst, RQSimpleWorker):
             charge = getattr(job, "kumiko_charge", None)
             if charge is not None:  # the fair dequeue's estimate, corrected (fair.py)
                 fair.charge_on(pipeline, charge, (job.ended_at - job.started_at).total_seconds())  # type: ignore[operator]
-            # RQ's commands, as one script (rq_finish.py): one command to pack, one reply.
-            dependents, suspended = rq_finish.execute(self.connection, pipeline)[:2]
+            dependents, suspended = pipeline.execute()[:2]
         job.kumiko_caps_released = True  # type: ignore[attr-defined]  # (by charge_on)
         self._suspension_checked = not suspended
         if dependents:

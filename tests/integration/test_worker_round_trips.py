@@ -23,7 +23,6 @@ from rq import SimpleWorker as RQSimpleWorker
 
 from kumiko_jobs import transport
 from kumiko_jobs.models import JobRun, RunStatus
-from kumiko_jobs.transport import rq_finish
 from kumiko_jobs.worker import Worker
 from tests.conftest import redis_round_trips, work
 from tests.testapp import jobs
@@ -82,7 +81,7 @@ def test_calibration_rq_s_own_simple_worker_costs_more_than_twice_as_many(redis_
 @contextmanager
 def _state_writes() -> Iterator[list[bytes]]:
     """The values of every write of a worker hash's ``state`` field from this thread, sent
-    alone, in a pipeline or in the finish's script."""
+    alone or in a pipeline."""
     writes: list[bytes] = []
     command, execute = Redis.execute_command, Pipeline.execute
     caller = threading.get_ident()
@@ -95,8 +94,6 @@ def _state_writes() -> Iterator[list[bytes]]:
     def recorded_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         if threading.get_ident() == caller:
             note(args)
-            for carried in rq_finish.commands_in(args):  # the finish's script (rq_finish.py)
-                note(carried)
         return command(self, *args, **kwargs)
 
     def recorded_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
