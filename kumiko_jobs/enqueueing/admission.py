@@ -58,7 +58,8 @@ def admission(definition: JobDefinition, schema: str | None) -> Iterator[RunStat
     A row lock per (job, tenant) serialises concurrent enqueues of the same job for the same
     tenant until the enqueuing transaction commits, so two requests can never both see "no run
     queued" and both enqueue. A system job's tenant is the system: its
-    runs (``schema_name`` empty) are counted under the same lock, keyed ``<job>:``.
+    runs (``schema_name`` empty) are counted under the same lock, keyed ``<job>:``, except the
+    ones a tenant's run started (``flow_schema``), which count against that tenant.
     """
     limited = definition.concurrency in ("skip", "replace", "debounce") or definition.max_per_tenant
     owner = concurrency_owner(definition, schema)
@@ -71,8 +72,11 @@ def admission(definition: JobDefinition, schema: str | None) -> Iterator[RunStat
             # tenant login may take it (no privilege; the classifier refuses the table), unlike
             # the advisory lock it replaced, which a tenant session could hold on any key.
             cursor.execute(_lock_sql(), [f"kumiko_jobs:{definition.name}:{owner}"])
+        # A system run a tenant's run started (``flow_schema``) is that tenant's, not the
+        # system's: held by that tenant's pause or caps, it must not hold the system's own
+        # enqueues and cron ticks of the job back (tenants' rows never have one).
         active = JobRun.objects.filter(
-            job_name=definition.name, schema_name=owner, status__in=_ACTIVE
+            job_name=definition.name, schema_name=owner, flow_schema="", status__in=_ACTIVE
         )
         if definition.concurrency == "skip" and active.exists():
             yield RunStatus.SKIPPED
@@ -89,7 +93,7 @@ def _replace_queued(definition: JobDefinition, schema: str) -> None:
     """Cancel the runs still waiting; their messages are dropped when they arrive."""
     waiting = list(
         JobRun.objects.filter(
-            job_name=definition.name, schema_name=schema, status=RunStatus.QUEUED
+            job_name=definition.name, schema_name=schema, flow_schema="", status=RunStatus.QUEUED
         ).values_list("pk", flat=True)
     )
     if not waiting:

@@ -80,7 +80,7 @@ def row_for(definition: JobDefinition, env: Envelope, subject: str, delay: float
         payload=env.kwargs,
         origin=env.origin,
         rq_job_id=env.rq_job_id,
-        unique_key=unique.key_of(definition, env.schema, env.kwargs),
+        unique_key=unique.key_of(definition, env.schema, env.kwargs, env.flow_schema),
         priority=priority_of(definition, env),
         flow_schema=env.flow_schema or "",
     )

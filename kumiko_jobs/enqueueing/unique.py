@@ -37,8 +37,14 @@ _ACTIVE = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.DEFERRED)
 _FINISHED_FOR_WINDOW = (RunStatus.SUCCEEDED, RunStatus.FAILED)
 
 
-def key_of(definition: JobDefinition, schema: str | None, kwargs: dict[str, Any]) -> str | None:
+def key_of(
+    definition: JobDefinition, schema: str | None, kwargs: dict[str, Any], flow: str | None = None
+) -> str | None:
     """The run's unique key, or None when the job is not unique.
+
+    A system run a tenant's run started (``flow``: that tenant, ``Envelope.flow_schema``) has a
+    key of that tenant's (``:<schema>``, which no schema name can be): held by that tenant's
+    pause or caps, it must not stand for the same work enqueued by the system or another tenant.
 
     Arguments left to their defaults count with the default's value, so ``enqueue(x=1)`` and
     ``enqueue(x=1, force=False)`` of ``def job(ctx, *, x, force=False)`` are the same run. The
@@ -50,7 +56,9 @@ def key_of(definition: JobDefinition, schema: str | None, kwargs: dict[str, Any]
     bound.apply_defaults()
     values = {name: bound.arguments.get(name) for name in definition.unique}
     text = json.dumps(
-        [definition.name, schema or "", values], sort_keys=True, separators=(",", ":")
+        [definition.name, schema or (f":{flow}" if flow else ""), values],
+        sort_keys=True,
+        separators=(",", ":"),
     )
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -144,3 +144,38 @@ def test_a_relayed_system_run_still_waits_for_its_tenant_s_resume(
     work()
     started.refresh_from_db()
     assert started.status == RunStatus.SUCCEEDED, started.error_message
+
+
+def test_a_held_tenant_started_run_does_not_hold_the_system_s_own_runs_back(
+    tenants: Any,
+) -> None:
+    """The run a paused tenant's run started waits for that tenant; it must not stand in for
+    the system's own runs of the job: not as the running run ``concurrency="skip"`` skips
+    for, and not as the run a unique key already covers. Proven able to fail: with
+    admission counting every system row, and the key without the flow tenant, the system's
+    enqueues were recorded ``skipped`` and handed back t1's waiting run."""
+    starter = jobs.starts_skip_and_unique.enqueue(tenant="t1", tag="starter")
+    queue = transport.get_queue("default")
+    Worker([queue], connection=queue.connection).work(burst=True, max_jobs=1)
+    assert JobRun.objects.get(pk=starter.run_id).status == RunStatus.SUCCEEDED
+    assert command("pause", "--tenant", "t1") == "paused tenant t1\n"
+    [held_skip] = JobRun.objects.filter(job_name=jobs.tenant_started_skip.name)
+    [held_unique] = JobRun.objects.filter(job_name=jobs.tenant_started_unique.name)
+    assert (held_skip.flow_schema, held_unique.flow_schema) == ("t1", "t1")
+
+    own_skip = jobs.tenant_started_skip.enqueue(tag="system")
+    own_unique = jobs.tenant_started_unique.enqueue(key=1, tag="system")
+    assert own_unique.run_id != held_unique.pk.hex
+    work()
+    for handle in (own_skip, own_unique):
+        run = JobRun.objects.get(pk=handle.run_id)
+        assert (run.status, run.flow_schema) == (RunStatus.SUCCEEDED, ""), run.error_message
+    for held in (held_skip, held_unique):
+        held.refresh_from_db()
+        assert held.status == RunStatus.QUEUED  # still t1's, still paused
+
+    assert command("resume", "--tenant", "t1") == "resumed tenant t1\n"
+    work()
+    for held in (held_skip, held_unique):
+        held.refresh_from_db()
+        assert held.status == RunStatus.SUCCEEDED, held.error_message

@@ -605,3 +605,21 @@ def starts_system_runs(ctx, *, tag: str, count: int = 1, seconds: float = 0.0) -
     _probe(ctx, tag)
     for n in range(count):
         ctx.enqueue(tenant_started_system, tag=f"{tag}-{n}", seconds=seconds)
+
+
+@job(system=True, tenant_may_start=True, concurrency="skip")
+def tenant_started_skip(ctx, *, tag: str) -> str:
+    return tag
+
+
+@job(system=True, tenant_may_start=True, unique=("key",))
+def tenant_started_unique(ctx, *, key: int, tag: str = "") -> str:
+    return tag
+
+
+@job
+def starts_skip_and_unique(ctx, *, tag: str) -> None:
+    """A tenant's run that starts a ``concurrency="skip"`` and a unique system job."""
+    _probe(ctx, tag)
+    ctx.enqueue(tenant_started_skip, tag=f"{tag}-skip")
+    ctx.enqueue(tenant_started_unique, key=1, tag=f"{tag}-unique")
