@@ -128,6 +128,7 @@ def _retry_locked(run: JobRun, by: Any) -> RunHandle:
         dict(run.payload),
         delay=0.0,
         trigger=_trigger(base, by),
+        flow=run.flow_schema or None,  # a tenant's run started it: still that tenant's
     )
     logger.info("run %s retried as %s by %s", run.run_id, handle.run_id, _who(by) or "-")
     return handle

@@ -51,7 +51,9 @@ def _lock_sql() -> str:
 
 
 @contextlib.contextmanager
-def admission(definition: JobDefinition, schema: str | None) -> Iterator[RunStatus | None]:
+def admission(
+    definition: JobDefinition, schema: str | None, flow: str | None = None
+) -> Iterator[RunStatus | None]:
     """Apply ``concurrency`` skip/replace/debounce and ``max_per_tenant`` atomically.
 
     Yields None when the run is admitted, else why not (``RunStatus.SKIPPED`` or ``CAPPED``).
@@ -59,11 +61,12 @@ def admission(definition: JobDefinition, schema: str | None) -> Iterator[RunStat
     tenant until the enqueuing transaction commits, so two requests can never both see "no run
     queued" and both enqueue. A system job's tenant is the system: its
     runs (``schema_name`` empty) are counted under the same lock, keyed ``<job>:``, except the
-    ones a tenant's run started (``flow_schema``), which count against that tenant.
+    ones a tenant's run started (``flow_schema``), which count against that tenant: one of
+    those (``flow``: an operator's retry) is admitted as its follow-up was, without them.
     """
     limited = definition.concurrency in ("skip", "replace", "debounce") or definition.max_per_tenant
     owner = concurrency_owner(definition, schema)
-    if owner is None or not limited:
+    if owner is None or not limited or flow:
         yield None
         return
     with transaction.atomic():

@@ -41,9 +41,11 @@ def new_envelope(
     *,
     trace: dict[str, str] | None = None,
     tick: str | None = None,
+    flow_schema: str | None = None,
 ) -> Envelope:
     """A new run's envelope, with the request's correlation, actor and write origin (none of
-    which a follow-up reads: it takes its parent's, ``Envelope.followup``)."""
+    which a follow-up reads: it takes its parent's, ``Envelope.followup``). ``flow_schema``:
+    an operator's retry of a system run a tenant's run started keeps that tenant."""
     return Envelope(
         job=definition.name,
         schema=schema,
@@ -55,6 +57,7 @@ def new_envelope(
         trace=trace or {},
         origin=origin.request_origin(),
         tick=tick,
+        flow_schema=flow_schema,
     )
 
 

@@ -66,9 +66,12 @@ def submit(
     delay: float,
     trigger: str | None = None,
     run_id: str | None = None,
+    flow: str | None = None,
 ) -> RunHandle:
     """The enqueue path. ``run_id``: a deterministic id (boot jobs), so that a second submit
-    of the same run fails on the primary key instead of starting it twice."""
+    of the same run fails on the primary key instead of starting it twice. ``flow``: the
+    tenant a system run counts against (an operator's retry of one a tenant's run started;
+    admitted as that run's follow-up was, without the system's admission)."""
     batch = followups.current()
     if batch is not None:
         # Inside a run the guard forbids writes to shared tables: follow-ups are recorded and
@@ -78,17 +81,17 @@ def submit(
     schema = resolve_schema(definition, tenant)
     if definition.concurrency == "debounce":
         delay = max(delay, definition.debounce)
-    key = unique.key_of(definition, schema, kwargs)
+    key = unique.key_of(definition, schema, kwargs, flow)
     if key is not None:
         covering = unique.covering_run(definition, key)
         if covering is not None:
             return existing_handle(covering)
-    with admission(definition, schema) as refused:
+    with admission(definition, schema, flow) as refused:
         if refused is not None:
             return record_refusal(
                 definition, schema, kwargs, subject, trigger, refused, run_id=run_id
             )
-        return _submit_admitted(definition, schema, kwargs, subject, delay, trigger, run_id)
+        return _submit_admitted(definition, schema, kwargs, subject, delay, trigger, run_id, flow)
 
 
 _REFUSAL_REASONS = {
@@ -142,9 +145,12 @@ def _submit_admitted(
     delay: float,
     trigger: str | None,
     run_id: str | None = None,
+    flow: str | None = None,
 ) -> RunHandle:
     with telemetry.producer_span(definition.queue_name, definition.name, trigger) as trace_context:
-        env = new_envelope(definition, schema, kwargs, run_id, trigger, trace=trace_context)
+        env = new_envelope(
+            definition, schema, kwargs, run_id, trigger, trace=trace_context, flow_schema=flow
+        )
         telemetry.describe_message(env)
         message = message_for(definition, env, delay)
         check_size(definition, env, message)

@@ -179,3 +179,30 @@ def test_a_held_tenant_started_run_does_not_hold_the_system_s_own_runs_back(
     for held in (held_skip, held_unique):
         held.refresh_from_db()
         assert held.status == RunStatus.SUCCEEDED, held.error_message
+
+
+def test_an_operator_s_retry_of_such_a_run_still_counts_against_its_tenant(tenants: Any) -> None:
+    """An operator cancels the waiting system run t1's run started, then retries it: the new
+    run is still t1's (its pause holds it), not a system run free of t1's flow control.
+    Proven able to fail: without ``flow`` through ``submit``, the retry ran while t1 was
+    paused."""
+    from kumiko_jobs import operations
+
+    jobs.starts_system_runs.enqueue(tenant="t1", tag="starter")
+    queue = transport.get_queue("default")
+    Worker([queue], connection=queue.connection).work(burst=True, max_jobs=1)
+    assert command("pause", "--tenant", "t1") == "paused tenant t1\n"
+    [started] = system_runs()
+    operations.cancel_run(started, by="operator")
+    started.refresh_from_db()
+    assert started.status == RunStatus.CANCELLED
+
+    retry = operations.retry_run(started, by="operator")
+    work()
+    again = JobRun.objects.get(pk=retry.run_id)
+    assert (again.schema_name, again.flow_schema) == ("", "t1")
+    assert again.status == RunStatus.QUEUED  # held by t1's pause
+    assert command("resume", "--tenant", "t1") == "resumed tenant t1\n"
+    work()
+    again.refresh_from_db()
+    assert again.status == RunStatus.SUCCEEDED, again.error_message

@@ -246,13 +246,17 @@ def test_a_message_too_big_for_redis_is_refused(box: Outbox) -> None:
 
 
 @contextmanager
-def admitting(definition: JobDefinition, schema: str | None) -> Iterator[RunStatus | None]:
+def admitting(
+    definition: JobDefinition, schema: str | None, flow: str | None = None
+) -> Iterator[RunStatus | None]:
     yield None
 
 
 def refusing(status: RunStatus, seen: list[tuple[str, str | None]]) -> Any:
     @contextmanager
-    def admission(definition: JobDefinition, schema: str | None) -> Iterator[RunStatus | None]:
+    def admission(
+        definition: JobDefinition, schema: str | None, flow: str | None = None
+    ) -> Iterator[RunStatus | None]:
         seen.append((definition.name, schema))
         yield status
 
@@ -299,7 +303,10 @@ def test_an_admitted_enqueue_is_asked_for_its_tenant(
     seen: list[tuple[str, str | None]] = []
 
     @contextmanager
-    def admission(definition: JobDefinition, schema: str | None) -> Iterator[None]:
+    def admission(
+        definition: JobDefinition, schema: str | None, flow: str | None = None
+    ) -> Iterator[None]:
+        assert flow is None  # an enqueue's run is no tenant-started system run
         seen.append((definition.name, schema))
         yield None
 
