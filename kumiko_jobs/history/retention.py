@@ -217,20 +217,32 @@ def forget_tenant(schema: str) -> int:
             tenant_rejections(schema).update(excerpt="", schema_name=schema)
             # A step's arguments and reason are the tenant's data, as a run's payload is.
             WorkflowStep.objects.filter(workflow__schema_name=schema).update(kwargs={}, reason="")
-            JobAttempt.objects.filter(run__schema_name=schema).update(
-                error_message="", traceback="", log=[]
-            )
-            touched = runs.update(
-                payload={},
-                subject="",
-                error_message="",
-                origin=None,
-                triggered_by="",
-                result=None,
-                cancel_requested_by="",
-            )
+            touched = _scrub(runs, JobAttempt.objects.filter(run__schema_name=schema))
+    # The system runs its runs started (``flow_schema``: tenant_may_start) carry its arguments
+    # too; few, and found among the system's rows (``schema_name`` empty).
+    started = JobRun.objects.filter(schema_name="", flow_schema=schema)
+    if mode == "purge":
+        touched += delete_in_batches(started)
+    else:
+        with transaction.atomic():
+            attempts = JobAttempt.objects.filter(run__schema_name="", run__flow_schema=schema)
+            touched += _scrub(started, attempts)
     logger.info("tenant %s deleted: its run history was %sd (%d rows)", schema, mode, touched)
     return touched
+
+
+def _scrub(runs: QuerySet[JobRun], attempts: QuerySet[JobAttempt]) -> int:
+    """Blank what a deleted tenant's runs and their attempts say (its data); the rows stay."""
+    attempts.update(error_message="", traceback="", log=[])
+    return runs.update(
+        payload={},
+        subject="",
+        error_message="",
+        origin=None,
+        triggered_by="",
+        result=None,
+        cancel_requested_by="",
+    )
 
 
 def tenant_rejections(schema: str) -> QuerySet[RejectedMessage]:

@@ -206,3 +206,32 @@ def test_an_operator_s_retry_of_such_a_run_still_counts_against_its_tenant(tenan
     work()
     again.refresh_from_db()
     assert again.status == RunStatus.SUCCEEDED, again.error_message
+
+
+@pytest.mark.parametrize("mode", ["purge", "anonymise"])
+def test_deleting_a_tenant_forgets_the_system_runs_its_runs_started(
+    tenants: Any, mode: str
+) -> None:
+    """A system run a tenant's run started carries that tenant's arguments: the tenant's
+    deletion (``forget_tenant``, which the tenant model's deletion calls: test_retention.py)
+    purges or scrubs it with the tenant's own runs, and leaves the system's and other
+    tenants' runs alone. Proven able to fail: with ``forget_tenant`` looking at
+    ``schema_name`` only, the secret stayed in both modes."""
+    from kumiko_jobs.history import retention
+
+    jobs.starts_system_runs.enqueue(tenant="t1", tag="card-4242")
+    jobs.starts_system_runs.enqueue(tenant="t2", tag="card-1111")
+    own = jobs.tenant_started_system.enqueue(tag="system")
+    work()
+    [started] = JobRun.objects.filter(job_name=SYSTEM, flow_schema="t1")
+    assert started.status == RunStatus.SUCCEEDED and "card-4242" in str(started.payload)
+    with override_settings(KUMIKO_JOBS={**settings.KUMIKO_JOBS, "TENANT_DELETION": mode}):
+        retention.forget_tenant("t1")
+    left = JobRun.objects.filter(pk=started.pk)
+    if mode == "purge":
+        assert not left.exists()
+    else:
+        assert left.get().payload == {} and left.get().subject == ""
+    [other] = JobRun.objects.filter(job_name=SYSTEM, flow_schema="t2")
+    assert "card-1111" in str(other.payload)
+    assert JobRun.objects.get(pk=own.run_id).payload != {}
