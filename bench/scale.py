@@ -17,7 +17,8 @@ The workers start first and idle; then the jobs are pushed (kumiko: ``job.enqueu
 tenant, which commits and pushes at once; plain: ``Queue.enqueue_many``) and the clock runs
 until every job's write is in its tenant's table. Printed: jobs/s, worker CPU per job (user +
 system of the worker processes, from /proc), PostgreSQL's CPU per job (the backends connected
-to the bench's database, this process's polling included; Redis's is not counted), the ratio
+to the bench's database, this process's polling included), the Redis server's CPU per job
+(``INFO cpu``: the whole server's, so a figure of the bench only on a quiet machine), the ratio
 to plain RQ with the same processes, and scaling efficiency (jobs/s over the one-slot,
 one-process figure times processes x slots). Runnable unchanged on a bigger machine; the
 machine's load is printed with every figure. Its own database (``kumiko_bench_scale``) and
@@ -42,6 +43,7 @@ from bench.throughput import (
     create_tenants,
     machine_facts,
     prepare_environment,
+    redis_cpu_seconds,
     reset,
     written_rows,
 )
@@ -64,6 +66,7 @@ class Figure:
     cpu: float
     load: float
     db_cpu: float = 0.0  # the bench database's PostgreSQL backends (pg_stat_activity)
+    redis_cpu: float = 0.0  # the Redis server, all its clients' (INFO cpu)
 
     @property
     def rate(self) -> float:
@@ -204,7 +207,11 @@ def measure(
     try:
         _wait_registered(procs * (slots if kumiko else 1))
         pids = [w.pid for w in workers]
+        from kumiko_jobs import transport
+
+        redis = transport.connection_for("default")
         cpu_before, db_before = _cpu(pids), _backend_cpu()
+        redis_before = redis_cpu_seconds(redis)
         started = time.perf_counter()
         _push(kumiko, workload, tenants, jobs)
         deadline = time.monotonic() + 600
@@ -215,11 +222,12 @@ def measure(
         seconds = time.perf_counter() - started
         cpu = _cpu(pids) - cpu_before
         db_cpu = sum(c - db_before.get(pid, 0.0) for pid, c in _backend_cpu().items())
+        redis_cpu = redis_cpu_seconds(redis) - redis_before
     finally:
         _stop(workers)
     side = "kumiko" if kumiko else "plain"
     load = os.getloadavg()[0]
-    return Figure(side, workload, procs, slots, jobs, seconds, cpu, load, db_cpu)
+    return Figure(side, workload, procs, slots, jobs, seconds, cpu, load, db_cpu, redis_cpu)
 
 
 def _line(f: Figure, base: Figure | None, plain: Figure | None) -> str:
@@ -230,7 +238,8 @@ def _line(f: Figure, base: Figure | None, plain: Figure | None) -> str:
     return (
         f"  {f.side:<6} {f.workload:<7} procs {f.procs} slots {f.slots:>2}: "
         f"{f.rate:8.1f} jobs/s  {1000 * f.cpu / f.jobs:6.2f} ms CPU/job"
-        f" (PostgreSQL {1000 * f.db_cpu / f.jobs:5.2f}){ratio}{eff}"
+        f" (PostgreSQL {1000 * f.db_cpu / f.jobs:5.2f}, Redis {1000 * f.redis_cpu / f.jobs:4.2f})"
+        f"{ratio}{eff}"
         f"  (load {f.load:.2f})"
     )
 
