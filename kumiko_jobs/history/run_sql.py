@@ -253,6 +253,16 @@ def _column(meta: Any, name: str) -> str:
     return str(meta.get_field(name).column)
 
 
+def _typed(field: Any) -> str:
+    """A placeholder cast to ``field``'s column type: in ``INSERT ... SELECT`` (the finish's
+    attempt row) a value has no column to take its type from as it would in ``VALUES``. Text
+    columns are cast to ``text`` (a cast to ``varchar(n)`` would cut a longer value silently;
+    the column's own check still refuses it)."""
+    if field.get_internal_type() in ("CharField", "TextField"):
+        return "%s::text"
+    return f"%s::{field.db_type(connection)}"
+
+
 @functools.cache
 def _finish_statement(
     attempt_names: tuple[str, ...],
@@ -260,7 +270,14 @@ def _finish_statement(
     commit_mode: str,
     clears_failure: bool = False,
 ) -> _FinishStatement:
-    """The finish for these columns, built once per combination (a handful: the outcomes)."""
+    """The finish for these columns, built once per combination (a handful: the outcomes).
+
+    Fenced: the run row is updated only while it still runs this attempt (``running``, its
+    ``attempts``), and the attempt row and the failure's deletion happen only if it was. A
+    finish that comes after the sweep handed the attempt back (its worker looked dead), an
+    operator's cancellation ended it, or another delivery took the run over, writes nothing
+    and says so (``SELECT count(*)``: 0), in the same one statement as before.
+    """
     qn = connection.ops.quote_name
     a_meta, r_meta, f_meta = JobAttempt._meta, JobRun._meta, JobFailure._meta
     a_fields: tuple[Any, ...] = tuple(a_meta.get_field(name) for name in attempt_names)
@@ -269,18 +286,20 @@ def _finish_statement(
     cleared = (
         f", cleared AS (DELETE FROM {_qualified(f_meta.db_table)} WHERE "
         + " AND ".join(f"{qn(_column(f_meta, n))} = %s" for n in _FAILURE_SUBJECT)
-        + ")"
+        + " AND EXISTS (SELECT FROM run))"
         if clears_failure
         else ""
     )
     sql = (
-        f"WITH attempt AS (INSERT INTO {_qualified(a_meta.db_table)} "
-        f"({', '.join(qn(f.column) for f in a_fields)}) "
-        f"VALUES ({', '.join(['%s'] * len(a_fields))})){cleared} "
-        f"UPDATE {_qualified(r_meta.db_table)} SET "
+        f"WITH run AS (UPDATE {_qualified(r_meta.db_table)} SET "
         f"{', '.join(f'{qn(f.column)} = %s' for f in r_fields)} "
         f"FROM {commit_mode} AS commit_mode "
-        f"WHERE {qn(str(r_meta.pk.column))} = %s"
+        f"WHERE {qn(str(r_meta.pk.column))} = %s AND {qn(_column(r_meta, 'status'))} = %s "
+        f"AND {qn(_column(r_meta, 'attempts'))} = %s RETURNING 1), "
+        f"attempt AS (INSERT INTO {_qualified(a_meta.db_table)} "
+        f"({', '.join(qn(f.column) for f in a_fields)}) "
+        f"SELECT {', '.join(_typed(f) for f in a_fields)} FROM run){cleared} "
+        f"SELECT count(*) FROM run"
     )
     return _FinishStatement(sql, a_fields, r_fields)
 
@@ -291,8 +310,10 @@ def finish(
     run_id: str,
     *,
     clear_failure: tuple[str, str, str] | None = None,
-) -> None:
-    """``WITH attempt AS (INSERT ...) UPDATE run ...``: both writes in one statement.
+) -> bool:
+    """``WITH run AS (UPDATE ...), attempt AS (INSERT ...) SELECT ...``: both writes in one
+    statement, only while the run still runs ``attempt["number"]``; False: it no longer did,
+    and nothing was written (``_finish_statement``).
 
     ``clear_failure`` (schema, job, subject): a success also deletes that subject's
     tenant-visible failure, in the same statement (no round trip more), whichever way the
@@ -302,12 +323,13 @@ def finish(
         tuple(attempt), tuple(run_update), _commit_mode(), clear_failure is not None
     )
     params: list[Any] = [
-        f.get_db_prep_save(attempt[f.name], connection) for f in statement.attempt_fields
+        f.get_db_prep_save(run_update[f.name], connection) for f in statement.run_fields
     ]
+    params += [uuid.UUID(run_id), RunStatus.RUNNING.value, attempt["number"]]
+    params += [f.get_db_prep_save(attempt[f.name], connection) for f in statement.attempt_fields]
     params += list(clear_failure or ())
-    params += [f.get_db_prep_save(run_update[f.name], connection) for f in statement.run_fields]
-    params.append(uuid.UUID(run_id))
-    prepared.execute(public_cursor, statement.sql, params, fetch=False)
+    row = prepared.execute(public_cursor, statement.sql, params, fetch=True)
+    return bool(row[0])
 
 
 def write_progress(

@@ -192,31 +192,46 @@ def finish_attempt(
     *,
     clear_failure: tuple[str, str, str] | None = None,
     also: Callable[[], None] | None = None,
-) -> None:
+) -> bool:
     """Write ``end``: one statement (``finish``; ``clear_failure`` deletes that subject's
     tenant-visible failure in it), or, with ``also`` (the run's other writes), one transaction
-    (``finish_in_transaction``)."""
+    (``finish_in_transaction``). Either only while the run still runs this attempt: False
+    when it no longer did (handed back by the sweep, cancelled, taken over), and then nothing
+    of it, ``also`` included, was written."""
     attempt, run = attempt_columns(end), run_columns(end)
     if also is None:
-        finish(attempt, run, end.run_id, clear_failure=clear_failure)
-    else:
-        finish_in_transaction(attempt, run, end.run_id, also)
+        return finish(attempt, run, end.run_id, clear_failure=clear_failure)
+    return finish_in_transaction(attempt, run, end.run_id, also)
+
+
+class _NoLongerRunning(Exception):
+    """Rolls ``finish_in_transaction``'s transaction back: the attempt is not the run's now."""
 
 
 def finish_in_transaction(
     attempt: dict[str, Any], run_update: dict[str, Any], run_id: str, also: Callable[[], None]
-) -> None:
+) -> bool:
     """``finish``'s two writes through the ORM, and ``also`` (the run's other writes: the
-    tenant's failure, escape-hatch uses, follow-ups), in one transaction."""
-    with transaction.atomic():
-        JobAttempt.objects.create(
-            **{("run_id" if k == "run" else k): v for k, v in attempt.items()}
-        )
-        JobRun.objects.filter(pk=run_id).update(**run_update)
-        also()
+    tenant's failure, escape-hatch uses, follow-ups), in one transaction, fenced as ``finish``
+    is: the run row first, only while it runs this attempt (the UPDATE waits for a sweep that
+    holds the row's lock, then reads the row it left); False, and nothing written, if not."""
+    try:
+        with transaction.atomic():
+            updated = JobRun.objects.filter(
+                pk=run_id, status=RunStatus.RUNNING, attempts=attempt["number"]
+            ).update(**run_update)
+            if not updated:
+                raise _NoLongerRunning
+            JobAttempt.objects.create(
+                **{("run_id" if k == "run" else k): v for k, v in attempt.items()}
+            )
+            also()
+    except _NoLongerRunning:
+        return False
+    return True
 
 
-def write_if_still_running(run_id: str, attempt: int, write: Callable[[], None]) -> bool:
+def write_if_still_running(run_id: str, attempt: int, write: Callable[[], object]) -> bool:
     """``write()`` in a transaction that first locks the run's row, if it still runs
     ``attempt`` (as the sweep claims a run: whoever locks it first decides); False if not.
 

@@ -29,7 +29,7 @@ from tests.testapp.models import Probe
 pytestmark = [pytest.mark.usefixtures("live_db"), pytest.mark.one_slot]
 
 JOB_PREFIX = "prepared"
-START, FINISH = "WITH started AS", "WITH attempt AS"
+START, FINISH = "WITH started AS", "WITH run AS"
 
 
 def _settings(**values: Any) -> Any:

@@ -56,7 +56,7 @@ def recording() -> Iterator[Statements]:
 def _kind(sql: str) -> str:
     if sql.startswith("WITH started AS (UPDATE"):
         return "start"
-    if sql.startswith("WITH attempt AS (INSERT"):
+    if sql.startswith("WITH run AS (UPDATE"):
         return "finish"
     if sql.startswith("SET search_path"):
         return sql

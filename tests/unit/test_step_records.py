@@ -43,7 +43,8 @@ class History:
 
     ``updated``: whether the start statement takes the message; ``row``: the run's (status,
     attempts) when it does not (None: the row is gone); ``stray``: the history's connection has
-    a transaction left open. Every write is noted in ``writes``, in order.
+    a transaction left open; ``still_running``: whether the fenced finish finds the run still
+    running its attempt. Every write is noted in ``writes``, in order.
     """
 
     def __init__(
@@ -53,8 +54,10 @@ class History:
         tenant: Any = TENANT,
         row: tuple[str, int] | None = None,
         stray: bool = False,
+        still_running: bool = True,
     ) -> None:
         self.updated, self.tenant, self.row, self.stray = updated, tenant, row, stray
+        self.still_running = still_running
         self.writes: list[str] = []
         self.start_params: dict[str, Any] = {}
         self.took_over: tuple[str, int, datetime] | None = None
@@ -96,10 +99,11 @@ class History:
         run_id: str,
         *,
         clear_failure: tuple[str, str, str] | None = None,
-    ) -> None:
+    ) -> bool:
         self.writes.append("finish")
         self.attempt, self.run_update = attempt, run_update
         self.cleared = clear_failure
+        return self.still_running
 
     def finish_in_transaction(
         self,
@@ -107,10 +111,11 @@ class History:
         run_update: dict[str, Any],
         run_id: str,
         also: Callable[[], None],
-    ) -> None:
+    ) -> bool:
         # ``also`` (the failure, audit and follow-up rows) is ORM work: kept, not called.
         self.writes.append("finish_in_transaction")
         self.attempt, self.run_update, self.also = attempt, run_update, also
+        return self.still_running
 
 
 @pytest.fixture
@@ -202,6 +207,19 @@ def test_the_awaited_message_starts_the_run_with_its_tenant(history: History, se
     assert history.writes == ["start", "finish"]
     assert sent.names() == ["job_started", "job_succeeded"]
     assert sent.events[0][1]["attempt"] == 2
+
+
+@pytest.mark.parametrize("ending", ["succeed", "fail"])
+def test_a_finish_the_run_no_longer_waits_for_sends_no_outcome(
+    monkeypatch: pytest.MonkeyPatch, sent: Sent, ending: str
+) -> None:
+    """The fenced finish found the run no longer running this attempt (the sweep handed it
+    back, an operator cancelled it): no outcome signal, no report, as if it had been written."""
+    history = install(monkeypatch, History(still_running=False))
+    rest = succeeding() if ending == "succeed" else failing(ValueError("late"))
+    records(make_state("t1"), rest)
+    assert history.writes == ["start", "finish"]
+    assert sent.names() == ["job_started"]
 
 
 def test_an_atomic_runs_start_writes_the_hash_of_its_deliverys_secret(history: History) -> None:

@@ -202,11 +202,32 @@ def _finish(state: RunState) -> None:
         # recorded (a TenantVisibleError needs no tenant_visible_failure declared).
         clears = env.schema and outcome is Outcome.SUCCEEDED
         subject = (env.schema or "", env.job, state.tenancy.subject) if clears else None
-        _write_finish(state, lambda: transitions.finish_attempt(end, clear_failure=subject))
+        written = _write_finish(
+            state, lambda: transitions.finish_attempt(end, clear_failure=subject)
+        )
     else:
         now = end.finished_at
-        transitions.finish_attempt(end, also=lambda: _other_writes(state, now))
+        written = transitions.finish_attempt(end, also=lambda: _other_writes(state, now))
+    if not written:
+        _superseded(state, end)
+        return
     _finished(state, end)
+
+
+def _superseded(state: RunState, end: transitions.AttemptEnd) -> None:
+    """The attempt ended after the run stopped being its: the sweep handed it back (this
+    worker looked dead: its beats stopped, say a job held the GIL past ``WORKER_DEAD_AFTER``),
+    an operator's cancellation ended it, or another delivery took it over. Its outcome is not
+    written over what the row says now, nor are its follow-ups or its signal sent: the row,
+    and the attempt that owns it, decide. What the body did outside the history stays done."""
+    state.followups.close()
+    logger.warning(
+        "run %s: attempt %d ended %s after the run stopped being this attempt's (handed back "
+        "by the sweep, cancelled or taken over); its outcome was not recorded",
+        state.envelope.run_id,
+        state.envelope.attempt,
+        end.outcome,
+    )
 
 
 def _finished(state: RunState, end: transitions.AttemptEnd) -> None:
@@ -287,7 +308,7 @@ FINISH_TRIES = 4
 FINISH_PAUSE = 0.5
 
 
-def _write_finish(state: RunState, write: Callable[[], None]) -> None:
+def _write_finish(state: RunState, write: Callable[[], bool]) -> bool:
     """``write()`` the run's finish; if the connection is lost under it, write it again.
 
     A finish cut off (the session ended by ``pg_terminate_backend`` or a PostgreSQL restart, the
@@ -303,8 +324,7 @@ def _write_finish(state: RunState, write: Callable[[], None]) -> None:
     to write (follow-ups, a tenant's failure, a workflow's next step) is not.
     """
     try:
-        write()
-        return
+        return write()
     except (OperationalError, InterfaceError):
         if connections[DEFAULT_DB_ALIAS].in_atomic_block:
             raise  # an inline run inside the caller's transaction: the caller's to handle
@@ -325,7 +345,10 @@ def _write_finish(state: RunState, write: Callable[[], None]) -> None:
             continue
         if not written:
             logger.info("run %s: its finish had committed, or the run was taken", env.run_id)
-        return
+        # Written, or committed before the connection was lost: the outcome stands as before
+        # (a run taken meanwhile is the row's, and the fenced finish wrote nothing over it).
+        return True
+    return True  # not reached: the last try raises
 
 
 def _settle_in_doubt(state: RunState) -> None:
