@@ -150,3 +150,54 @@ def test_a_foreign_message_whose_id_has_a_colon_leaves_nothing_of_its_start(
     assert not redis.exists(queue().job_class.key_for(job_id))
     # nor a hash of the id RQ would read in it (a refusal's status, written to the wrong job)
     assert not redis.exists(queue().job_class.key_for(job_id.split(":")[0]))
+
+
+def _worker_states(redis: Any) -> list[str]:
+    """Each live worker's state as ``rq info`` reads it (``Worker.all``: ``find_by_key``)."""
+    from rq import Worker as RQWorker
+
+    return [w.get_state() for w in RQWorker.all(connection=redis)]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"failure_callback_name": "os.system"}, {"created_at": "bad"}],
+    ids=["refused", "unreadable"],
+)
+def test_a_worker_that_refused_a_message_says_idle(tenants: Any, fields: dict[str, Any]):
+    """A long-running worker process runs t1's message, then refuses a foreign one (failed in
+    RQ, or removed as unreadable) and waits for more: ``rq info`` shows it idle, not busy
+    until its next job. Proven able to fail: without the state written with the refusal
+    (``worker_commands``) the dequeue script's ``busy`` stayed, as the worker believed it
+    had written ``idle`` already."""
+    import subprocess
+    import time
+
+    from tests.conftest import start_rqworker
+    from tests.integration.test_poison import push_raw
+
+    redis = queue().connection
+    worker = start_rqworker("default")
+    try:
+        first = jobs.probe.enqueue(tenant="t1", tag="first")
+        deadline = time.monotonic() + 60
+        while JobRun.objects.get(pk=first.run_id).status != RunStatus.SUCCEEDED:
+            assert time.monotonic() < deadline, "the worker did not run t1's message"
+            time.sleep(0.1)
+        time.sleep(0.3)  # (the finish's pipeline, which writes idle, follows the row)
+        assert _worker_states(redis) == ["idle"]
+        data = '["kumiko_jobs.runner.execute", null, ["x"], {}]'
+        job_id = push_raw({"data": data, **fields})
+        while not RejectedMessage.objects.filter(rq_job_id=job_id).exists():
+            assert time.monotonic() < deadline + 30, "the worker did not refuse the message"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert _worker_states(redis) == ["idle"]
+        assert leftovers(job_id) == {}
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
