@@ -68,7 +68,14 @@ class KumikoJobsConfig(AppConfig):
         from django_tenants.utils import get_tenant_model
 
         from .history.retention import on_tenant_deleted  # (see above)
+        from .worker import pauses  # (see above)
 
         post_delete.connect(
             on_tenant_deleted, sender=get_tenant_model(), dispatch_uid="kumiko_jobs.tenant_gone"
+        )
+        # Its pauses too, or its waiting messages stay parked for good (worker/pauses.py).
+        post_delete.connect(
+            pauses.on_tenant_deleted,
+            sender=get_tenant_model(),
+            dispatch_uid="kumiko_jobs.tenant_gone.pauses",
         )

@@ -177,7 +177,7 @@ def rates_of(definition: JobDefinition, envelope: Envelope) -> tuple[tuple[str, 
     at the push like the fair field, so the dequeue script asks no one."""
     rates: list[tuple[str, int, int]] = []
     if definition.rate_limit is not None:
-        key = f"j:{definition.name}"
+        key = transport.job_window(definition.name)
         if definition.rate_limit_by is not None:
             value = envelope.kwargs.get(definition.rate_limit_by)
             key = transport.value_window(definition.name, value)

@@ -18,7 +18,9 @@
   for the operators' statistics and blanks everything the tenant's data could be in. Its
   refused queue messages (``RejectedMessage``, whose excerpts can hold its arguments) are
   deleted, or kept with their excerpts blanked. The escape-hatch audit is the operators'
-  record and stays (under its own retention).
+  record and stays (under its own retention). The system runs its runs started go with its
+  runs; one still waiting is cancelled (anonymise) or loses its row (purge), so it never
+  runs. Its pauses are the worker's to remove (``worker/pauses.forget_tenant``).
 
 Every deletion here runs in batches of ``BATCH_SIZE`` rows, each batch one ``DELETE`` statement
 (the batch's attempts with it) in a transaction of its own: the history can hold millions of
@@ -43,6 +45,7 @@ from django.utils import timezone
 from ..core import conf, project_settings
 from ..models import (
     FINISHED_STATUSES,
+    WAITING_STATUSES,
     BulkItem,
     EscapeHatchUse,
     JobAttempt,
@@ -60,6 +63,9 @@ from .workflows import ended_workflows
 WORKFLOW_BATCH_DIVISOR = 100
 
 logger = logging.getLogger("kumiko_jobs.retention")
+
+# The error message of a waiting system run a deleted tenant's run started (anonymise mode).
+TENANT_DELETED = "Cancelled: the tenant whose run started it was deleted."
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,11 +228,21 @@ def forget_tenant(schema: str) -> int:
     # too; few, and found among the system's rows (``schema_name`` empty).
     started = JobRun.objects.filter(schema_name="", flow_schema=schema)
     if mode == "purge":
+        # (a message of one still waiting finds no row and is dropped unrun: records step)
         touched += delete_in_batches(started)
     else:
         with transaction.atomic():
             attempts = JobAttempt.objects.filter(run__schema_name="", run__flow_schema=schema)
             touched += _scrub(started, attempts)
+            # One still waiting would run (a system run needs no tenant) and write the
+            # tenant's data back into the scrubbed row: it ends here, its message is dropped.
+            started.filter(status__in=WAITING_STATUSES).update(
+                status=RunStatus.CANCELLED,
+                finished_at=timezone.now(),
+                scheduled_for=None,
+                error_type="",
+                error_message=TENANT_DELETED,
+            )
     logger.info("tenant %s deleted: its run history was %sd (%d rows)", schema, mode, touched)
     return touched
 

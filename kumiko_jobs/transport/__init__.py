@@ -38,7 +38,7 @@ from .cap_waits import held_by_cap
 from .done import note_done, signal_done, wait_for
 from .errors import RedisConnectionError, RedisError, RedisTimeoutError
 from .fair_policy import WEIGHT_MAX, WEIGHT_MIN, bucket_of, valid_priority, valid_weight
-from .fair_rates import value_window
+from .fair_rates import job_window, value_window
 from .live_workers import Liveness, beat, goodbye, liveness, request_cancel, vanished_workers
 from .maintenance_turns import take_dead_sweep_turn, take_maintenance_turn
 from .pausing import assert_pauses
@@ -169,6 +169,7 @@ __all__ = [
     "install_cron_hooks",
     "is_json_serializer",
     "is_registered",
+    "job_window",
     "liveness",
     "mark_kumiko_worker",
     "missing_cron_entries",

@@ -2,8 +2,9 @@
 
 A window is a sorted set of the start times of the last ``per`` seconds (members
 ``<job id>@<time>``), one per key the push wrote into the message's fair field: ``j:<job>``
-(``:k:<argument value>`` with ``rate_limit_by``, or ``:h:<its hash>``: ``value_window``),
-``jt:<job>\t<bucket>`` (a job's limit per tenant), ``t:<bucket>`` (``TENANT_RATE_LIMIT``).
+(a ":" of the name as "=": ``job_window``; ``:k:<argument value>`` with ``rate_limit_by``, or
+``:h:<its hash>``: ``value_window``), ``jt:<job>\t<bucket>`` (a job's limit per tenant),
+``t:<bucket>`` (``TENANT_RATE_LIMIT``).
 The dequeue script (``fair.py``) checks a head's windows before it starts (``rate_block``)
 and counts the start in the same call (``rate_count``), on Redis's clock (``TIME``: one clock
 for every worker), so no window ever admits more than its limit. What waits for a window, and
@@ -26,6 +27,17 @@ READABLE_VALUE_MAX = 100
 _READABLE = re.compile(rf"[\x20-\x7e]{{0,{READABLE_VALUE_MAX}}}")
 
 
+def job_window(job: str) -> str:
+    """The window key of ``job``'s ``rate_limit`` (without ``rate_limit_by``), and the start of
+    its value windows' keys. ":" separates a value window's parts (``j:<job>:k:<value>``), and a
+    job name may contain one (task jobs' ``<path>:<queue>``), so ``j:a:k:1`` could be the plain
+    window of a job ``a:k:1`` and job ``a``'s window of the value 1. A name with ":" is
+    written with "=" instead, which no job name contains (``definition/options._NAME_RE``):
+    the job's part of a key then has no ":", and the key names one window. Names without ":"
+    keep the key they always had (stored: a deploy splits no window of theirs)."""
+    return "j:" + job.replace(":", "=")
+
+
 def value_window(job: str, value: Any) -> str:
     """The window key of one ``rate_limit_by`` value of ``job`` (the tenant chooses the value,
     up to the argument's size). A value is its JSON (sorted keys: one text per value), so two
@@ -35,8 +47,8 @@ def value_window(job: str, value: Any) -> str:
     form of another value, whose marker is ``k``, and never as long as the argument."""
     text = json.dumps(value, sort_keys=True, default=str)
     if _READABLE.fullmatch(text):
-        return f"j:{job}:k:{text}"
-    return f"j:{job}:h:{hashlib.sha256(text.encode()).hexdigest()}"
+        return f"{job_window(job)}:k:{text}"
+    return f"{job_window(job)}:h:{hashlib.sha256(text.encode()).hexdigest()}"
 
 
 # After fair.COMMON; the dequeue passes RATE_PREFIX as ARGV[7]. Plain text: Lua tables.

@@ -110,6 +110,8 @@ class _OneTripDequeue:
         """The dequeued job from the script's reply, read as RQ reads it (None: look again);
         with ``start``, the execution the script wrote for it (``rq_start.py``) goes with it."""
         flat = popped[1]
+        if parse_job_id(job_id) != job_id:
+            raise _not_an_rq_id(job_id, queue, popped, connection, start)
         if flat == 0:  # not a hash: RQ's own read raises, tagged for the worker
             return cast(
                 "tuple[Job, Queue] | None",
@@ -170,6 +172,30 @@ class _OneTripDequeue:
         # wait for a push's ring (or a resume's), looking again within a second regardless.
         if not doorbell.wait_for_ring(connection, [q.name for q in queues], timeout):
             raise DequeueTimeout(timeout, queues[0].key)
+
+
+def _not_an_rq_id(
+    job_id: str,
+    queue: Queue,
+    popped: list[Any],
+    connection: Redis,
+    start: rq_start.StartArguments | None,
+) -> Exception:
+    """The error for a message whose id has ":", tagged as RQ tags a hash it cannot load.
+
+    RQ reads such an id as an execution's composite key (``rq.job.parse_job_id``): the job
+    built from it would be another's, and every write of a refusal would miss the keys the
+    script wrote. No RQ enqueue makes such an id (RQ's ``JOB_ID_PATTERN``); a message pushed
+    by hand does: the worker removes it as one RQ cannot load (``worker/foreign.py``)."""
+    exc = ValueError(
+        f"{job_id!r} is not an RQ job id (RQ would read it as {parse_job_id(job_id)!r})"
+    )
+    exc.job_id = job_id  # type: ignore[attr-defined]
+    exc.queue = queue  # type: ignore[attr-defined]
+    if start is not None and popped[1] != 0:  # (the script starts only a hash it read)
+        exc.kumiko_execution = start.execution_of(job_id, connection)  # type: ignore[attr-defined]
+    exc.kumiko_caps = as_text(popped[6]) if len(popped) > 6 else ""  # type: ignore[attr-defined]
+    return exc
 
 
 def _pop(

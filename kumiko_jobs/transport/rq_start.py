@@ -89,14 +89,17 @@ class StartArguments:
 
     def execution(self, job: Any) -> Execution:
         """The execution the script wrote for ``job``, as ``Execution.create`` returns it."""
+        execution = self.execution_of(job.id, job.connection)
+        execution._job = job
+        return execution
+
+    def execution_of(self, job_id: str, connection: Any) -> Execution:
+        """The execution the script wrote for the message ``job_id`` (no job: one RQ cannot
+        load)."""
         execution = Execution(
-            id=self.execution_id,
-            job_id=job.id,
-            connection=job.connection,
-            worker_name=self.args[0],
+            id=self.execution_id, job_id=job_id, connection=connection, worker_name=self.args[0]
         )
         execution.created_at = execution.last_heartbeat = self.at
-        execution._job = job
         return execution
 
 

@@ -3,7 +3,8 @@
 RQ's own protocol, as the worker adds to it: the kumiko mark in RQ's worker hash, whether that
 hash still exists, RQ's heartbeat sent as one round trip, and what becomes of a message the
 worker refuses (failed in RQ, never called) or of a job hash RQ cannot load (removed), with
-RQ's start of it that the dequeue script wrote (``forget_start``). Each is the same commands,
+RQ's start of it that the dequeue script wrote (``forget_start``) and the worker's ``busy`` it
+wrote (``idle_after_refusal``). Each is the same commands,
 in the same round trips, as the mixins sent themselves.
 """
 
@@ -15,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rq.executions import Execution, ExecutionRegistry
+from rq.worker import WorkerStatus
 
 from .errors import RedisError
 from .keys import RQ_WORKER_MARK
@@ -65,12 +67,25 @@ def forget_start(pipe: Any, queue: Any, started: Execution | None) -> None:
         pipe.srem(started.worker_executions_key, started.composite_key)
 
 
-def fail_refused(redis: Any, job: Any, queue: Any, reason: str) -> None:
+def idle_after_refusal(pipe: Any, worker: Any, started: Execution | None) -> None:
+    """The worker's state ``idle`` again, in the refusal's transaction, when the dequeue script
+    wrote ``busy`` with the start (``rq_start.py``): no job of it runs, so no finish writes
+    ``idle``, and the worker, which believes ``idle`` is still what its hash says (it writes a
+    state only when it changes), would skip RQ's before the next dequeue: ``rq info`` would
+    show it busy until its next job."""
+    if started is not None and worker is not None:
+        worker.set_state(WorkerStatus.IDLE, pipeline=pipe)
+
+
+def fail_refused(redis: Any, job: Any, queue: Any, reason: str, worker: Any = None) -> None:
     """A refused message taken off ``queue``'s intermediate list and failed in RQ, with
-    ``reason`` as its error, without being called, and RQ's start of it that the dequeue script
-    wrote removed (one transaction); then the cap slots its pick took are freed."""
+    ``reason`` as its error, without being called, RQ's start of it that the dequeue script
+    wrote removed and ``worker`` idle again (one transaction); then the cap slots its pick took
+    are freed."""
+    started = getattr(job, "kumiko_execution", None)
     with redis.pipeline() as pipe:
-        forget_start(pipe, queue, getattr(job, "kumiko_execution", None))
+        forget_start(pipe, queue, started)
+        idle_after_refusal(pipe, worker, started)
         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         job.set_status("failed", pipeline=pipe)
         queue.failed_job_registry.add(job, ttl=job.failure_ttl, exc_string=reason, pipeline=pipe)
@@ -91,14 +106,20 @@ def unreadable_job_dump(redis: Any, queue: Any, job_id: str) -> str:
 
 
 def remove_unreadable_job(
-    redis: Any, queue: Any, job_id: str, started: Execution | None = None, caps: str = ""
+    redis: Any,
+    queue: Any,
+    job_id: str,
+    started: Execution | None = None,
+    caps: str = "",
+    worker: Any = None,
 ) -> None:
     """The job hash RQ could not load removed, its id from ``queue``'s intermediate list, and
-    ``started``, RQ's start of it that the dequeue script wrote (``forget_start``), in one
-    transaction, so that it stops no other worker and counts as started nowhere; then the
-    slots its pick took of ``caps`` (the dequeue's JSON) are freed."""
+    ``started``, RQ's start of it that the dequeue script wrote (``forget_start``; ``worker``
+    idle again), in one transaction, so that it stops no other worker and counts as started
+    nowhere; then the slots its pick took of ``caps`` (the dequeue's JSON) are freed."""
     with redis.pipeline() as pipe:
         forget_start(pipe, queue, started)
+        idle_after_refusal(pipe, worker, started)
         pipe.lrem(queue.intermediate_queue_key, 1, job_id)
         pipe.delete(queue.job_class.key_for(job_id))
         pipe.execute()

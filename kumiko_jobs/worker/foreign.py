@@ -115,7 +115,7 @@ class RefusesForeignMessages:
             super().execute_job(job, queue)  # type: ignore[misc]
             return
         _record(_raw_text(job.data), reason, job.id, queue.name)
-        transport.fail_refused(self.connection, job, queue, reason)
+        transport.fail_refused(self.connection, job, queue, reason, worker=self)
 
     def dequeue_job_and_maintain_ttl(
         self, timeout: int | None, max_idle_time: int | None = None
@@ -141,4 +141,4 @@ class RefusesForeignMessages:
         # RQ's start of it, when the dequeue script wrote one (transport/rq_start.py)
         started = getattr(exc, "kumiko_execution", None)
         caps = getattr(exc, "kumiko_caps", "")
-        transport.remove_unreadable_job(self.connection, queue, job_id, started, caps)
+        transport.remove_unreadable_job(self.connection, queue, job_id, started, caps, worker=self)

@@ -82,6 +82,37 @@ def resume(queue: str = "", job: str = "", tenant: str = "") -> bool:
     return bool(deleted)
 
 
+def forget_tenant(schema: str) -> int:
+    """A deleted tenant's pauses (its own, and its jobs' in it) go; returns the rows deleted.
+    Left, they would park its waiting messages for good (``resume`` refuses a tenant that no
+    longer exists) and pause a new tenant given the same schema name. Redis follows once the
+    deletion commits: the released messages then meet their runs' end (``TENANT_DELETION``:
+    no row, a cancelled row, or no tenant), and none stays parked."""
+    deleted, _ = FlowPause.objects.filter(schema_name=schema).delete()
+    if deleted:
+        transaction.on_commit(_release_after_deletion)
+    return deleted
+
+
+def _release_after_deletion() -> None:
+    try:
+        assert_pauses()
+    except transport.RedisError as exc:
+        # The tenant's deletion must not fail for Redis: the next maintenance round's
+        # assert_pauses writes the sets from PostgreSQL, which no longer names the tenant.
+        logger.warning(
+            "pauses: a deleted tenant's pauses stay in Redis until the next maintenance round: %s",
+            exc,
+        )
+
+
+def on_tenant_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """``post_delete`` receiver for the tenant model (connected in ``apps.ready``)."""
+    schema = getattr(instance, "schema_name", "")
+    if schema and schema != project_settings.public_schema_name():
+        forget_tenant(str(schema))
+
+
 # The pause rows as the admin last read them (monotonic time, rows): paused_by_rule reads them at
 # most once a second; assert_pauses (every pause and resume) refreshes them.
 _cache: tuple[float, list[tuple[str, str, str]]] = (0.0, [])

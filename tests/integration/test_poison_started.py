@@ -34,7 +34,9 @@ def leftovers(job_id: str) -> dict[str, Any]:
     q = queue()
     redis = q.connection
     found: dict[str, Any] = {}
-    started = [m for m in q.started_job_registry.get_job_ids() if m.startswith(job_id)]
+    # (RQ's own reading of the registry splits every entry at ":": not for such an id)
+    ids = q.started_job_registry.get_job_ids() if ":" not in job_id else []
+    started = [m for m in ids if m.startswith(job_id)]
     started += [
         m.decode()
         for m in redis.zrange(q.started_job_registry.key, 0, -1)
@@ -119,3 +121,83 @@ def test_a_tampered_message_gives_back_the_cap_slot_its_pick_took(tenants: Any, 
     assert [p.tag for p in probes("t1")] == ["next"]
     assert q.connection.scard(CAP_PREFIX + "t:t1") == 0
     assert leftovers(job_id) == {}
+
+
+@pytest.mark.parametrize("job_id", ["foreign:1", "a:b:c", "x:"], ids=["one", "two", "trailing"])
+@pytest.mark.parametrize("kind", ["refused", "unreadable"])
+def test_a_foreign_message_whose_id_has_a_colon_leaves_nothing_of_its_start(
+    tenants: Any, job_id: str, kind: str
+):
+    """A foreign message pushed into a kumiko queue by hand (redis-py), its RQ job id with
+    ":" in it, which no RQ enqueue makes (RQ reads such an id as an execution's composite key,
+    ``<job id>:<execution id>``): a function kumiko does not call, or a hash RQ cannot load.
+    The burst worker refuses it under its own id, removes it, and runs the next message, and
+    nothing of the start the dequeue script wrote is left. Proven able to fail: without the
+    check of the id (``one_trip_dequeue._restore_popped``) the worker built the job of id
+    "foreign" from it, recorded that id, and the start of "foreign:1" stayed in all four
+    places."""
+    from tests.integration.test_poison import push_raw
+
+    data = '["os.system", null, ["true"], {}]'
+    fields = {"data": data} if kind == "refused" else {"data": data, "created_at": "bad"}
+    batch = Batch()
+    batch.add(push_raw(fields, job_id=job_id))
+    rejected, runs = batch.run()
+    assert [r.rq_job_id for r in rejected] == [job_id] and runs == []
+    assert "is not an RQ job id" in rejected[0].reason
+    assert leftovers(job_id) == {}
+    redis = queue().connection
+    assert not redis.exists(queue().job_class.key_for(job_id))
+    # nor a hash of the id RQ would read in it (a refusal's status, written to the wrong job)
+    assert not redis.exists(queue().job_class.key_for(job_id.split(":")[0]))
+
+
+def _worker_states(redis: Any) -> list[str]:
+    """Each live worker's state as ``rq info`` reads it (``Worker.all``: ``find_by_key``)."""
+    from rq import Worker as RQWorker
+
+    return [w.get_state() for w in RQWorker.all(connection=redis)]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"failure_callback_name": "os.system"}, {"created_at": "bad"}],
+    ids=["refused", "unreadable"],
+)
+def test_a_worker_that_refused_a_message_says_idle(tenants: Any, fields: dict[str, Any]):
+    """A long-running worker process runs t1's message, then refuses a foreign one (failed in
+    RQ, or removed as unreadable) and waits for more: ``rq info`` shows it idle, not busy
+    until its next job. Proven able to fail: without the state written with the refusal
+    (``worker_commands``) the dequeue script's ``busy`` stayed, as the worker believed it
+    had written ``idle`` already."""
+    import subprocess
+    import time
+
+    from tests.conftest import start_rqworker
+    from tests.integration.test_poison import push_raw
+
+    redis = queue().connection
+    worker = start_rqworker("default")
+    try:
+        first = jobs.probe.enqueue(tenant="t1", tag="first")
+        deadline = time.monotonic() + 60
+        while JobRun.objects.get(pk=first.run_id).status != RunStatus.SUCCEEDED:
+            assert time.monotonic() < deadline, "the worker did not run t1's message"
+            time.sleep(0.1)
+        time.sleep(0.3)  # (the finish's pipeline, which writes idle, follows the row)
+        assert _worker_states(redis) == ["idle"]
+        data = '["kumiko_jobs.runner.execute", null, ["x"], {}]'
+        job_id = push_raw({"data": data, **fields})
+        while not RejectedMessage.objects.filter(rq_job_id=job_id).exists():
+            assert time.monotonic() < deadline + 30, "the worker did not refuse the message"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        assert _worker_states(redis) == ["idle"]
+        assert leftovers(job_id) == {}
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()

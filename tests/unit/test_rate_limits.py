@@ -189,3 +189,30 @@ def test_a_rate_limit_by_value_window_is_short_and_its_own() -> None:
     assert value_window("rates.a_job", [long]) == value_window("rates.a_job", [long])
     definition = define(rate_limit="100/m", rate_limit_by="account")
     assert rates_of(definition, envelope(account=long))[0][0] == hashed
+
+
+def test_a_job_name_with_a_colon_shares_no_window_with_another_job_s_values() -> None:
+    """A job name may contain ":" (task jobs' ``<path>:<queue>``), the separator of a value
+    window's parts: job ``rates.a``'s window of the value 1 was ``j:rates.a:k:1``, the plain
+    window of a job named ``rates.a:k:1``, and its value window of "a" job ``rates.a:h:...``'s
+    as well. Each window now has one owner. Proven able to fail: with the plain key
+    ``j:<name>`` as it was, the first two were one window."""
+    long = "x" * 200
+    job_a = build_definition(
+        a_job, {"name": "rates.a", "rate_limit": "1/s", "rate_limit_by": "account"}
+    )
+    windows: dict[str, str] = {}
+    for value in (1, True, None, long):
+        [(key, _, _)] = rates_of(
+            job_a, Envelope(job="rates.a", schema=None, kwargs={"account": value}, run_id=RUN_ID)
+        )
+        windows[key] = f"rates.a={value!r:.20}"
+    hashed = value_window("rates.a", long).rsplit(":", 1)[1]
+    for name in ("rates.a:k:1", "rates.a:k:true", "rates.a:k:null", f"rates.a:h:{hashed}"):
+        other = build_definition(a_job, {"name": name, "rate_limit": "1/s"})
+        [(key, _, _)] = rates_of(other, Envelope(job=name, schema=None, kwargs={}, run_id=RUN_ID))
+        assert key not in windows, (name, windows[key])
+        windows[key] = name
+    # a name without ":" keeps its key (stored: a deploy splits no window)
+    assert rates_of(define(rate_limit="1/s"), envelope(None))[0][0] == "j:rates.a_job"
+    assert value_window("rates.a_job", 1) == "j:rates.a_job:k:1"
