@@ -1,7 +1,8 @@
 """What PostgreSQL spends on a run's start and finish statements (bench/README.md, "2026-12-06").
 
     python -m bench.run_row_cost RUNS LABEL [--database=NAME] [--async-start] [--all-async]
-                                 [--prepared] [--deallocate-each-run] [--ddl=SQL ...]
+                                 [--prepared] [--deallocate-each-run] [--fenced]
+                                 [--ddl=SQL ...]
 
 A replay, not the worker: in a database that holds kumiko's run tables (one kept by
 ``bench.throughput --keep-database``, or a copy of its four tables: ``pg_dump -s -t
@@ -18,8 +19,9 @@ ten more runs the planning and execution time and the WAL records and bytes of e
 prepares both statements (psycopg's ``prepare=True``, as ``kumiko_jobs/history/prepared.py``
 does); ``--deallocate-each-run`` sends ``DEALLOCATE ALL`` (as a simple query, as the session
 reset does) after each run's start, where ``DB_ROLES`` off resets the history's connection, so
-that a prepared start and finish are prepared again for every run. It destroys the runs of the
-database it is given.
+that a prepared start and finish are prepared again for every run; ``--fenced`` sends the finish
+as it has been since 2026-12-07 (written only while the run still runs its attempt). It destroys
+the runs of the database it is given.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ DSN = "postgresql://postgres@127.0.0.1:5432/{database}"
 START = """WITH started AS (UPDATE "public"."kumiko_jobs_jobrun" SET "status" = 'running', "attempts" = 1, "started_at" = %(t)s::timestamptz, "finished_at" = NULL, "scheduled_for" = NULL, "defer_count" = 0, "gate_defer_count" = 0, "rq_job_id" = 'kj-' || %(id)s || '-a1-d0-g0', "atomic_key" = '' WHERE "run_id" = %(id)s::uuid AND (("status" = 'queued' AND "attempts" + 1 = 1 AND "defer_count" = 0 AND "gate_defer_count" = 0) OR ("status" = 'deferred' AND GREATEST("attempts", 1) = 1 AND (("defer_count" + 1 = 0 AND "gate_defer_count" = 0) OR ("defer_count" = 0 AND "gate_defer_count" + 1 = 0)))) RETURNING "workflow_id" AS workflow_id) SELECT (SELECT count(*) FROM started), (SELECT workflow_id FROM started), tenant."id", tenant."schema_name", tenant."name", tenant."is_active", tenant."created_on" FROM (SELECT 1) AS one LEFT JOIN "public"."customers_client" AS tenant ON tenant."schema_name" = 'bench1'"""  # noqa: E501
 
 FINISH = """WITH attempt AS (INSERT INTO "public"."kumiko_jobs_jobattempt" ("run_id", "number", "started_at", "finished_at", "duration_ms", "outcome", "error_type", "error_message", "traceback", "log", "worker") VALUES (%(id)s::uuid, 1, %(t)s::timestamptz, %(t)s::timestamptz, 13.1, 'succeeded', '', '', '', '[]'::jsonb, 'vm:17576')), cleared AS (DELETE FROM "public"."kumiko_jobs_jobfailure" WHERE "schema_name" = 'bench1' AND "job_name" = 'billing.bench_write' AND "subject" = '') UPDATE "public"."kumiko_jobs_jobrun" SET "status" = 'succeeded', "duration_ms" = 13.1, "waiting_for" = '', "finished_at" = %(t)s::timestamptz, "error_type" = '', "error_message" = '', "result" = NULL FROM (SELECT 1) AS commit_mode WHERE "run_id" = %(id)s::uuid"""  # noqa: E501
+
+# The finish as fenced since 2026-12-07 (``--fenced``): only while the run still runs attempt 1.
+FINISH_FENCED = """WITH run AS (UPDATE "public"."kumiko_jobs_jobrun" SET "status" = 'succeeded', "duration_ms" = 13.1, "waiting_for" = '', "finished_at" = %(t)s::timestamptz, "error_type" = '', "error_message" = '', "result" = NULL FROM (SELECT 1) AS commit_mode WHERE "run_id" = %(id)s::uuid AND "status" = 'running' AND "attempts" = 1 RETURNING 1), attempt AS (INSERT INTO "public"."kumiko_jobs_jobattempt" ("run_id", "number", "started_at", "finished_at", "duration_ms", "outcome", "error_type", "error_message", "traceback", "log", "worker") SELECT %(id)s::uuid, 1::integer, %(t)s::timestamptz, %(t)s::timestamptz, 13.1::double precision, 'succeeded'::text, ''::text, ''::text, ''::text, '[]'::jsonb, 'vm:17576'::text FROM run), cleared AS (DELETE FROM "public"."kumiko_jobs_jobfailure" WHERE "schema_name" = 'bench1' AND "job_name" = 'billing.bench_write' AND "subject" = '' AND EXISTS (SELECT FROM run)) SELECT count(*) FROM run"""  # noqa: E501
 
 INSERT = """INSERT INTO kumiko_jobs_jobrun (run_id, job_name, schema_name, subject, status, queue, attempts, max_attempts, defer_count, gate_defer_count, queued_at, triggered_by, trigger, correlation_id, trace_id, payload, error_type, error_message, rq_job_id, trace_context, waiting_for, atomic_key, priority, progress_message, cancel_requested_by)
 SELECT gen_random_uuid(), 'billing.bench_write', 'bench' || (g %% 4 + 1), '', 'queued', 'default', 0, 1, 0, 0, now(), '', '', md5(g::text), '', '{"n": 0}', '', '', '', '{}', '', '', 0, '', ''
@@ -58,6 +63,7 @@ def main() -> None:
     async_start = "--async-start" in sys.argv
     all_async = "--all-async" in sys.argv
     deallocate = "--deallocate-each-run" in sys.argv
+    finish_sql = FINISH_FENCED if "--fenced" in sys.argv else FINISH
     with psycopg.connect(DSN.format(database=database), autocommit=True) as conn:
         prepared = "--prepared" in sys.argv
         cur = conn.cursor() if prepared else psycopg.ClientCursor(conn)
@@ -77,7 +83,7 @@ def main() -> None:
         plans = {"start": [], "finish": []}
         for rid in ids[n : n + 10]:
             t = datetime.now(UTC)
-            for name, sql in (("start", START), ("finish", FINISH)):
+            for name, sql in (("start", START), ("finish", finish_sql)):
                 cur.execute(
                     "EXPLAIN (ANALYZE, BUFFERS, WAL, FORMAT JSON) " + sql, {"id": rid, "t": t}
                 )
@@ -103,7 +109,9 @@ def main() -> None:
             if deallocate:  # the body's reset sits between the start and the finish
                 reset.execute("DEALLOCATE ALL")
             b = time.perf_counter()
-            cur.execute(FINISH, {"id": rid, "t": t}, prepare=prepared or None)
+            cur.execute(finish_sql, {"id": rid, "t": t}, prepare=prepared or None)
+            if finish_sql is FINISH_FENCED:
+                assert cur.fetchone() == (1,)  # the fence let it through
             c = time.perf_counter()
             starts.append(b - a)
             finishes.append(c - b)
