@@ -31,16 +31,21 @@ def failure_groups(
     last failure (ISO); merged and ranked in one statement, so only these groups leave the
     database. Without a tenant filter the rollup's failures (history/rollup.py) for the buckets
     it holds and the raw history's for the rest (``use_rollup=False``: all of it), as
-    ``points``; with one, the raw history."""
+    ``points``; with one, the raw history, and each group says whether its runs are system
+    runs (``system``: for a tenant, those its runs started; False without a tenant filter)."""
     grain = int(window.step.total_seconds())
     where, params = scope.where()
     split = since
     if scope.tenant is None and grain in rollup.GRAINS:
         split = stats.rolled_split(grain, since, until, use_rollup)
     rolled, rolled_params = "", []
+    # With a tenant filter the raw history alone, whose rows say which are system runs (a
+    # tenant's own, or those its runs started): a group of each kind, marked.
+    system = rollup.SYSTEM_ROW if scope.tenant is not None else "false"
     if split > since:
         rolled = (
-            f"SELECT e->>0 AS j, e->>1 AS err, (e->>2)::bigint AS n, (e->>3)::bigint AS last "
+            f"SELECT e->>0 AS j, e->>1 AS err, false AS sys, (e->>2)::bigint AS n, "
+            f"(e->>3)::bigint AS last "
             f"FROM {rollup.table(rollup.ROLLUP_TABLE)}, jsonb_array_elements(failures) AS e "
             f"WHERE grain = %s AND bucket >= %s AND bucket < %s AND failures IS NOT NULL"
             f"{where}{stats.job_rows(scope)} UNION ALL "
@@ -48,11 +53,12 @@ def failure_groups(
         rolled_params = [grain, since, split, *params]
     c = 'COLLATE "C"'
     rows = stats.fetch(
-        f"SELECT j, err, sum(n), max(last) FROM ({rolled}"
-        f"SELECT job_name AS j, error_type AS err, count(*) AS n, {rollup.LAST_US} AS last "
-        f"FROM {stats.run_table()} WHERE finished_at >= %s AND finished_at < %s "
-        f"AND status = %s{where} "
-        f"GROUP BY 1, 2) AS parts GROUP BY j, err ORDER BY 3 DESC, j {c}, err {c} LIMIT %s",
+        f"SELECT j, err, sys, sum(n), max(last) FROM ({rolled}"
+        f"SELECT job_name AS j, error_type AS err, {system} AS sys, count(*) AS n, "
+        f"{rollup.LAST_US} AS last FROM {stats.run_table()} WHERE finished_at >= %s "
+        f"AND finished_at < %s AND status = %s{where} "
+        f"GROUP BY 1, 2, 3) AS parts GROUP BY j, err, sys "
+        f"ORDER BY 4 DESC, j {c}, err {c}, sys LIMIT %s",
         [*rolled_params, split, until, RunStatus.FAILED.value, *params, limit],
     )
     epoch = datetime(1970, 1, 1, tzinfo=UTC)
@@ -62,6 +68,7 @@ def failure_groups(
             "error_type": error,
             "count": int(n),
             "last": (epoch + timedelta(microseconds=int(last))).isoformat(),
+            "system": system_runs,
         }
-        for job, error, n, last in rows
+        for job, error, system_runs, n, last in rows
     ]

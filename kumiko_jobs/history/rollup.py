@@ -16,9 +16,9 @@ over a whole window by the database (history/failure_groups.py), not per point.
 A tenant's console has its own, per UTC day of enqueue, tenant and job
 (history/tenant_rollup.py, migration 0026), rolled up in the same rounds. The tenants' share
 of worker time has its own table (``WORKER_TIME_TABLE``, migration 0025): per UTC day, queue
-and tenant, the summed duration and the runs; a window reads the whole days from it and its
-edges raw (history/shares.py ``worker_time``): at most a row per tenant and queue a day, where
-a row per tenant and minute would be about a row per run.
+and tenant (and ``flow_schema``, migration 0031), the summed duration and the runs; a window
+reads the whole days from it and its edges raw (history/shares.py ``worker_time``): at most a
+row per tenant and queue a day, where a row per tenant and minute would be about a row per run.
 
 Never written on a run's path: the workers' maintenance round (worker/maintenance.py, under
 its lock) calls ``roll_up``, which recomputes whole buckets that have ended since the last one
@@ -49,10 +49,12 @@ from . import tenant_rollup
 from .rollup_sql import (
     DAY,
     FIRST_START,
+    FLOW_TENANT,
     LAST_US,
     ORIGIN,
     PER_DOUBLING,
     RAN,
+    SYSTEM_ROW,
     WAIT_MS,
     floor_to,
     log_index,
@@ -64,10 +66,12 @@ from .rollup_sql import (
 __all__ = [
     "DAY",
     "FIRST_START",
+    "FLOW_TENANT",
     "LAST_US",
     "MARK_TABLE",
     "PER_DOUBLING",
     "RAN",
+    "SYSTEM_ROW",
     "WAIT_MS",
     "floor_to",
     "rolled_until",
@@ -255,21 +259,23 @@ def _store_worker_time(cursor: Any, start: datetime, end: datetime, keep_from: d
         return
     select, params = worker_time_rows(start, end)
     cursor.execute(
-        f"INSERT INTO {table(WORKER_TIME_TABLE)} (bucket, queue, schema_name, worker_ms, runs) "
+        f"INSERT INTO {table(WORKER_TIME_TABLE)} "
+        f"(bucket, queue, schema_name, flow_schema, worker_ms, runs) "
         f"{select}",
         params,
     )
 
 
 def worker_time_rows(since: datetime, until: datetime) -> tuple[str, list[Any]]:
-    """A SELECT of worker-time rows (day, queue, schema_name, worker_ms, runs) computed from
-    the raw history for the runs finished in [since, until) (``kj_run_finished``'s range):
-    what ``roll_up`` stores."""
+    """A SELECT of worker-time rows (day, queue, schema_name, flow_schema, worker_ms, runs)
+    computed from the raw history for the runs finished in [since, until) (``kj_run_finished``'s
+    range): what ``roll_up`` stores. ``flow_schema`` (migration 0031) keeps the system runs a
+    tenant's run started apart, so a read counts them for that tenant (``FLOW_TENANT``)."""
     sql = (
         f"SELECT date_bin(%s::interval, finished_at, {ORIGIN}), queue, schema_name, "
-        f"sum(duration_ms)::numeric, count(*) FROM {table(JobRun._meta.db_table)} "
+        f"flow_schema, sum(duration_ms)::numeric, count(*) FROM {table(JobRun._meta.db_table)} "
         f"WHERE finished_at >= %s AND finished_at < %s AND duration_ms IS NOT NULL "
-        f"GROUP BY 1, 2, 3"
+        f"GROUP BY 1, 2, 3, 4"
     )
     return sql, [f"{DAY} seconds", since, until]
 

@@ -24,6 +24,13 @@ RAN = f"status IN ('{RunStatus.SUCCEEDED.value}', '{RunStatus.FAILED.value}')"
 # A failure group's last failure, as the rollup keeps it: µs since the epoch.
 LAST_US = "(EXTRACT(EPOCH FROM max(finished_at)) * 1000000)::bigint"
 DAY = 86400
+# The tenant a run counts for on the operators' dashboard, as the fair dequeue counts it: its
+# own, or for a system run a tenant's run started (``flow_schema``: tenant_may_start), that
+# tenant; '' for the system's own runs. Reads the run table and the worker-time rollup alike.
+FLOW_TENANT = "CASE WHEN schema_name = '' THEN flow_schema ELSE schema_name END"
+# A row of a system run (the system's own or a tenant's run started): what the dashboard shows
+# as a tenant's "system" part.
+SYSTEM_ROW = "schema_name = ''"
 
 
 def table(name: str) -> str:

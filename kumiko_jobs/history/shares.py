@@ -21,7 +21,10 @@ def worker_time(
     use_rollup: bool = True,
 ) -> list[dict[str, Any]]:
     """The tenants whose runs finished in the window took the most worker time, with their share
-    of it. Not per point: a tenant per point would keep as many entries as there are runs.
+    of it and the part of it system runs took (``system_ms``). Not per point: a tenant per point
+    would keep as many entries as there are runs. A system run a tenant's run started is that
+    tenant's here, as the fair dequeue counts it (``rollup.FLOW_TENANT``); ``''`` is the system's
+    own runs.
 
     The window's whole UTC days that the rollup holds (history/rollup.py, ``DAY``: per day,
     queue and tenant) are read from it, its edges (from the window's start to the first whole
@@ -36,35 +39,57 @@ def worker_time(
     if first_day < since:
         first_day += timedelta(seconds=rollup.DAY)
     last_day = rollup.rolled_until(rollup.DAY) if use_rollup and not scope.job else None
+    who, system = rollup.FLOW_TENANT, rollup.SYSTEM_ROW
     if last_day is None or last_day <= first_day:
         rows = stats.fetch(
-            f"SELECT schema_name, sum(duration_ms), sum(sum(duration_ms)) OVER () FROM "
-            f"{stats.run_table()} WHERE finished_at >= %s AND duration_ms IS NOT NULL{where} "
-            f"GROUP BY schema_name ORDER BY 2 DESC, 1 LIMIT %s",
+            f"SELECT {who}, sum(duration_ms), coalesce(sum(duration_ms) FILTER (WHERE {system}), "
+            f"0), sum(sum(duration_ms)) OVER () FROM {stats.run_table()} WHERE finished_at >= %s "
+            f"AND duration_ms IS NOT NULL{where} GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT %s",
             [since, *params, limit],
         )
     else:
-        raw = (
-            f"SELECT schema_name, sum(duration_ms)::numeric AS ms FROM {stats.run_table()} "
-            f"WHERE finished_at >= %s{{}} AND duration_ms IS NOT NULL{where} GROUP BY 1"
-        )
-        rows = stats.fetch(
-            f"SELECT schema_name, sum(ms)::float8, (sum(sum(ms)) OVER ())::float8 FROM ("
-            f"{raw.format(' AND finished_at < %s')} UNION ALL SELECT schema_name, "
-            f"sum(worker_ms) FROM {rollup.table(rollup.WORKER_TIME_TABLE)} "
-            f"WHERE bucket >= %s AND bucket < %s{where} GROUP BY 1 UNION ALL {raw.format('')}"
-            f") AS parts GROUP BY schema_name ORDER BY sum(ms) DESC, 1 LIMIT %s",
-            [
-                *(since, first_day, *params),
-                *(first_day, last_day, *params),
-                *(last_day, *params),
-                limit,
-            ],
-        )
+        rows = _with_rollup(since, first_day, last_day, (where, params), limit)
     return [
-        {"tenant": tenant, "ms": round(ms, 1), "share": round(ms / total, 4) if total else 0.0}
-        for tenant, ms, total in rows
+        {
+            "tenant": tenant,
+            "ms": round(ms, 1),
+            "share": round(ms / total, 4) if total else 0.0,
+            "system_ms": round(sys, 1),
+        }
+        for tenant, ms, sys, total in rows
     ]
+
+
+def _with_rollup(
+    since: datetime,
+    first_day: datetime,
+    last_day: datetime,
+    condition: tuple[str, list[Any]],
+    limit: int,
+) -> list[tuple[Any, ...]]:
+    """``worker_time``'s rows from the rollup's days in [first_day, last_day) and the raw
+    history's edges around them, added as numeric."""
+    (where, params), who, system = condition, rollup.FLOW_TENANT, rollup.SYSTEM_ROW
+    raw = (
+        f"SELECT {who} AS tenant, sum(duration_ms)::numeric AS ms, (sum(duration_ms) "
+        f"FILTER (WHERE {system}))::numeric AS sys FROM {stats.run_table()} "
+        f"WHERE finished_at >= %s{{}} AND duration_ms IS NOT NULL{where} GROUP BY 1"
+    )
+    return stats.fetch(
+        f"SELECT tenant, sum(ms)::float8, coalesce(sum(sys), 0)::float8, "
+        f"(sum(sum(ms)) OVER ())::float8 FROM ("
+        f"{raw.format(' AND finished_at < %s')} UNION ALL SELECT {who}, sum(worker_ms), "
+        f"sum(worker_ms) FILTER (WHERE {system}) "
+        f"FROM {rollup.table(rollup.WORKER_TIME_TABLE)} "
+        f"WHERE bucket >= %s AND bucket < %s{where} GROUP BY 1 UNION ALL {raw.format('')}"
+        f") AS parts GROUP BY tenant ORDER BY sum(ms) DESC, 1 LIMIT %s",
+        [
+            *(since, first_day, *params),
+            *(first_day, last_day, *params),
+            *(last_day, *params),
+            limit,
+        ],
+    )
 
 
 # Reading more waiting runs than this to rank tenants' backlogs would cost the page seconds
@@ -74,22 +99,25 @@ BACKLOG_READ = 50_000
 
 def tenant_backlog(scope: stats.Scope, limit: int = 10) -> dict[str, Any]:
     """The tenants with the most runs waiting (queued or deferred), reading at most
-    ``BACKLOG_READ`` of them (``kj_run_status_recent``, one range per status)."""
+    ``BACKLOG_READ`` of them (``kj_run_status_recent``, one range per status). A system run a
+    tenant's run started waits in that tenant's bucket, so it is that tenant's backlog here
+    (``rollup.FLOW_TENANT``), and counted in its ``system`` too."""
     where, params = scope.where()
     rows = stats.fetch(
-        f"SELECT schema_name, count(*), min(queued_at), sum(count(*)) OVER () FROM "
-        f"(SELECT schema_name, queued_at FROM {stats.run_table()} WHERE status = ANY(%s){where} "
-        f"LIMIT %s) AS waiting "
-        f"GROUP BY schema_name ORDER BY 2 DESC, 1 LIMIT %s",
+        f"SELECT tenant, count(*), min(queued_at), count(*) FILTER (WHERE sys), "
+        f"sum(count(*)) OVER () FROM (SELECT {rollup.FLOW_TENANT} AS tenant, "
+        f"{rollup.SYSTEM_ROW} AS sys, queued_at FROM {stats.run_table()} "
+        f"WHERE status = ANY(%s){where} LIMIT %s) AS waiting "
+        f"GROUP BY tenant ORDER BY 2 DESC, 1 LIMIT %s",
         [[RunStatus.QUEUED.value, RunStatus.DEFERRED.value], *params, BACKLOG_READ, limit],
     )
-    total = int(rows[0][3]) if rows else 0
+    total = int(rows[0][4]) if rows else 0
     return {
         "read": total,
         "capped": total >= BACKLOG_READ,
         "tenants": [
-            {"tenant": tenant, "waiting": n, "oldest": oldest.isoformat()}
-            for tenant, n, oldest, _ in rows
+            {"tenant": tenant, "waiting": n, "oldest": oldest.isoformat(), "system": sys}
+            for tenant, n, oldest, sys, _ in rows
         ],
     }
 

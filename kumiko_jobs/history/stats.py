@@ -20,7 +20,8 @@ waits. Wait is ``started_at - queued_at`` of runs started on their first attempt
 deferral (a retry's or a deferral's start says nothing about the queue); a run enqueued with a
 delay (``enqueue_in``) counts that delay as wait, because the start clears ``scheduled_for``.
 
-``Scope`` carries the filters; with a ``tenant``, every query compares it with ``schema_name``.
+``Scope`` carries the filters; with a ``tenant``, every query compares it with the tenant a run
+counts for (its ``schema_name``, or a tenant-started system run's ``flow_schema``).
 """
 
 from __future__ import annotations
@@ -58,7 +59,9 @@ WINDOWS = {
 @dataclass(frozen=True, slots=True)
 class Scope:
     """Which runs a query counts: ``""`` matches everything for ``queue`` and ``job``; ``tenant``
-    None matches every tenant, ``""`` only system runs (their ``schema_name`` is empty)."""
+    None matches every tenant, a schema its runs and the system runs its runs started (the
+    tenant they count for, ``rollup.FLOW_TENANT``), ``""`` only the system's own runs (empty
+    ``schema_name`` and ``flow_schema``)."""
 
     queue: str = ""
     job: str = ""
@@ -71,9 +74,15 @@ class Scope:
             if value:
                 sql += f" AND {column} = %s"
                 params.append(value)
-        if self.tenant is not None:
-            sql += " AND schema_name = %s"
-            params.append(self.tenant)
+        if self.tenant:
+            # A tenant's runs and the system runs its runs started (rollup.FLOW_TENANT), each
+            # arm an index's: kj_run_tenant_* and the partial kj_run_flow_recent, whose
+            # predicate the second arm states so that the planner can use it.
+            sql += " AND (schema_name = %s OR schema_name = '' AND flow_schema = %s"
+            sql += " AND flow_schema <> '')"
+            params += [self.tenant, self.tenant]
+        elif self.tenant is not None:
+            sql += " AND schema_name = '' AND flow_schema = ''"
         return sql, params
 
 

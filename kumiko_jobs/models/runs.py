@@ -215,6 +215,14 @@ class JobRun(models.Model):
             models.Index(
                 fields=("schema_name", "status", "queued_at"), name="kj_run_tenant_status"
             ),
+            # The system runs a tenant's run started, by that tenant (migration 0031, partial:
+            # no entry for any other run): the dashboard's tenant filter reads them beside the
+            # tenant's own runs (history/stats.py, Scope), as kj_run_tenant_recent reads those.
+            models.Index(
+                fields=("flow_schema", "-queued_at"),
+                condition=~models.Q(flow_schema=""),
+                name="kj_run_flow_recent",
+            ),
             # The operators' search finds a request's runs by its correlation id (exactly).
             models.Index(fields=("correlation_id",), name="kj_run_correlation"),
             # unique_for: the latest finished run of a key.

@@ -43,6 +43,7 @@ def finished(
     *,
     job: str = "app.work",
     tenant: str = "t1",
+    flow: str = "",
     queue: str = "default",
     status: str = RunStatus.SUCCEEDED,
     duration: float | None = 10.0,
@@ -52,6 +53,7 @@ def finished(
         run_id=uuid.uuid4(),
         job_name=job,
         schema_name=tenant,
+        flow_schema=flow,
         status=status,
         queue=queue,
         attempts=1,
@@ -79,7 +81,7 @@ def expected_groups(since: datetime, until: datetime, limit: int, **filters: Any
         group[1] = max(group[1], run.finished_at)
     ranked = sorted(groups.items(), key=lambda g: (-g[1][0], g[0]))[:limit]
     return [
-        {"job": job, "error_type": error, "count": n, "last": last.isoformat()}
+        {"job": job, "error_type": error, "count": n, "last": last.isoformat(), "system": False}
         for (job, error), (n, last) in ranked
     ]
 
@@ -148,7 +150,7 @@ def test_the_page_sends_the_top_20_groups_with_their_links() -> None:
     sent = payload(operator.get(DATA, {"window": "week"}))
     since = stats.bucket_start(WEEK, timezone.now())
     expected = expected_groups(since, since + WEEK.span, failure_groups.FAILURE_GROUPS)
-    keys = ("job", "error_type", "count", "last")
+    keys = ("job", "error_type", "count", "last", "system")
     assert [{k: g[k] for k in keys} for g in sent["failures"]] == expected
     assert all("error_type__exact=" in g["link"] for g in sent["failures"])
     assert all("failures" not in point for point in sent["series"]["points"])
@@ -159,8 +161,9 @@ def test_the_page_sends_the_top_20_groups_with_their_links() -> None:
 
 def plant_worker_time(now: datetime) -> None:
     """Finished runs in each part of the week window: before it (not counted), its leading
-    edge, whole days, today before and after the rollup's end, in two queues, for t1, t2 and
-    system runs (tenant ''); runs without a duration (not counted)."""
+    edge, whole days, today before and after the rollup's end, in two queues, for t1, t2,
+    the system's own runs (tenant '') and system runs t2's runs started (flow_schema t2: t2's
+    time); runs without a duration (not counted)."""
     since = stats.bucket_start(WEEK, now)
     first_day = rollup.floor_to(since, rollup.DAY) + DAY
     moments = [
@@ -176,41 +179,57 @@ def plant_worker_time(now: datetime) -> None:
     ]
     runs = []
     for n, at in enumerate(moments):
-        for tenant, queue, duration in (
-            ("t1", "default", 100.25 + n),
-            ("t2", "low", 40.5 * (n + 1)),
-            ("", "default", 7.75),
-            ("t1", "low", 0.1 * n),
+        for tenant, flow, queue, duration in (
+            ("t1", "", "default", 100.25 + n),
+            ("t2", "", "low", 40.5 * (n + 1)),
+            ("", "", "default", 7.75),
+            ("t1", "", "low", 0.1 * n),
+            ("", "t2", "default", 3.5 + n),
         ):
-            runs.append(finished(at, tenant=tenant, queue=queue, duration=duration))
+            runs.append(finished(at, tenant=tenant, flow=flow, queue=queue, duration=duration))
         runs.append(finished(at, tenant="t2", status=RunStatus.CANCELLED, duration=None))
     JobRun.objects.bulk_create(runs)
 
 
 def expected_shares(since: datetime, *, limit: int = 10, **filters: Any) -> list[dict[str, Any]]:
+    """Per tenant a run counts for (a system run t2's run started: t2's), its worker time, share
+    and the part system runs took."""
     per: dict[str, float] = {}
-    for run in JobRun.objects.filter(finished_at__gte=since, duration_ms__isnull=False, **filters):
-        per[run.schema_name] = per.get(run.schema_name, 0.0) + (run.duration_ms or 0.0)
+    system: dict[str, float] = {}
+    tenant = filters.pop("tenant", None)
+    runs = JobRun.objects.filter(finished_at__gte=since, duration_ms__isnull=False, **filters)
+    for run in runs:
+        who = run.schema_name or run.flow_schema
+        if tenant is not None and who != tenant:
+            continue
+        per[who] = per.get(who, 0.0) + (run.duration_ms or 0.0)
+        if not run.schema_name:
+            system[who] = system.get(who, 0.0) + (run.duration_ms or 0.0)
     total = sum(per.values())
     ranked = sorted(per.items(), key=lambda t: (-t[1], t[0]))[:limit]
     return [
-        {"tenant": tenant, "ms": round(ms, 1), "share": round(ms / total, 4)}
-        for tenant, ms in ranked
+        {
+            "tenant": who,
+            "ms": round(ms, 1),
+            "share": round(ms / total, 4),
+            "system_ms": round(system.get(who, 0.0), 1),
+        }
+        for who, ms in ranked
     ]
 
 
 SHARE_SCOPES: list[tuple[stats.Scope, dict[str, Any]]] = [
     (stats.Scope(), {}),
     (stats.Scope(queue="low"), {"queue": "low"}),
-    (stats.Scope(tenant="t2"), {"schema_name": "t2"}),
-    (stats.Scope(tenant=""), {"schema_name": ""}),
+    (stats.Scope(tenant="t2"), {"tenant": "t2"}),
+    (stats.Scope(tenant=""), {"tenant": ""}),
     (stats.Scope(job="app.work"), {"job_name": "app.work"}),  # raw either way
 ]
 
 
 def worker_rows() -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT * FROM {rollup.WORKER_TIME_TABLE} ORDER BY 1, 2, 3")
+        cursor.execute(f"SELECT * FROM {rollup.WORKER_TIME_TABLE} ORDER BY 1, 2, 3, 6")
         return list(cursor.fetchall())
 
 

@@ -23,11 +23,15 @@ def test_buckets_end_with_the_step_now_is_in() -> None:
 
 def test_scope_conditions_are_parameters_never_text() -> None:
     assert stats.Scope().where() == ("", [])
-    sql, params = stats.Scope(queue="low", job="a'; DROP TABLE x; --", tenant="t1").where()
-    assert sql == " AND queue = %s AND job_name = %s AND schema_name = %s"
-    assert params == ["low", "a'; DROP TABLE x; --", "t1"]
-    # "" is the system runs' tenant, None every tenant.
-    assert stats.Scope(tenant="").where() == (" AND schema_name = %s", [""])
+    sql, params = stats.Scope(queue="low", job="a'; DROP TABLE x; --", tenant="t1'").where()
+    # A tenant's runs and the system runs its runs started (flow_schema).
+    assert sql == (
+        " AND queue = %s AND job_name = %s AND (schema_name = %s OR schema_name = '' "
+        "AND flow_schema = %s AND flow_schema <> '')"
+    )
+    assert params == ["low", "a'; DROP TABLE x; --", "t1'", "t1'"]
+    # "" is the system's own runs (no tenant started them), None every tenant.
+    assert stats.Scope(tenant="").where() == (" AND schema_name = '' AND flow_schema = ''", [])
 
 
 def test_metric_labels_are_escaped() -> None:

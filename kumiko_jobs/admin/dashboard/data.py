@@ -192,10 +192,14 @@ def pauses_in_force(resume_url: str) -> list[dict[str, Any]]:
 
 def failure_link(runs_url: str, group: dict[str, Any], scope: stats.Scope) -> str:
     """The run list (or its bulk retry page) filtered to one failure group (job and error type),
-    and the dashboard's tenant when one is chosen."""
+    and the dashboard's tenant when one is chosen: a group of system runs (``system``) by the
+    tenant they count for (``flow_schema``; ``""``: the system's own), as the group counted
+    them."""
     query: dict[str, str] = {"status__exact": "failed", "job": group["job"]}
     query["error_type__exact"] = group["error_type"]
-    if scope.tenant is not None:
+    if scope.tenant is not None and group.get("system"):
+        query.update(tenant="-", flow_schema__exact=scope.tenant)
+    elif scope.tenant is not None:
         query["tenant"] = scope.tenant or "-"
     return f"{runs_url}?{urlencode(query)}"
 

@@ -89,12 +89,14 @@
       }));
     q('[data-text="running"]').textContent = "running runs: " + data.running;
     q('[data-text="scheduler"]').textContent = data.scheduler || data.redis_error || "";
-    table(q('[data-table="backlog"]'), ["tenant", "waiting", "oldest queued"].concat(can),
+    // A tenant's rows hold the system runs its runs started (as the fair dequeue counts them);
+    // "of which system runs" says how much of it they are.
+    table(q('[data-table="backlog"]'), ["tenant", "waiting", "of which system runs", "oldest queued"].concat(can),
       data.backlog.tenants.map(function (x) {
-        return [x.tenant || "system", x.waiting, when(x.oldest)].concat(can.length ? [pauseCell(data, "schema_name", x.tenant)] : []);
+        return [x.tenant || "system", x.waiting, x.system, when(x.oldest)].concat(can.length ? [pauseCell(data, "schema_name", x.tenant)] : []);
       }));
-    table(q('[data-table="worker_time"]'), ["tenant", "worker time (ms)", "share"],
-      data.worker_time.map(function (x) { return [x.tenant || "system", Math.round(x.ms), (100 * x.share).toFixed(1) + " %"]; }));
+    table(q('[data-table="worker_time"]'), ["tenant", "worker time (ms)", "of which system runs (ms)", "share"],
+      data.worker_time.map(function (x) { return [x.tenant || "system", Math.round(x.ms), Math.round(x.system_ms), (100 * x.share).toFixed(1) + " %"]; }));
     table(q('[data-table="workers"]'), ["worker", "queues", "state", "run", "busy for (s)", "last heartbeat (s ago)"],
       data.workers.listed.map(function (w) {
         return [w.name + (w.kumiko ? "" : " (no kumiko beat)"), w.queues.join(", "), w.state, w.run_id || w.rq_job_id, w.busy_for_s, w.heartbeat_ago_s];
@@ -102,7 +104,7 @@
     var canRetry = data.failures.some(function (f) { return f.retry_link; });
     table(q('[data-table="failures"]'), ["job", "error", "runs", "last"].concat(canRetry ? ["act"] : []).concat(can),
       data.failures.map(function (f) {
-        var row = [{href: f.link, text: f.job}, f.error_type || "—", f.count, when(f.last)];
+        var row = [{href: f.link, text: f.job + (f.system ? " (system runs)" : "")}, f.error_type || "—", f.count, when(f.last)];
         if (canRetry) row.push({href: f.retry_link, text: "retry all…"});
         return can.length ? row.concat([pauseCell(data, "job_name", f.job)]) : row;
       }));
