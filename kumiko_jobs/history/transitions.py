@@ -17,19 +17,31 @@ statement that cancels their steps (``workflows.cancel_queued_runs``).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.utils import timezone
 
 from ..core import session
-from ..core.outcome import Outcome
-from ..models import WAITING_STATUSES, FlowPause, JobAttempt, JobFailure, JobRun, RunStatus
+from ..models import WAITING_STATUSES, JobAttempt, JobFailure, JobRun, RunStatus
 from ..origin import ORIGIN_PATH_LIMIT
 from .atomic_sql import atomic_success
+from .columns import (
+    CANCEL_BY_LIMIT,
+    ERROR_MESSAGE_LIMIT,
+    ERROR_TYPE_LIMIT,
+    PAUSED_BY_LIMIT,
+    REASON_LIMIT,
+    TRACEBACK_LIMIT,
+    TRIGGER_LIMIT,
+    AttemptEnd,
+    attempt_columns,
+    clip_message,
+    clip_type,
+    run_columns,
+)
 from .run_sql import Started, finish, start, write_progress
 
 __all__ = [
@@ -67,35 +79,6 @@ __all__ = [
 ]
 
 
-def _max_length(model: Any, name: str) -> int:
-    length = model._meta.get_field(name).max_length
-    assert length is not None, f"{model.__name__}.{name} has no max_length"
-    return int(length)
-
-
-# One bound per column, defined here only: this module applies them, and the few writers of
-# these columns outside it (a new run's trigger, a workflow's reasons) import them. Free text
-# (a ``TextField``) has no bound in the table; 4000 characters is what an operator reads of a
-# message, and a traceback keeps its last 20,000 (the innermost frames, where it failed).
-ERROR_MESSAGE_LIMIT = 4000  # JobRun.error_message, JobAttempt.error_message
-TRACEBACK_LIMIT = 20_000  # JobAttempt.traceback, its tail
-REASON_LIMIT = 4000  # Workflow.reason, WorkflowStep.reason (history/workflows.py writes them)
-CANCEL_BY_LIMIT = _max_length(JobRun, "cancel_requested_by")
-TRIGGER_LIMIT = _max_length(JobRun, "trigger")  # written with a new run (enqueueing)
-# JobRun.error_type, JobAttempt.error_type: an exception's class name, which a job chooses.
-ERROR_TYPE_LIMIT = min(_max_length(JobRun, "error_type"), _max_length(JobAttempt, "error_type"))
-PAUSED_BY_LIMIT = _max_length(FlowPause, "paused_by")  # written by worker/pauses.py
-# ORIGIN_PATH_LIMIT (JobRun.origin's "path"): origin.py's, where it is written, below us.
-
-
-def _message(text: str) -> str:
-    return text[:ERROR_MESSAGE_LIMIT]
-
-
-def _type(name: str) -> str:
-    return name[:ERROR_TYPE_LIMIT]
-
-
 # --- start -----------------------------------------------------------------------------------
 
 
@@ -115,76 +98,6 @@ def take_over(run_id: str, attempt: int, started_at: datetime, atomic_key: str =
 
 
 # --- finish ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptEnd:
-    """How an attempt ended, as the records step knows it: what ``finish_attempt`` writes to
-    the attempt's row and the run's."""
-
-    run_id: str
-    number: int
-    outcome: Outcome
-    started_at: datetime
-    finished_at: datetime
-    duration_ms: float
-    # None: no error to describe (the error columns are then cleared only by a success).
-    error_type: str | None
-    error_message: str
-    traceback: str
-    log: list[Any]
-    worker: str
-    waiting_for: str = ""  # the deferral a deferred run waits for
-    retry_in: float | None = None  # seconds until the next attempt is due
-    result: Any = None  # a success's, already plain JSON (or a marker)
-    drop_reason: str = ""
-    progress: Mapping[str, Any] = field(default_factory=dict)  # the row's missing progress
-
-
-def run_columns(end: AttemptEnd) -> dict[str, Any]:
-    """The run row's columns after ``end``, in the order the finish statement sets them (the
-    statement is built once per set of columns)."""
-    outcome = end.outcome
-    columns: dict[str, Any] = {
-        "status": outcome.status,
-        "duration_ms": end.duration_ms,
-        # Which deferral the run now waits for, so its next message is rebuilt from the row
-        # (relay) without a guess; cleared for every other outcome. In the same statement.
-        "waiting_for": end.waiting_for if outcome is Outcome.DEFERRED else "",
-    }
-    if outcome.final:
-        columns["finished_at"] = end.finished_at
-    if end.retry_in is not None:
-        columns["scheduled_for"] = end.finished_at + timedelta(seconds=end.retry_in)
-    if end.error_type is not None:
-        columns["error_type"] = _type(end.error_type)
-        columns["error_message"] = _message(end.error_message)
-    elif outcome is Outcome.SUCCEEDED:
-        columns["error_type"] = ""
-        columns["error_message"] = ""
-    if outcome is Outcome.SUCCEEDED:
-        columns["result"] = end.result
-    if outcome is Outcome.DROPPED:
-        columns["error_message"] = _message(end.drop_reason)
-    columns.update(end.progress)
-    return columns
-
-
-def attempt_columns(end: AttemptEnd) -> dict[str, Any]:
-    """The attempt row ``end`` leaves."""
-    return {
-        "run": uuid.UUID(end.run_id),
-        "number": end.number,
-        "started_at": end.started_at,
-        "finished_at": end.finished_at,
-        "duration_ms": end.duration_ms,
-        "outcome": str(end.outcome),
-        "error_type": _type(end.error_type or ""),
-        "error_message": _message(end.error_message) if end.error_type is not None else "",
-        "traceback": end.traceback[-TRACEBACK_LIMIT:],
-        "log": end.log,
-        "worker": end.worker,
-    }
 
 
 def finish_attempt(
@@ -236,7 +149,7 @@ def write_if_still_running(run_id: str, attempt: int, write: Callable[[], object
     ``attempt`` (as the sweep claims a run: whoever locks it first decides); False if not.
 
     For a finish whose connection was lost: it committed or not, and the row says which
-    (run.steps.records._write_finish).
+    (run.steps.finish_retries.write_finish).
     """
     with transaction.atomic():
         running = (
@@ -316,8 +229,8 @@ def fail_closed(run_id: Any, error_type: str, reason: str, *, attempts: int | No
     columns: dict[str, Any] = {
         "status": RunStatus.FAILED,
         "finished_at": timezone.now(),
-        "error_type": _type(error_type),
-        "error_message": _message(reason),
+        "error_type": clip_type(error_type),
+        "error_message": clip_message(reason),
     }
     if attempts is not None:
         columns["attempts"] = attempts
@@ -372,7 +285,7 @@ def _abandoned_attempt(
         finished_at=now,
         duration_ms=0,
         outcome=outcome,
-        error_type=_type(error_type),
+        error_type=clip_type(error_type),
         error_message=message,
     )
 
@@ -389,8 +302,8 @@ def hand_back(
     """The claimed (locked) ``running`` run's attempt ended without its worker recording it:
     its attempt row, then the run ``queued`` again until ``retry_at`` (when the relay may
     check), or ``failed`` (``retry_at`` None). ``run`` is updated in place."""
-    _abandoned_attempt(run, outcome, error_type, _message(reason), now)
-    run.error_type, run.error_message = _type(error_type), _message(reason)
+    _abandoned_attempt(run, outcome, error_type, clip_message(reason), now)
+    run.error_type, run.error_message = clip_type(error_type), clip_message(reason)
     if retry_at is not None:
         run.status = RunStatus.QUEUED
         run.scheduled_for = retry_at
@@ -407,9 +320,9 @@ def cancel_abandoned(
     """Like ``hand_back`` for a run an operator asked to cancel: whatever ended the attempt,
     the run ends ``cancelled`` (its error type ``run_error_type``), never retried."""
     who = run.cancel_requested_by
-    text = _message(f"cancelled on request{f' by {who}' if who else ''}: {reason}")
+    text = clip_message(f"cancelled on request{f' by {who}' if who else ''}: {reason}")
     _abandoned_attempt(run, JobAttempt.Outcome.CANCELLED, error_type, text, now)
     run.status = RunStatus.CANCELLED
     run.finished_at = now
-    run.error_type, run.error_message = _type(run_error_type), text
+    run.error_type, run.error_message = clip_type(run_error_type), text
     run.save(update_fields=["status", "finished_at", "error_type", "error_message"])

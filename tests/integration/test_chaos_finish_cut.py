@@ -5,7 +5,7 @@ The soak's plain duplicates were mostly not SIGKILLs: a worker whose session Pos
 commit of its success lost the finish, moved on, and left the run ``running``; the sweep then
 abandoned it and a retry repeated the effect. The worker now asks the row on a new connection
 and writes the finish again while the run still runs that attempt
-(``run.steps.records._write_finish``).
+(``run.steps.finish_retries.write_finish``).
 
 An atomic run's success, recorded inside the body's transaction, met the same fault in the
 soak: its session ended before the success function ran, and the run was failed for good

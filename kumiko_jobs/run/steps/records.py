@@ -16,7 +16,6 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
@@ -33,6 +32,7 @@ from ...models import RunStatus
 from .. import report
 from ..pipeline import Next
 from ..state import Found, Missing, RunState, Timing
+from . import finish_retries
 
 logger = logging.getLogger("kumiko_jobs.records")
 
@@ -202,7 +202,7 @@ def _finish(state: RunState) -> None:
         # recorded (a TenantVisibleError needs no tenant_visible_failure declared).
         clears = env.schema and outcome is Outcome.SUCCEEDED
         subject = (env.schema or "", env.job, state.tenancy.subject) if clears else None
-        written = _write_finish(
+        written = finish_retries.write_finish(
             state, lambda: transitions.finish_attempt(end, clear_failure=subject)
         )
     else:
@@ -302,55 +302,6 @@ def _send_outcome(state: RunState, end: transitions.AttemptEnd) -> None:
     )
 
 
-# Tries of a finish whose connection was lost (the first included), and the pause before each
-# try again: a restarted PostgreSQL or a cut network takes a moment to take connections again.
-FINISH_TRIES = 4
-FINISH_PAUSE = 0.5
-
-
-def _write_finish(state: RunState, write: Callable[[], bool]) -> bool:
-    """``write()`` the run's finish; if the connection is lost under it, write it again.
-
-    A finish cut off (the session ended by ``pg_terminate_backend`` or a PostgreSQL restart, the
-    connection cut by the network) may or may not have committed: the client cannot tell.
-    Left so, the run stays ``running`` under a worker that has moved on, the sweep abandons it
-    and a retry repeats the body, whose effects a plain job has already committed. So the
-    worker asks the row on a new connection, locked as the sweep claims it: still ``running``
-    this attempt means the finish did not commit, and it is written again in that transaction;
-    anything else (the finish committed, or the sweep or an operator took the run) writes
-    nothing. The sweep leaves the run alone meanwhile: this worker still beats for its message.
-    A connection lost again is tried ``FINISH_TRIES`` times in all, then the run is left to
-    the sweep as before. Only this one-statement finish is written again; a finish with more
-    to write (follow-ups, a tenant's failure, a workflow's next step) is not.
-    """
-    try:
-        return write()
-    except (OperationalError, InterfaceError):
-        if connections[DEFAULT_DB_ALIAS].in_atomic_block:
-            raise  # an inline run inside the caller's transaction: the caller's to handle
-        logger.warning(
-            "run %s: the connection was lost under its finish; asking the row on a new one",
-            state.envelope.run_id,
-            exc_info=True,
-        )
-    env = state.envelope
-    for tries_left in range(FINISH_TRIES - 1, 0, -1):
-        connections[DEFAULT_DB_ALIAS].close()
-        try:
-            written = transitions.write_if_still_running(env.run_id, env.attempt, write)
-        except (OperationalError, InterfaceError):
-            if tries_left == 1:
-                raise
-            time.sleep(FINISH_PAUSE)
-            continue
-        if not written:
-            logger.info("run %s: its finish had committed, or the run was taken", env.run_id)
-        # Written, or committed before the connection was lost: the outcome stands as before
-        # (a run taken meanwhile is the row's, and the fenced finish wrote nothing over it).
-        return True
-    return True  # not reached: the last try raises
-
-
 def _settle_in_doubt(state: RunState) -> None:
     """An atomic attempt whose COMMIT's reply was lost: the run's row says whether it committed.
 
@@ -367,7 +318,7 @@ def _settle_in_doubt(state: RunState) -> None:
     if not state.atomicity.in_doubt or state.ending.outcome is Outcome.SUCCEEDED:
         return
     env = state.envelope
-    for tries_left in range(FINISH_TRIES - 1, -1, -1):
+    for tries_left in range(finish_retries.FINISH_TRIES - 1, -1, -1):
         try:
             committed = transitions.committed_success(env.run_id, env.attempt)
             break
@@ -375,7 +326,7 @@ def _settle_in_doubt(state: RunState) -> None:
             if tries_left == 0:
                 raise
             connections[DEFAULT_DB_ALIAS].close()
-            time.sleep(FINISH_PAUSE)
+            time.sleep(finish_retries.FINISH_PAUSE)
     state.atomicity.note_committed(committed)
     if committed:
         logger.warning("run %s: its COMMIT's reply was lost, and it had committed", env.run_id)
