@@ -164,7 +164,9 @@ def workflow(
 
 
 def cancel_workflow(workflow_id: Any, *, by: Any = None) -> bool:
-    """Cancel every step of the workflow that has not finished; False if it had finished."""
+    """Cancel every step of the workflow that has not finished; False if it had finished, or
+    if it is not the caller's: from a tenant's context another tenant's or a system workflow
+    is answered as an unknown id (as its reads are)."""
     import uuid
 
     from .workflow_release import cancel  # imports models: see the module docstring

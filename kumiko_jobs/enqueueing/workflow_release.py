@@ -248,10 +248,12 @@ def _ask_to_stop(run_hexes: list[str]) -> None:
 
 def cancel(workflow_id: uuid.UUID, *, by: Any = None) -> bool:
     """Cancel the workflow: every step that has not finished is cancelled (a running one is
-    asked to stop, ``ctx.cancel_requested``); False when it had already finished."""
+    asked to stop, ``ctx.cancel_requested``); False when it had already finished, or is not
+    the caller's to cancel: from a tenant's context (a tenant's request, its run's body)
+    another tenant's workflow, or a system one, is answered as an unknown id."""
     who = getattr(by, "get_username", lambda: str(by or ""))()
     with transaction.atomic():
-        wf = sql.lock(workflow_id)
+        wf = sql.lock_for_caller(workflow_id)
         if wf is None or wf.status not in (RunStatus.RUNNING, RunStatus.QUEUED):
             return False
         stopped = _stop(wf, f"cancelled by {who}" if who else "cancelled")

@@ -97,6 +97,16 @@ def lock(workflow_id: uuid.UUID) -> Workflow | None:
     return Workflow.objects.select_for_update().filter(pk=workflow_id).first()
 
 
+def lock_for_caller(workflow_id: uuid.UUID) -> Workflow | None:
+    """``lock``, for a caller's act on the workflow (a cancel): from a tenant's context only
+    that tenant's (another's is None, as an id no workflow has), as ``load`` reads."""
+    rows = Workflow.objects.select_for_update().filter(pk=workflow_id)
+    schema = reader_schema()
+    if schema is not None:
+        rows = rows.filter(schema_name=schema)
+    return rows.first()
+
+
 def close(
     workflow_id: uuid.UUID, run_id: uuid.UUID, state: StepState, reason: str
 ) -> Closed | None:
