@@ -17,8 +17,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from django.contrib import admin
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import SEARCH_VAR
-from django.core.exceptions import BadRequest
+from django.core.exceptions import BadRequest, ValidationError
 from django.db import OperationalError, connection, transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
@@ -106,6 +108,21 @@ def bad_search(search_term: str) -> str:
     return ""
 
 
+def bad_selection(model: Any, post: Any) -> str:
+    """Why an action's POST cannot be served, or ``""``: a ticked row's id that is not an id of
+    ``model`` (Django's action filters ``pk__in`` with it, and a text that is not a UUID makes
+    that a 500)."""
+    pk = model._meta.pk
+    for value in post.getlist(ACTION_CHECKBOX_NAME):
+        if text_problem(value) or len(value) > MAX_QUERY_VALUE:
+            return gettext("A selected row's id is not an id of this list.")
+        try:
+            pk.to_python(value)
+        except ValidationError:
+            return gettext("A selected row's id is not an id of this list.")
+    return ""
+
+
 def checked_search(request: HttpRequest, search_term: str) -> None:
     """Refuse, as 400 Bad Request (Django's ``BadRequest``), a search that the changelist's own
     checks would refuse, whoever calls ``get_search_results``: the autocomplete view passes its
@@ -189,16 +206,26 @@ def bounded_search(request: HttpRequest, search: Callable[[], QuerySet[Any]]) ->
 
 class CleanQueryStrings:
     """Changelists answer a malformed query string with 400 Bad Request, never a 500, and read
-    their rows under the statement timeout."""
+    their rows under the statement timeout.
+
+    No facets: Django's ``?_facets=1`` counts every row a list could show, once per choice of
+    every filter (per tenant, per job name), outside the bounded paginator's reads; anyone who
+    may see a list could loop that URL. The counts are the dashboard's, from its rollups.
+    """
+
+    show_facets = admin.ShowFacets.NEVER
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        """Answer a query string with NUL characters, over-long values or too many search words
-        with 400 Bad Request before Django runs it, instead of a 500 from the driver or a LIKE
-        scan of every row; then build and render the list under ``bounded_statements``.
+        """Answer a query string with NUL characters, over-long values or too many search words,
+        or an action on a row id that is not one, with 400 Bad Request before Django runs it,
+        instead of a 500 from the driver or a LIKE scan of every row; then build and render the
+        list under ``bounded_statements``.
         """
         problem = bad_query_string(request.GET) or bad_search(request.GET.get(SEARCH_VAR, ""))
+        if not problem and request.method == "POST":
+            problem = bad_selection(self.model, request.POST)  # type: ignore[attr-defined]
         if problem:
             return HttpResponseBadRequest(problem, content_type="text/plain; charset=utf-8")
         try:
