@@ -34,6 +34,7 @@ from typing import Any
 from django.db import connections
 
 from ..guard.roles import connections as tenant_connections
+from . import schema_caches, statements
 from .timeouts import SlotTimeout
 
 logger = logging.getLogger("kumiko_jobs.worker")
@@ -110,6 +111,10 @@ class SlotGroup:
         """Each sibling runs RQ's loop with the main slot's ``work()`` options in its thread."""
         kwargs = {**work_kwargs, "with_scheduler": False}
         self.burst = bool(kwargs.get("burst"))
+        # Before any sibling connects: its timeout cancels its statements from the alarm thread.
+        statements.watch_connections()
+        # Before two runs overlap: no slot reads another's tenant's content types.
+        schema_caches.key_by_schema()
         for worker in self.workers:
             thread = threading.Thread(
                 target=_run_slot, args=(worker, kwargs), name=f"kumiko-{worker.name}", daemon=True
