@@ -212,36 +212,42 @@ def _sleeping_backends() -> int:
         return int(cursor.fetchone()[0])
 
 
-def _main_slot_busy(redis_conn: Any) -> bool:
-    """The process's main slot (the worker named without ``.s<n>``) executes a job."""
-    return any(
-        w.get_current_job_id() and ".s" not in w.name for w in RQWorker.all(connection=redis_conn)
-    )
+def _slot_of(handle: Any, redis_conn: Any) -> str:
+    """The name of the slot (RQ worker) executing the run of ``handle``."""
+    rq_id = JobRun.objects.get(pk=handle.run_id).rq_job_id
+    names = [w.name for w in RQWorker.all(connection=redis_conn) if w.get_current_job_id() == rq_id]
+    assert len(names) == 1, names
+    return names[0]
 
 
-def test_a_statement_in_a_sibling_slot_is_cancelled_at_its_timeout(tenants, workers, redis_conn):
-    """A 4-slot ``rqworker``: other tenants' long runs beside a run that blocks in one SQL
-    statement (``pg_sleep(30)``, timeout 1 s) in a sibling slot. PostgreSQL cancels the
-    statement at the timeout, so that run fails timed out, the others succeed on their first
-    attempt, and the process lives on past the watchdog's deadline (``TIMEOUT_KILL_AFTER``),
-    which otherwise exits it with every slot's run in flight."""
+def test_a_statement_in_a_sibling_slot_is_cancelled_at_its_timeout(
+    tenants, workers, redis_conn, tmp_path
+):
+    """A 4-slot ``rqworker``: other tenants' runs in three slots, the main one among them, and
+    in the fourth, a sibling, a run that blocks in one SQL statement (``pg_sleep(30)``, timeout
+    1 s). PostgreSQL cancels the statement at the timeout, so that run fails timed out, the
+    others succeed on their first attempt, and the process lives on past the watchdog's
+    deadline (``TIMEOUT_KILL_AFTER``), where it otherwise exits with every slot's run."""
     kill_after = 3
     env = _slotted(4)
     env[soak.SETTINGS_ENV] = json.dumps(fast_settings(TIMEOUT_KILL_AFTER=kill_after))
     env.setdefault("KUMIKO_LOG", "WARNING")
     proc = workers.launch(("rqworker", "default"), env, name="worker")
-    workers.wait_ready(4)
-    # Neighbours first, one at a time, until the main slot has one: the statement then runs in
-    # a sibling, whose timeout is the alarm thread's (the main slot's is SIGALRM's).
-    neighbours = []
-    for n, schema in enumerate(["t2", "t3", "t2"]):
-        neighbours.append(
-            soak.job("soak.sleeper").enqueue(tenant=schema, tag=f"beside{n}", seconds=12)
-        )
-        workers.wait_for("the neighbour to run", lambda: _all_running(neighbours))
-        if _main_slot_busy(redis_conn):
-            break
-    assert _main_slot_busy(redis_conn), "no neighbour reached the main slot"
+    # Four runs hold the four slots; the one in a sibling is let go, and the blocked run
+    # takes the one free slot (the main slot's timeout is SIGALRM's, a sibling's the alarm
+    # thread's).
+    releases = [tmp_path / f"release{n}" for n in range(4)]
+    holders = [
+        jobs.holds_a_slot.enqueue(tenant=schema, tag=f"held{n}", release=str(path))
+        for n, (schema, path) in enumerate(zip(("t2", "t3", "t2", "t3"), releases, strict=True))
+    ]
+    workers.wait_for("four runs at once", lambda: _all_running(holders))
+    slots = [_slot_of(h, redis_conn) for h in holders]
+    let_go = next(n for n, name in enumerate(slots) if ".s" in name)
+    releases[let_go].touch()
+    workers.wait_for("a sibling to be free", lambda: _all_running(holders) is False)
+    neighbours = [h for n, h in enumerate(holders) if n != let_go]
+    assert _all_running(neighbours)
 
     blocked = jobs.sleeps_in_postgres.enqueue(tenant="t1", tag="blocked")
     workers.wait_for("the blocked run to end", lambda: status(blocked.run_id) == RunStatus.FAILED)
@@ -253,11 +259,14 @@ def test_a_statement_in_a_sibling_slot_is_cancelled_at_its_timeout(tenants, work
     # Past the watchdog's deadline for the blocked run, the process still serves its slots.
     time.sleep(1 + kill_after + 2)
     assert proc.poll() is None, workers.logs()
+    assert _all_running(neighbours)
+    for path in releases:
+        path.touch()
     workers.wait_for(
-        "the neighbours to succeed",
-        lambda: all(status(h.run_id) == RunStatus.SUCCEEDED for h in neighbours),
+        "the other runs to succeed",
+        lambda: all(status(h.run_id) == RunStatus.SUCCEEDED for h in holders),
     )
-    for h in neighbours:
+    for h in holders:
         assert attempts_of(h.run_id) == [(1, "succeeded", "")]
     assert proc.poll() is None
 
