@@ -11,14 +11,15 @@ admin's log and permissions would then point at the other tenant's rows.
 ``key_by_schema()`` (the worker calls it as it starts its slots) replaces the manager's cache
 with ``SchemaKeyedCache``: each entry under (alias, thread, schema of the thread's connection for
 that alias). Every access of Django's manager goes through ``[alias]``, ``setdefault(alias,
-...)`` or ``clear()`` (django/contrib/contenttypes/models.py), so none bypasses the key; a
+...)`` or ``clear()`` (Django's ``ContentTypeManager``), so none bypasses the key; a
 ``clear()``, from any thread, still empties every entry, so django-tenants' clear on a switch
 and Django's own invalidations keep working. Per thread as well as per schema: an id one slot
 read inside its open transaction (or made with ``get_or_create``) is not another slot's to use
 before that commits.
 
-The cost is a thread id and a connection lookup per cached read, which one slot does not need:
-with one slot nothing else runs tenant code beside its run, so the cache stays Django's.
+The cost is a thread id and a connection lookup per cached read (measured: 2.6 instead of 1.7
+us per cached ``get_for_model``), which one slot does not need: with one slot nothing else runs
+tenant code beside its run, so the cache stays Django's.
 What else a run reaches through Django that the process shares is in docs/design.md, "Slots".
 """
 

@@ -13,8 +13,10 @@ What a slot never shares (docs/design.md, "Slots"): its Django connections (Djan
 them per thread) and so its tenant logins (``guard.roles.connections``' pool is per thread), its
 context (each attempt runs in ``attempt_context()`` in the slot's thread), its kept search
 path and session reset (the tenancy step, on the slot's connections), its timeout (its own
-deadline on the process's one alarm thread, ``timeouts.SlotTimeout``), its liveness beat,
-watchdog and cancellation (each slot's own ``Heart``), its RQ execution and span. What slots
+deadline on the process's one alarm thread, ``timeouts.SlotTimeout``, which cancels the
+slot's SQL statement: ``statements``), its content types (Django's cache, keyed per thread and
+schema: ``schema_caches``), its liveness beat, watchdog and cancellation (each slot's own
+``Heart``), its RQ execution and span. What slots
 share: the process (its memory, imported code, job registry, the alarm thread), the Redis
 client's connection pool, and the worker's settings.
 
