@@ -13,8 +13,10 @@ What a slot never shares (docs/design.md, "Slots"): its Django connections (Djan
 them per thread) and so its tenant logins (``guard.roles.connections``' pool is per thread), its
 context (each attempt runs in ``attempt_context()`` in the slot's thread), its kept search
 path and session reset (the tenancy step, on the slot's connections), its timeout (its own
-deadline on the process's one alarm thread, ``timeouts.SlotTimeout``), its liveness beat,
-watchdog and cancellation (each slot's own ``Heart``), its RQ execution and span. What slots
+deadline on the process's one alarm thread, ``timeouts.SlotTimeout``, which cancels the
+slot's SQL statement: ``statements``), its content types (Django's cache, keyed per thread and
+schema: ``schema_caches``), its liveness beat, watchdog and cancellation (each slot's own
+``Heart``), its RQ execution and span. What slots
 share: the process (its memory, imported code, job registry, the alarm thread), the Redis
 client's connection pool, and the worker's settings.
 
@@ -34,6 +36,7 @@ from typing import Any
 from django.db import connections
 
 from ..guard.roles import connections as tenant_connections
+from . import schema_caches, statements
 from .timeouts import SlotTimeout
 
 logger = logging.getLogger("kumiko_jobs.worker")
@@ -110,6 +113,10 @@ class SlotGroup:
         """Each sibling runs RQ's loop with the main slot's ``work()`` options in its thread."""
         kwargs = {**work_kwargs, "with_scheduler": False}
         self.burst = bool(kwargs.get("burst"))
+        # Before any sibling connects: its timeout cancels its statements from the alarm thread.
+        statements.watch_connections()
+        # Before two runs overlap: no slot reads another's tenant's content types.
+        schema_caches.key_by_schema()
         for worker in self.workers:
             thread = threading.Thread(
                 target=_run_slot, args=(worker, kwargs), name=f"kumiko-{worker.name}", daemon=True

@@ -20,18 +20,16 @@ import time
 from typing import Any
 
 from django.db import connections
-from psycopg.pq import TransactionStatus
 
 from .. import transport
 from ..core import conf
 from ..core.current import job_alarm
 from ..run import async_body
 from ..run.state import current_run
+from . import statements
 from .sweep import record_timed_out
 
 logger = logging.getLogger("kumiko_jobs.worker")
-# A statement is in progress on the connection.
-_PQ_ACTIVE = TransactionStatus.ACTIVE
 
 
 class FinalTimeout(transport.DeathPenaltyBase):
@@ -75,7 +73,7 @@ class FinalTimeout(transport.DeathPenaltyBase):
         state = current_run.get() if self._job_timeout else None
         if state is not None:
             state.note_timeout(int(self._timeout))
-            if _cancel_running_statements():
+            if statements.cancel_running(connections.all(initialized_only=True)):
                 # The body waits in a statement. Raising the timeout here would abandon
                 # psycopg's wait: the statement would run on in PostgreSQL (holding its locks)
                 # and the session would be left mid-query. Instead PostgreSQL cancels it, its
@@ -83,26 +81,6 @@ class FinalTimeout(transport.DeathPenaltyBase):
                 # (timeout_fired); the session is clean for the next run.
                 return
         super().handle_death_penalty(signum, frame)
-
-
-def _cancel_running_statements() -> bool:
-    """Ask PostgreSQL to cancel the statement each of this thread's connections is executing;
-    True if there was one. Runs in a signal handler: libpq's cancel request is made for that
-    (its own short connection to the server; the busy one is not touched)."""
-    cancelled = False
-    for conn in connections.all(initialized_only=True):
-        raw = getattr(conn, "connection", None)
-        pgconn = getattr(raw, "pgconn", None)
-        if pgconn is None or raw is None or raw.closed:
-            continue
-        if pgconn.transaction_status == _PQ_ACTIVE:
-            try:
-                raw.cancel()
-            except Exception:
-                logger.exception("could not cancel the statement of a timed-out attempt")
-                continue
-            cancelled = True
-    return cancelled
 
 
 def record_overrun(job_id: str, how: str, *, push: bool) -> bool:
@@ -131,11 +109,15 @@ class SlotTimeout:
     (``PyThreadState_SetAsyncExc``, as RQ's ``TimerDeathPenalty``). The exception is made in
     that thread, in the run's own context, and its constructor notes the timeout on the run
     first, as ``FinalTimeout`` does from its signal handler: a job that catches it still ends
-    timed out (``run.entry.call_job``). Python delivers it at the thread's next bytecode: a slot
-    waiting in a SQL statement or a C call (``time.sleep``) sees it when that call returns, and
-    the worker's watchdog (``TIMEOUT_KILL_AFTER``) bounds what never returns. The alarm is
-    withdrawn under a lock, so a timeout that has not been delivered when the body ends is
-    taken back and never interrupts the writes of the outcome.
+    timed out (``run.entry.call_job``). Python delivers it at the thread's next bytecode, so a
+    slot waiting in a C call sees it when that call returns: for a SQL statement the alarm
+    thread then asks PostgreSQL to cancel it (``statements.cancel_running``, as the main
+    slot's handler does), and the statement returns at once, its session clean, with the
+    timeout raised where it returns. The worker's watchdog (``TIMEOUT_KILL_AFTER``) bounds what
+    never returns (``time.sleep``, a job that catches the timeout and goes on). The alarm is
+    withdrawn under the same lock as it fires, so a timeout that has not been delivered when
+    the body ends is taken back and never interrupts the writes of the outcome, nor is a
+    statement of theirs cancelled.
 
     Per run this costs a heap push and, when the body ends, a flag: no thread and no class are
     made per run (one ``threading.Timer`` thread and one exception class each were, ~0.2 ms).
@@ -195,6 +177,10 @@ class SlotTimeout:
             self._pending = True
             _fired_in_thread[self._thread] = self  # before the raise: its constructor reads it
             _raise_in(self._thread, self._exception)
+            if self._job_timeout:
+                # Raised first, so that the statement returns to a pending timeout; under the
+                # lock, so that what is cancelled is the body's, never the outcome's writes.
+                statements.cancel_running(statements.of_thread(self._thread))
             # An async job's thread waits for its coroutine without running bytecode: hand
             # it something to run, so the timeout is delivered now (run/async_body.py).
             async_body.wake(self._thread)

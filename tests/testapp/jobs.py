@@ -356,6 +356,15 @@ def sleeps_in_postgres(ctx, *, tag: str) -> None:
     _probe(ctx, tag, note="woke up")
 
 
+@job
+def holds_a_slot(ctx, *, tag: str, release: str) -> None:
+    """Runs until the file ``release`` exists (a minute at most): a test keeps a slot busy."""
+    end = time.monotonic() + 60
+    while not os.path.exists(release) and time.monotonic() < end:
+        time.sleep(0.1)
+    _probe(ctx, tag, note="released")
+
+
 @job(escape_hatch=_RAW)
 def reports_backend(ctx, *, tag: str) -> None:
     with ctx.unsafe_raw():
