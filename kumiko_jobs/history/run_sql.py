@@ -310,10 +310,12 @@ def finish(
     run_id: str,
     *,
     clear_failure: tuple[str, str, str] | None = None,
+    expected: RunStatus = RunStatus.RUNNING,
 ) -> bool:
     """``WITH run AS (UPDATE ...), attempt AS (INSERT ...) SELECT ...``: both writes in one
-    statement, only while the run still runs ``attempt["number"]``; False: it no longer did,
-    and nothing was written (``_finish_statement``).
+    statement, only while the run is still ``attempt["number"]``'s with ``expected`` as its
+    status (``running``; ``succeeded`` after an atomic success function that committed without
+    the finish); False: it no longer was, and nothing was written (``_finish_statement``).
 
     ``clear_failure`` (schema, job, subject): a success also deletes that subject's
     tenant-visible failure, in the same statement (no round trip more), whichever way the
@@ -325,7 +327,7 @@ def finish(
     params: list[Any] = [
         f.get_db_prep_save(run_update[f.name], connection) for f in statement.run_fields
     ]
-    params += [uuid.UUID(run_id), RunStatus.RUNNING.value, attempt["number"]]
+    params += [uuid.UUID(run_id), expected.value, attempt["number"]]
     params += [f.get_db_prep_save(attempt[f.name], connection) for f in statement.attempt_fields]
     params += list(clear_failure or ())
     row = prepared.execute(public_cursor, statement.sql, params, fetch=True)

@@ -105,16 +105,18 @@ def finish_attempt(
     *,
     clear_failure: tuple[str, str, str] | None = None,
     also: Callable[[], None] | None = None,
+    expected: RunStatus = RunStatus.RUNNING,
 ) -> bool:
     """Write ``end``: one statement (``finish``; ``clear_failure`` deletes that subject's
     tenant-visible failure in it), or, with ``also`` (the run's other writes), one transaction
-    (``finish_in_transaction``). Either only while the run still runs this attempt: False
-    when it no longer did (handed back by the sweep, cancelled, taken over), and then nothing
-    of it, ``also`` included, was written."""
+    (``finish_in_transaction``). Either only while the row is still this attempt's, with
+    ``expected`` as its status (``running``; ``succeeded`` for an atomic attempt whose success
+    function committed without the finish): False when it no longer was (handed back by the
+    sweep, cancelled, taken over), and then nothing of it, ``also`` included, was written."""
     attempt, run = attempt_columns(end), run_columns(end)
     if also is None:
-        return finish(attempt, run, end.run_id, clear_failure=clear_failure)
-    return finish_in_transaction(attempt, run, end.run_id, also)
+        return finish(attempt, run, end.run_id, clear_failure=clear_failure, expected=expected)
+    return finish_in_transaction(attempt, run, end.run_id, also, expected)
 
 
 class _NoLongerRunning(Exception):
@@ -122,16 +124,21 @@ class _NoLongerRunning(Exception):
 
 
 def finish_in_transaction(
-    attempt: dict[str, Any], run_update: dict[str, Any], run_id: str, also: Callable[[], None]
+    attempt: dict[str, Any],
+    run_update: dict[str, Any],
+    run_id: str,
+    also: Callable[[], None],
+    expected: RunStatus = RunStatus.RUNNING,
 ) -> bool:
     """``finish``'s two writes through the ORM, and ``also`` (the run's other writes: the
     tenant's failure, escape-hatch uses, follow-ups), in one transaction, fenced as ``finish``
-    is: the run row first, only while it runs this attempt (the UPDATE waits for a sweep that
-    holds the row's lock, then reads the row it left); False, and nothing written, if not."""
+    is: the run row first, only while it is this attempt's with ``expected`` as its status (the
+    UPDATE waits for a sweep that holds the row's lock, then reads the row it left); False, and
+    nothing written, if not."""
     try:
         with transaction.atomic():
             updated = JobRun.objects.filter(
-                pk=run_id, status=RunStatus.RUNNING, attempts=attempt["number"]
+                pk=run_id, status=expected, attempts=attempt["number"]
             ).update(**run_update)
             if not updated:
                 raise _NoLongerRunning

@@ -136,7 +136,8 @@ def execute(message: object) -> str:
     )
     state = RunState(delivery)
     run_state(state)
-    if state.ending.outcome is not None and state.ending.outcome.final:
+    ending = state.ending
+    if ending.outcome is not None and ending.outcome.final and not ending.superseded:
         # handle.wait()'s signal, sent by the worker's finish pipeline (no round trip more).
         link = state.workflow
         ended = [link.workflow_id.hex] if link.ended and link.workflow_id else []
@@ -172,7 +173,10 @@ def _run_pipeline(pipeline: Next, state: RunState) -> None:
 
 
 def dispatch(state: RunState) -> None:
-    """Push what the attempt asked for, now that its history is written."""
+    """Push what the attempt asked for, now that its history is written (nothing when the
+    history refused it: ``Ending.superseded``)."""
+    if state.ending.superseded:
+        return
     messages = []
     if state.ending.reschedule is not None:
         next_env, delay = state.ending.reschedule

@@ -17,7 +17,6 @@ import contextlib
 import secrets
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -27,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 from ..core import current
 from ..core.grants import Grant
 from ..core.outcome import DeferralKind, Outcome
-from ..core.text import storable
 from ..enqueueing.followups import FollowupBatch, collecting
 from ..enqueueing.workflow_release import WorkflowLink
 from ..guard.watch import Watch, watching
 from ..history import audit
 from .joblog import AttemptLog
 from .progress import Progress
+from .rendered_errors import RenderedError, render_error
 
 if TYPE_CHECKING:
     from ..core.envelope import Envelope
@@ -68,38 +67,6 @@ class Deferral:
     """Returned by ``ctx.defer``; the job returns it to ask for a later resumption."""
 
     seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class RenderedError:
-    """An exception of the job body, turned into text where it was raised.
-
-    Rendering runs the exception's own code (``__str__``, ``__repr__`` of its causes and notes):
-    the ``db_guard`` step renders it while the run's tenant and the guard are still in place,
-    and everything after the body (history, logs, spans) uses this text instead of rendering
-    the exception again in the public schema, outside the guard.
-    """
-
-    error: BaseException
-    type_name: str
-    message: str
-    traceback: str
-
-
-def render_error(error: BaseException) -> RenderedError:
-    """``error`` as text; an exception whose rendering fails still gives a message."""
-    name = type(error).__name__
-    try:
-        message = str(error)
-    except Exception as exc:  # a broken (or refused: DatabaseAccessDenied) __str__
-        message = f"<the {name} could not be rendered: {type(exc).__name__}>"
-    try:
-        text = "".join(traceback.format_exception(error))
-    except Exception as exc:
-        text = f"{name}: {message}\n<traceback not rendered: {type(exc).__name__}>"
-    # Storable from the start: a NUL in an exception's text made the history's final write
-    # fail, which left the run ``running``.
-    return RenderedError(error, name, storable(message), storable(text))
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +119,12 @@ class Ending:
     deferral_kind: DeferralKind = DeferralKind.JOB
     # (envelope, delay in seconds) to push once the history is written
     reschedule: tuple[Envelope, float] | None = None
+    superseded: bool = False  # the history refused the outcome (``supersede``)
+
+    def supersede(self) -> None:
+        """The run stopped being this attempt's before the records step wrote its outcome: the
+        outcome stays for the log, and nothing of it is pushed or signalled (``run.entry``)."""
+        self.superseded, self.reschedule = True, None
 
     def succeed(self, result: Any = None) -> None:
         """The body (or the fan-out) returned ``result``, already made storable; or an atomic

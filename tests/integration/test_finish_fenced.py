@@ -21,8 +21,9 @@ import pytest
 from django.db import connections
 from django.utils import timezone
 
+from kumiko_jobs import transport
 from kumiko_jobs.history import transitions
-from kumiko_jobs.models import JobAttempt, JobRun, RunStatus
+from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
 from kumiko_jobs.worker import sweep
 from tests.conftest import probes, work
 from tests.testapp import jobs
@@ -98,9 +99,31 @@ def test_a_late_finish_does_not_overwrite_the_run(
         assert (run.status, run.attempts) == (RunStatus.QUEUED, 1)
         assert attempts == [(1, JobAttempt.Outcome.RETRYING)]
     assert run.result is None  # the late success wrote nothing of its own
-    # Its follow-up, written in the fenced transaction, was never sent.
+    # Its follow-up, written in the fenced transaction, was neither written nor pushed (a
+    # message without its row would be refused and recorded).
     assert probes("t1") == []
     assert not JobRun.objects.filter(job_name=jobs.probe.name).exists()
+    assert not RejectedMessage.objects.exists()
+    assert transport.get_queue("default").count == 0
+
+
+def fails_when_taken(ctx: Any, *, tag: str) -> None:
+    assert _taken.wait(30), "the test never took the run"
+    raise RuntimeError("failed after the run was taken")
+
+
+def test_a_late_failure_pushes_no_retry(tenants: Any, declare: Any) -> None:
+    """Handed back for a retry (the relay pushes it after the row's ``scheduled_for``), the
+    late failure's own retry message is not pushed: the burst would run attempt 2 at once."""
+    _taken.clear()
+    failing = declare(fails_when_taken, retries=3, backoff={"type": "fixed", "delay": 0})
+    handle = failing.enqueue(tenant="t1", tag="late")
+    taker = _take_when_running(handle.run_id, _timed_out)
+    work()
+    taker.join(30)
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert (run.status, run.attempts) == (RunStatus.QUEUED, 1)
+    assert transport.get_queue("default").count == 0
 
 
 def test_an_ordinary_finish_still_writes(tenants: Any, declare: Any) -> None:

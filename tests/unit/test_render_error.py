@@ -6,7 +6,7 @@ the text. These tests pin what the text holds, and that rendering never raises.
 
 from __future__ import annotations
 
-from kumiko_jobs.run.state import render_error
+from kumiko_jobs.run.rendered_errors import render_error
 from tests.unit.states import make_state
 
 

@@ -99,6 +99,7 @@ class History:
         run_id: str,
         *,
         clear_failure: tuple[str, str, str] | None = None,
+        expected: Any = None,
     ) -> bool:
         self.writes.append("finish")
         self.attempt, self.run_update = attempt, run_update
@@ -111,6 +112,7 @@ class History:
         run_update: dict[str, Any],
         run_id: str,
         also: Callable[[], None],
+        expected: Any = None,
     ) -> bool:
         # ``also`` (the failure, audit and follow-up rows) is ORM work: kept, not called.
         self.writes.append("finish_in_transaction")

@@ -22,7 +22,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from kumiko_jobs import telemetry
 from kumiko_jobs.core.outcome import DeferralKind
-from kumiko_jobs.run.state import RenderedError, RunState
+from kumiko_jobs.run.rendered_errors import RenderedError
+from kumiko_jobs.run.state import RunState
 from kumiko_jobs.run.steps.tracing import MESSAGE_LIMIT, STACKTRACE_LIMIT, tracing
 from tests.unit.states import make_state
 

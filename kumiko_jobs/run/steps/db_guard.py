@@ -16,7 +16,8 @@ from ...core import conf
 from ...guard.install import GuardSession
 from ...history import audit
 from ..pipeline import Next
-from ..state import RunState, render_error
+from ..rendered_errors import render_error
+from ..state import RunState
 
 
 def db_guard(state: RunState, call_next: Next) -> None:

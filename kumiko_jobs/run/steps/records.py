@@ -190,6 +190,10 @@ def _finish(state: RunState) -> None:
         return
     end = attempt_end(state)
     outcome = end.outcome
+    # The row the finish may write over: the attempt still running, or, for an atomic attempt
+    # whose success function committed without the finish riding on it (escape-hatch uses or a
+    # workflow to write; an in-doubt COMMIT that did commit), its success.
+    expected = RunStatus.SUCCEEDED if state.atomicity.committed else RunStatus.RUNNING
     records_failure = (
         bool(env.schema) and outcome is Outcome.FAILED and bool(state.ending.failure_key)
     )
@@ -203,11 +207,14 @@ def _finish(state: RunState) -> None:
         clears = env.schema and outcome is Outcome.SUCCEEDED
         subject = (env.schema or "", env.job, state.tenancy.subject) if clears else None
         written = finish_retries.write_finish(
-            state, lambda: transitions.finish_attempt(end, clear_failure=subject)
+            state,
+            lambda: transitions.finish_attempt(end, clear_failure=subject, expected=expected),
         )
     else:
         now = end.finished_at
-        written = transitions.finish_attempt(end, also=lambda: _other_writes(state, now))
+        written = transitions.finish_attempt(
+            end, also=lambda: _other_writes(state, now), expected=expected
+        )
     if not written:
         _superseded(state, end)
         return
@@ -219,8 +226,11 @@ def _superseded(state: RunState, end: transitions.AttemptEnd) -> None:
     worker looked dead: its beats stopped, say a job held the GIL past ``WORKER_DEAD_AFTER``),
     an operator's cancellation ended it, or another delivery took it over. Its outcome is not
     written over what the row says now, nor are its follow-ups or its signal sent: the row,
-    and the attempt that owns it, decide. What the body did outside the history stays done."""
+    and the attempt that owns it, decide. What the body did outside the history stays done.
+    Nothing of it is pushed either (``Ending.supersede``): no retry, no follow-up (their rows
+    were not written), no released workflow step, no done signal."""
     state.followups.close()
+    state.ending.supersede()
     logger.warning(
         "run %s: attempt %d ended %s after the run stopped being this attempt's (handed back "
         "by the sweep, cancelled or taken over); its outcome was not recorded",

@@ -15,7 +15,8 @@ from ... import telemetry
 from ...core.outcome import Outcome
 from ...log_context import scrub
 from ..pipeline import Next
-from ..state import Ending, RunState, render_error
+from ..rendered_errors import render_error
+from ..state import Ending, RunState
 
 _FAILED = (Outcome.FAILED, Outcome.RETRYING)
 
