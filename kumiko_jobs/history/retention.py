@@ -64,8 +64,9 @@ WORKFLOW_BATCH_DIVISOR = 100
 
 logger = logging.getLogger("kumiko_jobs.retention")
 
-# The error message of a waiting system run a deleted tenant's run started (anonymise mode).
-TENANT_DELETED = "Cancelled: the tenant whose run started it was deleted."
+# The error message of a run ended by its tenant's deletion (anonymise mode): one waiting that a
+# deleted tenant's run started, or one still running.
+TENANT_DELETED = "Cancelled: the tenant it ran for was deleted."
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +225,9 @@ def forget_tenant(schema: str) -> int:
             # A step's arguments and reason are the tenant's data, as a run's payload is.
             WorkflowStep.objects.filter(workflow__schema_name=schema).update(kwargs={}, reason="")
             touched = _scrub(runs, JobAttempt.objects.filter(run__schema_name=schema))
+            # One still running would write its result, log and error back into the scrubbed
+            # row: it ends here, and its late finish, fenced on ``running``, writes nothing.
+            _end(runs.filter(status=RunStatus.RUNNING))
     # The system runs its runs started (``flow_schema``: tenant_may_start) carry its arguments
     # too; few, and found among the system's rows (``schema_name`` empty).
     started = JobRun.objects.filter(schema_name="", flow_schema=schema)
@@ -235,16 +239,22 @@ def forget_tenant(schema: str) -> int:
             attempts = JobAttempt.objects.filter(run__schema_name="", run__flow_schema=schema)
             touched += _scrub(started, attempts)
             # One still waiting would run (a system run needs no tenant) and write the
-            # tenant's data back into the scrubbed row: it ends here, its message is dropped.
-            started.filter(status__in=WAITING_STATUSES).update(
-                status=RunStatus.CANCELLED,
-                finished_at=timezone.now(),
-                scheduled_for=None,
-                error_type="",
-                error_message=TENANT_DELETED,
-            )
+            # tenant's data back into the scrubbed row: it ends here, its message is dropped;
+            # one running ends too (its late finish writes nothing: the finish is fenced).
+            _end(started.filter(status__in=(*WAITING_STATUSES, RunStatus.RUNNING)))
     logger.info("tenant %s deleted: its run history was %sd (%d rows)", schema, mode, touched)
     return touched
+
+
+def _end(runs: QuerySet[JobRun]) -> None:
+    """End ``runs`` (waiting or running) as cancelled by the tenant's deletion."""
+    runs.update(
+        status=RunStatus.CANCELLED,
+        finished_at=timezone.now(),
+        scheduled_for=None,
+        error_type="",
+        error_message=TENANT_DELETED,
+    )
 
 
 def _scrub(runs: QuerySet[JobRun], attempts: QuerySet[JobAttempt]) -> int:

@@ -7,14 +7,11 @@
 #   any). Added with its default and the key changed in one ALTER TABLE (atomic by itself; the
 #   table holds a few thousand rows). Backwards: the rows are dropped with the mark of grain
 #   86400, so the previous release rolls the days up again from the history.
-# - kj_run_flow_recent, partial (flow_schema <> ''): the tenant filter's second arm, the system
-#   runs a tenant's runs started, read by index as kj_run_tenant_recent reads its own. No
-#   entry for any other run, so a run's writes cost what they cost. Built CONCURRENTLY
-#   (atomic = False, as 0027); an interrupted build leaves an INVALID index: drop it
-#   (DROP INDEX CONCURRENTLY kj_run_flow_recent) and migrate again.
+# - the index the tenant filter reads for those runs is 0032's, built CONCURRENTLY in a
+#   migration of its own: this one stays atomic, so an interrupted index build never leaves
+#   this ALTER applied and unrecorded (migrating again would fail on the column it added).
 
-from django.contrib.postgres.operations import AddIndexConcurrently
-from django.db import migrations, models
+from django.db import migrations
 
 TABLE = "kumiko_jobs_workertimerollup"
 
@@ -30,20 +27,10 @@ BACKWARD = (
 
 
 class Migration(migrations.Migration):
-    atomic = False
-
     dependencies = [
         ("kumiko_jobs", "0030_jobrun_flow_schema"),
     ]
 
     operations = [
         migrations.RunSQL(FORWARD, BACKWARD, elidable=False),
-        AddIndexConcurrently(
-            model_name="jobrun",
-            index=models.Index(
-                condition=models.Q(("flow_schema", ""), _negated=True),
-                fields=["flow_schema", "-queued_at"],
-                name="kj_run_flow_recent",
-            ),
-        ),
     ]

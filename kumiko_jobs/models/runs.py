@@ -215,7 +215,7 @@ class JobRun(models.Model):
             models.Index(
                 fields=("schema_name", "status", "queued_at"), name="kj_run_tenant_status"
             ),
-            # The system runs a tenant's run started, by that tenant (migration 0031, partial:
+            # The system runs a tenant's run started, by that tenant (migration 0032, partial:
             # no entry for any other run): the dashboard's tenant filter reads them beside the
             # tenant's own runs (history/stats.py, Scope), as kj_run_tenant_recent reads those.
             models.Index(

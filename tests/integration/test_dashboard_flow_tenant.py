@@ -243,9 +243,12 @@ def test_the_tenant_filter_reads_a_rare_tenants_rows_by_index() -> None:
 def test_the_migration_keys_the_rollup_by_flow_tenant_and_goes_back_cleanly() -> None:
     """0031 forwards on a table of the previous shape keeps its rows (as the system's: ''),
     backwards drops the rows and the mark (the previous release rolls the days up again, by
-    schema_name alone), and builds its index CONCURRENTLY outside a transaction."""
+    schema_name alone), in one transaction; 0032 alone builds the index CONCURRENTLY, outside
+    one (an interrupted build leaves 0031 applied and recorded)."""
     migration = importlib.import_module("kumiko_jobs.migrations.0031_flow_tenant_shares")
-    assert migration.Migration.atomic is False
+    assert migration.Migration.atomic is True
+    index = importlib.import_module("kumiko_jobs.migrations.0032_flow_recent_index")
+    assert index.Migration.atomic is False
     table = rollup.WORKER_TIME_TABLE
 
     def rows() -> list[tuple[Any, ...]]:
@@ -290,5 +293,5 @@ def test_the_migration_keys_the_rollup_by_flow_tenant_and_goes_back_cleanly() ->
         assert rows() == [("", "", 3)]
         transaction.set_rollback(True)
     out = io.StringIO()
-    call_command("sqlmigrate", "kumiko_jobs", "0031", stdout=out)
+    call_command("sqlmigrate", "kumiko_jobs", "0032", stdout=out)
     assert 'CREATE INDEX CONCURRENTLY "kj_run_flow_recent"' in out.getvalue()

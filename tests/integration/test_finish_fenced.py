@@ -18,11 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connections
+from django.test import override_settings
 from django.utils import timezone
 
 from kumiko_jobs import transport
-from kumiko_jobs.history import transitions
+from kumiko_jobs.history import retention, transitions
 from kumiko_jobs.models import JobAttempt, JobRun, RejectedMessage, RunStatus
 from kumiko_jobs.worker import sweep
 from tests.conftest import probes, work
@@ -140,3 +142,29 @@ def test_an_ordinary_finish_still_writes(tenants: Any, declare: Any) -> None:
     ) == [(1, JobAttempt.Outcome.SUCCEEDED)]
     work()
     assert [p.tag for p in probes("t1")] == ["on time-child"]
+
+
+def test_a_run_still_running_when_its_tenant_is_anonymised_writes_nothing_back(
+    tenants: Any, declare: Any
+) -> None:
+    """``TENANT_DELETION = "anonymise"`` scrubs the tenant's rows while one of its runs still
+    runs: that run is ended with the deletion, and its late success writes no result, log or
+    attempt back into the scrubbed row (``retention.forget_tenant``, what the tenant's
+    ``post_delete`` calls; the tenant itself is kept here, only its history is forgotten)."""
+    _taken.clear()
+    waiting = declare(waits_until_taken)
+    handle = waiting.enqueue(tenant="t1", tag="secret-4242")
+
+    def forget(_rq_job_id: str) -> None:
+        anonymise = {**settings.KUMIKO_JOBS, "TENANT_DELETION": "anonymise"}
+        with override_settings(KUMIKO_JOBS=anonymise):
+            retention.forget_tenant("t1")
+
+    taker = _take_when_running(handle.run_id, forget)
+    work()
+    taker.join(30)
+    run = JobRun.objects.get(pk=handle.run_id)
+    assert run.status == RunStatus.CANCELLED
+    assert run.error_message == retention.TENANT_DELETED
+    assert run.result is None and run.payload == {}
+    assert not JobAttempt.objects.filter(run_id=handle.run_id).exists()
