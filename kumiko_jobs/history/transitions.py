@@ -57,6 +57,7 @@ __all__ = [
     "Started",
     "atomic_success",
     "attempt_columns",
+    "attempt_recorded",
     "cancel_abandoned",
     "cancel_waiting",
     "clear_failure",
@@ -169,6 +170,13 @@ def write_if_still_running(run_id: str, attempt: int, write: Callable[[], object
         if running:
             write()
     return running
+
+
+def attempt_recorded(run_id: str, attempt: int, finished_at: datetime) -> bool:
+    """Whether this attempt's own finish is written: its attempt row, by the ``finished_at`` it
+    carried (an attempt row the sweep wrote for it, handing it back, has another)."""
+    rows = JobAttempt.objects.filter(run_id=uuid.UUID(run_id), number=attempt)
+    return rows.filter(finished_at=finished_at).exists()
 
 
 def committed_success(run_id: str, attempt: int) -> bool:

@@ -20,6 +20,7 @@ the atomic success, meets a dead connection.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 from typing import Any
 from urllib.parse import unquote, urlparse
 
@@ -88,6 +89,13 @@ def test_a_finish_that_had_committed_is_not_written_again(tenants: dict[str, Any
     # The row no longer runs attempt 1: the lost reply's finish had committed.
     assert transitions.write_if_still_running(str(handle.run_id), 1, write) is False
     assert JobAttempt.objects.filter(run=run).count() == 1
+    # ...and its own attempt row, by the finished_at it wrote, says it was this finish; another
+    # time (an attempt row the sweep would have written) is not.
+    finished_at = JobAttempt.objects.get(run=run).finished_at
+    assert transitions.attempt_recorded(str(handle.run_id), 1, finished_at)
+    later = finished_at + timedelta(microseconds=1)
+    assert not transitions.attempt_recorded(str(handle.run_id), 1, later)
+    assert not transitions.attempt_recorded(str(handle.run_id), 2, finished_at)
 
 
 def test_an_atomic_success_whose_session_was_lost_is_retried(tenants: dict[str, Any]) -> None:

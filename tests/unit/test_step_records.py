@@ -224,6 +224,37 @@ def test_a_finish_the_run_no_longer_waits_for_sends_no_outcome(
     assert sent.names() == ["job_started"]
 
 
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_finish_whose_connection_was_lost_asks_its_own_attempt_row(
+    monkeypatch: pytest.MonkeyPatch, sent: Sent, recorded: bool
+) -> None:
+    """The connection went under the finish, and on a new one the row no longer runs the
+    attempt: its own attempt row (by its ``finished_at``) says whether that was this finish,
+    committed after all (its outcome stands), or the sweep taking the run (nothing sent)."""
+    from django.db import OperationalError
+
+    history = install(monkeypatch, History())
+    asked: list[tuple[str, int, datetime]] = []
+
+    def lost(*args: Any, **kwargs: Any) -> bool:
+        history.writes.append("finish")
+        raise OperationalError("the connection was lost")
+
+    def attempt_recorded(run_id: str, attempt: int, finished_at: datetime) -> bool:
+        asked.append((run_id, attempt, finished_at))
+        return recorded
+
+    monkeypatch.setattr(transitions, "finish", lost)
+    monkeypatch.setattr(transitions, "write_if_still_running", lambda *a: False)
+    monkeypatch.setattr(transitions, "attempt_recorded", attempt_recorded)
+    state = make_state("t1")
+    records(state, succeeding())
+    assert [(run_id, n) for run_id, n, _ in asked] == [(state.envelope.run_id, 1)]
+    expected = ["job_started", "job_succeeded"] if recorded else ["job_started"]
+    assert sent.names() == expected
+    assert state.ending.superseded is not recorded
+
+
 def test_an_atomic_runs_start_writes_the_hash_of_its_deliverys_secret(history: History) -> None:
     """The atomic step's key is written by the start itself (no statement of its own)."""
     state = make_state("t1", atomic=True)

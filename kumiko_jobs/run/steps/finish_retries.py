@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime
 
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, OperationalError, connections
 
@@ -21,7 +22,7 @@ FINISH_TRIES = 4
 FINISH_PAUSE = 0.5
 
 
-def write_finish(state: RunState, write: Callable[[], bool]) -> bool:
+def write_finish(state: RunState, write: Callable[[], bool], finished_at: datetime) -> bool:
     """``write()`` the run's finish; if the connection is lost under it, write it again.
 
     A finish cut off (the session ended by ``pg_terminate_backend`` or a PostgreSQL restart, the
@@ -31,7 +32,9 @@ def write_finish(state: RunState, write: Callable[[], bool]) -> bool:
     worker asks the row on a new connection, locked as the sweep claims it: still ``running``
     this attempt means the finish did not commit, and it is written again in that transaction;
     anything else (the finish committed, or the sweep or an operator took the run) writes
-    nothing. The sweep leaves the run alone meanwhile: this worker still beats for its message.
+    nothing, and the attempt's own row, found by its ``finished_at``, tells which of the two it
+    was: False when the run was taken (nothing of this attempt is then pushed or signalled).
+    The sweep leaves the run alone meanwhile: this worker still beats for its message.
     A connection lost again is tried ``FINISH_TRIES`` times in all, then the run is left to
     the sweep as before. Only this one-statement finish is written again; a finish with more
     to write (follow-ups, a tenant's failure, a workflow's next step) is not.
@@ -56,9 +59,11 @@ def write_finish(state: RunState, write: Callable[[], bool]) -> bool:
                 raise
             time.sleep(FINISH_PAUSE)
             continue
-        if not written:
-            logger.info("run %s: its finish had committed, or the run was taken", env.run_id)
-        # Written, or committed before the connection was lost: the outcome stands as before
-        # (a run taken meanwhile is the row's, and the fenced finish wrote nothing over it).
-        return True
+        if written:
+            return True
+        if transitions.attempt_recorded(env.run_id, env.attempt, finished_at):
+            logger.info("run %s: its finish had committed before its connection went", env.run_id)
+            return True
+        logger.info("run %s: taken while its finish's connection was lost", env.run_id)
+        return False
     return True  # not reached: the last try raises

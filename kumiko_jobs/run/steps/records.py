@@ -209,6 +209,7 @@ def _finish(state: RunState) -> None:
         written = finish_retries.write_finish(
             state,
             lambda: transitions.finish_attempt(end, clear_failure=subject, expected=expected),
+            end.finished_at,
         )
     else:
         now = end.finished_at
