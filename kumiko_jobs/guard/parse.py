@@ -100,6 +100,11 @@ _UTILITY_KINDS = {
 _INSIDE_TRANSACTION = frozenset(
     {"TRANS_STMT_SAVEPOINT", "TRANS_STMT_RELEASE", "TRANS_STMT_ROLLBACK_TO"}
 )
+# What leaves a SET of the open transaction in place (any other transaction statement may roll it
+# back: ROLLBACK, ROLLBACK TO SAVEPOINT, and COMMIT of a failed transaction, which rolls back).
+_KEEPS_SETS = frozenset(
+    {"TRANS_STMT_BEGIN", "TRANS_STMT_START", "TRANS_STMT_SAVEPOINT", "TRANS_STMT_RELEASE"}
+)
 _TWO_PHASE = frozenset(
     {"TRANS_STMT_PREPARE", "TRANS_STMT_COMMIT_PREPARED", "TRANS_STMT_ROLLBACK_PREPARED"}
 )
@@ -175,8 +180,16 @@ def _statement_shape(stmt: dict[str, Any], walker: Walker) -> Shape:
         return Shape("transaction")
     if node_type == "TransactionStmt":
         if node.get("kind") in _TWO_PHASE:
-            return replace(_unverifiable("transaction", "two-phase commit"), ends_transaction=True)
-        return Shape("transaction", ends_transaction=node.get("kind") not in _INSIDE_TRANSACTION)
+            return replace(
+                _unverifiable("transaction", "two-phase commit"),
+                ends_transaction=True,
+                undoes_sets=True,
+            )
+        return Shape(
+            "transaction",
+            ends_transaction=node.get("kind") not in _INSIDE_TRANSACTION,
+            undoes_sets=node.get("kind") not in _KEEPS_SETS,
+        )
     kind = _UTILITY_KINDS.get(node_type, "ddl")
     label = node_type.removesuffix("Stmt")
     return _unverifiable(kind, f"{label} statements cannot be verified")
@@ -268,6 +281,7 @@ def statement_shape(sql: str, parameters: bool = True) -> Shape:
             unverifiable=f"{len(shapes)} statements in one execute",
             parts=tuple(shapes),
             ends_transaction=any(shape.ends_transaction for shape in shapes),
+            undoes_sets=any(shape.undoes_sets for shape in shapes),
             relations=frozenset().union(*(shape.relations for shape in shapes)),
             literal_words=frozenset().union(*(shape.literal_words for shape in shapes)),
         )

@@ -78,6 +78,10 @@ class Shape:
     # BEGIN, COMMIT, ROLLBACK (not TO SAVEPOINT), two-phase commit, or a part that is: the
     # transaction itself changes. An atomic job's guard refuses these (steps/atomic.py).
     ends_transaction: bool = False
+    # A transaction statement that may roll back a SET made in the open transaction (ROLLBACK,
+    # ROLLBACK TO SAVEPOINT, COMMIT of a failed transaction), or a part that is: django-tenants'
+    # SET search_path among them, which Django never sees undone (guard.wrapper resyncs it).
+    undoes_sets: bool = False
 
     @property
     def plain(self) -> bool:

@@ -27,14 +27,41 @@ from ..core.db import TABLES_WITHOUT_MODELS
 PERSONAL_DATA_ATTRIBUTE = "kumiko_personal_data"
 
 
-def _tables_of_apps(*, also_tenant: bool) -> frozenset[str]:
+def _models_of_apps(*, also_tenant: bool) -> list[Any]:
     shared, tenant = project_settings.shared_apps()
-    return frozenset(
-        model._meta.db_table
+    return [
+        model
         for config in apps.get_app_configs()
         if config.name in shared and (config.name in tenant) is also_tenant
         for model in config.get_models(include_auto_created=True)
+    ]
+
+
+def _tables_of_apps(*, also_tenant: bool) -> frozenset[str]:
+    return frozenset(model._meta.db_table for model in _models_of_apps(also_tenant=also_tenant))
+
+
+def _id_sequences(models: list[Any]) -> frozenset[str]:
+    """The id sequences of ``models``' tables: PostgreSQL names an identity (or serial) column's
+    sequence ``<table>_<column>_seq``."""
+    return frozenset(
+        f"{m._meta.db_table}_{m._meta.pk.column}_seq"
+        for m in models
+        if m._meta.pk is not None and m._meta.pk.get_internal_type().endswith("AutoField")
     )
+
+
+@cache
+def guarded_sequences() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The id sequences of the shared, the operators' and the protected tables, judged as their
+    tables are (``nextval``/``setval`` are writes): an unqualified ``setval`` on a sequence only
+    public has resolves there, and would make the operators' next inserts collide. For the
+    guard's policy only; the roles' privileges are granted on the tables themselves."""
+    shared = _models_of_apps(also_tenant=False)
+    operators = _models_of_apps(also_tenant=True)
+    protected = [*_kumiko_models(), get_tenant_model(), get_tenant_domain_model()]
+    shared_names = _id_sequences(shared)
+    return shared_names, _id_sequences(operators) - shared_names, _id_sequences(protected)
 
 
 @cache
@@ -65,12 +92,7 @@ def kumiko_tables() -> frozenset[str]:
     names = {m._meta.db_table for m in models} | set(TABLES_WITHOUT_MODELS)
     # PostgreSQL names an identity column's sequence ``<table>_<column>_seq``: ``setval()`` on
     # one would make kumiko's next inserts collide.
-    names |= {
-        f"{m._meta.db_table}_{m._meta.pk.column}_seq"
-        for m in models
-        if m._meta.pk is not None and m._meta.pk.get_internal_type().endswith("AutoField")
-    }
-    return frozenset(names)
+    return frozenset(names) | _id_sequences(models)
 
 
 @cache

@@ -22,11 +22,12 @@ from psycopg import sql as psycopg_sql
 
 from ..core import conf, project_settings
 from ..core.grants import Grant
-from . import denials
+from . import denials, search_path_resync
 from .denials import Route
 from .judge import Policy, classify, classify_switch
 from .parse import statement_shape
 from .tables import (
+    guarded_sequences,
     kumiko_tables,
     operator_tables,
     personal_data_columns,
@@ -141,15 +142,16 @@ class GuardWrapper:
         key = (tuple(self.watch.active_grants), self.watch.readable_schema)
         policy = self._policies.get(key)
         if policy is None:
+            shared_sequences, operator_sequences, protected_sequences = guarded_sequences()
             policy = Policy(
                 schema=self.schema,
-                shared_tables=shared_tables(),
+                shared_tables=shared_tables() | shared_sequences,
                 active_grants=frozenset(key[0]),
                 readable_schema=key[1],
                 personal_data_columns=personal_data_columns(),
                 deny_personal_data_writes=self.deny_personal,
-                protected_tables=protected_tables(),
-                operator_tables=operator_tables(),
+                protected_tables=protected_tables() | protected_sequences,
+                operator_tables=operator_tables() | operator_sequences,
                 kumiko_tables=kumiko_tables(),
                 extra_functions=frozenset(conf.get().GUARD_EXTRA_FUNCTIONS),
                 extra_schemas=project_settings.extra_search_paths(),
@@ -202,10 +204,18 @@ class GuardWrapper:
         if verdict.allowed:
             for grant in grants:
                 self.report_use(grant)
+            shape = statement_shape(text, params is not None)  # cached: classify read it
+            # The verdict assumed the path django-tenants set: make sure the server has it
+            # (not before django-tenants' own SET, which goes through here to set it).
+            if shape.kind != "set_search_path":
+                search_path_resync.ensure(conn, execute, context)
             # What the guard allows under unsafe_raw (SET, set_config, session advisory locks,
             # temporary tables, ...) may outlive the statement: the tenancy step resets every
             # session after every run, whatever the guard saw (core.session).
-            return execute(sql, params, many, context)
+            result = execute(sql, params, many, context)
+            if shape.undoes_sets:
+                search_path_resync.forget(conn)
+            return result
         # Kept on the run (in enforce mode), so a job that catches the exception still fails.
         denials.refuse_statement(watch, verdict, enforce=self.enforce)
         return execute(sql, params, many, context)  # log mode
