@@ -220,6 +220,13 @@ RESTRICTED_INFORMATION_SCHEMA_COLUMNS: dict[str, frozenset[str]] = {
     "routines": _words("routine_definition"),
     "views": _words("view_definition"),
     "triggers": _words("action_statement action_condition"),
+    # A foreign server's user mappings and options hold credentials (pg_user_mappings by
+    # another name); a function parameter's default is pg_proc.proargdefaults.
+    "user_mapping_options": _words("option_value"),
+    "foreign_server_options": _words("option_value"),
+    "foreign_data_wrapper_options": _words("option_value"),
+    "foreign_table_options": _words("option_value"),
+    "parameters": _words("parameter_default"),
 }
 
 # Functions that hand out the same values (definitions, sizes, statistics counters): refused

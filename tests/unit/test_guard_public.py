@@ -278,6 +278,12 @@ CATALOG_VALUES = [
     "SELECT r FROM information_schema.views r",
     "SELECT action_statement FROM information_schema.triggers",
     "SELECT * FROM information_schema._pg_foreign_tables",
+    # credentials of foreign servers' user mappings and options; parameters' defaults
+    "SELECT option_name, option_value FROM information_schema.user_mapping_options",
+    "SELECT * FROM information_schema.user_mapping_options",
+    "SELECT option_value FROM information_schema.foreign_server_options",
+    "SELECT o FROM information_schema.foreign_table_options o",
+    "SELECT parameter_default FROM information_schema.parameters",
     # functions
     "SELECT pg_get_viewdef('t2.v'::regclass)",
     "SELECT pg_catalog.pg_get_viewdef(c.oid) FROM pg_class c",
