@@ -250,7 +250,7 @@ def test_a_clean_warm_run_with_roles_costs_four_statements(tenants, guard_data):
     assert len(counted) == 4, counted
     start, body, reset, finish = counted
     assert "kumiko_jobs_jobrun" in start and "guardapp_finding" in body, counted
-    assert reset.startswith("CLOSE ALL") and "kumiko_jobs_jobattemp" in finish, counted
+    assert reset.startswith("CLOSE ALL") and finish.startswith("WITH run AS (UPDATE"), counted
 
 
 # --- 4. kumiko's admission lock is not a tenant session's to take --------------------------------
