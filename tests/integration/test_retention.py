@@ -17,6 +17,8 @@ from kumiko_jobs.models import EscapeHatchUse, JobAttempt, JobFailure, JobRun, R
 from kumiko_jobs.worker.sweep import sweep
 
 pytestmark = pytest.mark.usefixtures("live_db")
+# A tenant's data in the history; not bare digits, which ids and times may hold by chance.
+SECRET = "card-4242"
 BASE = {"DB_GUARD": "enforce", "DEFAULT_RETRIES": 0, "PUSH_FAILURE_PAUSE": 0}
 
 
@@ -40,7 +42,7 @@ def _run(
         queued_at=finished,
         finished_at=finished,
         payload=payload or {"invoice_id": 7},
-        error_message="boom: card 4242 declined" if status == RunStatus.FAILED else "",
+        error_message=f"boom: {SECRET} declined" if status == RunStatus.FAILED else "",
     )
 
 
@@ -118,7 +120,7 @@ def _tenant_with_history(schema: str) -> tuple[Any, JobRun]:
 
     # bulk_create: a tenant row without creating (or, on delete, dropping) a schema.
     Client.objects.bulk_create([Client(schema_name=schema, name="Leaving")])
-    run = _run(schema, RunStatus.FAILED, finished_days_ago=1, payload={"card": "4242"})
+    run = _run(schema, RunStatus.FAILED, finished_days_ago=1, payload={"card": SECRET})
     JobAttempt.objects.create(
         run=run,
         number=1,
@@ -126,14 +128,14 @@ def _tenant_with_history(schema: str) -> tuple[Any, JobRun]:
         finished_at=run.finished_at,
         duration_ms=1,
         outcome="failed",
-        error_message="card 4242",
-        traceback="tb 4242",
-        log=[{"msg": "charging 4242"}],
+        error_message=SECRET,
+        traceback=f"tb {SECRET}",
+        log=[{"msg": f"charging {SECRET}"}],
     )
     _failure(schema, run, days_ago=1)
     # Fields the tenant's data can reach besides the payload: a result, who asked to cancel.
     JobRun.objects.filter(pk=run.pk).update(
-        result={"last4": "4242"}, cancel_requested_by="user 4242"
+        result={"last4": SECRET}, cancel_requested_by=f"user {SECRET}"
     )
     return Client.objects.filter(schema_name=schema), run
 
@@ -159,5 +161,5 @@ def test_deleting_a_tenant_can_anonymise_its_history_instead():
     assert (attempt.error_message, attempt.traceback, attempt.log) == ("", "", [])
     assert not JobFailure.objects.filter(schema_name="leaving2").exists()
     # Nothing of the tenant's data is left in any history column.
-    assert "4242" not in repr(list(JobRun.objects.filter(pk=run.pk).values()))
-    assert "4242" not in repr(list(JobAttempt.objects.filter(run=row).values()))
+    assert SECRET not in repr(list(JobRun.objects.filter(pk=run.pk).values()))
+    assert SECRET not in repr(list(JobAttempt.objects.filter(run=row).values()))
