@@ -51,8 +51,21 @@ for _, L in ipairs(redis.call('SMEMBERS', '{FAIR_PREFIX}lanes')) do
     end
   end
 end
+-- A held list's key is its lane, 'held:', the job's name, TAB, the bucket. Job names may hold
+-- ':' and digits (even ':1:held:'), so the lane is found among the lanes, not by a pattern:
+-- the longest lane the key begins with (bucket names never hold a TAB, job names neither).
+local lanes = redis.call('SMEMBERS', '{FAIR_PREFIX}lanes')
+table.sort(lanes, function(a, b) return #a > #b end)
+local function lane_of(held)
+  for _, L in ipairs(lanes) do
+    if string.sub(held, 1, #L + 5) == L .. 'held:' then
+      local job, bucket = string.match(string.sub(held, #L + 6), '^(.*)\\t([^\\t]*)$')
+      if job then return L, job, bucket end
+    end
+  end
+end
 for _, held in ipairs(redis.call('SMEMBERS', '{FAIR_PREFIX}holds')) do
-  local L, job, bucket = string.match(held, '^(.*:%-?%d+:)held:(.*)\\t(.*)$')
+  local L, job, bucket = lane_of(held)
   if L and not paused(job, bucket) then
     local entries = redis.call('LRANGE', held, 0, -1)
     for i = #entries, 1, -1 do

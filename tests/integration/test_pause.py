@@ -136,3 +136,30 @@ def test_pause_refuses_what_names_nothing_or_too_much(tenants):
     assert command("pause", "--queue", "default") == "queue default was paused already\n"
     assert command("resume", "--job", "testapp.probe") == "job testapp.probe was not paused\n"
     assert command("resume", "--queue", "default") == "resumed queue default\n"
+
+
+def test_a_held_job_whose_name_looks_like_a_lane_is_released_into_its_own_lane(tenants):
+    # A held list's key is lane + "held:" + job + TAB + bucket; a job name may hold ":1:held:",
+    # which a pattern over the key took for the lane's end (the messages went to a lane no
+    # worker reads, and were "released" while their job was still paused).
+    from kumiko_jobs.definition.options import build_definition
+    from kumiko_jobs.definition.registry import registry
+    from kumiko_jobs.enqueueing.submit import enqueue
+
+    def odd(ctx, *, tag: str) -> None:
+        jobs.probe.func(ctx, tag=tag)
+
+    name = "testapp.odd:1:held:x"
+    with registry.override(build_definition(odd, {"name": name})):
+        pauses.pause(job=name, tenant="t1")
+        enqueue(name, tenant="t1", tag="odd-0")
+        enqueue(name, tenant="t1", tag="odd-1")
+        work()
+        relay_pending()  # a maintenance round re-asserts the pauses: still held
+        work()
+        assert statuses("t1") == ["queued"] * 2
+        pauses.resume(job=name, tenant="t1")
+        work()
+        assert statuses("t1") == ["succeeded"] * 2
+        assert [tag for _, tag in starts()] == ["odd-0", "odd-1"]
+    assert transport.get_queue("default").count == 0
