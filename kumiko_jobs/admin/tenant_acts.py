@@ -8,7 +8,12 @@ member is refused, failing closed:
 * a run of a job declared ``@job(tenant_operable=False)`` (a per-tenant billing cron, say);
 * the retry of a cancelled run that no member of this tenant cancelled: an operator's cancel
   (or the CLI's, a workflow's, a newer enqueue's under ``concurrency="replace"``) stands until
-  an operator undoes it.
+  an operator undoes it;
+* a run an operator started: by hand (the "Run a job" page or the CLI: trigger ``manual``,
+  ``manual by <who>``) or as the retry of another run (``retry:<id> by <who>``, the author not
+  a member of this tenant; bulk retries are operators' too). The operators' start, like their
+  cancel, stands until an operator acts on it. A retry with no author (project code calling
+  ``retry_run`` outside a request) is not the operators' and stays the tenant's.
 
 Who cancelled is the run's ``cancel_requested_by``: a tenant's member's act records
 ``<username> (tenant <schema>)`` (``member_label``), every other canceller something else. A
@@ -50,6 +55,10 @@ OPERATORS_ONLY = Refusal(
     reason=_("only operators retry or cancel this job's runs"),
     sentence=_("Only the operators retry or cancel the runs of this job."),
 )
+OPERATOR_STARTED = Refusal(
+    reason=_("started by an operator"),
+    sentence=_("An operator started this run, so only the operators may retry or cancel it."),
+)
 NOT_THEIR_CANCEL = Refusal(
     reason=_("not cancelled by a member of this tenant"),
     sentence=_(
@@ -72,6 +81,8 @@ def refusal(run: JobRun, kind: str, schema: str) -> Refusal | None:
     refused = job_refusal(run.job_name)
     if refused is not None:
         return refused
+    if started_by_operator(run, schema):
+        return OPERATOR_STARTED
     if kind == RETRY and run.status == RunStatus.CANCELLED and not cancelled_by_member(run, schema):
         return NOT_THEIR_CANCEL
     return None
@@ -86,6 +97,17 @@ def job_refusal(job_name: str) -> Refusal | None:
     if not registry.get(job_name).tenant_operable:
         return OPERATORS_ONLY
     return None
+
+
+def started_by_operator(run: JobRun, schema: str) -> bool:
+    """Whether an operator started this run: by hand, or as a retry whose author is not a
+    member of ``schema``'s tenant (operations.py writes both triggers)."""
+    trigger = run.trigger
+    if trigger == "manual" or trigger.startswith("manual by "):
+        return True
+    if not trigger.startswith("retry:") or " by " not in trigger:
+        return False
+    return not (bool(schema) and trigger.endswith(_suffix(schema)))
 
 
 def cancelled_by_member(run: JobRun, schema: str) -> bool:

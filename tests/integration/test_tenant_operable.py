@@ -217,3 +217,40 @@ def test_a_member_retries_a_cancelled_run_only_when_its_tenant_cancelled_it() ->
 
     # The operator retries the run it cancelled: the rule is the members', not the operators'.
     assert "1 run retried." in act(operator(), "retry_selected", by_operator)
+
+
+def test_a_member_may_not_cancel_or_retry_what_an_operator_started() -> None:
+    """An operator's run by hand (the "Run a job" page's ``enqueue_manual``) and an operator's
+    retry stand until an operator acts on them, as an operator's cancel does; the member's own
+    retry stays the member's to cancel."""
+    from kumiko_jobs import operations
+
+    ops_user = make_user("public", "ops", OPERATOR)
+    manual = JobRun.objects.get(
+        pk=operations.enqueue_manual(
+            "billing.sync_invoice", "t1", {"invoice_id": 7}, by=ops_user
+        ).run_id
+    )
+    failed, own_failed = plant("t1", [RunStatus.FAILED, RunStatus.FAILED])
+    assert "1 run retried." in act(operator(), "retry_selected", failed)
+    (by_operator,) = retries_of(failed)
+    client = member()
+    assert "1 run retried." in act(client, "retry_selected", own_failed)
+    (own,) = retries_of(own_failed)
+    before = rows()
+
+    reason = "skipped: started by an operator"
+    page = act(client, "cancel_selected", manual, by_operator, own)
+    assert f"1 run cancelled, 2 {reason}." in page
+    sentence = "An operator started this run, so only the operators may retry or cancel it."
+    for run in (manual, by_operator):
+        assert_refused_on_the_page(client, run, "cancel", sentence)
+        assert rows()[run.pk] == before[run.pk]
+    assert rows()[own.pk][0] == RunStatus.CANCELLED
+
+    # Cancelled by the operator, the operator's run is not the member's to retry either.
+    assert "2 runs cancelled." in act(operator(), "cancel_selected", manual, by_operator)
+    assert f"0 runs retried, 2 {reason}." in act(client, "retry_selected", manual, by_operator)
+    assert_refused_on_the_page(client, manual, "retry", sentence)
+    assert not retries_of(manual) and not retries_of(by_operator)
+    assert "1 run retried." in act(operator(), "retry_selected", manual)
