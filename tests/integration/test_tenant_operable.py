@@ -1,7 +1,7 @@
 """The runs a tenant's member may not retry or cancel although it holds ``operate_tenant_runs``
 (admin/tenant_acts.py): runs of a job declared ``@job(tenant_operable=False)``, runs of a job no
-longer registered, and the retry of a cancelled run no member of the tenant cancelled. Operators
-still act on them.
+longer registered, the retry of a cancelled run no member of the tenant cancelled, and a run an
+operator started (by hand, or as an operator's retry). Operators still act on them.
 
 Through the real admin (``t1.localhost`` a tenant's domain, ``localhost`` the operators'), real
 PostgreSQL and Redis; the retries that go through are run by a real RQ worker (``work``: a
