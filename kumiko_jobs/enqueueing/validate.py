@@ -130,7 +130,11 @@ def resolve_schema(definition: JobDefinition, tenant: Any) -> str | None:
     the current tenant; None for a system job or a fan-out parent. Refuses the public schema."""
     public = project_settings.public_schema_name()
     if definition.per_tenant and tenant is None:
-        return None  # a fan-out: one child run per tenant, made by the worker
+        current = getattr(connection, "schema_name", public)
+        # Only the public schema fans out (one child run per tenant, made by the worker). From
+        # a tenant's request it is that tenant's run, as emit() and ctx.enqueue() make it: a
+        # tenant's input never reaches every other tenant's schema by a missing tenant=.
+        return None if current == public else str(current)
     if definition.system:
         if tenant is not None:
             raise InvalidJob(f"Job {definition.name!r} is a system job; it takes no tenant=.")

@@ -144,3 +144,25 @@ def test_an_event_emitted_inside_a_tenant_run_never_starts_a_system_listener(ten
     run = JobRun.objects.get(pk=handle.run_id)
     assert run.status == RunStatus.FAILED and "is a system job" in run.error_message
     assert JobRun.objects.count() == 1
+
+
+def test_a_per_tenant_job_enqueued_in_a_tenant_runs_for_that_tenant_only(tenants, declare):
+    """As emit() and ctx.enqueue(): from a tenant's request (its connection on the tenant's
+    schema) a per_tenant job enqueued without tenant= is that tenant's run; a view passing its
+    user's input no longer writes it into every tenant's schema. Only the public schema fans
+    out (calibration: the same job, the same reader)."""
+    fan = declare(fan_listener, per_tenant=True)
+    with tenant_context(tenants["t1"]), transaction.atomic():
+        handles = [fan.enqueue(tag="t1-input"), fan.enqueue_in(0, tag="t1-later")]
+    assert [h.schema_name for h in handles] == ["t1", "t1"]
+    work(scheduler_rounds=1)
+    seen = [tags_seen_by_another_connection(s) for s in TENANTS]
+    assert seen == [["fan:t1-input", "fan:t1-later"], [], []]
+    assert not JobRun.objects.filter(schema_name="").exists()  # no fan-out parent
+
+    with schema_context("public"):
+        (parent,) = [fan.enqueue(tag="broadcast")]
+    assert parent.schema_name is None
+    work()
+    for schema in TENANTS:
+        assert "fan:broadcast" in tags_seen_by_another_connection(schema)
