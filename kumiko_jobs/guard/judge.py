@@ -74,6 +74,7 @@ def classify(sql: str, policy: Policy, *, parameters: bool = True) -> Verdict:
             written is not None
             and policy.shared_tables.isdisjoint(written)
             and policy.kumiko_tables.isdisjoint(shape.relations)
+            and policy.operator_records.isdisjoint(shape.relations)
         ):
             return allowed(shape.kind)
     return _judge(shape, policy)
@@ -116,6 +117,7 @@ def _reading_policy(policy: Policy, schema: str) -> Policy:
         readable_schema=schema,
         operator_tables=policy.operator_tables,
         kumiko_tables=policy.kumiko_tables,
+        operator_records=policy.operator_records,
         extra_functions=policy.extra_functions,
         extra_schemas=policy.extra_schemas,
     )
@@ -170,6 +172,17 @@ def _whole_statement(shape: Shape, policy: Policy) -> Verdict | None:
             f"{', '.join(own)}: kumiko's own table(s), the job history of every tenant "
             f"(arguments, results, errors, tracebacks); a tenant run's SQL never names them, "
             f"whatever its grants",
+        )
+    records = _named(policy.operator_records, shape, policy)
+    if records:
+        return denied(
+            kind,
+            None,
+            Rule.OPERATORS,
+            f"{', '.join(records)}: the operators' records of every user (sessions, the "
+            f"admin's log), shared by every tenant because the app is in SHARED_APPS only; a "
+            f"tenant run's SQL never names them, whatever its grants (read a user's own data "
+            f"from the user table, or do it in a system job)",
         )
     if shape.search_path is not None and policy.own_search_path(shape.search_path):
         return allowed(kind)
@@ -348,11 +361,17 @@ def _operator_tables(shape: Shape, policy: Policy) -> list[str]:
 
 def _kumiko_tables(shape: Shape, policy: Policy) -> list[str]:
     """kumiko's own tables the statement names, in any schema (a tenant run only)."""
-    if not policy.kumiko_tables or policy.schema == "public":
-        return []  # a system run's own schema is public: the operators' code
-    named = policy.kumiko_tables.intersection(shape.relations)
+    return _named(policy.kumiko_tables, shape, policy)
+
+
+def _named(tables: frozenset[str], shape: Shape, policy: Policy) -> list[str]:
+    """Which of ``tables`` the statement names, in any schema, for a tenant run (a system run's
+    own schema is public: the operators' code)."""
+    if not tables or policy.schema == "public":
+        return []
+    named = tables.intersection(shape.relations)
     if shape.literal_words:  # SQL text in a literal, run by a function or DO (unsafe_raw)
-        named |= policy.kumiko_tables.intersection(shape.literal_words)
+        named |= tables.intersection(shape.literal_words)
     return sorted(named)
 
 

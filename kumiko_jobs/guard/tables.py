@@ -51,6 +51,36 @@ def _id_sequences(models: list[Any]) -> frozenset[str]:
     )
 
 
+def _is_operator_record(model: Any) -> bool:
+    """A model whose rows are the operators' records of every user: a session (its key is a
+    login: ``AbstractBaseSession``, so a project's own session model too) or the admin's log
+    (every admin action, with the object's text, on whichever tenant's domain it was taken)."""
+    from django.contrib.sessions.base_session import AbstractBaseSession
+
+    meta = model._meta
+    return issubclass(model, AbstractBaseSession) or (meta.app_label, meta.model_name) == (
+        "admin",
+        "logentry",
+    )
+
+
+def _operator_record_models() -> list[Any]:
+    return [m for m in _models_of_apps(also_tenant=False) if _is_operator_record(m)]
+
+
+@cache
+def operator_record_tables() -> frozenset[str]:
+    """Shared-only tables of the operators' records of every user: the sessions and the admin's
+    log when their app is in SHARED_APPS only (django-tenants' shared-users layout: one table
+    for every tenant's users and the operators). A session key read is a login taken, the
+    operators' too, and the log holds every tenant's admin actions: no tenant run names them,
+    in any schema, read or written, whatever its grants; the tenant roles hold no privilege on
+    them. (In SHARED_APPS and TENANT_APPS they are ``operator_tables()``: each tenant has its
+    own copy.)"""
+    models = _operator_record_models()
+    return frozenset(m._meta.db_table for m in models) | _id_sequences(models)
+
+
 @cache
 def guarded_sequences() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
     """The id sequences of the shared, the operators' and the protected tables, judged as their
@@ -66,7 +96,8 @@ def guarded_sequences() -> tuple[frozenset[str], frozenset[str], frozenset[str]]
 
 @cache
 def shared_tables() -> frozenset[str]:
-    """Tables that exist only in public: models of SHARED_APPS that are not also TENANT_APPS."""
+    """Tables that exist only in public: models of SHARED_APPS that are not also TENANT_APPS
+    (the operators' records among them, which ``operator_record_tables()`` refuses first)."""
     return _tables_of_apps(also_tenant=False) | frozenset(conf.get().EXTRA_SHARED_TABLES)
 
 

@@ -76,6 +76,9 @@ class Policy:
     # tenant run's SQL, read or written, whatever its grants. kumiko's own reads inside a run
     # (RunHandle.refresh(), get_result()) go through history.run_reads, unjudged.
     kumiko_tables: frozenset[str] = frozenset()
+    # Shared-only tables of the operators' records of every user (sessions, the admin's log:
+    # guard.tables.operator_record_tables): never named by a tenant run's SQL either.
+    operator_records: frozenset[str] = frozenset()
     # KUMIKO_JOBS["GUARD_EXTRA_FUNCTIONS"]: "name" (unqualified, or qualified with public or an
     # extra schema) or "schema.name", lower case.
     extra_functions: frozenset[str] = frozenset()

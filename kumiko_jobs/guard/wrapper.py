@@ -29,6 +29,7 @@ from .parse import statement_shape
 from .tables import (
     guarded_sequences,
     kumiko_tables,
+    operator_record_tables,
     operator_tables,
     personal_data_columns,
     protected_tables,
@@ -153,6 +154,7 @@ class GuardWrapper:
                 protected_tables=protected_tables() | protected_sequences,
                 operator_tables=operator_tables() | operator_sequences,
                 kumiko_tables=kumiko_tables(),
+                operator_records=operator_record_tables(),
                 extra_functions=frozenset(conf.get().GUARD_EXTRA_FUNCTIONS),
                 extra_schemas=project_settings.extra_search_paths(),
             )

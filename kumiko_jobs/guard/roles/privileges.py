@@ -21,7 +21,7 @@ from psycopg import sql
 
 from ...core import project_settings
 from ...core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
-from ..tables import operator_tables, protected_tables, shared_tables
+from ..tables import operator_record_tables, operator_tables, protected_tables, shared_tables
 from .names import (
     READER_SUFFIX,
     WRITER_SUFFIX,
@@ -41,10 +41,12 @@ REVOKED_TABLE_PRIVILEGES = ("TRUNCATE", "REFERENCES", "TRIGGER")
 def readable_shared_tables() -> frozenset[str]:
     """Shared tables a tenant role may read: the classifier's shared tables without kumiko's
     own (every tenant's runs, arguments, errors and logs: no tenant reads them, which the
-    classifier alone allows). The tenant and domain tables stay readable: a job names another
-    tenant through them (``ctx.cross_tenant_reads(Client.objects.get(...))``)."""
+    classifier alone allows), nor the operators' records shared by every tenant (sessions, the
+    admin's log: ``operator_record_tables``). The tenant and domain tables stay readable: a job
+    names another tenant through them (``ctx.cross_tenant_reads(Client.objects.get(...))``)."""
     kumiko = apps.get_app_config("kumiko_jobs").get_models(include_auto_created=True)
-    return shared_tables() - {model._meta.db_table for model in kumiko}
+    own = {model._meta.db_table for model in kumiko}
+    return shared_tables() - own - operator_record_tables()
 
 
 def _ident(*names: str) -> sql.Identifier:
@@ -80,7 +82,8 @@ def ensure_group(cursor: Any, alias: str = DEFAULT_DB_ALIAS) -> str:
     )
     existing = {row[0] for row in cursor.fetchall()}
     readable = readable_shared_tables()
-    _revoke_operator_tables(cursor, alias, public, sorted(existing & operator_tables()))
+    never = operator_tables() | operator_record_tables()
+    _revoke_operator_tables(cursor, alias, public, sorted(existing & never))
     for table in sorted(existing):
         target = _ident(public, table)
         if table in readable:

@@ -19,7 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from ...core import conf, project_settings
 from ...core.db import ATOMIC_FUNCTION, ATOMIC_SIGNATURE
-from ..tables import operator_tables
+from ..tables import operator_record_tables, operator_tables
 from .names import (
     READER_SUFFIX,
     WRITER_SUFFIX,
@@ -189,7 +189,8 @@ def out_of_date(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
 
 def _operator_tables_readable(cursor: Any, alias: str) -> list[str]:
     """The operators' own tables in public (apps in SHARED_APPS and TENANT_APPS: sessions,
-    users, admin log) that the tenants' group may read, by a grant to it or to PUBLIC: every
+    users, admin log; and the sessions and admin log shared by every tenant when their app is in
+    SHARED_APPS only) that the tenants' group may read, by a grant to it or to PUBLIC: every
     tenant role could read the operators' sessions (issue 22). The command revokes it."""
     cursor.execute(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,"
@@ -197,7 +198,11 @@ def _operator_tables_readable(cursor: Any, alias: str) -> list[str]:
         " WHERE n.nspname = %s AND c.relname = ANY(%s) AND g.oid IS NOT NULL"
         " AND has_table_privilege(g.oid, c.oid, 'SELECT, INSERT, UPDATE, DELETE')"
         " ORDER BY 1",
-        [group_name(alias), project_settings.public_schema_name(), sorted(operator_tables())],
+        [
+            group_name(alias),
+            project_settings.public_schema_name(),
+            sorted(operator_tables() | operator_record_tables()),
+        ],
     )
     return [f"table public.{name} (tenant roles may read it)" for (name,) in cursor.fetchall()]
 
