@@ -5,6 +5,8 @@ Real PostgreSQL, Redis and an in-process RQ worker; the command runs through cal
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from io import StringIO
 
@@ -12,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from kumiko_jobs.models import JobRun, RunStatus
-from tests.conftest import work
+from tests.conftest import ROOT, work, worker_env
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -93,3 +95,48 @@ def test_cancel_a_waiting_run_at_once_and_refuse_a_finished_one(tenants):
     with pytest.raises(CommandError, match="has already finished"):
         cli("cancel", done.run_id)
     assert JobRun.objects.get(pk=done.run_id).status == RunStatus.SUCCEEDED
+
+
+def typed(*args: str) -> str:
+    """``manage.py kumiko_jobs ...`` as a user types it: its own process, the test database."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "kumiko_jobs", *args],
+        cwd=ROOT,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_command_line_says_what_an_enqueue_without_tenant_makes(tenants):
+    """A per-tenant job enqueued without --tenant fans out: the line says so (it said "for
+    system"), ``list`` names the kind and the schedule, and each subcommand's --help has its
+    description and says what omitting --tenant does."""
+    out = typed("enqueue", jobs.fanned.name, "--kwargs", '{"tag": "cli-fan"}')
+    assert out.endswith(f"of {jobs.fanned.name} for every tenant (a fan-out)\n"), out
+    parent = JobRun.objects.get(job_name=jobs.fanned.name)
+    assert parent.schema_name == ""
+    work()
+    children = JobRun.objects.filter(parent_run_id=parent.run_id)
+    assert sorted(children.values_list("schema_name", flat=True)) == ["t1", "t2", "t3"]
+
+    listed = {line.split()[0]: line.split() for line in typed("list").splitlines()}
+    assert listed["job"] == ["job", "queue", "retries", "kind", "cron", "grants"]
+    assert listed[jobs.fanned.name][3:5] == ["per-tenant", "-"]
+    assert listed[jobs.every_minute.name][3:] == [
+        "per-tenant",
+        "*",
+        "*",
+        "*",
+        "*",
+        "*",
+        "(UTC)",
+        "-",
+    ]
+    assert listed[jobs.probe.name][3] == "tenant"
+
+    helped = " ".join(typed("enqueue", "--help").split())
+    assert "enqueue a job" in helped.lower() and "fan it out to every tenant" in helped

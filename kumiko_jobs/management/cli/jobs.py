@@ -27,16 +27,21 @@ _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 MAX_LIMIT = 10_000
 
 
+def _kind(d: Any) -> str:
+    """What an enqueue without ``--tenant`` makes: a system run, a fan-out, or nothing."""
+    return "system" if d.system else "per-tenant" if d.per_tenant else "tenant"
+
+
 def _list(command: BaseCommand, options: dict[str, Any]) -> None:
-    rows = [("job", "queue", "retries", "kind", "grants")]
+    rows = [("job", "queue", "retries", "kind", "cron", "grants")]
     for d in registry:
-        kind = "system" if d.system else "tenant"
         rows.append(
             (
                 d.name,
                 d.queue_name,
                 str(d.retries if d.retries is not None else "-"),
-                kind,
+                _kind(d),
+                f"{d.cron} ({d.timezone})" if d.cron else "-",
                 ",".join(d.grants) or "-",
             )
         )
@@ -44,8 +49,12 @@ def _list(command: BaseCommand, options: dict[str, Any]) -> None:
 
 
 def _enqueue_arguments(parser: CommandParser) -> None:
-    parser.add_argument("job")
-    parser.add_argument("--tenant", help="schema name (omit for system jobs)")
+    parser.add_argument("job", help="a registered job's name (kumiko_jobs list)")
+    parser.add_argument(
+        "--tenant",
+        help="schema name; omit it for a system job, and for a per-tenant job to fan it out "
+        "to every tenant",
+    )
     parser.add_argument("--kwargs", default="{}", help="JSON object of keyword arguments")
 
 
@@ -55,10 +64,11 @@ def _enqueue(command: BaseCommand, options: dict[str, Any]) -> None:
         handle = enqueue(options["job"], tenant=options["tenant"], **kwargs)
     except KumikoJobsError as exc:
         raise CommandError(as_cli_text(str(exc))) from None
-    command.stdout.write(
-        f"queued run {uuid.UUID(handle.run_id)} of {handle.job_name} "
-        f"for {handle.schema_name or 'system'}"
-    )
+    whom = handle.schema_name
+    if whom is None:
+        fans_out = registry.get(handle.job_name).per_tenant
+        whom = "every tenant (a fan-out)" if fans_out else "system"
+    command.stdout.write(f"queued run {uuid.UUID(handle.run_id)} of {handle.job_name} for {whom}")
 
 
 def _json_kwargs(text: str) -> dict[str, Any]:
@@ -155,7 +165,7 @@ def _status_of(run: JobRun) -> str:
 
 
 def _run_id_argument(parser: CommandParser) -> None:
-    parser.add_argument("run_id")
+    parser.add_argument("run_id", help="the failed or cancelled run's id (with or without dashes)")
 
 
 def _retry(command: BaseCommand, options: dict[str, Any]) -> None:

@@ -43,7 +43,11 @@ class Command(BaseCommand):
         """One subcommand per action (``SUBCOMMANDS``), each with its own options."""
         sub = parser.add_subparsers(dest="action", required=True)
         for subcommand in SUBCOMMANDS:
-            subcommand.arguments(sub.add_parser(subcommand.name, help=subcommand.help))
+            # The help line shows in `kumiko_jobs --help`; the description in `<name> --help`.
+            parser_of = sub.add_parser(
+                subcommand.name, help=subcommand.help, description=subcommand.help
+            )
+            subcommand.arguments(parser_of)
 
     def handle(self, *args: Any, **options: Any) -> None:
         """Run the chosen subcommand and print what it did."""
