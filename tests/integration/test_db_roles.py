@@ -454,7 +454,10 @@ def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
         run = support.run_for(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
         assert run.status == RunStatus.FAILED
         assert run.error_type == "OperationalError"
-        assert role in run.error_message
+        # The fix first (`kumiko_jobs runs` shows an error's first 60 characters), then why.
+        assert run.error_message.startswith(f"the tenant's database role {role} is missing")
+        assert "run `manage.py kumiko_jobs roles`" in run.error_message
+        assert f'role "{role}" does not exist' in run.error_message
         assert "identity" not in support.findings("t3")
     finally:
         call_command("kumiko_jobs", "roles", stdout=StringIO())
