@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
+import psycopg
 from django.db import connections
 from django.db.backends.signals import connection_created
 from django.db.utils import load_backend
@@ -142,7 +143,10 @@ def _new_wrapper(alias: str, role: str) -> Any:
     original = wrapper.get_new_connection
 
     def get_new_connection(conn_params: Any) -> Any:
-        raw = original(conn_params)
+        try:
+            raw = original(conn_params)
+        except psycopg.OperationalError as exc:
+            raise _login_failure(role, exc) from exc
         raw.cursor_factory = refusals.recording(raw.cursor_factory)
         raw.server_cursor_factory = refusals.recording(raw.server_cursor_factory or ServerCursor)
         _pool.connects += 1
@@ -150,6 +154,21 @@ def _new_wrapper(alias: str, role: str) -> Any:
 
     wrapper.get_new_connection = get_new_connection
     return wrapper
+
+
+def _login_failure(role: str, exc: psycopg.OperationalError) -> psycopg.OperationalError:
+    """A tenant login refused because its role is missing or its password out of date (roles
+    not created yet: tenants made before DB_ROLES was turned on, a restored database, another
+    SECRET_KEY) says how to fix it first, where a run's error and `kumiko_jobs runs` show it;
+    any other failure (the server down) is left as it is."""
+    text = str(exc)
+    if f'role "{role}" does not exist' not in text and f'for user "{role}"' not in text:
+        return exc
+    return psycopg.OperationalError(
+        f"the tenant's database role {role} is missing or its password is out of date: run "
+        f"`manage.py kumiko_jobs roles` (DB_ROLES; `manage.py check --database default` names "
+        f"such tenants, kumiko_jobs.E012). PostgreSQL said: {text}"
+    )
 
 
 def close_all() -> None:
