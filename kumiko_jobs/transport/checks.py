@@ -31,8 +31,8 @@ def check_scheduler_running(app_configs: Any = None, **kwargs: Any) -> list[chec
     return [
         checks.Warning(
             problem,
-            hint="Run `python manage.py rqscheduler` next to the workers (README, Quickstart); "
-            "KUMIKO_JOBS['SCHEDULER_OVERDUE_AFTER'] sets how late is overdue.",
+            hint="Run `python manage.py rqscheduler` next to the workers (README, 'Use it in "
+            "your project'); KUMIKO_JOBS['SCHEDULER_OVERDUE_AFTER'] sets how late is overdue.",
             id="kumiko_jobs.W003",
         )
     ]

@@ -12,6 +12,7 @@ moves, and how far behind delayed work is.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -251,20 +252,26 @@ def cron_entries() -> dict[str, CronSpec]:
 def register_cron(spec: CronSpec, first_delay: float) -> None:
     """Register (or replace) a cron entry with rq-scheduler, first due in ``first_delay`` s."""
     scheduler = scheduler_for(spec.queue)
-    scheduler.cron(
-        spec.cron,
-        RUNNER,
-        args=[spec.body],
-        queue_name=spec.queue,
-        id=spec.schedule_id,
-        timeout=spec.timeout,
-        # The entry's job hash *is* the schedule: each tick runs this same RQ job, and a
-        # finite result TTL let the hash expire after the first tick, so rq-scheduler dropped
-        # the entry at the next one (cron jobs less frequent than RESULT_TTL ran once per
-        # scheduler start). -1 keeps it, as rq-scheduler's own cron() default does.
-        result_ttl=-1,
-        meta={TZ_META: spec.timezone},
-    )
+    with warnings.catch_warnings():
+        # rq-scheduler's cron() asks the crontab package for a first time without its
+        # default_utc, which warns (a FutureWarning, eight lines, at every scheduler start).
+        # That time is replaced below, and each later tick is kumiko's (definition/cron.py,
+        # read in the job's zone), so nothing of the warning applies.
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"rq_scheduler\.")
+        scheduler.cron(
+            spec.cron,
+            RUNNER,
+            args=[spec.body],
+            queue_name=spec.queue,
+            id=spec.schedule_id,
+            timeout=spec.timeout,
+            # The entry's job hash *is* the schedule: each tick runs this same RQ job, and a
+            # finite result TTL let the hash expire after the first tick, so rq-scheduler
+            # dropped the entry at the next one (cron jobs less frequent than RESULT_TTL ran
+            # once per scheduler start). -1 keeps it, as rq-scheduler's own cron() default does.
+            result_ttl=-1,
+            meta={TZ_META: spec.timezone},
+        )
     # Ticks fall on whole seconds: rounded, the first ring is the tick itself (truncated, it
     # could be a second early when the clock's reading fell just short of it).
     scheduler.connection.zadd(

@@ -96,6 +96,24 @@ def test_cron_schedules_are_registered_idempotently(tenants):
     assert transport.cron_entries()[schedule_id(jobs.every_minute)].cron == "* * * * *"
 
 
+def test_registering_the_cron_schedules_warns_nothing(tenants):
+    """rq-scheduler's cron() asks the crontab package for a first time in a way that prints a
+    FutureWarning (eight lines at every ``rqscheduler`` start, a newcomer's pass found); that
+    time is replaced and each tick is kumiko's own, so the registration silences it, and only
+    it: the same call outside still warns (calibration)."""
+    import warnings
+
+    from rq_scheduler.utils import get_next_scheduled_time
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        created = sync_schedules().created
+        assert created
+        assert not [w for w in caught if issubclass(w.category, FutureWarning)], caught
+        get_next_scheduled_time("* * * * *")
+    assert [w.category for w in caught] == [FutureWarning]
+
+
 def test_cron_timezone_is_respected():
     # 01:30 UTC in January is 02:30 in Berlin: the 03:00 Berlin tick is 30 minutes away.
     winter = datetime(2026, 1, 15, 1, 30, tzinfo=UTC)
