@@ -202,6 +202,21 @@ class JobDefinition:
         """Raise InvalidJob when ``kwargs`` do not fit the function's signature."""
         if _fits(self.func, kwargs):
             return
+        shape = _keyword_shape(self.func)
+        if shape is not None and not shape[3]:
+            # Python's bind() names a missing argument before an unknown one: a misspelt
+            # name (nid for note_id) would read as "missing 'note_id'" only. Both, then.
+            unknown = sorted(set(kwargs) - shape[2] - {shape[0]})
+            missing = sorted(shape[1] - set(kwargs))
+            if unknown:
+                plural = "s" if len(unknown) > 1 else ""
+                raise InvalidJob(
+                    f"Job {self.name!r}: unexpected keyword argument{plural} "
+                    f"{', '.join(map(repr, unknown))}"
+                    + (f", missing {', '.join(map(repr, missing))}" if missing else "")
+                    + f" (it takes {', '.join(sorted(shape[2])) or 'none'})."
+                    " Pass the job's keyword arguments."
+                )
         try:
             _signature(self.func).bind(None, **kwargs)
         except TypeError as exc:

@@ -412,6 +412,13 @@ def test_bind_arguments_accepts_what_the_signature_takes():
         ({}, "missing a required keyword-only argument: 'invoice_id'"),
         ({"invoice_id": 7, "forse": True}, "unexpected keyword argument 'forse'"),
         ({"invoice_id": 7, "ctx": 1}, "multiple values for argument 'ctx'"),
+        # A misspelt name: both the unknown and the missing one (bind() named the missing only).
+        (
+            {"invoce_id": 7},
+            r"unexpected keyword argument 'invoce_id', missing 'invoice_id' "
+            r"\(it takes force, invoice_id\)",
+        ),
+        ({"a": 1, "b": 2, "invoice_id": 7}, "unexpected keyword arguments 'a', 'b' \\(it takes"),
     ],
 )
 def test_bind_arguments_refuses_what_it_does_not(kwargs, match):
