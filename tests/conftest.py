@@ -221,6 +221,20 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def kumiko_jobs_command(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python manage.py kumiko_jobs ARGS`` as a user types it: its own process, the test
+    database (``worker_env``); returns the finished process (its code is the caller's to read)."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "kumiko_jobs", *args],
+        cwd=ROOT,
+        env=worker_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def start_rqworker(*args: str) -> subprocess.Popen[str]:
     """``manage.py rqworker ARGS`` in its own process, as a user would start it."""
     return subprocess.Popen(

@@ -5,8 +5,6 @@ Real PostgreSQL, Redis and an in-process RQ worker; the command runs through cal
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import uuid
 from io import StringIO
 
@@ -14,7 +12,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from kumiko_jobs.models import JobRun, RunStatus
-from tests.conftest import ROOT, work, worker_env
+from tests.conftest import kumiko_jobs_command, work
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -98,15 +96,7 @@ def test_cancel_a_waiting_run_at_once_and_refuse_a_finished_one(tenants):
 
 
 def typed(*args: str) -> str:
-    """``manage.py kumiko_jobs ...`` as a user types it: its own process, the test database."""
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "kumiko_jobs", *args],
-        cwd=ROOT,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = kumiko_jobs_command(*args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

@@ -15,12 +15,11 @@ tenant's runs ran during the pause.
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
 from kumiko_jobs.models import FlowPause, JobRun, RunStatus
-from tests.conftest import ROOT, start_rqworker, worker_env
+from tests.conftest import kumiko_jobs_command, start_rqworker
 from tests.testapp import jobs
 
 pytestmark = pytest.mark.usefixtures("live_db")
@@ -28,15 +27,7 @@ pytestmark = pytest.mark.usefixtures("live_db")
 
 def kumiko_jobs(*args: str) -> subprocess.CompletedProcess[str]:
     """``python manage.py kumiko_jobs ARGS``, its own process."""
-    return subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "kumiko_jobs", *args],
-        cwd=ROOT,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    return kumiko_jobs_command(*args, timeout=120)
 
 
 def burst() -> None:

@@ -11,7 +11,6 @@ command line too), so the tests after it find them as before.
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ from django.db import connection
 
 from kumiko_jobs.guard.roles import connections as tenant_connections
 from kumiko_jobs.guard.roles import names as role_names
-from tests.conftest import ROOT, worker_env
+from tests.conftest import kumiko_jobs_command
 from tests.guardapp.support import Observer
 
 GONE = "kj_test_database_that_was_dropped"
@@ -39,14 +38,7 @@ def _tenant_roles(django_db_setup: None, django_db_blocker: Any) -> None:
 
 
 def manage(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), "kumiko_jobs", *args],
-        cwd=ROOT,
-        env=worker_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return kumiko_jobs_command(*args)
 
 
 def roles_of(observer: Observer, database: str) -> list[str]:
