@@ -49,6 +49,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from ..core.grants import Grant
+from .owned_tables import never_named, operators_public_copies
 from .parse import search_path_shape, statement_shape
 from .shape import INFORMATION_SCHEMA, Shape, Write
 from .verdict import Policy, Rule, Verdict, allowed, allowed_with, denied
@@ -162,28 +163,10 @@ def _whole_statement(shape: Shape, policy: Policy) -> Verdict | None:
     search path django-tenants sets, reading the public schema, and what cannot be verified."""
     kind = shape.kind
     reading = policy.readable_schema
-    own = _kumiko_tables(shape, policy)
-    if own:
+    never = never_named(shape, policy)
+    if never is not None:
         # Before the unverifiable class: unsafe_raw does not open them either (COPY, LOCK).
-        return denied(
-            kind,
-            None,
-            Rule.PROTECTED,
-            f"{', '.join(own)}: kumiko's own table(s), the job history of every tenant "
-            f"(arguments, results, errors, tracebacks); a tenant run's SQL never names them, "
-            f"whatever its grants",
-        )
-    records = _named(policy.operator_records, shape, policy)
-    if records:
-        return denied(
-            kind,
-            None,
-            Rule.OPERATORS,
-            f"{', '.join(records)}: the operators' records of every user (sessions, the "
-            f"admin's log), shared by every tenant because the app is in SHARED_APPS only; a "
-            f"tenant run's SQL never names them, whatever its grants (read a user's own data "
-            f"from the user table, or do it in a system job)",
-        )
+        return never
     if shape.search_path is not None and policy.own_search_path(shape.search_path):
         return allowed(kind)
     if reading == "public" and policy.schema != "public":
@@ -323,18 +306,7 @@ def _no_grant_allows(shape: Shape, policy: Policy) -> Verdict | None:
             f"activity, sequences, locks, credentials), which no grant of a tenant run covers; "
             f"name only the columns that describe objects, or read them from a system job",
         )
-    operators = _operator_tables(shape, policy)
-    if operators:
-        names = ", ".join(f"public.{name}" for name in operators)
-        return denied(
-            kind,
-            None,
-            Rule.OPERATORS,
-            f"{names}: the operators' own table(s) in public (the app is in SHARED_APPS and "
-            f"TENANT_APPS, so this tenant has its own copy: write the name unqualified); no "
-            f"grant of a tenant run reads or writes the public copy",
-        )
-    return None
+    return operators_public_copies(shape, policy)
 
 
 def _reading_public(kind: str) -> Verdict:
@@ -348,31 +320,6 @@ def _reading_public(kind: str) -> Verdict:
         "the operators' own tables (sessions, users), and its shared tables need no grant "
         "to be read",
     )
-
-
-def _operator_tables(shape: Shape, policy: Policy) -> list[str]:
-    """The operators' tables the statement names in public (reads and writes)."""
-    if not policy.operator_tables or policy.schema == "public":
-        return []  # a system run's own schema is public: the operators' code
-    named = policy.operator_tables.intersection(shape.public_relations)
-    named |= {w.table for w in shape.writes if w.schema == "public"} & policy.operator_tables
-    return sorted(named)
-
-
-def _kumiko_tables(shape: Shape, policy: Policy) -> list[str]:
-    """kumiko's own tables the statement names, in any schema (a tenant run only)."""
-    return _named(policy.kumiko_tables, shape, policy)
-
-
-def _named(tables: frozenset[str], shape: Shape, policy: Policy) -> list[str]:
-    """Which of ``tables`` the statement names, in any schema, for a tenant run (a system run's
-    own schema is public: the operators' code)."""
-    if not tables or policy.schema == "public":
-        return []
-    named = tables.intersection(shape.relations)
-    if shape.literal_words:  # SQL text in a literal, run by a function or DO (unsafe_raw)
-        named |= tables.intersection(shape.literal_words)
-    return sorted(named)
 
 
 def _judge_unsafe(shape: Shape, policy: Policy) -> Verdict:
