@@ -46,9 +46,10 @@ class Waiter(threading.Thread):
         self.took = 0.0
 
     def _count(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
         if sql.lstrip().upper().startswith("SELECT") and "kumiko_jobs_" in sql:
-            self.reads += 1
-        return execute(sql, params, many, context)
+            self.reads += 1  # once read (``_started`` waits for the first)
+        return result
 
     def run(self) -> None:
         started = time.monotonic()
