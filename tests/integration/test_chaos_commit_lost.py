@@ -70,9 +70,12 @@ def test_an_atomic_commit_whose_reply_was_lost_runs_once(
     handle = jobs.atomic_write.enqueue(tenant="t1", tag=TAG)
 
     def recorded() -> bool:
-        # The row alone says ``succeeded`` for a moment before a wrong retry is written over
-        # it; a succeeded attempt row is the end of the story either way.
-        return any(outcome == "succeeded" for _, outcome in _attempts(handle.run_id))
+        # The attempt row's success commits with the body (the finish rides on the atomic
+        # transaction), so it is there before the worker hears its COMMIT's reply was lost;
+        # the worker has settled the attempt once it has said whether that COMMIT committed
+        # (a loaded machine's worker said it after the test had read the log, 2 of 4 runs).
+        settled = "its COMMIT's reply was lost" in procs.logs()
+        return settled and any(outcome == "succeeded" for _, outcome in _attempts(handle.run_id))
 
     procs.wait_for(
         "the run's success recorded",

@@ -46,9 +46,10 @@ class Waiter(threading.Thread):
         self.took = 0.0
 
     def _count(self, execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
         if sql.lstrip().upper().startswith("SELECT") and "kumiko_jobs_" in sql:
-            self.reads += 1
-        return execute(sql, params, many, context)
+            self.reads += 1  # once read (``_started`` waits for the first)
+        return result
 
     def run(self) -> None:
         started = time.monotonic()
@@ -68,7 +69,14 @@ class Waiter(threading.Thread):
 def _started(call: Callable[[], Any], *, count: bool = True) -> Waiter:
     waiter = Waiter(call, count=count)
     waiter.start()
-    time.sleep(0.3)  # past its first read, blocked on the signal
+    if not count:
+        time.sleep(0.3)  # past its first read, blocked on the signal
+        return waiter
+    # Past its first read (then it blocks on the signal): a fixed pause let the test finish
+    # the run first when the thread's new connection was slow, and the waiter then read once.
+    deadline = time.monotonic() + 30
+    while waiter.reads < 1 and waiter.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
     return waiter
 
 
