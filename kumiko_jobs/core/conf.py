@@ -67,6 +67,7 @@ class KumikoSettings:
     INACTIVE_TENANT: InactiveTenantPolicy = "skip"
     INACTIVE_TENANT_DEFER_SECONDS: int = 300
     EXTRA_SHARED_TABLES: tuple[str, ...] = ()
+    OPERATOR_RECORD_TABLES: tuple[str, ...] = ()
     SENSITIVE_KEYS: tuple[str, ...] = DEFAULT_SENSITIVE_KEYS
     MAX_ENVELOPE_BYTES: int = 512 * 1024
     ESCAPE_HATCH_DEDUPE_SECONDS: int = 60

@@ -258,14 +258,17 @@ def _name_lists(values: dict[str, Any], defaults: Mapping[str, Any]) -> None:
     """The lists of names, lowered into tuples: PostgreSQL functions, tables, sensitive keys."""
     if "GUARD_EXTRA_FUNCTIONS" in values:
         values["GUARD_EXTRA_FUNCTIONS"] = _function_names(values["GUARD_EXTRA_FUNCTIONS"])
-    for key in ("EXTRA_SHARED_TABLES", "SENSITIVE_KEYS"):
+    for key in ("EXTRA_SHARED_TABLES", "OPERATOR_RECORD_TABLES", "SENSITIVE_KEYS"):
         if key in values:
             seq = values[key]
             if not _is_list_of_strings(seq):
                 raise ImproperlyConfigured(
                     f"settings.KUMIKO_JOBS[{key!r}] must be a list of strings."
                 )
-            values[key] = tuple(v.lower() for v in seq)
+            # Relation names as PostgreSQL stores them (a quoted "Mixed_Case" keeps its case);
+            # the older list and the keys are lowered, as documented.
+            keep = key == "OPERATOR_RECORD_TABLES"
+            values[key] = tuple(v if keep else v.lower() for v in seq)
 
 
 RULES: tuple[Rule, ...] = (

@@ -51,16 +51,34 @@ def _id_sequences(models: list[Any]) -> frozenset[str]:
     )
 
 
+# Besides sessions, the models (app label, model name) whose rows are logins or the operators'
+# records of every user when their app is shared only: the admin's log (every admin action,
+# with the object's text, on whichever tenant's domain it was taken) and the API credentials of
+# the common auth apps (a token read is a login taken). Others: OPERATOR_RECORD_TABLES.
+_OPERATOR_RECORD_MODELS = frozenset(
+    {
+        ("admin", "logentry"),
+        ("authtoken", "token"),  # Django REST framework
+        ("knox", "authtoken"),  # django-rest-knox
+        ("oauth2_provider", "accesstoken"),  # django-oauth-toolkit
+        ("oauth2_provider", "refreshtoken"),
+        ("oauth2_provider", "grant"),
+        ("oauth2_provider", "idtoken"),
+        ("oauth2_provider", "application"),  # client secrets
+    }
+)
+
+
 def _is_operator_record(model: Any) -> bool:
     """A model whose rows are the operators' records of every user: a session (its key is a
-    login: ``AbstractBaseSession``, so a project's own session model too) or the admin's log
-    (every admin action, with the object's text, on whichever tenant's domain it was taken)."""
+    login: ``AbstractBaseSession``, so a project's own session model too), the admin's log or
+    an API credential (``_OPERATOR_RECORD_MODELS``)."""
     from django.contrib.sessions.base_session import AbstractBaseSession
 
     meta = model._meta
-    return issubclass(model, AbstractBaseSession) or (meta.app_label, meta.model_name) == (
-        "admin",
-        "logentry",
+    return (
+        issubclass(model, AbstractBaseSession)
+        or (meta.app_label, meta.model_name) in _OPERATOR_RECORD_MODELS
     )
 
 
@@ -70,15 +88,17 @@ def _operator_record_models() -> list[Any]:
 
 @cache
 def operator_record_tables() -> frozenset[str]:
-    """Shared-only tables of the operators' records of every user: the sessions and the admin's
-    log when their app is in SHARED_APPS only (django-tenants' shared-users layout: one table
+    """Shared-only tables of the operators' records of every user: the sessions, the admin's
+    log and API credentials when their app is in SHARED_APPS only, and the project's
+    ``OPERATOR_RECORD_TABLES`` (django-tenants' shared-users layout: one table
     for every tenant's users and the operators). A session key read is a login taken, the
     operators' too, and the log holds every tenant's admin actions: no tenant run names them,
     in any schema, read or written, whatever its grants; the tenant roles hold no privilege on
     them. (In SHARED_APPS and TENANT_APPS they are ``operator_tables()``: each tenant has its
     own copy.)"""
     models = _operator_record_models()
-    return frozenset(m._meta.db_table for m in models) | _id_sequences(models)
+    named = frozenset(conf.get().OPERATOR_RECORD_TABLES)
+    return frozenset(m._meta.db_table for m in models) | _id_sequences(models) | named
 
 
 @cache

@@ -68,6 +68,7 @@ def test_every_known_key_can_be_set():
         "INACTIVE_TENANT": "defer",
         "INACTIVE_TENANT_DEFER_SECONDS": 0,
         "EXTRA_SHARED_TABLES": ["Legacy_Prices"],
+        "OPERATOR_RECORD_TABLES": ["Api_Keys"],
         "SENSITIVE_KEYS": ("PIN", "otp"),
         "MAX_ENVELOPE_BYTES": 1,
         "ESCAPE_HATCH_DEDUPE_SECONDS": 0,
@@ -82,12 +83,14 @@ def test_every_known_key_can_be_set():
     assert set(raw) <= {f.name for f in dataclasses.fields(KumikoSettings)}
     settings = _validate(raw)
     for key, value in raw.items():
-        if key in ("EXTRA_SHARED_TABLES", "SENSITIVE_KEYS"):
+        if key in ("EXTRA_SHARED_TABLES", "OPERATOR_RECORD_TABLES", "SENSITIVE_KEYS"):
             continue
         assert getattr(settings, key) == value, key
     # Table names and sensitive keys are compared lower-case, so they are stored that way.
     assert settings.EXTRA_SHARED_TABLES == ("legacy_prices",)
     assert settings.SENSITIVE_KEYS == ("pin", "otp")
+    # The operators' records are relation names as PostgreSQL stores them: case kept.
+    assert settings.OPERATOR_RECORD_TABLES == ("Api_Keys",)
 
 
 # --- refused ----------------------------------------------------------------------------------

@@ -13,16 +13,24 @@ instead: tests/shared_auth runs the layout itself, with real runs.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.models import Session
+from django.test import override_settings
 
 from kumiko_jobs.guard import Grant, Policy, classify
 from kumiko_jobs.guard.parse import statement_shape
-from kumiko_jobs.guard.tables import _is_operator_record, kumiko_tables, protected_tables
+from kumiko_jobs.guard.tables import (
+    _is_operator_record,
+    kumiko_tables,
+    operator_record_tables,
+    protected_tables,
+)
 
 RECORDS = frozenset({"django_session", "django_admin_log", "django_admin_log_id_seq"})
 SHARED = RECORDS | {"auth_user", "customers_client"}
@@ -54,6 +62,32 @@ def _orm(queryset: Any) -> str:
 def test_sessions_and_the_admin_log_are_operator_records_and_users_are_not() -> None:
     assert _is_operator_record(Session) and _is_operator_record(LogEntry)
     assert not _is_operator_record(get_user_model())
+
+
+def _model(app_label: str, model_name: str) -> type:
+    return type("Model", (), {"_meta": SimpleNamespace(app_label=app_label, model_name=model_name)})
+
+
+def test_the_common_api_credentials_are_operator_records() -> None:
+    for credential in [
+        ("authtoken", "token"),  # Django REST framework
+        ("knox", "authtoken"),
+        ("oauth2_provider", "accesstoken"),
+        ("oauth2_provider", "application"),
+    ]:
+        assert _is_operator_record(_model(*credential)), credential
+    assert not _is_operator_record(_model("billing", "token"))
+
+
+def test_a_project_names_more_of_them_in_operator_record_tables() -> None:
+    base = dict(settings.KUMIKO_JOBS)
+    try:
+        with override_settings(KUMIKO_JOBS={**base, "OPERATOR_RECORD_TABLES": ["Api_Keys"]}):
+            operator_record_tables.cache_clear()
+            assert "Api_Keys" in operator_record_tables()
+    finally:
+        operator_record_tables.cache_clear()
+    assert "Api_Keys" not in operator_record_tables()
 
 
 RECORD_STATEMENTS = [
