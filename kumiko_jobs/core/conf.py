@@ -103,6 +103,7 @@ class KumikoSettings:
     WORKER_DEAD_AFTER: int = 6
     MAINTENANCE_INTERVAL: int = 10
     RELAY_GRACE: int = 30
+    RELAY_ROWS_PER_ROUND: int = 20_000
     HISTORY_SYNCHRONOUS_COMMIT: bool = True
     # The start and finish of every run as prepared statements on the project's connection
     # (history/prepared.py), with DB_ROLES on only. Off behind a transaction pooler that does not

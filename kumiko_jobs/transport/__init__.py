@@ -24,7 +24,8 @@ This module is the face the rest of kumiko imports (``from kumiko_jobs import tr
 - ``rate_limits`` and ``registries``: the slots the sweep and the relay free, and what the
   relay reads of RQ's bookkeeping.
 - ``depths``: queue depths and the registered workers, for the dashboard and its metrics.
-- ``maintenance_turns``: the locks that give one worker at a time the maintenance round.
+- ``maintenance_turns``: the locks that give one worker at a time the maintenance round, and
+  where its relay slice stopped.
 - ``worker_commands``: the Redis commands of the worker mixins (the kumiko mark, the heartbeat
   in one round trip, refused and unreadable messages).
 
@@ -40,7 +41,12 @@ from .errors import RedisConnectionError, RedisError, RedisTimeoutError
 from .fair_policy import WEIGHT_MAX, WEIGHT_MIN, bucket_of, valid_priority, valid_weight
 from .fair_rates import job_window, value_window
 from .live_workers import Liveness, beat, goodbye, liveness, request_cancel, vanished_workers
-from .maintenance_turns import take_dead_sweep_turn, take_maintenance_turn
+from .maintenance_turns import (
+    relay_cursor,
+    set_relay_cursor,
+    take_dead_sweep_turn,
+    take_maintenance_turn,
+)
 from .pausing import assert_pauses
 from .pushing import push, push_many
 from .queues import (
@@ -183,6 +189,7 @@ __all__ = [
     "rate_wait_until",
     "redis_identity",
     "register_cron",
+    "relay_cursor",
     "release_caps_of",
     "release_rate_limit_slot",
     "remove_unreadable_job",
@@ -190,6 +197,7 @@ __all__ = [
     "scheduled_job_ids",
     "scheduler_for",
     "scheduler_lag",
+    "set_relay_cursor",
     "signal_done",
     "take_dead_sweep_turn",
     "take_maintenance_turn",

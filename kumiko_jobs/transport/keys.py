@@ -34,6 +34,8 @@ CANCEL_KEY = "kumiko:cancel:"
 DONE_KEY = "kumiko:done:"
 # One worker at a time runs the maintenance round (worker/maintenance).
 MAINTENANCE_LOCK = "kumiko:maintenance"
+# The run id (hex) after which the next round's relay slice goes on (worker/maintenance).
+RELAY_CURSOR = "kumiko:maintenance:relay-after"
 # One worker at a time sweeps when a worker's beat key expired (worker/maintenance).
 DEAD_SWEEP_LOCK = "kumiko:maintenance:dead"
 # Its value identifies the Redis dataset that run_on_boot jobs were enqueued for (worker/boot).

@@ -80,6 +80,9 @@ class RelayResult:
     checked: int = 0
     pushed: int = 0
     failed: int = 0  # runs of jobs no longer registered, failed closed
+    # The last run checked when the pass stopped at its ``limit``, where the next slice goes on;
+    # None when it reached the end of the waiting runs.
+    stopped_after: uuid.UUID | None = None
 
 
 def pending_rq_job_ids(run: JobRun) -> list[str]:
@@ -91,8 +94,15 @@ def pending_rq_job_ids(run: JobRun) -> list[str]:
     ]
 
 
-def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> RelayResult:
-    """Push the messages of due waiting runs that Redis lost or never got.
+def relay_pending(
+    *,
+    grace: float | None = None,
+    batch_size: int = 500,
+    limit: int | None = None,
+    after: uuid.UUID | None = None,
+) -> RelayResult:
+    """Push the messages of due waiting runs that Redis lost or never got: all of them, or (the
+    maintenance round's slice) at most ``limit`` runs in id order from the one ``after``.
 
     Raises when Redis or PostgreSQL is unreachable; nothing is lost then, the next call retries.
     """
@@ -110,13 +120,18 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
     )
     alive = transport.liveness()
     checked = pushed = failed = 0
-    last_pk: uuid.UUID | None = None
+    last_pk: uuid.UUID | None = after
+    stopped_after: uuid.UUID | None = None
     while True:
+        if limit is not None and checked >= limit:
+            stopped_after = last_pk
+            break
         page = waiting.filter(pk__gt=last_pk) if last_pk is not None else waiting
+        size = batch_size if limit is None else min(batch_size, limit - checked)
         rows = list(
             page.values_list(
                 "pk", "status", "attempts", "defer_count", "gate_defer_count", "queue"
-            )[:batch_size]
+            )[:size]
         )
         if not rows:
             break
@@ -134,7 +149,7 @@ def relay_pending(*, grace: float | None = None, batch_size: int = 500) -> Relay
             failed,
             checked,
         )
-    return RelayResult(checked, pushed, failed)
+    return RelayResult(checked, pushed, failed, stopped_after)
 
 
 def release_lost_slots(cutoff: datetime) -> int:
