@@ -121,13 +121,20 @@ def test_a_hand_grant_on_the_operators_tables_is_flagged_and_revoked(
     """A privilege on an operators' table given by hand to the tenants' group, or to PUBLIC
     (every role is a member), lets every tenant role read it: E012 names the table, and the
     roles command revokes it (checked by PostgreSQL's wall alone, before and after)."""
-    group = role_names.group_name()
+    group, writers = role_names.group_name(), role_names.writers_group_name()
+    log_sequence = "public.django_admin_log_id_seq"
     try:
         operators.rows(f'GRANT SELECT ON public.django_session TO "{group}"')
         operators.rows("GRANT SELECT ON public.auth_user TO PUBLIC")
+        # The shared writers (an escape hatch's login) and an id sequence count too: a
+        # setval() on the admin log's would make every later admin save a duplicate key.
+        operators.rows(f'GRANT SELECT ON public.django_admin_log TO "{writers}"')
+        operators.rows(f'GRANT USAGE, SELECT, UPDATE ON SEQUENCE {log_sequence} TO "{writers}"')
         stale = role_sync.out_of_date()
         assert "table public.django_session (tenant roles may read it)" in stale
         assert "table public.auth_user (tenant roles may read it)" in stale
+        assert "table public.django_admin_log (tenant roles may read it)" in stale
+        assert f"sequence {log_sequence} (tenant roles may use it)" in stale
         # Calibration: with the hand grant, the tenant role reads the operators' sessions.
         run = support.run_for(tenants["t1"], public_jobs.operators_sessions, ROLES_ONLY)
         assert run.status == RunStatus.SUCCEEDED, (run.error_type, run.error_message)
@@ -136,13 +143,18 @@ def test_a_hand_grant_on_the_operators_tables_is_flagged_and_revoked(
 
         support.discard_worker_connections()
         role_sync.sync_all()
-        assert not [s for s in role_sync.out_of_date() if s.startswith("table public.")]
+        left = role_sync.out_of_date()
+        assert not [s for s in left if s.startswith(("table public.", "sequence public."))]
+        held = f"has_sequence_privilege('{writers}', '{log_sequence}', 'USAGE, SELECT, UPDATE')"
+        assert operators.value(f"SELECT {held}") is False
         run = support.run_for(tenants["t1"], public_jobs.operators_sessions, ROLES_ONLY)
         _denied(run, "denied by PostgreSQL: permission denied for table django_session")
         assert _finding(operators, "operators_sessions") is None
     finally:
         operators.rows(f'REVOKE ALL ON public.django_session FROM "{group}"')
         operators.rows("REVOKE ALL ON public.auth_user FROM PUBLIC")
+        operators.rows(f'REVOKE ALL ON public.django_admin_log FROM "{writers}"')
+        operators.rows(f'REVOKE ALL ON SEQUENCE {log_sequence} FROM "{writers}"')
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))

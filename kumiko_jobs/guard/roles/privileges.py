@@ -125,13 +125,31 @@ def _revoke_operator_tables(cursor: Any, alias: str, public: str, tables: list[s
         for role in (group_name(alias), writers_group_name(alias))
         if _exists(cursor, role)
     ]
+    everyone = sql.SQL(", ").join([*holders, sql.SQL("PUBLIC")])
     _execute(
         cursor,
         sql.SQL("REVOKE ALL ON {} FROM {}").format(
-            sql.SQL(", ").join(_ident(public, table) for table in tables),
-            sql.SQL(", ").join([*holders, sql.SQL("PUBLIC")]),
+            sql.SQL(", ").join(_ident(public, table) for table in tables), everyone
         ),
     )
+    # Their id sequences too: a release that counted a table as writable shared granted the
+    # writers USAGE on its sequence, which a setval() would rewind (the admin log's: every
+    # later admin save a duplicate key).
+    cursor.execute(
+        "SELECT s.relname FROM pg_class s JOIN pg_depend d ON d.objid = s.oid "
+        "JOIN pg_class t ON t.oid = d.refobjid JOIN pg_namespace n ON n.oid = s.relnamespace "
+        "WHERE s.relkind = 'S' AND d.deptype IN ('a', 'i') AND n.nspname = %s "
+        "AND t.relname = ANY(%s)",
+        [public, tables],
+    )
+    sequences = [_ident(public, name) for (name,) in cursor.fetchall()]
+    if sequences:
+        _execute(
+            cursor,
+            sql.SQL("REVOKE ALL ON SEQUENCE {} FROM {}").format(
+                sql.SQL(", ").join(sequences), everyone
+            ),
+        )
 
 
 def _grant_atomic_success(cursor: Any, public: str, group: str) -> None:

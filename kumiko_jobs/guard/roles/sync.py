@@ -189,22 +189,36 @@ def out_of_date(alias: str = DEFAULT_DB_ALIAS) -> list[str]:
 
 def _operator_tables_readable(cursor: Any, alias: str) -> list[str]:
     """The operators' own tables in public (apps in SHARED_APPS and TENANT_APPS: sessions,
-    users, admin log; and the sessions and admin log shared by every tenant when their app is in
-    SHARED_APPS only) that the tenants' group may read, by a grant to it or to PUBLIC: every
-    tenant role could read the operators' sessions (issue 22). The command revokes it."""
+    users, admin log; and the operators' records shared by every tenant when their app is in
+    SHARED_APPS only), and their id sequences, that the tenants' group or the shared writers
+    (whom an escape hatch's login is) may use, by a grant to them or to PUBLIC: every tenant
+    role could read the operators' sessions (issue 22), or rewind a sequence. The command
+    revokes it."""
     cursor.execute(
-        "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace,"
-        " (SELECT to_regrole(quote_ident(%s)) AS oid) g"
-        " WHERE n.nspname = %s AND c.relname = ANY(%s) AND g.oid IS NOT NULL"
-        " AND has_table_privilege(g.oid, c.oid, 'SELECT, INSERT, UPDATE, DELETE')"
-        " ORDER BY 1",
+        "SELECT DISTINCT c.relkind = 'S', c.relname"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " LEFT JOIN pg_depend d ON d.objid = c.oid AND c.relkind = 'S'"
+        "  AND d.deptype IN ('a', 'i')"
+        " LEFT JOIN pg_class t ON t.oid = d.refobjid,"
+        " (SELECT oid FROM pg_roles WHERE rolname = ANY(%s)) g"
+        " WHERE n.nspname = %s AND (c.relname = ANY(%s) OR t.relname = ANY(%s))"
+        " AND CASE WHEN c.relkind = 'S'"
+        "  THEN has_sequence_privilege(g.oid, c.oid, 'USAGE, SELECT, UPDATE')"
+        "  ELSE has_table_privilege(g.oid, c.oid, 'SELECT, INSERT, UPDATE, DELETE') END"
+        " ORDER BY 1, 2",
         [
-            group_name(alias),
+            [group_name(alias), writers_group_name(alias)],
             project_settings.public_schema_name(),
+            sorted(operator_tables() | operator_record_tables()),
             sorted(operator_tables() | operator_record_tables()),
         ],
     )
-    return [f"table public.{name} (tenant roles may read it)" for (name,) in cursor.fetchall()]
+    return [
+        f"sequence public.{name} (tenant roles may use it)"
+        if is_sequence
+        else f"table public.{name} (tenant roles may read it)"
+        for is_sequence, name in cursor.fetchall()
+    ]
 
 
 def _atomic_success_ungranted(cursor: Any, alias: str) -> list[str]:
