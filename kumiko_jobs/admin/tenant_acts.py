@@ -9,11 +9,12 @@ member is refused, failing closed:
 * the retry of a cancelled run that no member of this tenant cancelled: an operator's cancel
   (or the CLI's, a workflow's, a newer enqueue's under ``concurrency="replace"``) stands until
   an operator undoes it;
-* a run an operator started: by hand (the "Run a job" page or the CLI: trigger ``manual``,
-  ``manual by <who>``) or as the retry of another run (``retry:<id> by <who>``, the author not
-  a member of this tenant; bulk retries are operators' too). The operators' start, like their
-  cancel, stands until an operator acts on it. A retry with no author (project code calling
-  ``retry_run`` outside a request) is not the operators' and stays the tenant's.
+* a run an operator started: by hand (the "Run a job" page: trigger ``manual by <who>``, or
+  ``manual`` with nobody to name; the CLI's ``enqueue``: ``manual by manage.py (<login>)``) or
+  as the retry of another run (``retry:<id> by <who>``, the author not a member of this tenant:
+  an operator's in the admin, the bulk page's, the CLI's ``manage.py (<login>)``). The
+  operators' start, like their cancel, stands until an operator acts on it. A retry with no
+  author (project code calling ``retry_run`` outside a request) stays the tenant's.
 
 Who cancelled is the run's ``cancel_requested_by``: a tenant's member's act records
 ``<username> (tenant <schema>)`` (``member_label``), every other canceller something else. A

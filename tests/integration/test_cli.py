@@ -11,6 +11,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from kumiko_jobs.admin.tenant_acts import started_by_operator
+from kumiko_jobs.management.cli.common import operator
 from kumiko_jobs.models import JobRun, RunStatus
 from tests.conftest import kumiko_jobs_command, work
 from tests.testapp import jobs
@@ -40,6 +42,8 @@ def test_enqueue_without_tenant_names_the_flag(tenants):
 def test_enqueue_then_runs_with_filters(tenants):
     out = cli("enqueue", jobs.probe.name, "--tenant", "t1", "--kwargs", '{"tag": "cli"}')
     assert out.startswith("queued run ") and f"of {jobs.probe.name} for t1" in out
+    by_hand = JobRun.objects.get(job_name=jobs.probe.name)
+    assert by_hand.trigger == f"manual by {operator()}" and started_by_operator(by_hand, "t1")
     failed = jobs.flaky.enqueue(tenant="t2", tag="cli-bad", fail_times=99)
     work(scheduler_rounds=3)
     ok = JobRun.objects.get(job_name=jobs.probe.name)
@@ -71,10 +75,12 @@ def test_retry_a_failed_run_and_refuse_a_succeeded_one(tenants):
     out = cli("retry", bad.run_id)
     assert out.startswith(f"run {rid(bad.run_id)} retried as run ")
     new = JobRun.objects.exclude(pk__in=(bad.run_id, good.run_id)).get()
-    assert new.trigger == f"retry:{rid(bad.run_id)}" and new.payload == {
+    # The operator's retry, by the login that typed it: not a tenant member's to cancel.
+    assert new.trigger == f"retry:{rid(bad.run_id)} by {operator()}" and new.payload == {
         "tag": "cli-retry",
         "fail_times": 99,
     }
+    assert started_by_operator(new, "t1")
     with pytest.raises(CommandError, match="only failed or cancelled runs can be retried"):
         cli("retry", good.run_id)
     with pytest.raises(CommandError, match="not a run id"):
