@@ -210,6 +210,7 @@ local function pick()
           while redis.call('LMOVE', aside, held, 'LEFT', 'RIGHT') do end
           redis.call('RPUSH', held, entry)
           redis.call('SADD', HOLDS, held)
+          redis.call('HSET', HOLD_LANES, held, L)
           requeue(L, bucket, score)
         else
           -- The job's set-aside messages and its messages in the bucket are each in order:

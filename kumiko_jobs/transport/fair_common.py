@@ -17,6 +17,9 @@ COMMON = f"""
 local TOKEN = '{FAIR_TOKEN}'
 local OTHER = '{OTHER_BUCKET}'
 local HOLDS = '{FAIR_PREFIX}holds'
+-- held list's key -> its lane: the key's own text cannot say where the lane ends (queue and
+-- job names may both hold ':<digits>:held:'); written when a message is held, read on release.
+local HOLD_LANES = '{FAIR_PREFIX}hold-lanes'
 local function fair_of(meta)
   if not meta then return OTHER, 1, 0, '' end
   local ok, decoded = pcall(cjson.decode, meta)

@@ -51,17 +51,23 @@ for _, L in ipairs(redis.call('SMEMBERS', '{FAIR_PREFIX}lanes')) do
     end
   end
 end
--- A held list's key is its lane, 'held:', the job's name, TAB, the bucket. Job names may hold
--- ':' and digits (even ':1:held:'), so the lane is found among the lanes, not by a pattern:
--- the longest lane the key begins with (bucket names never hold a TAB, job names neither).
+-- A held list's key is its lane, 'held:', the job's name, TAB, the bucket. Queue and job
+-- names may hold ':' and digits (even ':1:held:'), so the lane is the one recorded when the
+-- list was held (HOLD_LANES); for a list an older release held, the longest lane the key
+-- begins with (bucket names never hold a TAB, job names neither).
 local lanes = redis.call('SMEMBERS', '{FAIR_PREFIX}lanes')
 table.sort(lanes, function(a, b) return #a > #b end)
+local function split(held, L)
+  if string.sub(held, 1, #L + 5) ~= L .. 'held:' then return nil end
+  local job, bucket = string.match(string.sub(held, #L + 6), '^(.*)\\t([^\\t]*)$')
+  if job then return L, job, bucket end
+end
 local function lane_of(held)
+  local recorded = redis.call('HGET', HOLD_LANES, held)
+  if recorded then return split(held, recorded) end
   for _, L in ipairs(lanes) do
-    if string.sub(held, 1, #L + 5) == L .. 'held:' then
-      local job, bucket = string.match(string.sub(held, #L + 6), '^(.*)\\t([^\\t]*)$')
-      if job then return L, job, bucket end
-    end
+    local lane, job, bucket = split(held, L)
+    if lane then return lane, job, bucket end
   end
 end
 for _, held in ipairs(redis.call('SMEMBERS', '{FAIR_PREFIX}holds')) do
@@ -73,6 +79,7 @@ for _, held in ipairs(redis.call('SMEMBERS', '{FAIR_PREFIX}holds')) do
     end
     redis.call('DEL', held)
     redis.call('SREM', '{FAIR_PREFIX}holds', held)
+    redis.call('HDEL', HOLD_LANES, held)
     local prefix, level = string.match(L, '^(.*:)(%-?%d+):$')
     if redis.call('ZSCORE', L .. 'ready', bucket) then
       if mode == 'fifo' then redis.call('ZADD', L .. 'ready', head_seq(L, bucket), bucket) end

@@ -163,3 +163,36 @@ def test_a_held_job_whose_name_looks_like_a_lane_is_released_into_its_own_lane(t
         assert statuses("t1") == ["succeeded"] * 2
         assert [tag for _, tag in starts()] == ["odd-0", "odd-1"]
     assert transport.get_queue("default").count == 0
+
+
+def test_a_held_list_is_released_into_the_lane_it_was_held_in(tenants, redis_conn):
+    # Queue and job names may both hold ':<digits>:held:': with a queue named
+    # 'default:0:held:x' (its lane added below, as its first message would), the held list of
+    # job 'x:1:held:job' on 'default' also begins with that lane + 'held:', read as job 'job'
+    # there: the longest-lane reading released it while its job was paused, into the other
+    # queue's bucket. The lane recorded when the list was held says which it is.
+    from kumiko_jobs.definition.options import build_definition
+    from kumiko_jobs.definition.registry import registry
+    from kumiko_jobs.enqueueing.submit import enqueue
+    from kumiko_jobs.transport.keys import FAIR_PREFIX
+
+    def odd(ctx, *, tag: str) -> None:
+        jobs.probe.func(ctx, tag=tag)
+
+    name = "x:1:held:job"
+    decoy = f"{FAIR_PREFIX}default:0:held:x:1:"
+    with registry.override(build_definition(odd, {"name": name})):
+        pauses.pause(job=name, tenant="t1")
+        enqueue(name, tenant="t1", tag="lane-0")
+        enqueue(name, tenant="t1", tag="lane-1")
+        work()
+        redis_conn.sadd(f"{FAIR_PREFIX}lanes", decoy)
+        relay_pending()  # a maintenance round re-asserts the pauses: nothing is released
+        assert redis_conn.keys(f"{decoy}b:*") == []
+        work()
+        assert statuses("t1") == ["queued"] * 2
+        pauses.resume(job=name, tenant="t1")
+        work()
+        assert statuses("t1") == ["succeeded"] * 2
+        assert [tag for _, tag in starts()] == ["lane-0", "lane-1"]
+        assert redis_conn.hlen(f"{FAIR_PREFIX}hold-lanes") == 0  # forgotten with the list
