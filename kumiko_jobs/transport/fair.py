@@ -15,8 +15,9 @@ cap or rate limit), ``cwait`` (buckets held by their tenant's cap), ``mode`` (th
 ``FAIRNESS`` the scores mean); per queue ``rwait`` (zset of ``<level>\t<bucket>``, or
 ``<level>\t<bucket>\t<job>`` for a job's set-aside messages, waiting for a rate window,
 scored by when it reopens); the windows under ``RATE_PREFIX``; the caps' sets under
-``fair_caps.CAP_PREFIX``; and two sets across
-queues: ``kumiko:fair:lanes`` and ``kumiko:fair:holds`` (``pausing.py`` releases from them).
+``fair_caps.CAP_PREFIX``; and across queues the sets ``kumiko:fair:lanes`` and
+``kumiko:fair:holds`` and the hash ``kumiko:fair:hold-lanes`` (a held list's lane: ``pausing.py``
+releases from them).
 
 The script names keys it was not passed: like RQ's own, it needs one Redis, not a cluster.
 """
