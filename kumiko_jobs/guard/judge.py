@@ -119,6 +119,7 @@ def _reading_policy(policy: Policy, schema: str) -> Policy:
         operator_tables=policy.operator_tables,
         kumiko_tables=policy.kumiko_tables,
         operator_records=policy.operator_records,
+        public_schema=policy.public_schema,
         extra_functions=policy.extra_functions,
         extra_schemas=policy.extra_schemas,
     )
@@ -169,7 +170,8 @@ def _whole_statement(shape: Shape, policy: Policy) -> Verdict | None:
         return never
     if shape.search_path is not None and policy.own_search_path(shape.search_path):
         return allowed(kind)
-    if reading == "public" and policy.schema != "public":
+    public = policy.public_schema
+    if reading == public and policy.schema != public:
         return _reading_public(kind)
     if not shape.unverifiable:
         return None
@@ -237,7 +239,7 @@ def _shared(write: Write, policy: Policy) -> bool | None:
     """Whether ``write`` goes to a shared table; None: to another tenant's schema."""
     if write.schema is None or write.schema == policy.schema:
         return write.schema is None and write.table in policy.shared_tables
-    if write.schema == "public" or write.schema in policy.extra_schemas:
+    if write.schema == policy.public_schema or write.schema in policy.extra_schemas:
         return True
     return None
 
@@ -264,7 +266,7 @@ def _judge_schemas(shape: Shape, policy: Policy, used: list[Grant]) -> Verdict |
     for schema in sorted(shape.schemas):
         if (
             schema == policy.schema
-            or schema == "public"
+            or schema == policy.public_schema
             or schema == INFORMATION_SCHEMA
             or schema in policy.extra_schemas
         ):

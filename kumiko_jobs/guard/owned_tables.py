@@ -41,18 +41,20 @@ def never_named(shape: Shape, policy: Policy) -> Verdict | None:
 def operators_public_copies(shape: Shape, policy: Policy) -> Verdict | None:
     """``public.<table>`` of an app in SHARED_APPS and TENANT_APPS, read or written: the
     operators' copy (the tenant's own is the unqualified name)."""
-    if not policy.operator_tables or policy.schema == "public":
+    public = policy.public_schema
+    if not policy.operator_tables or policy.schema == public:
         return None
-    named = policy.operator_tables.intersection(shape.public_relations)
-    named |= {w.table for w in shape.writes if w.schema == "public"} & policy.operator_tables
+    named = {name for schema, name in shape.qualified_relations if schema == public}
+    named |= {w.table for w in shape.writes if w.schema == public}
+    named &= policy.operator_tables
     if not named:
         return None
     return denied(
         shape.kind,
         None,
         Rule.OPERATORS,
-        f"{', '.join(f'public.{name}' for name in sorted(named))}: the operators' own table(s) "
-        f"in public (the app is in SHARED_APPS and TENANT_APPS, so this tenant has its own "
+        f"{', '.join(f'{public}.{name}' for name in sorted(named))}: the operators' own table(s) "
+        f"in {public} (the app is in SHARED_APPS and TENANT_APPS, so this tenant has its own "
         f"copy: write the name unqualified); no grant of a tenant run reads or writes the "
         f"public copy",
     )
@@ -60,7 +62,7 @@ def operators_public_copies(shape: Shape, policy: Policy) -> Verdict | None:
 
 def _named(tables: frozenset[str], shape: Shape, policy: Policy) -> list[str]:
     """Which of ``tables`` the statement names, in any schema, for a tenant run."""
-    if not tables or policy.schema == "public":
+    if not tables or policy.schema == policy.public_schema:
         return []
     named = tables.intersection(shape.relations)
     if shape.literal_words:  # SQL text in a literal, run by a function or DO (unsafe_raw)

@@ -155,7 +155,7 @@ def _query_shape(node_type: str, node: dict[str, Any], walker: Walker) -> Shape:
         locks=walker.locks,
         forbidden_catalogs=tuple(dict.fromkeys(walker.forbidden_catalogs)),
         forbidden=walker.forbidden,
-        public_relations=frozenset(walker.public_relations),
+        qualified_relations=frozenset(walker.qualified_relations),
         relations=frozenset(walker.relations),
         literal_words=literal_words(walker.strings) if walker.calls else frozenset(),
     )

@@ -62,8 +62,9 @@ class Shape:
     # Catalog relations read that are not on the readable list, and readable ones' columns
     # holding tenants' values (reltuples, prosrc, ...): denied whatever the grants.
     forbidden_catalogs: tuple[str, ...] = ()
-    # Relations read as public.<name>: the judge refuses the operators' own tables there.
-    public_relations: frozenset[str] = frozenset()
+    # Relations read as <schema>.<name>: the judge refuses the operators' own tables in the
+    # public schema (PUBLIC_SCHEMA_NAME, which the policy names).
+    qualified_relations: frozenset[tuple[str, str]] = frozenset()
     # Every relation the statement names (read, written, locked, copied; in any schema, and
     # inside utility statements the guard does not judge otherwise), by its name: the judge
     # refuses kumiko's own tables to tenant runs whatever the grants.

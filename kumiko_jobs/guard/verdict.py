@@ -79,6 +79,9 @@ class Policy:
     # Shared-only tables of the operators' records of every user (sessions, the admin's log:
     # guard.tables.operator_record_tables): never named by a tenant run's SQL either.
     operator_records: frozenset[str] = frozenset()
+    # django-tenants' PUBLIC_SCHEMA_NAME: the shared schema, whatever it is called. SQL names
+    # it by this name; a system run's ``schema`` is it.
+    public_schema: str = "public"
     # KUMIKO_JOBS["GUARD_EXTRA_FUNCTIONS"]: "name" (unqualified, or qualified with public or an
     # extra schema) or "schema.name", lower case.
     extra_functions: frozenset[str] = frozenset()
@@ -101,7 +104,7 @@ class Policy:
             return True
         if f"{call.schema}.{call.name}" in self.extra_functions:
             return True
-        return call.schema == "public" and call.name in self.extra_functions
+        return call.schema == self.public_schema and call.name in self.extra_functions
 
     def own_search_path(self, path: tuple[str, ...]) -> bool:
         """Whether ``path`` is the ``SET search_path`` django-tenants sends for the run's schema
@@ -114,7 +117,7 @@ class Policy:
         for schema in (self.schema, self.readable_schema):
             if schema is None:
                 continue
-            for candidate in ((schema,), (schema, "public")):
+            for candidate in ((schema,), (schema, self.public_schema)):
                 if path == candidate or (extra and path == (*candidate, *extra)):
                     return True
         return False

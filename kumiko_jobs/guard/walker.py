@@ -62,7 +62,8 @@ class Walker:
         self.forbidden = ""
         self.forbidden_catalogs: list[str] = []
         self.restricted = RestrictedColumns()  # catalog columns holding tenants' values
-        self.public_relations: set[str] = set()  # relations named public.<name>
+        # relations named <schema>.<name> (the judge picks the public schema's, by its name)
+        self.qualified_relations: set[tuple[str, str]] = set()
         self.relations: set[str] = set()  # every relation named, in any schema
         self.strings: list[str] = []  # the values of string constants
         self.params: list[int] = []  # the number of every ParamRef met
@@ -110,9 +111,8 @@ class Walker:
             self.catalog_read(name)
         else:
             self.schemas.add(schema)
-            if schema == "public":
-                self.public_relations.add(name)
-            elif schema == INFORMATION_SCHEMA and name.startswith("_pg_"):
+            self.qualified_relations.add((schema, name))
+            if schema == INFORMATION_SCHEMA and name.startswith("_pg_"):
                 self.forbidden_catalogs.append(f"{schema}.{name}")  # internal, undocumented
         if name == ADMISSION_LOCK_TABLE:
             # A row lock on it (FOR UPDATE) would hold kumiko's admission lock of any tenant.

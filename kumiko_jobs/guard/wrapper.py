@@ -155,6 +155,7 @@ class GuardWrapper:
                 operator_tables=operator_tables() | operator_sequences,
                 kumiko_tables=kumiko_tables(),
                 operator_records=operator_record_tables(),
+                public_schema=self.public_schema,
                 extra_functions=frozenset(conf.get().GUARD_EXTRA_FUNCTIONS),
                 extra_schemas=project_settings.extra_search_paths(),
             )
