@@ -89,9 +89,9 @@ def _operator_record_models() -> list[Any]:
 @cache
 def operator_record_tables() -> frozenset[str]:
     """Shared-only tables of the operators' records of every user: the sessions, the admin's
-    log and API credentials when their app is in SHARED_APPS only, and the project's
-    ``OPERATOR_RECORD_TABLES`` (django-tenants' shared-users layout: one table
-    for every tenant's users and the operators). A session key read is a login taken, the
+    log and API credentials when their app is in SHARED_APPS only (django-tenants'
+    shared-users layout: one table for every tenant's users and the operators), and the
+    project's ``OPERATOR_RECORD_TABLES``. A session key or a token read is a login taken, the
     operators' too, and the log holds every tenant's admin actions: no tenant run names them,
     in any schema, read or written, whatever its grants; the tenant roles hold no privilege on
     them. (In SHARED_APPS and TENANT_APPS they are ``operator_tables()``: each tenant has its
