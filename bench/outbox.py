@@ -10,7 +10,9 @@
    no write of its own: the row is the run's history row, which kumiko writes anyway.
 2. **Relay**: ``--jobs`` committed runs whose messages Redis lost (flushed, as by a restart
    without persistence) are pushed again by ``relay_pending()``; then a second pass over the
-   same runs, now all held by Redis, shows what a relay round costs when there is nothing to do.
+   same runs, now all held by Redis, shows what checking a waiting run costs when there is
+   nothing to do, and so what a maintenance round's slice (``RELAY_ROWS_PER_ROUND``) and a full
+   pass over a large backlog take (``--relay-jobs``, default ``--jobs``).
 
 Uses its own database (``kumiko_bench_outbox``, created and dropped) and Redis database 5
 (flushed). Setup helpers come from bench/throughput.py. A benchmark, not a test: it asserts
@@ -98,6 +100,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of each, medians (3)")
     parser.add_argument("--tenants", type=int, default=4, help="tenants to spread over (4)")
     parser.add_argument("--warmup", type=int, default=100, help="untimed enqueues first (100)")
+    parser.add_argument(
+        "--relay-jobs", type=int, default=0, help="waiting runs for the relay (--jobs)"
+    )
     parser.add_argument("--database", default=BENCH_DATABASE)
     parser.add_argument("--redis-db", type=int, default=BENCH_REDIS_DB)
     args = parser.parse_args(argv)
@@ -106,9 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     admin_url = prepare_environment(args.database, args.redis_db)
     try:
+        from kumiko_jobs.core import conf
+
         tenants = create_tenants(args.tenants)
         enqueue = enqueue_rounds(tenants, args.jobs, args.rounds, args.warmup)
-        relay = relay_rates(tenants, args.jobs)
+        relay = relay_rates(tenants, args.relay_jobs or args.jobs)
         verdict = "meets" if enqueue["ratio"] >= TARGET_ENQUEUE else "below"
         print()
         print(f"{args.jobs} enqueues over {args.tenants} tenants, median of {args.rounds} rounds")
@@ -123,6 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"  relay: {relay['push_per_s']:.0f} lost messages pushed per s; "
             f"{relay['check_per_s']:.0f} waiting runs checked per s when Redis holds them all"
+        )
+        rows = conf.get().RELAY_ROWS_PER_ROUND
+        print(
+            f"  so a maintenance round's slice of RELAY_ROWS_PER_ROUND = {rows:,} takes about "
+            f"{rows / relay['check_per_s']:.2f} s whatever the backlog; a full pass (the CLI's "
+            f"relay, and every round before slices) {100_000 / relay['check_per_s']:.1f} s at "
+            f"100,000 waiting runs, {1_000_000 / relay['check_per_s']:.0f} s at 1,000,000"
         )
     finally:
         from django.db import connections
