@@ -28,7 +28,7 @@ from ..run import cancellation
 from ..run.steps.tenancy import reset_connections
 from ..telemetry import flush as telemetry_flush
 from ..transport import BookkeepingSimpleWorker, ForkingWorkerBase
-from . import boot, slots
+from . import boot, slots, stale_roles
 from .foreign import RefusesForeignMessages, hide_rq_outcome_lines, json_only
 from .keeps_alive import KeepsRunsAlive
 from .sweep import record_cancelled
@@ -57,6 +57,7 @@ class BootsFirst:
                 "workers and drop --with-scheduler"
             )
         if self.boots:
+            stale_roles.warn_stale_roles()
             boot.on_worker_start(
                 set(self.queue_names()),  # type: ignore[attr-defined]
                 self._boot_gate_bound,

@@ -8,6 +8,7 @@ off), so that its failure with the roles on proves the roles stopped it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from io import StringIO
 from typing import Any
@@ -441,7 +442,7 @@ def test_both_workers_run_the_body_as_the_tenant_role(tenants, guard_data, worke
 
 
 def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
-    tenants, guard_data, observer
+    tenants, guard_data, observer, caplog
 ):
     """docs/guard.md, "Who runs what": the login fails, the run fails like any error of its
     body (never silently as the project user), and E012 names the tenant."""
@@ -451,7 +452,11 @@ def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
         role_grants.drop_role(cursor, role)
     try:
         assert "t3" in role_sync.out_of_date()
-        run = support.run_for(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
+        with caplog.at_level(logging.WARNING, logger="kumiko_jobs.worker"):
+            run = support.run_for(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
+        # The worker said so at its start, before the run failed.
+        (said,) = [r.getMessage() for r in caplog.records if "DB_ROLES:" in r.getMessage()]
+        assert "(t3)" in said and "`python manage.py kumiko_jobs roles`" in said
         assert run.status == RunStatus.FAILED
         assert run.error_type == "OperationalError"
         # The fix first (`kumiko_jobs runs` shows an error's first 60 characters), then why.
@@ -462,8 +467,11 @@ def test_a_run_whose_role_is_missing_fails_and_the_command_brings_it_back(
     finally:
         call_command("kumiko_jobs", "roles", stdout=StringIO())
     assert role_sync.out_of_date() == []
-    run = support.run_for(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="kumiko_jobs.worker"):
+        run = support.run_for(tenants["t3"], role_jobs.role_whoami, ROLES_ENFORCE)
     assert run.status == RunStatus.SUCCEEDED, run.error_message
+    assert not [r for r in caplog.records if "DB_ROLES:" in r.getMessage()]  # nothing to say
 
 
 def test_ddl_fails_as_the_tenant_role_even_in_its_own_schema(tenants, guard_data, observer):
