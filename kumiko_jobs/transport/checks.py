@@ -1,10 +1,12 @@
 """System checks of Redis and the scheduler: a queue behind Sentinel without a socket timeout,
-a scheduler class that would unpickle kumiko's JSON messages (E007), and (``check --deploy``)
+a queue name the fair dequeue's keys cannot tell apart (E018), a scheduler class that would
+unpickle kumiko's JSON messages (E007), and (``check --deploy``)
 delayed work overdue because no ``rqscheduler`` moves it. Registered at import
 (``kumiko_jobs.checks`` imports this module at start-up)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core import checks
@@ -82,4 +84,27 @@ def check_scheduler_class(app_configs: Any = None, **kwargs: Any) -> list[checks
             hint="Set RQ = {'SCHEDULER_CLASS': 'kumiko_jobs.transport.Scheduler', ...}.",
             id="kumiko_jobs.E007",
         )
+    ]
+
+
+# A lane's keys are ``kumiko:fair:<queue>:<level>:...`` (fair.py): a queue name holding
+# ``:<digits>:`` reads as another queue's lane, and their held and set-aside lists share keys.
+_LANE_LIKE = re.compile(r":-?[0-9]+:")
+
+
+@checks.register()
+def check_queue_names(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """No ``RQ_QUEUES`` name holds ``:<digits>:`` (E018): the fair dequeue's keys could not
+    tell its lanes from another queue's, and a paused job's held messages could be released
+    into the other queue."""
+    return [
+        checks.Error(
+            f"RQ_QUEUES names the queue {name!r}, which holds {found.group()!r}: kumiko's fair "
+            "dequeue keys its lanes <queue>:<priority level>:, so this queue's keys could be "
+            "another queue's.",
+            hint="Rename the queue without ':<digits>:' (e.g. with '-' or '_').",
+            id="kumiko_jobs.E018",
+        )
+        for name in project_settings.rq_queue_names()
+        if (found := _LANE_LIKE.search(name))
     ]

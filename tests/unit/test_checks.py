@@ -347,3 +347,18 @@ def test_w006_quiet_with_a_socket_timeout_and_without_sentinel():
     with override_settings(RQ_QUEUES=_sentinel_queues(SOCKET_TIMEOUT=2)):
         assert checks.check_redis_sentinel() == []
     assert checks.check_redis_sentinel() == []  # the test settings: plain URLs
+
+
+# --- E018: queue names the fair dequeue's keys cannot tell apart ---------------------------------
+
+
+def test_e018_a_queue_name_holding_colon_digits_colon() -> None:
+    url = {"URL": "redis://127.0.0.1:6379/0", "SERIALIZER": "rq.serializers.JSONSerializer"}
+    names = ["default", "default:0:held:x", "low:-1:a", "v2:x", "a:b:c", "reports:2025"]
+    with override_settings(RQ_QUEUES={name: dict(url) for name in names}):
+        found = checks.check_queue_names()
+        assert "kumiko_jobs.E018" in ids(checks.check_settings())
+    assert [m.id for m in found] == ["kumiko_jobs.E018"] * 2
+    assert ["default:0:held:x" in found[0].msg, "low:-1:a" in found[1].msg] == [True, True]
+    assert "Rename the queue" in (found[0].hint or "")
+    assert not checks.check_queue_names()  # the test settings' own queues

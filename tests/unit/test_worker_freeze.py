@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kumiko_jobs.worker import boot, classes
+from kumiko_jobs.worker import boot, classes, stale_roles
 
 
 class _Loop:
@@ -27,8 +27,10 @@ class _Probe(classes.BootsFirst, _Loop):
 
 @pytest.fixture
 def unfrozen(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # The boot gates and boot jobs are not this test's (they need PostgreSQL and Redis).
+    # The boot gates and boot jobs, and the roles' warning, are not this test's (they need
+    # PostgreSQL and Redis).
     monkeypatch.setattr(boot, "on_worker_start", lambda *args, **kwargs: None)
+    monkeypatch.setattr(stale_roles, "warn_stale_roles", lambda: [])
     gc.unfreeze()
     yield
     gc.unfreeze()
