@@ -57,12 +57,15 @@ class BootsFirst:
                 "workers and drop --with-scheduler"
             )
         if self.boots:
-            stale_roles.warn_stale_roles()
+            work_kwargs = {"burst": args[0], **kwargs} if args else dict(kwargs)
+            if not work_kwargs.get("burst"):
+                # A long-running worker's: a burst worker drains and ends (tests, a cron's
+                # drain), and the first run's own error names the fix there.
+                stale_roles.warn_stale_roles()
             boot.on_worker_start(
                 set(self.queue_names()),  # type: ignore[attr-defined]
                 self._boot_gate_bound,
             )
-            work_kwargs = {"burst": args[0], **kwargs} if args else dict(kwargs)
             if not work_kwargs.get("burst"):
                 freeze_start_up_heap()  # a long-running worker's (a burst worker soon ends)
             self._after_boot(work_kwargs)
