@@ -8,6 +8,8 @@ how many attempts, and that nothing is left in Redis.
 from __future__ import annotations
 
 import io
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -138,10 +140,10 @@ def test_pause_refuses_what_names_nothing_or_too_much(tenants):
     assert command("resume", "--queue", "default") == "resumed queue default\n"
 
 
-def test_a_held_job_whose_name_looks_like_a_lane_is_released_into_its_own_lane(tenants):
-    # A held list's key is lane + "held:" + job + TAB + bucket; a job name may hold ":1:held:",
-    # which a pattern over the key took for the lane's end (the messages went to a lane no
-    # worker reads, and were "released" while their job was still paused).
+@contextmanager
+def held_in_t1(name: str, *tags: str) -> Iterator[None]:
+    """A job named ``name`` (a probe) declared for the block, paused in t1, with one run per
+    tag enqueued there and a worker gone over them: they are held."""
     from kumiko_jobs.definition.options import build_definition
     from kumiko_jobs.definition.registry import registry
     from kumiko_jobs.enqueueing.submit import enqueue
@@ -149,12 +151,20 @@ def test_a_held_job_whose_name_looks_like_a_lane_is_released_into_its_own_lane(t
     def odd(ctx, *, tag: str) -> None:
         jobs.probe.func(ctx, tag=tag)
 
-    name = "testapp.odd:1:held:x"
     with registry.override(build_definition(odd, {"name": name})):
         pauses.pause(job=name, tenant="t1")
-        enqueue(name, tenant="t1", tag="odd-0")
-        enqueue(name, tenant="t1", tag="odd-1")
+        for tag in tags:
+            enqueue(name, tenant="t1", tag=tag)
         work()
+        yield
+
+
+def test_a_held_job_whose_name_looks_like_a_lane_is_released_into_its_own_lane(tenants):
+    # A held list's key is lane + "held:" + job + TAB + bucket; a job name may hold ":1:held:",
+    # which a pattern over the key took for the lane's end (the messages went to a lane no
+    # worker reads, and were "released" while their job was still paused).
+    name = "testapp.odd:1:held:x"
+    with held_in_t1(name, "odd-0", "odd-1"):
         relay_pending()  # a maintenance round re-asserts the pauses: still held
         work()
         assert statuses("t1") == ["queued"] * 2
@@ -167,25 +177,16 @@ def test_a_held_job_whose_name_looks_like_a_lane_is_released_into_its_own_lane(t
 
 def test_a_held_list_is_released_into_the_lane_it_was_held_in(tenants, redis_conn):
     # Queue and job names may both hold ':<digits>:held:': with a queue named
-    # 'default:0:held:x' (its lane added below, as its first message would), the held list of
-    # job 'x:1:held:job' on 'default' also begins with that lane + 'held:', read as job 'job'
-    # there: the longest-lane reading released it while its job was paused, into the other
-    # queue's bucket. The lane recorded when the list was held says which it is.
-    from kumiko_jobs.definition.options import build_definition
-    from kumiko_jobs.definition.registry import registry
-    from kumiko_jobs.enqueueing.submit import enqueue
+    # 'default:0:held:x' (its lane added below, as its first message would; check E018 now
+    # refuses such a name), the held list of job 'x:1:held:job' on 'default' also begins with
+    # that lane + 'held:', read as job 'job' there: the longest-lane reading released it while
+    # its job was paused, into the other queue's bucket. The lane recorded when the list was
+    # held says which it is.
     from kumiko_jobs.transport.keys import FAIR_PREFIX
-
-    def odd(ctx, *, tag: str) -> None:
-        jobs.probe.func(ctx, tag=tag)
 
     name = "x:1:held:job"
     decoy = f"{FAIR_PREFIX}default:0:held:x:1:"
-    with registry.override(build_definition(odd, {"name": name})):
-        pauses.pause(job=name, tenant="t1")
-        enqueue(name, tenant="t1", tag="lane-0")
-        enqueue(name, tenant="t1", tag="lane-1")
-        work()
+    with held_in_t1(name, "lane-0", "lane-1"):
         redis_conn.sadd(f"{FAIR_PREFIX}lanes", decoy)
         relay_pending()  # a maintenance round re-asserts the pauses: nothing is released
         assert redis_conn.keys(f"{decoy}b:*") == []
